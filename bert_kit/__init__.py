@@ -1,0 +1,45 @@
+"""bert-kit: build, pretrain, fine-tune and evaluate BERT-style encoders.
+
+Public names are imported lazily, so `import bert_kit` (and `bert_kit.config`) stays cheap
+and works without torch; touching `bert_kit.BERTModel` imports the model module.
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "BertConfig": "config",
+    "create_model_config": "config",
+    "BERTModel": "model",
+    "LayerNorm": "model",
+    "GELU": "model",
+    "FeedForward": "model",
+    "MultiHeadAttention": "model",
+    "TransformerEncoderBlock": "model",
+    "BERTForPreTraining": "heads",
+    "BERTForMaskedLM": "heads",
+    "BERTForSequenceClassification": "heads",
+    "BERTForTokenClassification": "heads",
+    "BERTForQuestionAnswering": "heads",
+    "get_tokenizer": "tokenizer",
+    "train_tokenizer": "tokenizer",
+    "WordPieceTokenizer": "tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bert_kit' has no attribute {name!r}")
+    value = getattr(import_module(f"bert_kit.{module}"), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

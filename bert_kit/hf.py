@@ -1,0 +1,230 @@
+"""HF checkpoint interop: one mapping dict from our parameter names to HF's, inverted for export.
+
+A model folder (ours or HF's) holds `config.json` and `model.safetensors` (or a legacy
+`pytorch_model.bin`, read with `weights_only=True`). We always write safetensors.
+The only non-renaming step is the fused QKV projection: HF keeps query, key and value apart,
+so they are concatenated on import and split on export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from bert_kit.config import load_hf_config
+
+log = logging.getLogger(__name__)
+
+# our name -> HF name; "{i}" stands for the layer index. Names under the `bert.` prefix in heads.
+TO_HF = {
+    "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+    "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
+    "embeddings.norm.weight": "embeddings.LayerNorm.weight",
+    "embeddings.norm.bias": "embeddings.LayerNorm.bias",
+    "encoder.layers.{i}.attention.out.weight": "encoder.layer.{i}.attention.output.dense.weight",
+    "encoder.layers.{i}.attention.out.bias": "encoder.layer.{i}.attention.output.dense.bias",
+    "encoder.layers.{i}.attention_norm.weight": "encoder.layer.{i}.attention.output.LayerNorm.weight",
+    "encoder.layers.{i}.attention_norm.bias": "encoder.layer.{i}.attention.output.LayerNorm.bias",
+    "encoder.layers.{i}.ffn.up.weight": "encoder.layer.{i}.intermediate.dense.weight",
+    "encoder.layers.{i}.ffn.up.bias": "encoder.layer.{i}.intermediate.dense.bias",
+    "encoder.layers.{i}.ffn.down.weight": "encoder.layer.{i}.output.dense.weight",
+    "encoder.layers.{i}.ffn.down.bias": "encoder.layer.{i}.output.dense.bias",
+    "encoder.layers.{i}.ffn_norm.weight": "encoder.layer.{i}.output.LayerNorm.weight",
+    "encoder.layers.{i}.ffn_norm.bias": "encoder.layer.{i}.output.LayerNorm.bias",
+    "pooler.dense.weight": "pooler.dense.weight",
+    "pooler.dense.bias": "pooler.dense.bias",
+    # heads (top level of the head classes)
+    "mlm.dense.weight": "cls.predictions.transform.dense.weight",
+    "mlm.dense.bias": "cls.predictions.transform.dense.bias",
+    "mlm.norm.weight": "cls.predictions.transform.LayerNorm.weight",
+    "mlm.norm.bias": "cls.predictions.transform.LayerNorm.bias",
+    "mlm.decoder.bias": "cls.predictions.bias",
+    "nsp.weight": "cls.seq_relationship.weight",
+    "nsp.bias": "cls.seq_relationship.bias",
+    "classifier.weight": "classifier.weight",
+    "classifier.bias": "classifier.bias",
+    "qa_outputs.weight": "qa_outputs.weight",
+    "qa_outputs.bias": "qa_outputs.bias",
+}
+FROM_HF = {v: k for k, v in TO_HF.items()}
+QKV = "encoder.layers.{i}.attention.qkv.{kind}"  # kind: weight | bias
+HF_QKV = "encoder.layer.{i}.attention.self.{part}.{kind}"  # part: query | key | value
+# HF keys that carry no weights of ours: buffers, and the decoder weight tied to the embeddings.
+HF_SKIP = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
+# Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
+LEGACY = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
+HEAD_PREFIXES = ("mlm.", "nsp.", "classifier.", "qa_outputs.")
+LAYER = re.compile(r"\.(\d+)\.")
+
+
+def _template(name: str) -> tuple[str, str | None]:
+    """'encoder.layers.3.ffn.up.weight' -> ('encoder.layers.{i}.ffn.up.weight', '3')."""
+    m = LAYER.search(name)
+    if m is None:
+        return name, None
+    return name[: m.start()] + ".{i}." + name[m.end():], m.group(1)
+
+
+def _rename(name: str, table: dict[str, str]) -> str | None:
+    template, i = _template(name)
+    target = table.get(template)
+    return None if target is None else target.replace("{i}", i or "")
+
+
+def to_hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Our state dict -> HF names (heads get the `bert.` prefix, as HF's head classes)."""
+    has_bert = hasattr(model, "bert")
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name == "mlm.decoder.weight":
+            continue  # tied to the word embeddings
+        local = name[len("bert."):] if has_bert and name.startswith("bert.") else name
+        template, i = _template(local)
+        if template.startswith("encoder.layers.{i}.attention.qkv."):
+            kind = template.rsplit(".", 1)[1]
+            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3, dim=0)):
+                key = HF_QKV.format(i=i, part=part, kind=kind)
+                out[("bert." if has_bert else "") + key] = chunk.contiguous()
+            continue
+        hf = _rename(local, TO_HF)
+        if hf is None:
+            raise KeyError(f"no HF name for parameter {name!r}; add it to bert_kit.hf.TO_HF")
+        prefix = "bert." if has_bert and not local.startswith(HEAD_PREFIXES) else ""
+        out[prefix + hf] = tensor.contiguous()
+    return out
+
+
+def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """HF names -> ours. Returns (state dict, HF keys that map to nothing of ours)."""
+    hf = dict(hf)
+    for old, new in LEGACY:
+        for k in [k for k in hf if k.endswith(old)]:
+            hf[k[: -len(old)] + new] = hf.pop(k)
+    if "cls.predictions.bias" not in hf and "cls.predictions.decoder.bias" in hf:
+        hf["cls.predictions.bias"] = hf["cls.predictions.decoder.bias"]
+    out, unmapped, qkv = {}, [], {}
+    for key, tensor in hf.items():
+        if HF_SKIP.search(key):
+            continue
+        local = key[len("bert."):] if key.startswith("bert.") else key
+        m = re.fullmatch(r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)", local)
+        if m:
+            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = tensor
+            continue
+        ours = _rename(local, FROM_HF)
+        if ours is None:
+            unmapped.append(key)
+            continue
+        is_head = ours.startswith(HEAD_PREFIXES)
+        out[("bert." if has_bert and not is_head else "") + ours] = tensor
+    for (i, kind), parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            missing = sorted({"query", "key", "value"} - set(parts))
+            raise KeyError(f"checkpoint layer {i} has no attention.self.{missing} {kind}")
+        fused = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+        out[("bert." if has_bert else "") + QKV.format(i=i, kind=kind)] = fused
+    return out, unmapped
+
+
+def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder not found: {folder}")
+    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(st))
+    if pt.is_file():
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
+
+
+def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint",
+              strict: bool = False) -> list[str]:
+    """Copy HF-named tensors into `model`; returns the names of freshly initialised head weights.
+
+    Missing backbone weights, unknown keys and shape mismatches raise one error listing all of
+    them. Missing head weights (a new classifier on a pretrained encoder) are allowed unless
+    strict; keys of other heads (e.g. `cls.*` when fine-tuning) are dropped.
+    """
+    state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
+    own = {k: v for k, v in model.state_dict().items() if k != "mlm.decoder.weight"}
+    problems = []
+    for k in sorted(set(state) & set(own)):
+        if state[k].shape != own[k].shape:
+            problems.append(f"  shape mismatch {k}: checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)}")
+    missing = sorted(set(own) - set(state))
+    new_heads = [k for k in missing if k.startswith(HEAD_PREFIXES)]
+    missing_core = [k for k in missing if k not in new_heads or strict]
+    unexpected = sorted(set(state) - set(own))
+    other_heads = [] if strict else [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
+    unexpected = [k for k in unexpected if k not in other_heads] + unmapped
+    problems += [f"  missing {k} {tuple(own[k].shape)}" for k in missing_core]
+    problems += [f"  unexpected {k}" for k in unexpected]
+    if problems:
+        raise ValueError(f"{source} does not match {type(model).__name__}:\n" + "\n".join(problems))
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    if new_heads:
+        log.info("%s: newly initialised head weights %s", source, new_heads)
+    if other_heads:
+        log.info("%s: ignored weights of other heads %s", source, other_heads)
+    return new_heads
+
+
+def _infer_head_args(cls: type, hf_state: dict[str, torch.Tensor], config_dict: dict) -> dict:
+    """num_labels from the checkpoint's classifier (or config.json) when the caller gives none."""
+    import inspect
+
+    if "num_labels" not in inspect.signature(cls.__init__).parameters:
+        return {}
+    for key in ("classifier.weight", "bert.classifier.weight"):
+        if key in hf_state:
+            return {"num_labels": hf_state[key].shape[0]}
+    if "id2label" in config_dict:
+        return {"num_labels": len(config_dict["id2label"])}
+    return {}
+
+
+def from_pretrained(cls: type, folder: str | Path, strict: bool = False, **head_args) -> nn.Module:
+    """Build `cls` from an HF or bert-kit folder (see `load_into` for the matching rules).
+
+    The model comes back in eval mode (dropout off), as with `transformers`.
+    """
+    folder = Path(folder)
+    config = load_hf_config(folder)
+    hf_state = read_state_dict(folder)
+    config_dict = json.loads((folder / "config.json").read_text())
+    head_args = {**_infer_head_args(cls, hf_state, config_dict), **head_args}
+    model = cls(config, **head_args)
+    load_into(model, hf_state, source=str(folder), strict=strict)
+    return model.eval()  # as HF: inference mode until the caller calls .train()
+
+
+def save_pretrained(model: nn.Module, folder: str | Path) -> None:
+    """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads."""
+    from safetensors.torch import save_file
+
+    from bert_kit.heads import HEAD_CLASSES
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_name = next((n for n, c in HEAD_CLASSES.items() if type(model) is c), "BertModel")
+    config = {**model.config.to_hf_dict(), "architectures": [hf_name]}
+    if hasattr(model, "num_labels"):
+        config["id2label"] = getattr(model, "id2label", None) or {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+        config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model).items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(folder / "model.safetensors")  # rename is atomic: a crash leaves the old file
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -1,0 +1,358 @@
+"""The BERT encoder, readable top to bottom; the fast path lives in the same classes.
+
+Architecture (as Devlin et al. 2018 and HF `BertModel`, so HF checkpoints load unchanged):
+- embeddings: token + learned position (or fixed sinusoidal) + segment, then LayerNorm, dropout;
+- post-norm blocks: x = LN(x + Attn(x)); x = LN(x + FFN(x)), exact erf GELU, LayerNorm eps 1e-12;
+- bidirectional attention; padding is hidden from the keys by the attention mask;
+- pooler: dense + tanh on the [CLS] (first) position. Heads live in `heads.py`.
+
+What the fast path does, in the same code:
+- Q, K and V come from one fused (H -> 3H) matmul;
+- attention runs through `F.scaled_dot_product_attention` (flash / memory-efficient kernels);
+- packed ("unpadded") batches: pass `cu_seqlens` and the encoder works on (N, H) real tokens only,
+  with variable-length flash attention on CUDA, so no FLOPs are spent on padding; packed sequences
+  see only their own tokens (block-diagonal attention). On CPU the same call falls back to padded
+  SDPA, which gives identical numbers;
+- no data-dependent Python branches in the hot path, so `torch.compile` sees one graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bert_kit.config import BertConfig
+
+
+@dataclass
+class Packed:
+    """Layout of a packed batch of variable-length sequences laid end to end.
+
+    cu_seqlens: (S + 1,) int32 offsets; sequence s holds tokens cu_seqlens[s]:cu_seqlens[s + 1].
+    max_seqlen: length of the longest sequence (a Python int, needed by the flash kernel).
+    indices: (N,) positions of the real tokens in the flattened (B * T) padded batch, when the
+        pack came from `unpad`; used to scatter results back with `pad`.
+    batch, seqlen: the padded shape (B, T) that `indices` refers to.
+    """
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    indices: torch.Tensor | None = None
+    batch: int = 0
+    seqlen: int = 0
+
+
+def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, Packed]:
+    """Drop padding: x (B, T, ...) and mask (B, T) -> (N, ...) real tokens plus their layout."""
+    B, T = attention_mask.shape
+    lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
+    indices = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+    cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    packed = Packed(cu, int(lengths.max()), indices, B, T)
+    return x.flatten(0, 1)[indices], packed
+
+
+def pad(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """Inverse of `unpad`: (N, ...) -> (B, T, ...), zeros at the padding."""
+    out = x.new_zeros(packed.batch * packed.seqlen, *x.shape[1:])
+    out[packed.indices] = x
+    return out.view(packed.batch, packed.seqlen, *x.shape[1:])
+
+
+def _packed_to_padded(x: torch.Tensor, packed: Packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, ...) packed tokens -> (S, L, ...) padded, the (S, L) keep-mask and the gather index."""
+    lengths = packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]  # (S,)
+    S, L = lengths.numel(), packed.max_seqlen
+    keep = torch.arange(L, device=x.device)[None, :] < lengths[:, None]  # (S, L)
+    index = keep.flatten().nonzero().squeeze(1)  # (N,) slots of real tokens in (S * L)
+    padded = x.new_zeros(S * L, *x.shape[1:])
+    padded[index] = x
+    return padded.view(S, L, *x.shape[1:]), keep, index
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed,
+                     dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention within each packed sequence. q, k, v: (N, nh, hd) -> (N, nh, hd).
+
+    CUDA half-precision without dropout uses the flash varlen kernel; otherwise the sequences
+    are padded to (S, nh, L, hd) for SDPA with a key-padding mask (same numbers, more FLOPs).
+    """
+    use_flash = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
+                 and hasattr(torch.nn.attention, "varlen"))
+    if use_flash:
+        from torch.nn.attention.varlen import varlen_attn
+
+        cu = packed.cu_seqlens
+        return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen)
+    qp, keep, index = _packed_to_padded(torch.stack((q, k, v)).transpose(0, 1), packed)  # (S, L, 3, nh, hd)
+    qp, kp, vp = qp.permute(2, 0, 3, 1, 4)  # each (S, nh, L, hd)
+    y = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=keep[:, None, None, :], dropout_p=dropout_p)
+    return y.transpose(1, 2).flatten(0, 1)[index]  # (N, nh, hd)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension; BERT uses eps = 1e-12."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-12):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class GELU(nn.Module):
+    """Exact GELU, x * Phi(x) with the erf form (not the tanh approximation), as in BERT."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x)
+
+
+def activation(name: str) -> nn.Module:
+    return GELU() if name == "gelu" else nn.ReLU()
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """Fixed sin/cos position table of Vaswani et al.: (num_positions, dim)."""
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table.float()
+
+
+class BertEmbeddings(nn.Module):
+    """Token + position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        if config.position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        else:  # a buffer: fixed, not trained, and not saved (it is recomputed from the config)
+            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            self.register_buffer("position_table", table, persistent=False)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, token_type_ids, position_ids: (B, T) or packed (N,) -> (B, T, H) or (N, H)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        if hasattr(self, "position_embeddings"):
+            positions = self.position_embeddings(position_ids)
+        else:
+            positions = self.position_table[position_ids]
+        if token_type_ids is None:  # all sentence A: row 0 of the segment table
+            segments = self.token_type_embeddings.weight[0]
+        else:
+            segments = self.token_type_embeddings(token_type_ids)
+        x = self.word_embeddings(input_ids) + positions + segments
+        return self.dropout(self.norm(x))
+
+
+class MultiHeadAttention(nn.Module):
+    """Bidirectional multi-head self-attention with a fused QKV projection."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: [query; key; value]
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attn_dropout = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, packed: Packed | None = None) -> torch.Tensor:
+        """x: (B, T, H) with mask (B, 1, 1, T) bool (True = attend), or packed (N, H). Same shape out."""
+        p = self.attn_dropout if self.training else 0.0
+        if packed is None:
+            B, T, H = x.shape
+            q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hd)
+            y = y.transpose(1, 2).reshape(B, T, H)
+        else:
+            N, H = x.shape
+            q, k, v = self.qkv(x).view(N, 3, self.num_heads, self.head_dim).unbind(1)  # (N, nh, hd)
+            y = varlen_attention(q, k, v, packed, dropout_p=p).reshape(N, H)
+        return self.out(y)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: H -> intermediate -> H with GELU (or ReLU)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class TransformerEncoderBlock(nn.Module):
+    """One post-norm encoder layer: attention -> add & norm -> feed-forward -> add & norm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = MultiHeadAttention(config)
+        self.attention_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, packed: Packed | None = None) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, mask, packed)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class BertEncoder(nn.Module):
+    """A stack of `num_hidden_layers` encoder blocks."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerEncoderBlock(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, packed: Packed | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask, packed)
+        return x
+
+
+class BertPooler(nn.Module):
+    """Dense + tanh on the [CLS] position: (B, T, H) -> (B, H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 token_type_ids: torch.Tensor | None) -> None:
+    """Clear errors for bad ids and shapes, before they become an index error or a CUDA assert."""
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must be an integer tensor (torch.long), got {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+    T = input_ids.shape[1]
+    if T > config.max_position_embeddings:
+        raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                         f"({config.max_position_embeddings}); truncate the input")
+    if input_ids.numel():
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range for vocab_size {config.vocab_size}")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and t.shape != input_ids.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    if token_type_ids is not None and token_type_ids.numel():
+        hi = int(token_type_ids.max())
+        if hi >= config.type_vocab_size or int(token_type_ids.min()) < 0:
+            raise ValueError(f"token_type id {hi} out of range for type_vocab_size {config.type_vocab_size}")
+
+
+class BertPreTrainedModel(nn.Module):
+    """Shared by BERTModel and every head: BERT's weight init and HF-compatible load/save."""
+
+    config: BertConfig
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's init: N(0, 0.02) weights, zero biases, zero padding embedding, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+
+    @classmethod
+    def from_pretrained(cls, folder, **head_args):
+        """Load an HF BERT folder or a bert-kit one (config.json + model.safetensors)."""
+        from bert_kit.hf import from_pretrained
+
+        return from_pretrained(cls, folder, **head_args)
+
+    def save_pretrained(self, folder) -> None:
+        """Write config.json + model.safetensors that `transformers` loads with identical outputs."""
+        from bert_kit.hf import save_pretrained
+
+        save_pretrained(self, folder)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count (tied weights counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= sum(p.numel() for m in self.modules() if isinstance(m, BertEmbeddings) for p in m.parameters())
+        return n
+
+
+class BERTModel(BertPreTrainedModel):
+    """The BERT encoder with its pooler.
+
+    `model(input_ids, attention_mask, token_type_ids)` -> last hidden states (B, T, H);
+    `model.pool(hidden)` -> pooled [CLS] output (B, H).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.apply(self._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
+        """input_ids, attention_mask (1 = token, 0 = pad), token_type_ids: (B, T) -> (B, T, H).
+
+        unpadded=True runs the encoder on the real tokens only (see `Packed`); the output is
+        scattered back to (B, T, H) with zeros at padding, and equals the padded result there.
+        """
+        if not torch.compiler.is_compiling():
+            check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        if unpadded and attention_mask is not None:
+            return self._forward_unpadded(input_ids, attention_mask, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        return self.encoder(x, mask)
+
+    def _forward_unpadded(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        ids, packed = unpad(input_ids, attention_mask)  # (N,)
+        types = None if token_type_ids is None else token_type_ids.flatten()[packed.indices]
+        x = self.embeddings(ids, types, positions.flatten()[packed.indices])  # (N, H)
+        return pad(self.encoder(x, packed=packed), packed)
+
+    def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                       token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Several sequences laid end to end: input_ids (N,), cu_seqlens (S + 1,) -> (N, H).
+
+        Each sequence attends only to itself; positions restart at 0 for each unless given.
+        """
+        if position_ids is None:
+            starts = torch.repeat_interleave(cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1])
+            position_ids = torch.arange(input_ids.numel(), device=input_ids.device) - starts
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        return self.encoder(x, packed=Packed(cu_seqlens.to(torch.int32), int(max_seqlen)))
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pooled output: tanh(W h_[CLS] + b), (B, T, H) -> (B, H)."""
+        return self.pooler(hidden)

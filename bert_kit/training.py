@@ -1,0 +1,84 @@
+"""Losses as plain functions, and evaluation loops over a data loader (the 001 API).
+
+Labels follow the -100 convention: positions labelled -100 take no part in the MLM loss.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the masked tokens.
+
+    logits: (B, T, V) for every position, or (N, V) for the N labelled positions only (what the
+        MLM heads return when given `labels`); labels: (B, T) with -100 where nothing is masked.
+    Computed in float32 whatever the logits' dtype, for a stable softmax over 30k classes.
+    """
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    targets = labels.flatten()
+    targets = targets[targets != IGNORE_INDEX]
+    if targets.shape[0] != logits.shape[0]:
+        raise ValueError(f"{logits.shape[0]} MLM logits rows but {targets.shape[0]} labelled positions")
+    return F.cross_entropy(logits.float(), targets)
+
+
+def compute_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for (B, C) logits and (B,) class ids; MSE when C == 1 (regression)."""
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def _to(batch: dict, device: torch.device | str) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], device: torch.device | str = "cpu",
+                            max_batches: int | None = None,
+                            autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Evaluate an MLM (or MLM + NSP) model over a loader of dict batches.
+
+    Batches hold input_ids, attention_mask, token_type_ids, labels and optionally
+    next_sentence_label. Returns mlm_loss (token-weighted mean), perplexity, mlm_accuracy and,
+    when NSP labels are present, nsp_loss and nsp_accuracy.
+    """
+    was_training = model.training
+    model.eval()
+    mlm_sum = mlm_correct = mlm_count = 0.0
+    nsp_sum = nsp_correct = nsp_count = 0.0
+    device_type = torch.device(device).type
+    for i, batch in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        batch = _to(batch, device)
+        labels = batch["labels"]
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), labels=labels)
+        mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+        targets = labels.flatten()[labels.flatten() != IGNORE_INDEX]
+        n = targets.numel()
+        if n:
+            mlm_sum += F.cross_entropy(mlm_logits.float(), targets, reduction="sum").item()
+            mlm_correct += (mlm_logits.argmax(-1) == targets).sum().item()
+            mlm_count += n
+        nsp_labels = batch.get("next_sentence_label")
+        if nsp_logits is not None and nsp_labels is not None:
+            nsp_sum += F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="sum").item()
+            nsp_correct += (nsp_logits.argmax(-1) == nsp_labels).sum().item()
+            nsp_count += nsp_labels.numel()
+    model.train(was_training)
+    mlm_loss = mlm_sum / max(mlm_count, 1)
+    result = {"mlm_loss": mlm_loss, "perplexity": math.exp(min(mlm_loss, 50.0)),
+              "mlm_accuracy": mlm_correct / max(mlm_count, 1), "mlm_tokens": int(mlm_count)}
+    if nsp_count:
+        result.update(nsp_loss=nsp_sum / nsp_count, nsp_accuracy=nsp_correct / nsp_count)
+    return result

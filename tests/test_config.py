@@ -1,0 +1,84 @@
+"""BertConfig: presets, validation messages, YAML and HF config.json round trips.
+
+Run: .venv/bin/python -m pytest tests/test_config.py -q
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bert_kit.config import PRESETS, BertConfig, create_model_config, load_hf_config
+
+
+def test_presets_have_documented_sizes():
+    expect = {"bert-tiny": (2, 128, 2), "bert-mini": (4, 256, 4), "bert-small": (4, 512, 8),
+              "bert-medium": (8, 512, 8), "bert-base-uncased (110M)": (12, 768, 12),
+              "bert-large-uncased (340M)": (24, 1024, 16), "bert-teaching": (4, 256, 4)}
+    for name, (layers, hidden, heads) in expect.items():
+        c = create_model_config(name)
+        assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)
+        assert c.intermediate_size == 4 * hidden and c.layer_norm_eps == 1e-12
+    assert create_model_config("bert-tiny", vocab_size=1000).vocab_size == 1000
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ValueError, match="bert-tiny"):
+        create_model_config("bert-huge")
+
+
+def test_validation_names_both_numbers():
+    with pytest.raises(ValueError, match=r"hidden_size \(100\).*num_attention_heads \(12\)"):
+        BertConfig(hidden_size=100, num_attention_heads=12)
+    with pytest.raises(ValueError, match="hidden_act"):
+        BertConfig(hidden_act="swish")
+    with pytest.raises(ValueError, match="vocab_size"):
+        BertConfig(vocab_size=0)
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        BertConfig(position_embedding_type="rotary")
+
+
+def test_yaml_round_trip_and_bad_key(tmp_path):
+    c = create_model_config("bert-mini", hidden_act="relu", position_embedding_type="sinusoidal")
+    path = c.save(tmp_path / "model.yaml")
+    assert BertConfig.from_file(path) == c
+    (tmp_path / "bad.yaml").write_text("hidden_size: 64\nnum_layers: 3\n")
+    with pytest.raises(ValueError, match=r"bad.yaml.*num_layers.*valid keys.*num_hidden_layers"):
+        BertConfig.from_file(tmp_path / "bad.yaml")
+    (tmp_path / "preset.yaml").write_text("preset: bert-tiny\nvocab_size: 500\n")
+    assert BertConfig.from_file(tmp_path / "preset.yaml").vocab_size == 500
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        BertConfig.from_file(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("hidden_size: [1,\n")
+    with pytest.raises(ValueError, match="broken.yaml.*invalid YAML"):
+        BertConfig.from_file(tmp_path / "broken.yaml")
+
+
+def test_hf_config_json_round_trip(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    c = create_model_config("bert-small", vocab_size=1234)
+    c.save(tmp_path)
+    hf = transformers.BertConfig.from_pretrained(tmp_path)
+    assert (hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (512, 4, 1234)
+    assert hf.position_embedding_type == "absolute"
+    hf.save_pretrained(tmp_path / "hf")
+    assert load_hf_config(tmp_path / "hf") == c
+    sin = create_model_config("bert-tiny", position_embedding_type="sinusoidal")
+    sin.save(tmp_path / "sin")
+    assert load_hf_config(tmp_path / "sin").position_embedding_type == "sinusoidal"
+
+
+def test_real_minilm_config(minilm_path):
+    c = load_hf_config(minilm_path)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (6, 384, 12, 1536)
+    assert json.loads((minilm_path / "config.json").read_text())["position_embedding_type"] == "absolute"
+
+
+def test_config_imports_without_torch():
+    code = "import sys; import bert_kit.config as c; c.create_model_config('bert-tiny'); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_preset_aliases_point_to_same_sizes():
+    assert PRESETS["bert-base"] == PRESETS["bert-base-uncased (110M)"]
