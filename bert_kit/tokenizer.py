@@ -1,0 +1,546 @@
+"""WordPiece tokenizer: a small, HF-compatible wrapper around a `tokenizers.Tokenizer`.
+
+The pipeline is the one BERT uses, and the one `transformers.BertTokenizerFast` builds:
+
+    BertNormalizer (clean control chars, space around CJK, lowercase, strip accents)
+    -> BertPreTokenizer (split on whitespace and punctuation)
+    -> WordPiece (greedy longest-match-first, "##" continuation, [UNK] for a word it cannot cover)
+    -> TemplateProcessing ([CLS] A [SEP] with type ids 0, then B [SEP] with type ids 1)
+
+`WordPieceTokenizer.__call__` encodes batches the way `BertTokenizerFast.__call__` does (same
+ids, type ids, masks, offsets, word ids, overflow windows), so SQuAD feature building and NER
+label alignment written against HF work unchanged. Truncation is set on the Rust backend only
+for the duration of one call (so `tokenizer.backend` is stateless between calls, but one
+tokenizer should not be shared by threads encoding at once; DataLoader workers each get a copy).
+
+    tok = get_tokenizer("/path/to/bert-folder")          # tokenizer.json or vocab.txt
+    batch = tok(["a sentence", "another"], max_length=128)  # dict of (B, T) torch.long tensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordPiece
+
+# role -> default token string; ids always come from the vocabulary
+DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+# BERT's learned position table has 512 rows, so that is the cap when a folder does not say
+DEFAULT_MODEL_MAX_LENGTH = 512
+_TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    """vocab.txt -> {token: line index}, exactly as BERT reads it (one token per line)."""
+    vocab: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for index, line in enumerate(f):
+            token = line.rstrip("\n")
+            if token in vocab:
+                raise ValueError(f"{path}:{index + 1}: token {token!r} already appears on line {vocab[token] + 1}")
+            vocab[token] = index
+    if not vocab:
+        raise ValueError(f"vocab file {path} is empty")
+    return vocab
+
+
+def _bert_pipeline(
+    backend: Tokenizer,
+    special_tokens: dict[str, str],
+    lowercase: bool = True,
+    strip_accents: bool | None = None,
+    handle_chinese_chars: bool = True,
+) -> Tokenizer:
+    """Attach BERT's normalizer, pre-tokenizer and decoder to a backend holding a WordPiece model."""
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=handle_chinese_chars, strip_accents=strip_accents, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    # normalized=False: "[MASK]" in raw text is matched before lowercasing, as in HF
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens.values()])
+    return backend
+
+
+def _template(backend: Tokenizer, cls: str, sep: str) -> processors.TemplateProcessing:
+    return processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
+    )
+
+
+def _special_tokens_from_config(config: dict[str, Any]) -> dict[str, str]:
+    """Token strings from tokenizer_config.json (plain strings or AddedToken dicts), else BERT's."""
+    out = {}
+    for role, default in DEFAULT_SPECIAL_TOKENS.items():
+        value = config.get(f"{role}_token", default)
+        out[role] = value.get("content", default) if isinstance(value, dict) else str(value or default)
+    return out
+
+
+class WordPieceTokenizer:
+    """BERT WordPiece tokenizer around `self.backend` (a `tokenizers.Tokenizer`).
+
+    Attributes: vocab_size, pad/unk/cls/sep/mask_token_id, special_token_ids, model_max_length
+    (default cap when max_length is None), do_lower_case.
+    """
+
+    def __init__(
+        self,
+        backend: Tokenizer,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+        special_tokens: dict[str, str] | None = None,
+        source: str = "<in-memory tokenizer>",
+    ) -> None:
+        self.backend = backend
+        self.model_max_length = int(model_max_length)
+        self.special_tokens = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
+        self.source = source
+        backend.no_truncation()
+        backend.no_padding()
+        vocab = backend.get_vocab(with_added_tokens=True)
+        for role, token in self.special_tokens.items():
+            if token not in vocab:
+                raise ValueError(
+                    f"vocabulary of {source} has no {token!r} token ({role}); "
+                    f"a BERT vocab needs {', '.join(self.special_tokens.values())}"
+                )
+            setattr(self, f"{role}_token_id", vocab[token])
+        self.pad_token = self.special_tokens["pad"]
+        self.unk_token = self.special_tokens["unk"]
+        self.special_token_ids = frozenset(vocab[t] for t in self.special_tokens.values())
+        if backend.post_processor is None:  # a bare tokenizer.json: add BERT's [CLS]/[SEP] template
+            backend.post_processor = _template(backend, self.special_tokens["cls"], self.special_tokens["sep"])
+        if backend.decoder is None:
+            backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        norm = backend.normalizer
+        self.do_lower_case = bool(getattr(norm, "lowercase", True))
+        self.strip_accents = getattr(norm, "strip_accents", None)
+        self.tokenize_chinese_chars = bool(getattr(norm, "handle_chinese_chars", True))
+
+    # ----------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike) -> WordPieceTokenizer:
+        """Load from a folder holding tokenizer.json (preferred) or vocab.txt (+ tokenizer_config.json)."""
+        folder = Path(folder).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"tokenizer folder not found: {folder}")
+        config: dict[str, Any] = {}
+        config_file = folder / "tokenizer_config.json"
+        if config_file.is_file():
+            try:
+                config = json.loads(config_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{config_file} is not valid JSON: {err}") from err
+        specials = _special_tokens_from_config(config)
+        max_len = config.get("model_max_length")
+        # HF writes a huge sentinel when unknown; keep BERT's 512 then
+        if not (isinstance(max_len, (int, float)) and 0 < max_len < 1e9):
+            max_len = DEFAULT_MODEL_MAX_LENGTH
+
+        tokenizer_json, vocab_txt = folder / "tokenizer.json", folder / "vocab.txt"
+        if tokenizer_json.is_file():
+            try:
+                backend = Tokenizer.from_file(str(tokenizer_json))
+            except Exception as err:  # the Rust loader raises a bare Exception
+                raise ValueError(f"cannot read {tokenizer_json}: {err}") from err
+            if type(backend.model).__name__ != "WordPiece":
+                kind = type(backend.model).__name__
+                raise ValueError(f"{tokenizer_json} holds a {kind} model, expected WordPiece")
+            return cls(backend, max_len, specials, source=str(tokenizer_json))
+        if vocab_txt.is_file():
+            return cls.from_vocab_file(
+                vocab_txt,
+                lowercase=bool(config.get("do_lower_case", True)),
+                strip_accents=config.get("strip_accents"),
+                tokenize_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
+                model_max_length=max_len,
+                special_tokens=specials,
+            )
+        raise FileNotFoundError(f"no tokenizer.json or vocab.txt in tokenizer folder {folder}")
+
+    @classmethod
+    def from_vocab_file(
+        cls,
+        path: str | os.PathLike,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+        special_tokens: dict[str, str] | None = None,
+    ) -> WordPieceTokenizer:
+        """Build the full BERT pipeline around a vocab.txt (what BertTokenizerFast does)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"vocab file not found: {path}")
+        specials = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
+        vocab = _read_vocab(path)
+        for role, token in specials.items():  # check here so the error names the file
+            if token not in vocab:
+                raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
+        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
+        _bert_pipeline(backend, specials, lowercase, strip_accents, tokenize_chinese_chars)
+        backend.post_processor = _template(backend, specials["cls"], specials["sep"])
+        return cls(backend, model_max_length, specials, source=str(path))
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write tokenizer.json, vocab.txt and tokenizer_config.json (loadable by HF too)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backend.save(str(folder / "tokenizer.json"))
+        by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
+        if [i for _, i in by_id] != list(range(len(by_id))):
+            raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")
+        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.do_lower_case,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "model_max_length": self.model_max_length,
+            **{f"{role}_token": token for role, token in self.special_tokens.items()},
+        }
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    # pickling goes through the JSON form so DataLoader workers get an independent backend
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k != "backend"}
+        state["backend_json"] = self.backend.to_str()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.backend = Tokenizer.from_str(state.pop("backend_json"))
+        self.__dict__.update(state)
+
+    # ----------------------------------------------------------------------------- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return (
+            f"WordPieceTokenizer(vocab_size={self.vocab_size}, lowercase={self.do_lower_case}, "
+            f"source={self.source!r})"
+        )
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of `text`, without [CLS]/[SEP]."""
+        return self.backend.encode(_check_str(text, "text"), add_special_tokens=False).tokens
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
+        """Token(s) -> id(s); a token outside the vocabulary maps to [UNK]."""
+        if isinstance(tokens, str):
+            tid = self.backend.token_to_id(tokens)
+            return self.unk_token_id if tid is None else tid
+        return [self.convert_tokens_to_ids(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
+        if isinstance(ids, int) or (hasattr(ids, "item") and getattr(ids, "ndim", 1) == 0):
+            token = self.backend.id_to_token(int(ids))
+            if token is None:
+                raise ValueError(f"token id {int(ids)} is outside the vocabulary (size {self.vocab_size})")
+            return token
+        return [self.convert_ids_to_tokens(int(i)) for i in _as_list(ids)]
+
+    # ----------------------------------------------------------------------------- encode / decode
+    def encode(
+        self, text: str, text_pair: str | None = None, max_length: int | None = None, truncation: bool = True
+    ) -> list[int]:
+        """Ids of one text (or pair) with [CLS]/[SEP]; truncated longest-first to max_length."""
+        _check_str(text, "text")
+        if text_pair is not None:
+            _check_str(text_pair, "text_pair")
+        with self._configured(max_length, truncation, "longest_first", stride=0):
+            return self.backend.encode(text, text_pair).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of a 1-D id sequence: "##" pieces glued to the previous token, spaces before
+        punctuation removed, as BERT's tokenizer does. Accepts lists, numpy arrays and tensors."""
+        ids = _as_list(ids)
+        if ids and isinstance(ids[0], list):
+            raise ValueError("decode takes one sequence of ids; use batch_decode for a batch")
+        ids = [int(i) for i in ids]
+        size = self.vocab_size
+        bad = [i for i in ids if not 0 <= i < size]
+        if bad:  # the backend would drop these silently (or overflow on -100 labels)
+            raise ValueError(
+                f"ids {bad[:5]} are outside the vocabulary (size {size}); drop -100 label positions first"
+            )
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in _as_list(batch)]
+
+    def __call__(
+        self,
+        texts: str | Sequence[str] | Sequence[Sequence[str]],
+        text_pairs: str | Sequence[str] | Sequence[Sequence[str]] | None = None,
+        max_length: int | None = None,
+        padding: bool | str = True,
+        truncation: bool | str = True,
+        return_tensors: str | None = "pt",
+        return_offsets_mapping: bool = False,
+        return_word_ids: bool = False,
+        is_split_into_words: bool = False,
+        stride: int = 0,
+        return_overflowing_tokens: bool = False,
+    ) -> dict[str, Any]:
+        """Encode a batch like `BertTokenizerFast.__call__`.
+
+        texts: a str, a list of str, or (is_split_into_words) a list of words / list of word lists.
+        padding: True or "longest" (to the longest row), "max_length", or False.
+        truncation: True (longest-first; only the second sequence when returning overflowing
+            tokens for pairs, like HF's "only_second"), False, or an HF strategy name.
+        max_length: truncation / padding length; None means `model_max_length`.
+        Returns a dict with input_ids, token_type_ids, attention_mask: (B, T) torch.long ("pt"),
+        numpy int64 ("np") or lists (None); offset_mapping (B, T, 2) when asked; word_ids (B lists
+        of None/int); with return_overflowing_tokens, B counts every window, plus
+        overflow_to_sample_mapping (list of B ints) and sequence_ids (B lists of None/0/1).
+        """
+        batch_a, single = _as_batch(texts, is_split_into_words, "texts")
+        batch_b = None
+        if text_pairs is not None:
+            batch_b, single_b = _as_batch(text_pairs, is_split_into_words, "text_pairs")
+            if single_b != single:
+                raise ValueError("texts and text_pairs must both be single examples or both be lists")
+            if len(batch_b) != len(batch_a):
+                raise ValueError(f"texts has {len(batch_a)} items but text_pairs has {len(batch_b)}")
+        if padding not in (True, False, "longest", "max_length", "do_not_pad"):
+            raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}")
+        if return_tensors not in ("pt", "np", None):
+            raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
+        n_special = 2 if batch_b is None else 3
+        if return_overflowing_tokens and truncation and stride >= (max_length or self.model_max_length) - n_special:
+            raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
+        if isinstance(truncation, str):
+            strategy = truncation
+        elif return_overflowing_tokens and batch_b is not None:
+            strategy = "only_second"  # keep the question whole, window over the context
+        else:
+            strategy = "longest_first"
+
+        inputs = batch_a if batch_b is None else list(zip(batch_a, batch_b))
+        with self._configured(max_length, bool(truncation), strategy, stride):
+            encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
+
+        rows: list[Encoding] = []
+        sample_of_row: list[int] = []
+        for i, enc in enumerate(encodings):
+            windows = [enc] + (enc.overflowing if return_overflowing_tokens else [])
+            rows.extend(windows)
+            sample_of_row.extend([i] * len(windows))
+
+        if padding in (True, "longest", "max_length"):
+            target = max(len(e.ids) for e in rows)
+            if padding == "max_length":
+                target = max_length or self.model_max_length
+            for enc in rows:
+                if len(enc.ids) < target:  # pad() also pads word ids, offsets, sequence ids
+                    enc.pad(target, pad_id=self.pad_token_id, pad_type_id=0, pad_token=self.pad_token)
+
+        out: dict[str, Any] = {
+            "input_ids": [e.ids for e in rows],
+            "token_type_ids": [e.type_ids for e in rows],
+            "attention_mask": [e.attention_mask for e in rows],
+        }
+        if return_offsets_mapping:
+            out["offset_mapping"] = [e.offsets for e in rows]
+        if return_tensors is not None:
+            lengths = {len(r) for r in out["input_ids"]}
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"rows have lengths {sorted(lengths)}; "
+                    "use padding=True, or return_tensors=None for ragged output"
+                )
+            out = {k: _to_tensor(v, return_tensors) for k, v in out.items()}
+        if return_word_ids:
+            out["word_ids"] = [e.word_ids for e in rows]
+        if return_overflowing_tokens:
+            out["overflow_to_sample_mapping"] = sample_of_row
+            out["sequence_ids"] = [e.sequence_ids for e in rows]
+        return out
+
+    # ----------------------------------------------------------------------------- helpers
+    def _configured(self, max_length: int | None, truncation: bool, strategy: str, stride: int) -> _BackendSettings:
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        if strategy not in _TRUNCATION_STRATEGIES:
+            raise ValueError(f"truncation strategy must be one of {_TRUNCATION_STRATEGIES}, got {strategy!r}")
+        if stride < 0:
+            raise ValueError(f"stride must be >= 0, got {stride}")
+        limit = max_length or self.model_max_length
+        return _BackendSettings(self.backend, limit if truncation else None, strategy, stride)
+
+
+class _BackendSettings:
+    """Context manager: truncation on the Rust backend for one call; errors become ValueError."""
+
+    def __init__(self, backend: Tokenizer, max_length: int | None, strategy: str, stride: int) -> None:
+        self.backend, self.max_length, self.strategy, self.stride = backend, max_length, strategy, stride
+
+    def __enter__(self) -> None:
+        if self.max_length is not None:
+            self.backend.enable_truncation(self.max_length, stride=self.stride, strategy=self.strategy)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.backend.no_truncation()
+        # Rust errors arrive as a bare Exception, Rust panics (e.g. stride too large) as PanicException
+        if exc is not None and (type(exc) is Exception or type(exc).__name__ == "PanicException"):
+            raise ValueError(
+                f"tokenization failed (max_length={self.max_length}, stride={self.stride}, "
+                f"truncation={self.strategy!r}): {exc}"
+            ) from exc
+        return False
+
+
+def _check_str(text: Any, name: str) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    return text
+
+
+def _as_batch(texts: Any, split: bool, name: str) -> tuple[list, bool]:
+    """Normalise a str / list input to a list of examples; also say whether it was a single one."""
+    if isinstance(texts, str):
+        if split:
+            raise TypeError(f"{name} with is_split_into_words=True must be a list of words, got a str")
+        return [texts], True
+    texts = list(texts)
+    if split and (not texts or isinstance(texts[0], str)):
+        texts, single = [texts], True  # one pre-split example
+    else:
+        single = False
+    if not texts:
+        raise ValueError(f"{name} is empty")
+    for i, item in enumerate(texts):
+        if split:
+            ok = isinstance(item, (list, tuple)) and all(isinstance(w, str) for w in item)
+        else:
+            ok = isinstance(item, str)
+        if not ok:
+            want = "a list of str words" if split else "a str"
+            raise TypeError(f"{name}[{i}] must be {want}, got {type(item).__name__}: {item!r:.80}")
+    return texts, single
+
+
+def _as_list(ids: Any) -> list:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+def _to_tensor(rows: list, kind: str) -> Any:
+    if kind == "pt":
+        import torch  # lazy: the tokenizer works without torch
+
+        return torch.tensor(rows, dtype=torch.long)
+    import numpy as np
+
+    return np.asarray(rows, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------- factories
+def _hf_cache_dir() -> Path:
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+
+
+def _cached_snapshot(name: str) -> Path | None:
+    """Snapshot folder of hub model `name` in the local HF cache that holds a tokenizer, if any."""
+    repo = _hf_cache_dir() / ("models--" + name.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    candidates = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
+    candidates += sorted((repo / "snapshots").glob("*/"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for snap in candidates:
+        if (snap / "tokenizer.json").is_file() or (snap / "vocab.txt").is_file():
+            return snap
+    return None
+
+
+def get_tokenizer(name_or_path: str | os.PathLike) -> WordPieceTokenizer:
+    """A tokenizer from a folder (tokenizer.json or vocab.txt), a tokenizer.json / vocab.txt
+    file, or a hub name ("bert-base-uncased") found in the local Hugging Face cache."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return WordPieceTokenizer.from_pretrained(path)
+    if path.is_file():
+        if path.suffix == ".json":
+            return WordPieceTokenizer(Tokenizer.from_file(str(path)), source=str(path))
+        return WordPieceTokenizer.from_vocab_file(path)
+    name = str(name_or_path)
+    if path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    snapshot = _cached_snapshot(name)
+    if snapshot is not None:
+        return WordPieceTokenizer.from_pretrained(snapshot)
+    raise FileNotFoundError(
+        f"tokenizer {name!r} is not available offline: there is no folder {path.resolve()} and no snapshot "
+        f"in the Hugging Face cache {_hf_cache_dir() / ('models--' + name.replace('/', '--'))}. "
+        f"Pass a folder holding tokenizer.json or vocab.txt, e.g. get_tokenizer('/path/to/{name}')."
+    )
+
+
+def train_tokenizer(
+    files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    special_tokens: Sequence[str] = tuple(DEFAULT_SPECIAL_TOKENS.values()),
+    *,
+    texts: Iterable[str] | Iterator[str] | None = None,
+    limit_alphabet: int = 1000,
+    show_progress: bool = False,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+) -> WordPieceTokenizer:
+    """Train a BERT WordPiece vocabulary on text files (one or more) or on `texts=` strings.
+
+    The special tokens take the first ids in the order given (default [PAD]=0, [UNK]=1,
+    [CLS]=2, [SEP]=3, [MASK]=4); they must include all five BERT tokens.
+    """
+    if (files is None) == (texts is None):
+        raise ValueError("pass exactly one of files=... or texts=...")
+    missing = [t for t in DEFAULT_SPECIAL_TOKENS.values() if t not in special_tokens]
+    if missing:
+        raise ValueError(f"special_tokens {list(special_tokens)} lacks {missing}")
+    backend = Tokenizer(WordPiece(unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100))
+    _bert_pipeline(backend, {}, lowercase=lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_tokens),
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    if files is not None:
+        paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+        for p in paths:
+            if not Path(p).is_file():
+                raise FileNotFoundError(f"training file not found: {p}")
+        backend.train([str(p) for p in paths], trainer)
+    else:
+        backend.train_from_iterator(texts, trainer)
+    # The trainer orders tokens through hash maps, so ids change from run to run; renumber
+    # canonically (specials, then characters, then "##" characters, then longer pieces, each
+    # sorted) so the same corpus always gives the same ids.
+    trained = [t for t in backend.get_vocab(with_added_tokens=False) if t not in special_tokens]
+    order = sorted(trained, key=lambda t: (len(t.removeprefix("##")) > 1, t.startswith("##"), t))
+    vocab = {t: i for i, t in enumerate(list(special_tokens) + order)}
+    backend.model = WordPiece(vocab, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100)
+    # register the specials as added tokens now that they have ids, so raw "[MASK]" is matched
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
+    backend.post_processor = _template(backend, DEFAULT_SPECIAL_TOKENS["cls"], DEFAULT_SPECIAL_TOKENS["sep"])
+    return WordPieceTokenizer(backend, model_max_length, source="train_tokenizer()")

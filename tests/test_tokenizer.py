@@ -1,0 +1,346 @@
+"""Tests for bert_kit.tokenizer: API behaviour, properties, training, save/load and errors.
+
+Parity with transformers.BertTokenizerFast on real data lives in test_tokenizer_parity.py.
+Run: .venv/bin/python -m pytest tests/test_tokenizer.py -q
+"""
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer, train_tokenizer
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@pytest.fixture(scope="module")
+def tok(minilm_path) -> WordPieceTokenizer:
+    return get_tokenizer(minilm_path)
+
+
+@pytest.fixture(scope="module")
+def vocab(tok) -> dict[str, int]:
+    return tok.get_vocab()
+
+
+def reference_wordpiece(word: str, vocab: dict, max_chars: int = 100) -> list[str]:
+    """BERT's greedy longest-match-first WordPiece (google-research/bert tokenization.py)."""
+    if len(word) > max_chars:
+        return ["[UNK]"]
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                break
+        else:  # no piece matches at `start`: the whole word is unknown
+            return ["[UNK]"]
+        pieces.append(piece)
+        start = end
+    return pieces
+
+
+# ------------------------------------------------------------------------------ basic API
+def test_special_ids_and_vocab(tok):
+    assert (tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) == (
+        0, 100, 101, 102, 103,
+    )
+    assert tok.special_token_ids == frozenset({0, 100, 101, 102, 103})
+    assert tok.vocab_size == len(tok) == len(tok.get_vocab()) == 30522
+    assert tok.get_vocab()["the"] == 1996
+    assert tok.model_max_length == 512 and tok.do_lower_case
+
+
+def test_encode_tokenize_convert_decode(tok):
+    ids = tok.encode("Hello, Wörld! Tokenization")
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    tokens = tok.tokenize("Hello, Wörld! Tokenization")
+    assert tokens == ["hello", ",", "world", "!", "token", "##ization"]
+    assert tok.convert_ids_to_tokens(ids[1:-1]) == tokens
+    assert tok.convert_tokens_to_ids(tokens) == ids[1:-1]
+    assert tok.convert_tokens_to_ids("notawordpiece###") == tok.unk_token_id
+    assert tok.convert_ids_to_tokens(torch.tensor(101)) == "[CLS]"
+    assert tok.decode(ids) == "hello, world! tokenization"
+    assert tok.decode(torch.tensor(ids), skip_special_tokens=False) == "[CLS] hello, world! tokenization [SEP]"
+    assert tok.batch_decode(np.array([ids, ids])) == ["hello, world! tokenization"] * 2
+    # raw "[MASK]" in text is the special token, lowercase "[mask]" is not
+    assert tok.encode("a [MASK] b")[2] == tok.mask_token_id
+    assert tok.mask_token_id not in tok.encode("a [mask] b")
+
+
+def test_encode_pair_and_truncation(tok):
+    ids = tok.encode("one two three four", "five six seven", max_length=8)
+    assert len(ids) == 8
+    assert ids.count(tok.sep_token_id) == 2
+    # longest-first: tokens come off the longer text first (4+3 -> 3+2 content tokens)
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert tokens == ["[CLS]", "one", "two", "three", "[SEP]", "five", "six", "[SEP]"]
+    assert len(tok.encode("word " * 1000)) == 512  # model_max_length caps None
+    assert len(tok.encode("word " * 1000, truncation=False)) == 1002
+
+
+def test_call_shapes_types_and_padding(tok):
+    texts = ["a short one", "a somewhat longer sentence than the first one"]
+    out = tok(texts)
+    assert set(out) == {"input_ids", "token_type_ids", "attention_mask"}
+    assert out["input_ids"].dtype == torch.long and out["input_ids"].shape == (2, 10)
+    torch.testing.assert_close(out["attention_mask"].sum(1), torch.tensor([5, 10]))
+    assert out["input_ids"][0, 5:].tolist() == [tok.pad_token_id] * 5
+    np_out = tok(texts, return_tensors="np", padding="max_length", max_length=16, return_offsets_mapping=True)
+    assert np_out["input_ids"].dtype == np.int64 and np_out["input_ids"].shape == (2, 16)
+    assert np_out["offset_mapping"].shape == (2, 16, 2)
+    lists = tok(texts, padding=False, return_tensors=None)
+    assert [len(r) for r in lists["input_ids"]] == [5, 10]
+    single = tok("just one", return_word_ids=True)
+    assert single["input_ids"].shape == (1, 4) and single["word_ids"] == [[None, 0, 1, None]]
+    pair = tok("question here", "the context", return_tensors=None)
+    assert pair["token_type_ids"] == [[0, 0, 0, 0, 1, 1, 1]]
+
+
+def test_overflow_windows_cover_the_context(tok):
+    context = " ".join(f"w{i}" for i in range(60))  # "w12" -> "w", "##12": 2 tokens per word
+    out = tok("which word?", context, max_length=40, stride=10, return_overflowing_tokens=True,
+              return_offsets_mapping=True, padding="max_length", return_tensors="pt")
+    n = out["input_ids"].shape[0]
+    assert out["input_ids"].shape == (n, 40) and n > 3
+    assert out["overflow_to_sample_mapping"] == [0] * n
+    covered = set()
+    for w in range(n):
+        seq = out["sequence_ids"][w]
+        ctx = [i for i, s in enumerate(seq) if s == 1]
+        assert seq[:5] == [None, 0, 0, 0, None]  # question kept whole in every window
+        spans = [tuple(out["offset_mapping"][w, i].tolist()) for i in ctx]
+        covered.update(spans)
+        if w > 0:  # consecutive windows overlap by exactly `stride` tokens
+            assert spans[:10] == prev[-10:]
+        prev = spans
+    n_ctx_tokens = len(tok.tokenize(context))
+    assert len(covered) == n_ctx_tokens
+
+
+def test_split_into_words_and_word_ids(tok):
+    words = [["EU", "rejects", "German", "call"], ["Peter", "Tokenization"]]
+    out = tok(words, is_split_into_words=True, return_word_ids=True, return_tensors=None)
+    assert out["word_ids"][0] == [None, 0, 1, 2, 3, None]
+    assert out["word_ids"][1][:5] == [None, 0, 1, 1, None]  # token ##ization
+    assert out["word_ids"][1][5:] == [None]  # padding
+    one = tok(["EU", "rejects"], is_split_into_words=True, return_tensors="pt")
+    assert one["input_ids"].shape == (1, 4)
+
+
+def test_pickle_round_trip(tok):
+    clone = pickle.loads(pickle.dumps(tok))
+    text = "Pickled tokenizers go to DataLoader workers."
+    assert clone.encode(text) == tok.encode(text)
+    assert clone.mask_token_id == tok.mask_token_id and clone.backend is not tok.backend
+
+
+def test_backend_left_without_truncation_or_padding(tok):
+    tok(["x " * 50], max_length=8, padding="max_length")
+    assert tok.backend.truncation is None and tok.backend.padding is None
+
+
+def test_module_imports_without_torch(minilm_path):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from bert_kit.tokenizer import get_tokenizer\n"
+        f"t = get_tokenizer({str(minilm_path)!r})\n"
+        "out = t(['hello world'], return_tensors='np')\n"
+        "assert out['input_ids'].tolist() == [[101, 7592, 2088, 102]], out\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+# ------------------------------------------------------------------------------ properties
+TEXT = st.one_of(
+    st.text(max_size=80),  # any Unicode (surrogates excluded: they are not valid Unicode text)
+    st.text(alphabet="abcXYZ éÉüñß北京😀\t\n .,!?'-\u200b\x00\u0301\ufeff" , max_size=80),
+    st.lists(st.sampled_from(["the", "Tokenization", "naïve", "café", "北", "!!", "x" * 120, "##ab"]),
+             max_size=12).map(" ".join),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=TEXT)
+def test_property_tokens_follow_reference_wordpiece(tok, vocab, s):
+    """Tokens = reference WordPiece over the backend's normalised, pre-split words; decode
+    gives back those words, modulo whitespace, minus the words that became [UNK]."""
+    t = tok
+    assume(not any(sp in s for sp in SPECIALS))
+    norm = t.backend.normalizer.normalize_str(s)
+    words = [w for w, _ in t.backend.pre_tokenizer.pre_tokenize_str(norm)]
+    pieces = [reference_wordpiece(w, vocab) for w in words]
+    assert t.tokenize(s) == [p for ps in pieces for p in ps]
+
+    ids = t.encode(s, truncation=False)
+    assert ids[0] == t.cls_token_id and ids[-1] == t.sep_token_id
+    assert all(0 <= i < t.vocab_size for i in ids)
+    kept = "".join(w for w, ps in zip(words, pieces) if ps != ["[UNK]"])
+    assert "".join(t.decode(ids).split()) == "".join(kept.split())
+    # normalisation guarantees: no ASCII upper case, no control chars, no accents left
+    assert not any("A" <= c <= "Z" or c in "\x00\t\n\u0301" for c in "".join(words))
+
+
+@settings(max_examples=100, deadline=None)
+@given(s=TEXT)
+def test_property_offsets_point_at_the_token_text(tok, s):
+    t = tok
+    assume(not any(sp in s for sp in SPECIALS))
+    out = t(s, return_offsets_mapping=True, return_tensors=None, truncation=False)
+    tokens = t.convert_ids_to_tokens(out["input_ids"][0])
+    for token, (a, b) in zip(tokens, out["offset_mapping"][0]):
+        assert 0 <= a <= b <= len(s)
+        if token not in SPECIALS:
+            assert t.backend.normalizer.normalize_str(s[a:b]).strip() == token.removeprefix("##")
+
+
+def test_normalisation_examples(tok):
+    assert tok.decode(tok.encode("Héllo\tWORLD\x00!  \u200bÇa  va")) == "hello world! ca va"
+    assert tok.tokenize("北京") == ["北", "京"]
+    assert tok.tokenize("x" * 101) == ["[UNK]"]
+
+
+# ------------------------------------------------------------------------------ training
+@pytest.fixture(scope="module")
+def wiki_lines(data_dir) -> list[str]:
+    with open(data_dir / "wikitext-2" / "train.txt", encoding="utf-8") as f:
+        lines = [line.strip() for _, line in zip(range(4000), f)]
+    return [line for line in lines if line]
+
+
+@pytest.fixture(scope="module")
+def trained(wiki_lines, tmp_path_factory) -> WordPieceTokenizer:
+    path = tmp_path_factory.mktemp("wiki") / "slice.txt"
+    path.write_text("\n".join(wiki_lines) + "\n", encoding="utf-8")
+    return train_tokenizer([path], vocab_size=2000, min_frequency=2)
+
+
+def test_train_tokenizer_gives_sane_vocab(trained, wiki_lines, data_dir):
+    assert [trained.convert_tokens_to_ids(t) for t in SPECIALS] == [0, 1, 2, 3, 4]
+    assert (trained.pad_token_id, trained.unk_token_id, trained.mask_token_id) == (0, 1, 4)
+    assert 1500 <= trained.vocab_size <= 2000
+    for word in ["the", "of", "and", "in", "was"]:
+        assert trained.tokenize(word) == [word]
+    held_out = (data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines()[:300]
+    held_out = [line.strip() for line in held_out if line.strip()]
+    tokens = [t for line in held_out for t in trained.tokenize(line)]
+    words = sum(len(line.split()) for line in held_out)
+    assert tokens.count("[UNK]") / len(tokens) < 0.01
+    assert 1.0 < len(tokens) / words < 2.0  # a 2k vocab splits rare words, not every word
+    assert trained.tokenize("The Unbelievable") == trained.tokenize("the unbelievable")
+    assert trained.decode(trained.encode("the game was released in 2011 .")) == "the game was released in 2011."
+
+
+def test_train_from_iterator_matches_files(trained, wiki_lines):
+    from_iter = train_tokenizer(texts=iter(wiki_lines), vocab_size=2000, min_frequency=2)
+    assert from_iter.get_vocab() == trained.get_vocab()
+
+
+def test_trained_save_load_round_trip(trained, wiki_lines, tmp_path):
+    from transformers import BertTokenizerFast
+
+    trained.save(tmp_path / "tok")
+    written = {p.name for p in (tmp_path / "tok").iterdir()}
+    assert written == {"tokenizer.json", "vocab.txt", "tokenizer_config.json"}
+    loaded = get_tokenizer(tmp_path / "tok")
+    vocab_only = tmp_path / "vocab_only"
+    vocab_only.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "tok" / name, vocab_only / name)
+    from_vocab = get_tokenizer(vocab_only)
+    hf = BertTokenizerFast.from_pretrained(tmp_path / "tok")
+    sample = wiki_lines[:200] + ["Café [MASK] naïve 北京"]
+    expected = trained(sample, return_tensors=None)["input_ids"]
+    assert loaded(sample, return_tensors=None)["input_ids"] == expected
+    assert from_vocab(sample, return_tensors=None)["input_ids"] == expected
+    assert hf(sample, padding=True, truncation=True, max_length=512)["input_ids"] == expected
+    assert pickle.loads(pickle.dumps(trained))(sample, return_tensors=None)["input_ids"] == expected
+
+
+def test_cased_vocab_folder_respects_do_lower_case(minilm_path, tmp_path):
+    from transformers import BertTokenizerFast
+
+    shutil.copy(Path(minilm_path) / "vocab.txt", tmp_path / "vocab.txt")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    cased = get_tokenizer(tmp_path)
+    assert not cased.do_lower_case
+    hf = BertTokenizerFast.from_pretrained(tmp_path)
+    text = "Paris and BERLIN are Cities"
+    assert cased.encode(text) == hf(text)["input_ids"]
+    assert cased.tokenize("Paris") != get_tokenizer(minilm_path).tokenize("Paris")
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_error_missing_folder_and_vocab(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer folder not found: .*nope"):
+        get_tokenizer(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer.json or vocab.txt in .*empty"):
+        (tmp_path / "empty").mkdir()
+        get_tokenizer(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match=r"vocab file not found: .*missing.txt"):
+        WordPieceTokenizer.from_vocab_file(tmp_path / "missing.txt")
+
+
+def test_error_vocab_without_mask(tmp_path):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n##s\n")
+    with pytest.raises(ValueError, match=r"vocab file .*vocab.txt has no '\[MASK\]' token"):
+        get_tokenizer(tmp_path)
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nhello\n")
+    with pytest.raises(ValueError, match=r"vocab.txt:7: token 'hello' already appears on line 6"):
+        get_tokenizer(tmp_path)
+
+
+def test_hub_name_resolution_offline(minilm_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError, match=r"'bert-base-uncased' is not available offline.*Pass a folder"):
+        get_tokenizer("bert-base-uncased")
+    snap = tmp_path / "hub" / "models--org--tiny-bert" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    shutil.copy(Path(minilm_path) / "vocab.txt", snap / "vocab.txt")
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("abc123")
+    assert get_tokenizer("org/tiny-bert").encode("hello world") == [101, 7592, 2088, 102]
+
+
+def test_error_bad_arguments(tok):
+    with pytest.raises(ValueError, match="padding must be"):
+        tok(["a"], padding="longest_first")
+    with pytest.raises(ValueError, match="return_tensors must be"):
+        tok(["a"], return_tensors="tf")
+    with pytest.raises(ValueError, match=r"rows have lengths \[3, 4\]"):
+        tok(["a", "a b"], padding=False)
+    with pytest.raises(ValueError, match="texts has 2 items but text_pairs has 1"):
+        tok(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="both be single examples or both be lists"):
+        tok("a", ["c"])
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got int"):
+        tok(["a", 3])
+    with pytest.raises(ValueError, match="max_length must be a positive int"):
+        tok(["a"], max_length=0)
+    with pytest.raises(ValueError, match="texts is empty"):
+        tok([])
+    with pytest.raises(ValueError, match=r"token id 99999 is outside the vocabulary \(size 30522\)"):
+        tok.convert_ids_to_tokens([99999])
+    with pytest.raises(ValueError, match=r"ids \[-100\] are outside the vocabulary"):
+        tok.decode([101, -100, 102])
+    with pytest.raises(ValueError, match="decode takes one sequence"):
+        tok.decode([[101, 102]])
+    with pytest.raises(ValueError, match="stride 40 must be smaller than max_length minus 3"):
+        tok("q", "c " * 100, max_length=42, stride=40, return_overflowing_tokens=True)
+    with pytest.raises(ValueError, match="tokenization failed .*truncation='only_second'"):
+        tok("a long question " * 10, "c " * 100, max_length=16, return_overflowing_tokens=True)
+    with pytest.raises(ValueError, match="pass exactly one of files"):
+        train_tokenizer()
+    with pytest.raises(FileNotFoundError, match="training file not found: .*nope.txt"):
+        train_tokenizer(["nope.txt"])
+    with pytest.raises(ValueError, match=r"lacks \['\[MASK\]'\]"):
+        train_tokenizer(texts=["a"], special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
