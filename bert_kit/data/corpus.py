@@ -1,0 +1,435 @@
+"""Pretraining corpora: readers, a streaming dataset and an on-disk token cache.
+
+* `read_documents(path, mode)` reads plain text (blank-line separated documents, or one per
+  line), WikiText (` = Title = ` starts an article), or JSONL with a text field, from a file,
+  a directory, a glob or a list of those. `iter_documents` is the lazy version.
+* `StreamingTextDataset` is an IterableDataset for corpora bigger than memory: it reads lazily,
+  shuffles through a seeded buffer and shards by (rank, world_size) and DataLoader worker, so
+  every example is produced exactly once per epoch across all ranks and workers.
+* `tokenize_to_cache(files, tokenizer, cache_dir)` tokenises once into a flat memory-mapped
+  token array plus int64 document offsets; later calls with unchanged files and tokenizer load
+  it instantly. `TokenCache.document(i)` is a cheap slice, so map-style datasets over it can
+  jump to any data position.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+__all__ = [
+    "MODES",
+    "resolve_files",
+    "iter_documents",
+    "read_documents",
+    "read_hf_documents",
+    "plain_backend",
+    "StreamingTextDataset",
+    "TokenCache",
+    "tokenize_to_cache",
+]
+
+PathLike = str | os.PathLike
+MODES = ("auto", "blank_line", "line", "wikitext", "jsonl")
+_CACHE_VERSION = 1
+
+
+def resolve_files(path: PathLike | Sequence[PathLike]) -> list[Path]:
+    """Expand a file, a directory (all files below it, sorted), a glob or a list of these."""
+    if isinstance(path, (list, tuple)):
+        return [f for p in path for f in resolve_files(p)]
+    text = os.fspath(path)
+    if any(c in text for c in "*?["):
+        files = sorted(Path(f) for f in globlib.glob(text, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise FileNotFoundError(f"no corpus files match the pattern {text!r}")
+        return files
+    p = Path(text)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise FileNotFoundError(f"corpus directory {p} contains no files")
+        return files
+    if not p.is_file():
+        raise FileNotFoundError(f"corpus file not found: {p}")
+    return [p]
+
+
+def _mode_for(path: Path, mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown corpus mode {mode!r}; expected one of {MODES}")
+    if mode == "auto":
+        return "jsonl" if path.suffix.lower() in (".jsonl", ".json") else "blank_line"
+    return mode
+
+
+def _is_heading(line: str) -> bool:
+    """WikiText headings look like '= Title =' or '= = Section = ='."""
+    return len(line) >= 3 and line.startswith("= ") and line.endswith(" =")
+
+
+def _iter_file(path: Path, mode: str, text_field: str, encoding: str) -> Iterator[str]:
+    with open(path, encoding=encoding) as f:
+        if mode == "line":
+            for line in f:
+                if line.strip():
+                    yield line.strip()
+        elif mode == "jsonl":
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                if not isinstance(record, dict) or text_field not in record:
+                    raise KeyError(f"{path}:{lineno}: record has no text field {text_field!r}")
+                text = record[text_field]
+                if not isinstance(text, str):
+                    raise TypeError(
+                        f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not str"
+                    )
+                if text.strip():
+                    yield text.strip()
+        else:
+            wikitext = mode == "wikitext"
+            block: list[str] = []
+            for line in f:
+                line = line.strip()
+                # WikiText: only a new article title ends a document; blank lines are paragraph
+                # breaks and headings are dropped. Plain text: a blank line ends a document.
+                if wikitext and _is_heading(line):
+                    if not line.startswith("= =") and block:
+                        yield "\n".join(block)
+                        block = []
+                elif line:
+                    block.append(line)
+                elif not wikitext and block:
+                    yield "\n".join(block)
+                    block = []
+            if block:
+                yield "\n".join(block)
+
+
+def iter_documents(
+    path: PathLike | Sequence[PathLike],
+    mode: str = "auto",
+    text_field: str = "text",
+    encoding: str = "utf-8",
+) -> Iterator[str]:
+    """Lazily yield the documents of a corpus, each a string whose lines are its paragraphs.
+
+    Modes: "blank_line" (a blank line ends a document), "line" (one document per line),
+    "wikitext" (a ' = Title = ' line starts an article; headings dropped), "jsonl" (one JSON
+    object per line, text under `text_field`), "auto" (jsonl for .jsonl/.json, else blank_line).
+    Empty documents are skipped.
+    """
+    for file in resolve_files(path):
+        yield from _iter_file(file, _mode_for(file, mode), text_field, encoding)
+
+
+def read_documents(
+    path: PathLike | Sequence[PathLike],
+    mode: str = "auto",
+    text_field: str = "text",
+    encoding: str = "utf-8",
+) -> list[str]:
+    """All documents of a corpus as a list of strings (see `iter_documents` for the modes)."""
+    return list(iter_documents(path, mode, text_field, encoding))
+
+
+def read_hf_documents(path: PathLike, split: str = "train", text_field: str = "text") -> list[str]:
+    """Documents from a local Hugging Face `datasets` source (needs the optional package).
+
+    `path` is a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local
+    .json/.jsonl/.csv/.parquet/.txt file loaded with the matching builder.
+    """
+    try:
+        import datasets  # optional dependency, imported only here
+    except ImportError:
+        raise ImportError(
+            "read_hf_documents needs the optional 'datasets' package (pip install datasets); "
+            "read_documents handles plain text, WikiText and JSONL without it"
+        ) from None
+    p = Path(path)
+    if p.is_dir():
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[split]
+    elif p.is_file():
+        builder = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+        ds = datasets.load_dataset(builder.get(p.suffix.lower(), "text"), data_files=str(p),
+                                   split=split)
+    else:
+        raise FileNotFoundError(f"dataset not found: {p}")
+    if text_field not in ds.column_names:
+        raise KeyError(f"{p}: dataset has no column {text_field!r} (columns: {ds.column_names})")
+    return [t for t in ds[text_field] if isinstance(t, str) and t.strip()]
+
+
+def plain_backend(tokenizer: Any) -> Any:
+    """A private copy of `tokenizer.backend` with truncation and padding switched off.
+
+    Saved tokenizer.json files often carry a fixed truncation/padding setting (e.g. 128); a copy
+    keeps documents whole without changing the caller's tokenizer.
+    """
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def _encode_documents(backend: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens (one batched, multi-threaded call)."""
+    return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+
+def _mix(*parts: int) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+class StreamingTextDataset(IterableDataset):
+    """Stream documents from files too large for memory, shuffled through a buffer.
+
+    Example k of the corpus (in file order) belongs to shard k mod (world_size * num_workers);
+    shard number rank * num_workers + worker_id, so each example is yielded exactly once per epoch
+    over all ranks and workers. The shuffle buffer (RNG seeded from seed, epoch and shard) holds
+    `buffer_size` examples: bigger means better mixing and more memory. Call `set_epoch` each epoch.
+
+    Yields strings, or, with a tokenizer, dicts {"input_ids": [CLS] ids [SEP]} truncated to
+    `max_length`, ready for `DataCollatorForMLM`.
+    """
+
+    def __init__(
+        self,
+        files: PathLike | Sequence[PathLike],
+        tokenizer: Any = None,
+        max_length: int = 128,
+        mode: str = "line",
+        text_field: str = "text",
+        buffer_size: int = 10_000,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.files = resolve_files(files)  # fail early on a missing file
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.mode, self.text_field = mode, text_field
+        self.buffer_size, self.shuffle, self.seed = max(1, buffer_size), shuffle, seed
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        self.rank = rank if rank is not None else (dist.get_rank() if initialized else 0)
+        self.world_size = (world_size if world_size is not None
+                           else (dist.get_world_size() if initialized else 1))
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _shard_items(self, shard: int, num_shards: int) -> Iterator[str]:
+        stream = iter_documents(self.files, self.mode, self.text_field)
+        for k, text in enumerate(stream):
+            if k % num_shards == shard:
+                yield text
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        shard = self.rank * n_workers + worker
+        items = self._shard_items(shard, self.world_size * n_workers)
+        if self.shuffle:
+            items = self._buffered(items, random.Random(_mix(self.seed, self.epoch, shard)))
+        if self.tokenizer is None:
+            yield from items
+            return
+        backend = plain_backend(self.tokenizer)
+        cls_id, sep_id = int(self.tokenizer.cls_token_id), int(self.tokenizer.sep_token_id)
+        for text in items:
+            ids = backend.encode(text, add_special_tokens=False).ids[: self.max_length - 2]
+            yield {"input_ids": [cls_id, *ids, sep_id]}
+
+    def _buffered(self, items: Iterator[str], rng: random.Random) -> Iterator[str]:
+        buffer: list[str] = []
+        for item in items:
+            if len(buffer) < self.buffer_size:
+                buffer.append(item)
+                continue
+            # Emit a random resident and put the new item in its slot.
+            j = rng.randrange(len(buffer))
+            yield buffer[j]
+            buffer[j] = item
+        rng.shuffle(buffer)
+        yield from buffer
+
+
+class TokenCache:
+    """A corpus as one flat token array (B,) and document offsets (D + 1,) int64.
+
+    Document i is `tokens[offsets[i]:offsets[i + 1]]` (no special tokens). The arrays are
+    np.memmap views when loaded from disk, so slicing costs no tokenisation and little memory.
+    """
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, path: Path | None = None,
+                 from_cache: bool = False) -> None:
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
+            raise ValueError(
+                f"offsets must run from 0 to len(tokens)={len(tokens)}, got shape "
+                f"{offsets.shape} ending at {offsets[-1] if len(offsets) else None}"
+            )
+        self.tokens, self.offsets = tokens, offsets
+        self.path = path  # the token file, None for in-memory caches
+        self.from_cache = from_cache  # True when loaded from an earlier run
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Sequence[int]], vocab_size: int) -> TokenCache:
+        """An in-memory cache built from token id lists (no files written)."""
+        lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = [t for d in documents for t in d]
+        return cls(np.asarray(flat, dtype=_token_dtype(vocab_size)), offsets)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def document(self, i: int) -> np.ndarray:
+        """Token ids of document i, shape (L_i,), a view into the (memory-mapped) array."""
+        if not -self.num_documents <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range for {self.num_documents} documents")
+        i %= self.num_documents
+        return self.tokens[self.offsets[i]: self.offsets[i + 1]]
+
+    def __repr__(self) -> str:
+        return (f"TokenCache(documents={self.num_documents}, tokens={self.num_tokens}, "
+                f"dtype={self.tokens.dtype}, path={self.path})")
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+
+
+def _cache_key(files: list[Path], tokenizer: Any, mode: str, text_field: str) -> str:
+    """Hash of what the cache depends on: file identities and the whole tokenizer definition."""
+    stats = []
+    for f in files:
+        st = f.stat()
+        stats.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    tok_hash = hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
+    blob = json.dumps([_CACHE_VERSION, stats, tok_hash, mode, text_field]).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    """Write via a temp file in the same folder, then rename: readers never see a partial file."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _load_cache(cache_dir: Path, key: str) -> TokenCache | None:
+    meta_path = cache_dir / f"{key}.json"
+    token_path, offset_path = cache_dir / f"{key}.tokens", cache_dir / f"{key}.offsets.npy"
+    if not (meta_path.is_file() and token_path.is_file() and offset_path.is_file()):
+        return None
+    meta = json.loads(meta_path.read_text())
+    dtype, n = np.dtype(meta["dtype"]), int(meta["num_tokens"])
+    if token_path.stat().st_size != n * dtype.itemsize:
+        return None  # truncated or foreign file: rebuild
+    tokens = np.memmap(token_path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+    offsets = np.load(offset_path, mmap_mode="r")
+    return TokenCache(tokens, offsets, path=token_path, from_cache=True)
+
+
+def tokenize_to_cache(
+    files: PathLike | Sequence[PathLike],
+    tokenizer: Any,
+    cache_dir: PathLike,
+    mode: str = "auto",
+    text_field: str = "text",
+    batch_size: int = 1000,
+    progress: bool = True,
+) -> TokenCache:
+    """Tokenise a corpus once into `cache_dir`; return the (memory-mapped) `TokenCache`.
+
+    The cache is keyed by a hash of (file paths, sizes, mtimes, tokenizer definition, mode,
+    text_field): unchanged inputs load instantly, any change rebuilds. Files written:
+    `<key>.tokens` (raw uint16, or uint32 for vocabularies of 65536+), `<key>.offsets.npy`
+    (int64, D + 1) and `<key>.json` (metadata, written last, so its presence marks a complete
+    cache). Each file is written to a temp file and renamed, so a crash leaves no half cache.
+    """
+    paths = resolve_files(files)
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(paths, tokenizer, mode, text_field)
+    cached = _load_cache(cache_dir, key)
+    if cached is not None:
+        return cached
+
+    from tqdm.auto import tqdm
+
+    dtype = _token_dtype(int(tokenizer.vocab_size))
+    backend = plain_backend(tokenizer)
+    offsets = [0]
+
+    def write_tokens(f: Any) -> None:
+        bar = tqdm(desc=f"tokenizing {len(paths)} file(s)", unit="doc", disable=not progress)
+        batch: list[str] = []
+
+        def flush() -> None:
+            for ids in _encode_documents(backend, batch):
+                f.write(np.asarray(ids, dtype=dtype).tobytes())
+                offsets.append(offsets[-1] + len(ids))
+            bar.update(len(batch))
+            batch.clear()
+
+        for doc in iter_documents(paths, mode, text_field):
+            batch.append(doc)
+            if len(batch) >= batch_size:
+                flush()
+        if batch:
+            flush()
+        bar.close()
+
+    token_path = cache_dir / f"{key}.tokens"
+    _atomic_write(token_path, write_tokens)
+    _atomic_write(cache_dir / f"{key}.offsets.npy",
+                  lambda f: np.save(f, np.asarray(offsets, dtype=np.int64)))
+    meta = {"version": _CACHE_VERSION, "dtype": dtype.name, "num_tokens": offsets[-1],
+            "num_documents": len(offsets) - 1, "files": [str(p) for p in paths], "mode": mode,
+            "text_field": text_field, "vocab_size": int(tokenizer.vocab_size)}
+    _atomic_write(cache_dir / f"{key}.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    loaded = _load_cache(cache_dir, key)
+    assert loaded is not None  # just written
+    loaded.from_cache = False
+    return loaded
