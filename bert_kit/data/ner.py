@@ -1,0 +1,209 @@
+"""Token classification (NER) data: CoNLL reader, word-to-sub-token label alignment, dataset.
+
+WordPiece splits a word into several sub-tokens, while tags are per word. As in the BERT paper
+the first sub-token of each word carries the word's label and the other sub-tokens, [CLS],
+[SEP] and padding get -100, so the loss ignores them; :func:`predictions_to_words` reads the
+first sub-token's prediction back as the word's tag. Words cut off by ``max_length`` get
+"O" at prediction time, so every word gets a tag and entity F1 stays comparable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from bert_kit.data.classification import pad_collate
+
+IGNORE_INDEX = -100
+
+Sentence = tuple[list[str], list[str]]  # (words, tags), same length
+
+
+def read_conll(path: str | Path, tag_column: int = -1) -> list[Sentence]:
+    """Read a CoNLL-style file (one token per line, columns split by whitespace).
+
+    The first column is the word and ``tag_column`` (default: the last) the tag. Blank lines
+    end sentences and ``-DOCSTART-`` lines are document separators: they end the current
+    sentence and are skipped. Returns a list of (words, tags). A line with a single column, or
+    without ``tag_column``, raises ValueError naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"CoNLL file not found: {path}")
+    sentences: list[Sentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+
+    def flush() -> None:
+        if words:
+            sentences.append((list(words), list(tags)))
+            words.clear()
+            tags.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                flush()
+                continue
+            if fields[0] == "-DOCSTART-":
+                # a document marker is not a sentence; some files omit the blank line after it
+                flush()
+                continue
+            if len(fields) < 2:
+                raise ValueError(f"{path}:{i}: expected a word and a tag, got {line.strip()!r}")
+            try:
+                tag = fields[tag_column]
+            except IndexError:
+                raise ValueError(f"{path}:{i}: no tag column {tag_column} in {line.strip()!r} "
+                                 f"({len(fields)} columns)") from None
+            if tag_column in (0, -len(fields)):
+                raise ValueError(f"{path}:{i}: tag column {tag_column} is the word column")
+            words.append(fields[0])
+            tags.append(tag)
+    flush()
+    return sentences
+
+
+def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
+    """Convert IOB1 tags (B- only between adjacent same-type entities) to IOB2 (B- always).
+
+    An I-X that does not continue an entity of type X (after O, after another type, or at the
+    start) becomes B-X; every other tag is unchanged.
+    """
+    out: list[str] = []
+    prev = "O"
+    for tag in tags:
+        if tag.startswith("I-") and (prev == "O" or prev[2:] != tag[2:]):
+            out.append("B-" + tag[2:])
+        else:
+            out.append(tag)
+        prev = tag
+    return out
+
+
+def align_labels(word_ids: Sequence[int | None], word_labels: Sequence[int]) -> list[int]:
+    """Token labels (T,) from word labels: first sub-token of a word gets its label id.
+
+    word_ids: the tokenizer's word index per token (None for [CLS]/[SEP]/padding).
+    Later sub-tokens of the same word and special tokens get -100.
+    """
+    labels, prev = [], None
+    for w in word_ids:
+        # consecutive tokens with the same word id are the pieces of one word
+        if w is None or w == prev:
+            labels.append(IGNORE_INDEX)
+        else:
+            if w >= len(word_labels):
+                raise IndexError(f"word id {w} but only {len(word_labels)} word labels")
+            labels.append(int(word_labels[w]))
+        prev = w
+    return labels
+
+
+def predictions_to_words(token_predictions, word_ids: Sequence[int | None],
+                         num_words: int | None = None, label_list: Sequence[str] | None = None,
+                         fill: Any = "O") -> list:
+    """One prediction per word from token predictions (T,): the first sub-token's.
+
+    token_predictions may be label ids or tags (a list, array or tensor, possibly padded beyond
+    len(word_ids)); with ``label_list`` ids are mapped to tags. Words that have no token
+    (cut by truncation) get ``fill``. num_words defaults to the highest word id + 1; pass
+    len(words) so truncated trailing words are included.
+    """
+    if hasattr(token_predictions, "tolist"):
+        token_predictions = token_predictions.tolist()
+    seen = [w for w in word_ids if w is not None]
+    if num_words is None:
+        num_words = max(seen) + 1 if seen else 0
+    out: list = [fill] * num_words
+    done = [False] * num_words
+    for t, w in enumerate(word_ids):
+        if w is None or w >= num_words or done[w]:
+            continue  # special / padding token, or a later sub-token of a word already read
+        pred = token_predictions[t]
+        out[w] = label_list[pred] if label_list is not None else pred
+        done[w] = True
+    return out
+
+
+class NERDataset(Dataset):
+    """Tokenized sentences with aligned token labels; items are dicts of Python lists.
+
+    sentences: list of (words, tags); tags may be None for unlabelled text (all labels -100).
+    Item keys: input_ids, token_type_ids, attention_mask, labels (each length T_i <=
+    max_length). ``word_ids[i]`` keeps sentence i's token-to-word map for
+    :func:`predictions_to_words`.
+    """
+
+    def __init__(self, sentences: Sequence[tuple[Sequence[str], Sequence[str] | None]],
+                 tokenizer, label_list: Sequence[str], max_length: int = 128):
+        self.label_list = list(label_list)
+        self.label_to_id = {tag: i for i, tag in enumerate(self.label_list)}
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", 0)
+        self.sentences = [(list(words), None if tags is None else list(tags))
+                          for words, tags in sentences]
+        word_labels = []
+        for n, (words, tags) in enumerate(self.sentences):
+            if tags is None:
+                word_labels.append(None)
+                continue
+            if len(tags) != len(words):
+                raise ValueError(f"sentence {n}: {len(words)} words but {len(tags)} tags")
+            unknown = [t for t in tags if t not in self.label_to_id]
+            if unknown:
+                raise ValueError(f"sentence {n}: tag {unknown[0]!r} not in label_list "
+                                 f"{self.label_list}")
+            word_labels.append([self.label_to_id[t] for t in tags])
+        # one batched call: the Rust tokenizer is far faster on a batch than row by row
+        if self.sentences:
+            enc = tokenizer([words for words, _ in self.sentences], is_split_into_words=True,
+                            max_length=max_length, padding=False, truncation=True,
+                            return_word_ids=True, return_tensors=None)
+        else:
+            enc = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "word_ids")}
+        self.encodings = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        self.word_ids: list[list[int | None]] = [list(w) for w in enc["word_ids"]]
+        self.labels = [
+            align_labels(wids, wl) if wl is not None else [IGNORE_INDEX] * len(wids)
+            for wids, wl in zip(self.word_ids, word_labels)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, idx: int) -> dict[str, list[int]]:
+        item = {k: v[idx] for k, v in self.encodings.items()}
+        item["labels"] = self.labels[idx]
+        return item
+
+    def collate(self, batch: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        """Pad to the batch's longest: ids with the pad id, masks with 0, labels with -100."""
+        return pad_collate(batch, pad_token_id=self.pad_token_id)
+
+    def predictions_to_tags(self, idx: int, token_predictions) -> list[str]:
+        """Tags for every word of sentence idx from its token predictions (T,) of label ids."""
+        return predictions_to_words(token_predictions, self.word_ids[idx],
+                                    num_words=len(self.sentences[idx][0]),
+                                    label_list=self.label_list)
+
+
+def collate_ner(batch: list[dict[str, list[int]]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pad NER items into (B, T) int64 tensors; labels are padded with -100."""
+    return pad_collate(batch, pad_token_id=pad_token_id)
+
+
+def create_ner_dataloader(sentences, tokenizer, label_list: Sequence[str], batch_size: int = 32,
+                          max_length: int = 128, shuffle: bool = True) -> DataLoader:
+    """DataLoader of padded NER batches (see :class:`NERDataset`)."""
+    dataset = NERDataset(sentences, tokenizer, label_list, max_length=max_length)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=dataset.collate)
+
+
+def get_label_list(sentences: Sequence[Sentence]) -> list[str]:
+    """Sorted tag set of a corpus with "O" first (so id 0 is the outside tag)."""
+    tags = {t for _, ts in sentences for t in ts}
+    return ["O"] * ("O" in tags) + sorted(tags - {"O"})

@@ -1,0 +1,105 @@
+"""Semantic textual similarity (STS Benchmark) data: reader, regression loader, scoring.
+
+The STS-B release files (``sts-{train,dev,test}.csv``) are tab separated without a header:
+``genre  filename  year  id  score  sentence1  sentence2`` and, on some rows, two trailing
+source notes. Sentences contain literal ``"`` characters, so lines are split on tabs only (a
+CSV parser would treat those quotes as field delimiters and merge rows). Scores are in [0, 5].
+
+Fine-tuning STS-B is regression on sentence pairs: :func:`create_sts_dataloader` reuses the
+classification pipeline with float labels, and the model is scored by Pearson / Spearman
+correlation between predicted and gold scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from bert_kit.data.classification import create_classification_dataloader
+from bert_kit.metrics import pearson, spearman
+
+SCORE_COLUMN, SENTENCE1_COLUMN, SENTENCE2_COLUMN = 4, 5, 6  # 0-based field indices
+MAX_SCORE = 5.0
+
+
+def read_sts(path: str | Path) -> tuple[list[str], list[str], list[float]]:
+    """Read an STS-B file into (sentences1, sentences2, scores).
+
+    Reads the original release (no header, fields after the 7th ignored) and, when the first
+    line is a header naming ``sentence1``, ``sentence2`` and ``score``, the GLUE copy of STS-B.
+    A row with too few fields or a score that is not a finite number raises ValueError naming
+    the file and the line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"STS file not found: {path}")
+    columns = (SCORE_COLUMN, SENTENCE1_COLUMN, SENTENCE2_COLUMN)
+    sentences1, sentences2, scores = [], [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        for i, line in enumerate(f, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if i == 1 and {"sentence1", "sentence2", "score"} <= set(fields):
+                # GLUE layout: index genre filename year old_index source1 source2 sentence1 ...
+                columns = tuple(fields.index(c) for c in ("score", "sentence1", "sentence2"))
+                continue
+            score_col, s1_col, s2_col = columns
+            if len(fields) <= max(columns):
+                raise ValueError(f"{path}:{i}: expected at least {max(columns) + 1} "
+                                 f"tab-separated fields, got {len(fields)}")
+            try:
+                score = float(fields[score_col])
+            except ValueError:
+                raise ValueError(f"{path}:{i}: score {fields[score_col]!r} (field "
+                                 f"{score_col + 1}) is not a number") from None
+            if not np.isfinite(score):
+                raise ValueError(f"{path}:{i}: score {fields[score_col]!r} is not finite")
+            sentences1.append(fields[s1_col])
+            sentences2.append(fields[s2_col])
+            scores.append(score)
+    return sentences1, sentences2, scores
+
+
+def create_sts_dataloader(path_or_data, tokenizer, batch_size: int = 32, max_length: int = 128,
+                          shuffle: bool = True, normalize: bool = False) -> DataLoader:
+    """Sentence-pair regression loader for an STS-B file or a (s1, s2, scores) tuple.
+
+    Batches: input_ids, token_type_ids, attention_mask (B, T) int64 for ``[CLS] s1 [SEP] s2
+    [SEP]`` and labels (B,) float32 (scores divided by 5 when ``normalize``).
+    """
+    if isinstance(path_or_data, (str, Path)):
+        s1, s2, scores = read_sts(path_or_data)
+    else:
+        s1, s2, scores = path_or_data
+    # float labels make the collate emit float32 targets: the regression (MSE) path
+    labels = [float(s) / MAX_SCORE if normalize else float(s) for s in scores]
+    return create_classification_dataloader(s1, labels, tokenizer, batch_size=batch_size,
+                                            max_length=max_length, text_pairs=s2,
+                                            shuffle=shuffle)
+
+
+def evaluate_sts_predictions(predicted: Sequence[float], gold: Sequence[float]
+                             ) -> dict[str, float]:
+    """Pearson and Spearman correlation of predicted vs gold scores (any common scale)."""
+    pred = np.asarray(predicted, dtype=np.float64)
+    ref = np.asarray(gold, dtype=np.float64)
+    if pred.shape != ref.shape:
+        raise ValueError(f"{pred.shape[0]} predictions but {ref.shape[0]} gold scores")
+    return {"pearson": pearson(pred, ref), "spearman": spearman(pred, ref)}
+
+
+def cosine_similarity_scores(embeddings1, embeddings2) -> np.ndarray:
+    """Row-wise cosine similarity (N,) of two embedding matrices (N, H), e.g. mean-pooled
+    sentence vectors; the zero-shot STS score of a sentence encoder."""
+    a = np.asarray(embeddings1, dtype=np.float64)
+    b = np.asarray(embeddings2, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"expected two (N, H) matrices of equal shape, got {a.shape} and {b.shape}")
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    # a zero vector (e.g. an all-padding row) scores 0 instead of NaN
+    return np.einsum("nh,nh->n", a, b) / np.maximum(norms, 1e-12)

@@ -1,0 +1,162 @@
+"""Classification data: the file reader on real SST-2 and on malformed files, the dataset, the
+dynamically padded loader.
+
+Run: .venv/bin/python -m pytest tests/data/test_classification.py -q
+"""
+
+import pytest
+import torch
+
+from bert_kit.data.classification import (
+    ClassificationDataset,
+    create_classification_dataloader,
+    pad_collate,
+    read_classification_file,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm_path):
+    from bert_kit.tokenizer import get_tokenizer
+
+    return get_tokenizer(minilm_path)
+
+
+# ------------------------------------------------------------------------------ reader
+
+
+def test_read_sst2_dev_and_train(data_dir):
+    dev = read_classification_file(data_dir / "sst2" / "dev.tsv")
+    assert len(dev.texts) == len(dev.labels) == 872
+    assert sum(dev.labels) == 444 and set(dev.labels) == {0, 1}  # published GLUE counts
+    assert all(type(y) is int for y in dev.labels)
+    assert dev.texts[0] == "it 's a charming and often affecting journey . "  # trailing space kept
+    assert dev.labels[:2] == [1, 0] and dev.text_pairs is None and dev.label_names is None
+    train = read_classification_file(data_dir / "sst2" / "train.tsv")
+    assert len(train.texts) == 67349 and sum(train.labels) == 37569
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_tsv_keeps_quotes_and_reads_pairs(tmp_path):
+    path = write(tmp_path, "pairs.tsv", 'q1\tq2\tlabel\n"a" b\tc "d\t1\ne\tf\t0\n')
+    data = read_classification_file(path, text_column="q1", text_pair_column="q2")
+    assert data.texts == ['"a" b', "e"] and data.text_pairs == ['c "d', "f"]
+    assert data.labels == [1, 0]
+
+
+def test_csv_quoting_and_float_labels(tmp_path):
+    path = write(tmp_path, "scores.csv", 'sentence,label\n"hello, world",0.5\nbye,2\n')
+    data = read_classification_file(path)
+    assert data.texts == ["hello, world", "bye"]
+    assert data.labels == [0.5, 2.0] and all(type(y) is float for y in data.labels)
+    path = write(tmp_path, "ints.csv", "sentence,label\na,1.0\nb,0\n")
+    assert read_classification_file(path).labels == [1, 0]  # integral floats become ints
+
+
+def test_jsonl_with_string_labels(tmp_path):
+    path = write(tmp_path, "d.jsonl",
+                 '{"text": "good", "y": "pos"}\n\n{"text": "bad", "y": "neg"}\n{"text": "ok", "y": "pos"}\n')
+    data = read_classification_file(path, text_column="text", label_column="y")
+    assert data.label_names == ["neg", "pos"] and data.labels == [1, 0, 1]
+    # another split read with the training names keeps the same ids
+    data = read_classification_file(path, text_column="text", label_column="y",
+                                    label_names=["pos", "neg"])
+    assert data.labels == [0, 1, 0]
+    with pytest.raises(ValueError, match=r"d\.jsonl:3.*'neg'"):
+        read_classification_file(path, text_column="text", label_column="y", label_names=["pos"])
+    texts_only = read_classification_file(path, text_column="text", label_column=None)
+    assert texts_only.labels is None and texts_only.texts == ["good", "bad", "ok"]
+
+
+@pytest.mark.parametrize("name,text,kwargs,match", [
+    ("short_row.tsv", "sentence\tlabel\na\t1\nb\n", {}, r"short_row\.tsv:3: row has 1 fields"),
+    ("no_col.tsv", "text\tlabel\na\t1\n", {}, r"no_col\.tsv:1: header has no column 'sentence'"),
+    ("empty_label.tsv", "sentence\tlabel\na\t1\nb\t \n", {}, r"empty_label\.tsv:3: empty label"),
+    ("bad.jsonl", '{"sentence": "a", "label": 1}\n{"sentence": "b", label: 0}\n', {},
+     r"bad\.jsonl:2: invalid JSON"),
+    ("missing.jsonl", '{"sentence": "a", "label": 1}\n{"sentence": "b"}\n', {},
+     r"missing\.jsonl:2: missing key 'label'"),
+    ("list.jsonl", '[1, 2]\n', {}, r"list\.jsonl:1: expected a JSON object"),
+    ("multi.csv", 'sentence,label\n"two\nlines",1\nc,1,extra\n', {}, r"multi\.csv:4: row has 3"),
+])
+def test_malformed_files_name_file_and_line(tmp_path, name, text, kwargs, match):
+    path = write(tmp_path, name, text)
+    with pytest.raises((ValueError, KeyError), match=match):
+        read_classification_file(path, **kwargs)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="nope.tsv"):
+        read_classification_file("/nonexistent/nope.tsv")
+
+
+# ------------------------------------------------------------------------------ dataset / loader
+
+
+def test_dataset_items_match_tokenizer_encode(data_dir, tokenizer):
+    dev = read_classification_file(data_dir / "sst2" / "dev.tsv")
+    ds = ClassificationDataset(dev.texts[:50], dev.labels[:50], tokenizer, max_length=16)
+    assert len(ds) == 50
+    for i in (0, 7, 49):
+        item = ds[i]
+        assert item["input_ids"] == tokenizer.encode(dev.texts[i], max_length=16)
+        assert len(item["input_ids"]) <= 16 and item["labels"] == dev.labels[i]
+        assert item["attention_mask"] == [1] * len(item["input_ids"])
+        assert item["token_type_ids"] == [0] * len(item["input_ids"])
+
+
+def test_pairs_get_segment_ids(tokenizer):
+    ds = ClassificationDataset(["a man is eating ."], [3.8], tokenizer,
+                               text_pairs=["a person eats food ."])
+    item = ds[0]
+    assert item["input_ids"] == tokenizer.encode("a man is eating .", "a person eats food .")
+    sep = item["input_ids"].index(tokenizer.sep_token_id)
+    assert item["token_type_ids"] == [0] * (sep + 1) + [1] * (len(item["input_ids"]) - sep - 1)
+    assert ds.collate([item])["labels"].dtype == torch.float32
+
+
+def test_pad_collate_pads_to_longest():
+    batch = [{"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1],
+              "labels": 1},
+             {"input_ids": [101, 102], "token_type_ids": [0, 0], "attention_mask": [1, 1], "labels": 0}]
+    out = pad_collate(batch, pad_token_id=9)
+    torch.testing.assert_close(out["input_ids"], torch.tensor([[101, 7, 102], [101, 102, 9]]))
+    torch.testing.assert_close(out["attention_mask"], torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    torch.testing.assert_close(out["labels"], torch.tensor([1, 0]))
+    batch[1]["labels"] = 0.25  # one float label makes the batch a regression batch
+    torch.testing.assert_close(pad_collate(batch)["labels"], torch.tensor([1.0, 0.25]))
+
+
+def test_dataloader_pads_dynamically_and_sees_every_example(data_dir, tokenizer):
+    dev = read_classification_file(data_dir / "sst2" / "dev.tsv")
+    texts, labels = dev.texts[:70], dev.labels[:70]
+    loader = create_classification_dataloader(texts, labels, tokenizer, batch_size=16,
+                                              max_length=64, shuffle=True, seed=0)
+    lengths = [len(tokenizer.encode(t, max_length=64)) for t in texts]
+    seen = []
+    for batch in loader:
+        ids = batch["input_ids"]
+        assert ids.dtype == torch.long and batch["labels"].dtype == torch.long
+        assert batch["attention_mask"].shape == ids.shape == batch["token_type_ids"].shape
+        real = batch["attention_mask"].sum(1)
+        assert ids.shape[1] == int(real.max())  # padded only to the batch's longest
+        assert torch.all(ids[batch["attention_mask"] == 0] == tokenizer.pad_token_id)
+        seen += list(zip(real.tolist(), batch["labels"].tolist()))
+    assert sorted(seen) == sorted(zip(lengths, labels))
+    # the same seed gives the same order (fresh loaders: iterating advances the generator)
+    first = [next(iter(create_classification_dataloader(texts, labels, tokenizer, batch_size=16,
+                                                        seed=s)))["input_ids"] for s in (0, 0, 1)]
+    torch.testing.assert_close(first[0], first[1])
+    assert first[0].shape != first[2].shape or not torch.equal(first[0], first[2])
+
+
+def test_dataset_input_errors(tokenizer):
+    with pytest.raises(ValueError, match="2 texts but 1 labels"):
+        ClassificationDataset(["a", "b"], [1], tokenizer)
+    with pytest.raises(ValueError, match="1 text_pairs"):
+        ClassificationDataset(["a", "b"], [1, 0], tokenizer, text_pairs=["c"])
