@@ -27,6 +27,18 @@ _EXPORTS = {
     "get_tokenizer": "tokenizer",
     "train_tokenizer": "tokenizer",
     "WordPieceTokenizer": "tokenizer",
+    "MLMDataset": "data.pretraining",
+    "NSPDataset": "data.pretraining",
+    "create_mlm_dataloader": "data.pretraining",
+    "create_pretraining_dataloader": "data.pretraining",
+    "ClassificationDataset": "data.classification",
+    "create_classification_dataloader": "data.classification",
+    "compute_mlm_loss": "training",
+    "compute_classification_loss": "training",
+    "compute_mlm_loader_loss": "training",
+    "compute_precision_recall_f1": "metrics",
+    "compute_confusion_matrix": "metrics",
+    "evaluate_classification_metrics": "metrics",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -32,11 +32,23 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(hidden))))
 
 
-def select_masked(hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-    """(B, T, H) -> (N, H) at positions where labels != -100 (all (B, T, H) when labels is None)."""
-    if labels is None:
+def masked_index(labels: torch.Tensor) -> torch.Tensor:
+    """Flat positions (N,) of the labelled tokens in (B, T) labels; -100 marks the others.
+
+    Computing it once (e.g. in the collator, on the CPU) and passing it as `masked_index` keeps
+    data-dependent sizes out of a compiled graph: logits and targets then share one size.
+    """
+    return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+
+
+def select_masked(hidden: torch.Tensor, labels: torch.Tensor | None,
+                  index: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T, H) -> (N, H) at the labelled positions; unchanged when neither is given."""
+    if index is None and labels is None:
         return hidden
-    return hidden.flatten(0, 1)[labels.flatten() != IGNORE_INDEX]
+    if index is None:
+        index = masked_index(labels)
+    return hidden.flatten(0, 1).index_select(0, index)
 
 
 class _TiedMLM(BertPreTrainedModel):
@@ -58,10 +70,12 @@ class BERTForMaskedLM(_TiedMLM):
         self.tie_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """-> (B, T, V) logits, or (N, V) at the labelled positions when `labels` is given."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.mlm(select_masked(hidden, labels))
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                unpadded: bool = False, masked_index: torch.Tensor | None = None) -> torch.Tensor:
+        """-> (B, T, V) logits, or (N, V) at the labelled positions when `labels` (B, T) or the
+        flat `masked_index` (N,) is given."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
+        return self.mlm(select_masked(hidden, labels, masked_index))
 
 
 class BERTForPreTraining(_TiedMLM):
@@ -77,12 +91,12 @@ class BERTForPreTraining(_TiedMLM):
         self.tie_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (mlm_logits (B, T, V) or (N, V) with labels, nsp_logits (B, 2))."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids)
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                unpadded: bool = False, masked_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (mlm_logits (B, T, V), or (N, V) with labels / masked_index, nsp_logits (B, 2))."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
         nsp_logits = self.nsp(self.bert.pool(hidden))
-        return self.mlm(select_masked(hidden, labels)), nsp_logits
+        return self.mlm(select_masked(hidden, labels, masked_index)), nsp_logits
 
 
 class BERTForSequenceClassification(BertPreTrainedModel):

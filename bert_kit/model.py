@@ -27,6 +27,11 @@ import torch.nn.functional as F
 
 from bert_kit.config import BertConfig
 
+try:  # variable-length flash attention (PyTorch >= 2.9, CUDA)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # older PyTorch: the padded SDPA fallback below
+    varlen_attn = None
+
 
 @dataclass
 class Packed:
@@ -81,11 +86,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
     CUDA half-precision without dropout uses the flash varlen kernel; otherwise the sequences
     are padded to (S, nh, L, hd) for SDPA with a key-padding mask (same numbers, more FLOPs).
     """
-    use_flash = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
-                 and hasattr(torch.nn.attention, "varlen"))
+    use_flash = (varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+                 and dropout_p == 0.0)
     if use_flash:
-        from torch.nn.attention.varlen import varlen_attn
-
         cu = packed.cu_seqlens
         return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen)
     qp, keep, index = _packed_to_padded(torch.stack((q, k, v)).transpose(0, 1), packed)  # (S, L, 3, nh, hd)
@@ -356,3 +359,22 @@ class BERTModel(BertPreTrainedModel):
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pooled output: tanh(W h_[CLS] + b), (B, T, H) -> (B, H)."""
         return self.pooler(hidden)
+
+
+def flops_per_token(config: BertConfig, seq_len: int, masked_fraction: float = 0.15) -> float:
+    """Useful training FLOPs per token (forward + backward = 6 x matmul multiply-adds).
+
+    Counts the encoder's matmuls, attention scores and weighted sums (12 * L * T * H), and the
+    MLM head on the masked fraction of tokens only; embeddings lookups count nothing.
+    """
+    H, L, V, I = config.hidden_size, config.num_hidden_layers, config.vocab_size, config.intermediate_size
+    encoder = L * (4 * H * H + 2 * H * I)  # QKV + output projection + FFN, per token
+    attention = 12 * L * seq_len * H
+    mlm = masked_fraction * (H * V + H * H)
+    return 6 * encoder + attention + 6 * mlm
+
+
+def estimate_mfu(config: BertConfig, seq_len: int, tokens_per_s: float, peak_flops: float = 790e12,
+                 masked_fraction: float = 0.15) -> float:
+    """Model FLOPs utilisation: achieved useful FLOP/s over the peak (H100 bf16 dense, measured)."""
+    return flops_per_token(config, seq_len, masked_fraction) * tokens_per_s / peak_flops

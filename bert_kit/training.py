@@ -18,9 +18,12 @@ def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     """Mean cross-entropy over the masked tokens.
 
     logits: (B, T, V) for every position, or (N, V) for the N labelled positions only (what the
-        MLM heads return when given `labels`); labels: (B, T) with -100 where nothing is masked.
+        MLM heads return when given `labels`); labels: (B, T) with -100 where nothing is masked,
+        or the (N,) targets themselves (`labels.flatten()[masked_index]`).
     Computed in float32 whatever the logits' dtype, for a stable softmax over 30k classes.
     """
+    if labels.dim() == 1 and logits.dim() == 2:
+        return F.cross_entropy(logits.float(), labels)
     if logits.dim() == 3:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
     targets = labels.flatten()
