@@ -77,11 +77,14 @@ def _rename(name: str, table: dict[str, str]) -> str | None:
     return None if target is None else target.replace("{i}", i or "")
 
 
-def to_hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Our state dict -> HF names (heads get the `bert.` prefix, as HF's head classes)."""
+def to_hf_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Our state dict (or any tensors named like it, e.g. gradients) -> HF names.
+
+    Heads get the `bert.` prefix, as HF's head classes.
+    """
     has_bert = hasattr(model, "bert")
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if tensors is None else tensors).items():
         if name == "mlm.decoder.weight":
             continue  # tied to the word embeddings
         local = name[len("bert."):] if has_bert and name.startswith("bert.") else name
@@ -195,9 +198,11 @@ def _infer_head_args(cls: type, hf_state: dict[str, torch.Tensor], config_dict: 
     return {}
 
 
-def from_pretrained(cls: type, folder: str | Path, strict: bool = False, **head_args) -> nn.Module:
+def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: torch.dtype | None = None,
+                    **head_args) -> nn.Module:
     """Build `cls` from an HF or bert-kit folder (see `load_into` for the matching rules).
 
+    dtype: parameter dtype to build in (e.g. torch.float64 keeps float64 weights exact).
     The model comes back in eval mode (dropout off), as with `transformers`.
     """
     folder = Path(folder)
@@ -206,6 +211,8 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, **head_
     config_dict = json.loads((folder / "config.json").read_text())
     head_args = {**_infer_head_args(cls, hf_state, config_dict), **head_args}
     model = cls(config, **head_args)
+    if dtype is not None:
+        model = model.to(dtype)
     load_into(model, hf_state, source=str(folder), strict=strict)
     return model.eval()  # as HF: inference mode until the caller calls .train()
 

@@ -160,3 +160,40 @@ def test_real_minilm_hidden_states_match(minilm_path):
                  attention_mask=torch.tensor(attention))
     torch.testing.assert_close(torch.tensor(sequence), out.last_hidden_state, rtol=0, atol=FORWARD_ATOL)
     torch.testing.assert_close(torch.tensor(pooled), out.pooler_output, rtol=0, atol=FORWARD_ATOL)
+
+
+def test_forward_and_gradients_match_bert_kit_torch_model(tmp_path):
+    """The same checks against bert_kit's own torch model, loaded from the NumPy engine's folder."""
+    from bert_kit import BERTForPreTraining
+    from bert_kit.hf import to_hf_state_dict
+
+    model = numpy_model()
+    model.save_pretrained(tmp_path)
+    ours = BERTForPreTraining.from_pretrained(tmp_path, dtype=torch.float64)
+    input_ids, segments, attention, positions, labels = batch_inputs()
+    nsp_labels = np.array([1, 0, 1])
+    mlm_logits, nsp_logits = model.forward(input_ids, segments, positions, attention)
+    mlm_loss, grad_mlm = model.mlm_loss_and_grad(mlm_logits, labels)
+    nsp_loss, grad_nsp = model.nsp_loss_and_grad(nsp_logits, nsp_labels)
+    model.backward(grad_mlm, grad_nsp, lr=0.0)
+
+    ids, types, mask = (torch.tensor(a) for a in (input_ids, segments, attention))
+    hidden = ours.bert(ids, mask, types)
+    torch.testing.assert_close(torch.tensor(model.sequence_output), hidden.detach(), rtol=0, atol=FORWARD_ATOL)
+    full_logits, torch_nsp_logits = ours(ids, mask, types)
+    torch.testing.assert_close(torch.tensor(mlm_logits[positions >= 0]), gather_masked(full_logits, positions).detach(),
+                               rtol=0, atol=FORWARD_ATOL)
+    torch.testing.assert_close(torch.tensor(nsp_logits), torch_nsp_logits.detach(), rtol=0, atol=FORWARD_ATOL)
+    valid = labels >= 0
+    loss = (torch.nn.functional.cross_entropy(gather_masked(full_logits, positions), torch.tensor(labels[valid]))
+            + torch.nn.functional.cross_entropy(torch_nsp_logits, torch.tensor(nsp_labels)))
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), torch.tensor(mlm_loss + nsp_loss, dtype=torch.float64),
+                               rtol=0, atol=FORWARD_ATOL)
+    torch_grads = to_hf_state_dict(ours, {n: p.grad for n, p in ours.named_parameters()})
+    names = hf_name_map(LAYERS, pretraining=True)
+    grads = dict(model.named_grads())
+    assert {names[n] for n in grads} == set(torch_grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(torch.tensor(grad), torch_grads[names[name]], rtol=0, atol=GRAD_ATOL,
+                                   msg=lambda m, n=names[name]: f"{n}: {m}")
