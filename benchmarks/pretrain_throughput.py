@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
-from bert_kit.heads import masked_index  # noqa: E402
+from bert_kit.heads import masked_index, pad_masked  # noqa: E402
 from bert_kit.model import estimate_mfu  # noqa: E402
 from bert_kit.training import compute_mlm_loss  # noqa: E402
 
@@ -72,7 +72,7 @@ def real_batches(path: Path, batch: int, seq: int, n: int, tokenizer_dir: Path) 
     return out
 
 
-def make_bertkit(config, compile_mode: str | None, unpadded: bool):
+def make_bertkit(config, compile_mode: str | None, unpadded: bool, static: bool = False):
     model = BERTForPreTraining(config).cuda()
 
     def loss_fn(b):
@@ -83,7 +83,7 @@ def make_bertkit(config, compile_mode: str | None, unpadded: bool):
     if compile_mode:
         torch._dynamo.config.capture_dynamic_output_shape_ops = True  # unpadding: nonzero
         torch._dynamo.config.capture_scalar_outputs = True  # unpadding: the longest length
-        loss_fn = torch.compile(loss_fn, dynamic=True, mode=None if compile_mode == "default" else compile_mode)
+        loss_fn = torch.compile(loss_fn, dynamic=not static, mode=None if compile_mode == "default" else compile_mode)
     return model, loss_fn
 
 
@@ -105,6 +105,8 @@ def make_hf(config, compile_mode: str | None, attn: str):
 VARIANTS = {
     "bertkit": lambda c: make_bertkit(c, None, False),
     "bertkit-compile": lambda c: make_bertkit(c, "default", False),
+    "bertkit-static": lambda c: make_bertkit(c, "default", False, static=True),
+    "bertkit-static-cudagraphs": lambda c: make_bertkit(c, "reduce-overhead", False, static=True),
     "bertkit-unpadded": lambda c: make_bertkit(c, None, True),
     "bertkit-unpadded-compile": lambda c: make_bertkit(c, "default", True),
     "hf-eager": lambda c: make_hf(c, None, "eager"),
@@ -121,6 +123,9 @@ def run_variant(name: str, config, batches: list[dict], warmup: int, steps: int)
     for b in batches:  # as a collator would: the flat masked positions, computed on the CPU
         b["masked_index"] = masked_index(b["labels"])
         b["masked_labels"] = b["labels"].flatten()[b["masked_index"]]
+        if "static" in name:  # fixed prediction slots: 20% of the tokens, so shapes never change
+            capacity = -(-b["labels"].numel() // 5)
+            b["masked_index"], b["masked_labels"] = pad_masked(b["masked_index"], b["masked_labels"], capacity)
     dev = [{k: (v.cuda(non_blocking=True) if v is not None else None) for k, v in b.items()} for b in batches]
 
     def step(b):

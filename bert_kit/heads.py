@@ -41,6 +41,20 @@ def masked_index(labels: torch.Tensor) -> torch.Tensor:
     return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
 
 
+def pad_masked(index: torch.Tensor, targets: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad (N,) masked positions and targets to a fixed `capacity` (index 0, target -100).
+
+    With a fixed number of prediction slots per batch (as Google's max_predictions_per_seq)
+    every tensor shape is static, so a compiled step never recompiles and can be a CUDA graph;
+    the padded slots cost a little decoder work and are ignored by the loss.
+    """
+    n = index.shape[0]
+    if n > capacity:
+        raise ValueError(f"{n} masked positions exceed the capacity of {capacity} prediction slots")
+    return (torch.cat([index, index.new_zeros(capacity - n)]),
+            torch.cat([targets, targets.new_full((capacity - n,), IGNORE_INDEX)]))
+
+
 def select_masked(hidden: torch.Tensor, labels: torch.Tensor | None,
                   index: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, H) -> (N, H) at the labelled positions; unchanged when neither is given."""
