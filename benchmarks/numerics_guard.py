@@ -66,7 +66,7 @@ def main() -> None:
     dev = []
     for b in batches:  # pad every batch to 128 so the compiled fast path sees one shape
         pad = 128 - b["input_ids"].shape[1]
-        b = {k: (F.pad(v, (0, pad)) if v.dim() == 2 else v) for k, v in b.items()}
+        b = {k: (F.pad(v, (0, pad), value=-100 if k == "labels" else 0) if v.dim() == 2 else v) for k, v in b.items()}
         index = masked_index(b["labels"])
         b["index"], b["targets"] = pad_masked(index, b["labels"].flatten()[index], capacity=args.batch * 128 // 5)
         dev.append({k: v.cuda() for k, v in b.items()})
