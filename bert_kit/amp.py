@@ -1,0 +1,167 @@
+"""`AMPTrainer`: one object that runs forward, backward and optimizer steps in mixed precision.
+
+It holds the model (optionally DDP-wrapped), optimizer, LR scheduler, GradScaler and the
+resolved `Precision`, and takes care of gradient accumulation and clipping:
+
+    trainer = AMPTrainer(model, optimizer, scheduler, precision, grad_accum=4, clip_grad=1.0)
+    for batch in loader:
+        loss = trainer.mlm_step(batch)   # a float; the optimizer steps every 4th call
+
+Batches are dicts of (B, T) tensors: input_ids, attention_mask, token_type_ids and, for
+`mlm_step`, labels (-100 where nothing is masked) plus optional next_sentence_label (B,);
+for `classification_step`, labels (B,) (or (B, T) for token classification).
+
+A non-finite loss raises `NonFiniteLossError` before any optimizer update of that step, so
+the weights (and any checkpoint written after them) stay those of the last good step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bert_kit.distributed import any_rank, no_sync, unwrap_model
+from bert_kit.precision import Precision, resolve_precision
+from bert_kit.training import compute_classification_loss, compute_mlm_loss
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; `step` is the optimizer step (1-based) that failed."""
+
+    def __init__(self, step: int, losses: dict[str, float]):
+        self.step, self.losses = step, losses
+        parts = ", ".join(f"{k}={v}" for k, v in losses.items())
+        super().__init__(f"non-finite loss at step {step} ({parts})")
+
+
+class AMPTrainer:
+    """Mixed-precision training steps with gradient accumulation and clipping.
+
+    precision: a `Precision` (bf16/fp16 autocast or fp32); fp16 adds a GradScaler.
+    grad_accum: micro-batches per optimizer step; each micro loss is divided by it, so the
+        accumulated gradient is the mean over micro-batches.
+    clip_grad: max global gradient norm (0 or None: no clipping; the norm is still measured).
+    step: optimizer steps taken so far (set it when resuming).
+    After each call, `last` holds the micro-batch's losses and, when the optimizer stepped,
+    `grad_norm` (a 0-d tensor, read it only when logging to avoid a device sync) and `stepped`.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any = None, precision: Precision | None = None,
+                 grad_accum: int = 1, clip_grad: float | None = 1.0) -> None:
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.precision = precision or resolve_precision("auto", verbose=False)
+        self.scaler = self.precision.grad_scaler()
+        self.grad_accum = grad_accum
+        self.clip_grad = clip_grad
+        self.step = 0
+        self.micro = 0  # micro-batches accumulated towards the next optimizer step
+        self.last: dict[str, Any] = {}
+        self._pending: list[dict[str, float]] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.precision.device
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # ---- losses -----------------------------------------------------------------------------
+
+    def _mlm_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        labels = batch["labels"]
+        out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                         labels=labels)
+        mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+        if mlm_logits.shape[0] == 0:
+            # no masked token in this micro-batch (tiny batches): a zero loss that keeps the graph
+            mlm = mlm_logits.sum() * 0.0
+        else:
+            mlm = compute_mlm_loss(mlm_logits, labels)
+        parts = {"mlm_loss": mlm}
+        loss = mlm
+        nsp_labels = batch.get("next_sentence_label")
+        if nsp_logits is not None and nsp_labels is not None:
+            parts["nsp_loss"] = F.cross_entropy(nsp_logits.float(), nsp_labels)
+            loss = loss + parts["nsp_loss"]
+        elif nsp_logits is not None:
+            loss = loss + nsp_logits.sum() * 0.0  # keep every parameter in the graph (DDP)
+        return loss, parts
+
+    def _classification_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        return compute_classification_loss(logits, batch["labels"]), {}
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def mlm_step(self, batch: dict) -> float:
+        """Forward + backward one MLM (+ NSP) micro-batch; step the optimizer when due.
+
+        Returns the micro-batch loss (MLM + NSP when the batch has next_sentence_label).
+        """
+        return self.train_step(batch, self._mlm_loss)
+
+    def classification_step(self, batch: dict) -> float:
+        """Forward + backward one classification micro-batch; step the optimizer when due."""
+        return self.train_step(batch, self._classification_loss)
+
+    def train_step(self, batch: dict, loss_fn: Any) -> float:
+        """One micro-batch with any loss: `loss_fn(batch)` -> (loss tensor, {name: tensor}).
+
+        The batch is moved to the device and `loss_fn` runs under autocast; the named parts
+        are reported in `last` next to "loss". QA, token classification and other heads use this.
+        """
+        self.model.train()
+        batch = self._to_device(batch)
+        last_micro = self.micro + 1 == self.grad_accum
+        # DDP: all-reduce gradients only on the micro-batch that completes the step
+        with no_sync(self.model, skip=not last_micro):
+            with self.precision.autocast():
+                loss, parts = loss_fn(batch)
+            self.scaler.scale(loss / self.grad_accum).backward()
+        values = {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}}
+        self._pending.append(values)
+        self.micro += 1
+        self.last = {**values, "stepped": False}
+        if last_micro:
+            self._optimizer_step()
+        return values["loss"]
+
+    def _optimizer_step(self) -> None:
+        """Check the accumulated losses, unscale, clip, step, update the scaler and the lr."""
+        pending, self._pending, self.micro = self._pending, [], 0
+        bad = [p for p in pending if not all(math.isfinite(v) for v in p.values())]
+        if any_rank(bool(bad)):  # every rank stops together, or the others would hang
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(self.step + 1, bad[0] if bad else {"loss on another rank": math.nan})
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.clip_grad if self.clip_grad else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.scaler.step(self.optimizer)  # skipped by the scaler if fp16 gradients overflowed
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step += 1
+        self.last.update(stepped=True, grad_norm=grad_norm)
+
+    _train_step = train_step  # earlier name, kept for callers that use it
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the first parameter group (what the next update will use)."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def raw_model(self) -> nn.Module:
+        """The model without its DDP wrapper."""
+        return unwrap_model(self.model)

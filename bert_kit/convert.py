@@ -1,0 +1,73 @@
+"""`bert-kit convert`: turn an HF BERT folder (safetensors or pytorch_model.bin) into a clean
+bert-kit / HF folder with `model.safetensors`, choosing which heads to keep.
+
+    bert-kit convert --input ~/models/bert-base-uncased --output models/bert-base --head mlm
+
+--head pretraining keeps MLM + NSP heads (BertForPreTraining), mlm the MLM head only, base the
+encoder and pooler only; the default picks the richest head the checkpoint has. Heads the
+checkpoint lacks are initialised fresh and named in the output. Tokenizer files are copied.
+The written folder loads in `transformers` with the same outputs (weights are only renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+HEADS = ("pretraining", "mlm", "base")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _head_classes() -> dict[str, type]:
+    from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
+    from bert_kit.model import BERTModel
+
+    return {"pretraining": BERTForPreTraining, "mlm": BERTForMaskedLM, "base": BERTModel}
+
+
+def detect_head(state: dict) -> str:
+    """The richest head present in an HF state dict: pretraining, mlm or base."""
+    if any(k.startswith("cls.seq_relationship.") for k in state):
+        return "pretraining"
+    if any(k.startswith("cls.predictions.") for k in state):
+        return "mlm"
+    return "base"
+
+
+def convert(input_folder: str | Path, output_folder: str | Path, head: str | None = None) -> tuple[str, list[str]]:
+    """Load `input_folder` into the `head` class and save it; return (head, new head weights)."""
+    from bert_kit.config import load_hf_config
+    from bert_kit.hf import load_into, read_state_dict
+
+    src, dst = Path(input_folder), Path(output_folder)
+    if src.resolve() == dst.resolve():
+        raise ValueError(f"--output must differ from --input ({src})")
+    state = read_state_dict(src)
+    head = head or detect_head(state)
+    classes = _head_classes()
+    if head not in classes:
+        raise ValueError(f"--head must be one of {sorted(classes)}, got {head!r}")
+    model = classes[head](load_hf_config(src))
+    new_heads = load_into(model, state, source=str(src))
+    model.save_pretrained(dst)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+    return head, new_heads
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="HF or bert-kit model folder")
+    parser.add_argument("--output", required=True, help="folder to write")
+    parser.add_argument("--head", choices=HEADS, default=None,
+                        help="heads to keep (default: all the checkpoint has)")
+
+
+
+def run(args: argparse.Namespace) -> int:
+    head, new_heads = convert(args.input, args.output, args.head)
+    print(f"wrote {args.output} ({head} model, model.safetensors)")
+    if new_heads:
+        print(f"newly initialised (absent from {args.input}): {', '.join(new_heads)}")
+    return 0

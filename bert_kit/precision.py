@@ -1,0 +1,102 @@
+"""Device and numeric precision, resolved once per run and printed with the reason.
+
+    prec = resolve_precision("auto")      # prints e.g. "precision: bf16 autocast on cuda (...)"
+    with prec.autocast():
+        loss = model(...)
+    scaler = prec.grad_scaler()           # a real GradScaler only for fp16
+
+"auto" picks bf16 on a GPU that supports it (no loss scaling needed: bf16 has fp32's exponent
+range), fp16 with a GradScaler on older GPUs, and fp32 on the CPU (CPU autocast is slower than
+fp32 for training on most machines). Weights and optimizer state stay in fp32 in every mode;
+autocast runs the matmuls in the lower precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+import torch
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("auto", *_DTYPES)
+
+
+@dataclass
+class Precision:
+    """The resolved choice: where to run, which autocast dtype, and why."""
+
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 means autocast is off
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return next(k for k, v in _DTYPES.items() if v == self.dtype)
+
+    @property
+    def use_autocast(self) -> bool:
+        return self.dtype != torch.float32
+
+    @property
+    def use_grad_scaler(self) -> bool:
+        # fp16's narrow exponent range underflows small gradients without loss scaling
+        return self.dtype == torch.float16
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype for `compute_mlm_loader_loss(autocast_dtype=...)`; None in fp32."""
+        return self.dtype if self.use_autocast else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast context for forward passes (a no-op in fp32)."""
+        if not self.use_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler that scales only in fp16 (disabled ones pass calls straight through)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.use_grad_scaler)
+
+    def __str__(self) -> str:
+        mode = "fp32" if not self.use_autocast else f"{self.name} autocast"
+        scaler = " + GradScaler" if self.use_grad_scaler else ""
+        return f"{mode}{scaler} on {self.device} ({self.reason})"
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """'auto' -> this process's GPU (LOCAL_RANK under torchrun) if CUDA is available, else CPU."""
+    if device is None or str(device) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested but CUDA is not available; use device=cpu")
+    return device
+
+
+def resolve_precision(precision: str = "auto", device: str | torch.device | None = "auto",
+                      verbose: bool = True) -> Precision:
+    """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    dev = resolve_device(device)
+    cuda = dev.type == "cuda"
+    if precision == "auto":
+        if cuda and torch.cuda.is_bf16_supported():
+            prec = Precision(dev, torch.bfloat16, f"{torch.cuda.get_device_name(dev)} supports bfloat16")
+        elif cuda:
+            prec = Precision(dev, torch.float16, f"{torch.cuda.get_device_name(dev)} lacks bfloat16")
+        else:
+            prec = Precision(dev, torch.float32, f"{dev.type} device: autocast would not speed up training")
+    else:
+        dtype = _DTYPES[precision]
+        if cuda and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"precision=bf16 but {torch.cuda.get_device_name(dev)} does not support bfloat16; "
+                             "use fp16 or auto")
+        prec = Precision(dev, dtype, "requested")
+    if verbose:
+        print(f"precision: {prec}", flush=True)
+    return prec
+

@@ -1,0 +1,580 @@
+"""MLM (+ NSP) pretraining: the `PretrainConfig` run settings and the loop, top to bottom.
+
+    bert-kit pretrain --config configs/pretrain_tiny.yaml max_steps=200 --output results.json
+    bert-kit pretrain --config configs/pretrain_tiny.yaml --resume latest
+
+A run folder (`output_dir`) ends up holding run_config.yaml, metrics.jsonl, loss_curve.png,
+results.json, checkpoints/step-XXXXXXX/ (the last `keep_last`) and final/ (an HF model folder
+with the tokenizer). The loop never loses work: checkpoints every `save_every` steps and at the
+end; SIGINT/SIGTERM finish the current step, save, and exit (code 130/143); a NaN/inf loss stops
+the run before the bad update, leaving the last good checkpoint as it was. Resuming restores
+weights, optimizer, schedule, loss scaler, RNG states and the data position, so on CPU a resumed
+run reproduces the uninterrupted one exactly.
+
+Data: with `nsp: true`, documents are split into sentences and paired as BERT did
+(`NSPDataset`); with `nsp: false` the corpus is tokenised once into an on-disk `TokenCache`
+and packed into full-length blocks (`packing: true`, RoBERTa style) or truncated per document.
+Two-phase schedules (`phases`) switch sequence length and batch size part-way, as BERT's
+128 -> 512 recipe; the learning-rate schedule spans all phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Subset
+
+from bert_kit.amp import AMPTrainer, NonFiniteLossError
+from bert_kit.checkpoint import (StopSignal, latest_checkpoint, load_checkpoint, load_trainer_state,
+                                 resolve_checkpoint, save_checkpoint, set_rng_state)
+from bert_kit.config import BertConfig
+from bert_kit.distributed import (all_reduce_mean, any_rank, barrier, cleanup, init_distributed, is_main, rank,
+                                  world_size, wrap_model)
+from bert_kit.optim import create_optimizer, create_scheduler
+from bert_kit.precision import resolve_precision
+from bert_kit.progress import ProgressLogger, plot_losses, read_metrics, truncate_metrics
+from bert_kit.runconfig import add_config_arguments, config_from_dict, config_to_dict, load_config, save_config
+from bert_kit.training import compute_mlm_loader_loss
+
+# corpus_format -> mode of bert_kit.data.corpus.read_documents
+CORPUS_MODES = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikitext": "wikitext"}
+PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
+TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
+
+
+@dataclass
+class PretrainConfig:
+    """Settings of one pretraining run (YAML keys; `key=value` on the command line)."""
+
+    # model and tokenizer
+    model: Any = "bert-mini"
+    """preset name, model folder (continues from its weights), config file, or a mapping of
+    BertConfig fields with an optional `preset`, e.g. {preset: bert-mini, hidden_dropout_prob: 0}"""
+    tokenizer: str | None = None  # tokenizer folder (tokenizer.json or vocab.txt); default: the model folder's
+    train_tokenizer: dict | None = None  # e.g. {vocab_size: 8000}: train a WordPiece vocab on train_files first
+    # data
+    train_files: list[str] = field(default_factory=list)  # files, folders or globs of training text
+    eval_files: list[str] = field(default_factory=list)  # held-out text; empty: use eval_fraction
+    eval_fraction: float = 0.01  # share of the training corpus held out when eval_files is empty
+    corpus_format: Literal["text", "lines", "jsonl", "wikitext"] = "text"  # text: blank line ends a document
+    text_field: str = "text"  # JSONL field holding the text
+    nsp: bool = True  # next-sentence prediction (sentence pairs); false: MLM only
+    packing: bool = True  # MLM only: pack documents into full max_length blocks
+    mask_probability: float = 0.15  # share of tokens chosen for MLM (80% [MASK], 10% random, 10% kept)
+    whole_word_masking: bool = False  # mask all WordPieces of a chosen word together
+    short_seq_prob: float = 0.1  # NSP: share of pairs with a shorter random target length
+    max_length: int = 128  # tokens per sequence, [CLS] and [SEP] included
+    cache_dir: str | None = None  # token cache folder (default OUTPUT_DIR/token_cache)
+    num_workers: int = 0  # DataLoader worker processes
+    # optimisation
+    batch_size: int = 32  # sequences per micro-batch per process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    max_steps: int = 1000  # optimizer steps in total (all phases)
+    phases: list[dict] = field(default_factory=list)
+    """steps split by sequence length, e.g. [{max_length: 128, fraction: 0.9},
+    {max_length: 512, fraction: 0.1, batch_size: 8, grad_accum: 4}]; unset keys use the fields above"""
+    optimizer: Literal["adamw", "lamb"] = "adamw"  # AdamW (fused on CUDA) or LAMB
+    lr: float = 1e-4  # peak learning rate
+    weight_decay: float = 0.01  # decoupled weight decay (not on biases and LayerNorm)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam/LAMB moment decay rates
+    eps: float = 1e-6  # Adam/LAMB denominator epsilon
+    warmup_steps: int | None = None  # linear warmup steps; default warmup_fraction * max_steps
+    warmup_fraction: float = 0.01  # warmup share of max_steps when warmup_steps is unset
+    schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
+    min_lr_ratio: float = 0.0  # final lr as a share of the peak
+    clip_grad: float = 1.0  # max global gradient norm (0: no clipping)
+    # hardware
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
+    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
+    compile: bool = False  # torch.compile the encoder
+    # bookkeeping
+    output_dir: str = "runs/pretrain"  # run folder
+    seed: int = 0  # seeds model init, data order, masks and dropout
+    log_every: int = 10  # steps between metrics.jsonl train records
+    eval_every: int = 500  # steps between evaluations (0: only at the end)
+    eval_batches: int = 50  # batches per periodic evaluation (the final one uses all)
+    save_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    keep_last: int = 3  # checkpoints kept (0: all)
+    tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_steps", "max_length", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 < self.mask_probability < 1:
+            raise ValueError(f"mask_probability must be in (0, 1), got {self.mask_probability}")
+        if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
+            raise ValueError("eval_fraction and warmup_fraction must be in [0, 1)")
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers, got {self.betas}")
+        for i, phase in enumerate(self.phases):
+            unknown = sorted(set(phase) - set(PHASE_KEYS))
+            if unknown:
+                raise ValueError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
+            if not 0 < float(phase.get("fraction", -1)) <= 1:
+                raise ValueError(f"phases[{i}]: needs a fraction in (0, 1], got {phase.get('fraction')!r}")
+        if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
+            raise ValueError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+        if self.train_tokenizer is not None:
+            unknown = sorted(set(self.train_tokenizer) - set(TOKENIZER_TRAIN_KEYS))
+            if unknown:
+                raise ValueError(f"train_tokenizer: unknown key(s) {unknown}; "
+                                 f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+
+
+@dataclass
+class Phase:
+    """Steps [start, end) run with one sequence length and batch size."""
+
+    index: int
+    start: int
+    end: int
+    max_length: int
+    batch_size: int
+    grad_accum: int
+
+
+def plan_phases(cfg: PretrainConfig) -> list[Phase]:
+    """Turn `phases` fractions into step ranges; the last phase takes the rounding remainder."""
+    specs = cfg.phases or [{"fraction": 1.0}]
+    phases, start = [], 0
+    for i, spec in enumerate(specs):
+        last = i == len(specs) - 1
+        end = cfg.max_steps if last else min(cfg.max_steps, start + round(spec["fraction"] * cfg.max_steps))
+        phases.append(Phase(i, start, end, int(spec.get("max_length", cfg.max_length)),
+                            int(spec.get("batch_size", cfg.batch_size)), int(spec.get("grad_accum", cfg.grad_accum))))
+        start = end
+    return phases
+
+
+# ---- setup helpers ----------------------------------------------------------------------------
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+
+
+def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -> Any:
+    """The run's tokenizer: from the checkpoint being resumed, a folder, or trained on the corpus."""
+    from bert_kit.data.corpus import iter_documents
+    from bert_kit.tokenizer import get_tokenizer, train_tokenizer
+
+    if checkpoint is not None and (checkpoint / "tokenizer.json").is_file():
+        return get_tokenizer(checkpoint)
+    if cfg.tokenizer:
+        return get_tokenizer(cfg.tokenizer)
+    if cfg.train_tokenizer is not None:
+        folder = out / "tokenizer"
+        if is_main():
+            opts = {"min_frequency": 2, **cfg.train_tokenizer}
+            print(f"training a WordPiece tokenizer on {cfg.train_files} ({opts})", flush=True)
+            texts = iter_documents(cfg.train_files, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
+            train_tokenizer(texts=texts, **opts).save(folder)
+        barrier()
+        return get_tokenizer(folder)
+    if isinstance(cfg.model, str) and Path(cfg.model).is_dir():
+        return get_tokenizer(cfg.model)
+    raise ValueError("no tokenizer: set `tokenizer: FOLDER` or `train_tokenizer: {vocab_size: N}`")
+
+
+def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
+    """BERTForPreTraining (with NSP) or BERTForMaskedLM, sized to the tokenizer's vocabulary."""
+    from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
+
+    cls = BERTForPreTraining if cfg.nsp else BERTForMaskedLM
+    spec = cfg.model
+    weights = ("model.safetensors", "pytorch_model.bin")
+    if isinstance(spec, str) and Path(spec).is_dir() and any((Path(spec) / f).is_file() for f in weights):
+        model = cls.from_pretrained(spec)  # continued pretraining from these weights
+        config = model.config
+    else:
+        if isinstance(spec, dict):
+            d = dict(spec)
+            preset = d.pop("preset", None)
+            d.setdefault("vocab_size", tokenizer.vocab_size)
+            config = BertConfig.from_name(preset, **d) if preset else BertConfig.from_dict(d, source="model")
+        elif isinstance(spec, str) and Path(spec).exists():
+            config = BertConfig.from_file(spec)
+        elif isinstance(spec, str):
+            config = BertConfig.from_name(spec, vocab_size=tokenizer.vocab_size)
+        else:
+            raise ValueError(f"model must be a preset name, a folder, a config file or a mapping, got {spec!r}")
+        model = cls(config)
+    if not cfg.nsp:
+        # MLM-only training never reaches the pooler; frozen, DDP does not wait for its gradients
+        model.bert.pooler.requires_grad_(False)
+    if config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"model vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
+    if max_length > config.max_position_embeddings:
+        raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    return model
+
+
+def _split_sentences_tokenized(documents: list[str], tokenizer: Any) -> list[list[list[int]]]:
+    """Documents -> sentences -> token ids (no special tokens), in one batched tokenizer call."""
+    from bert_kit.data.corpus import plain_backend
+    from bert_kit.data.pretraining import split_sentences
+
+    sentences = [split_sentences(d) for d in documents]
+    flat = [s for doc in sentences for s in doc]
+    ids = iter(e.ids for e in plain_backend(tokenizer).encode_batch(flat, add_special_tokens=False))
+    return [[next(ids) for _ in doc] for doc in sentences]
+
+
+def _read(files: list[str], cfg: PretrainConfig) -> list[str]:
+    from bert_kit.data.corpus import read_documents, resolve_files
+
+    docs = []
+    for f in resolve_files(files):
+        try:
+            docs += read_documents(f, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{f}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not docs:
+        raise ValueError(f"no documents in {files} (corpus_format={cfg.corpus_format})")
+    return docs
+
+
+def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any]:
+    """Tokenise the corpus once. NSP: lists of tokenised sentences per document (train and
+    eval split by document); MLM only: on-disk TokenCaches (the eval split happens later)."""
+    from bert_kit.data.corpus import tokenize_to_cache
+
+    if not cfg.train_files:
+        raise ValueError("train_files is empty: name the training text files")
+    if cfg.nsp:
+        train = _split_sentences_tokenized(_read(cfg.train_files, cfg), tokenizer)
+        evals = _split_sentences_tokenized(_read(cfg.eval_files, cfg), tokenizer) if cfg.eval_files else None
+        if evals is None and cfg.eval_fraction > 0:
+            k = max(2, math.ceil(cfg.eval_fraction * len(train)))  # NSP pairs need two documents
+            if len(train) - k < 2:
+                raise ValueError(f"{cfg.train_files}: {len(train)} documents are too few to hold out "
+                                 f"{k} for evaluation with NSP; set eval_files, eval_fraction=0 or nsp=false")
+            train, evals = train[:-k], train[-k:]
+        return {"train": train, "eval": evals}
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "token_cache"
+    mode = CORPUS_MODES[cfg.corpus_format]
+
+    def cache(files: list[str]) -> Any:
+        try:
+            if is_main():  # one process tokenises; the others then load the finished cache
+                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field)
+            barrier()
+            result = tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, progress=False)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{files}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        if result.num_tokens == 0:
+            raise ValueError(f"no text in {files} (corpus_format={cfg.corpus_format})")
+        return result
+
+    return {"train": cache(cfg.train_files), "eval": cache(cfg.eval_files) if cfg.eval_files else None}
+
+
+def make_datasets(cfg: PretrainConfig, corpus: dict, tokenizer: Any, max_length: int) -> tuple[Any, Any]:
+    """(train, eval or None) datasets for one sequence length."""
+    from bert_kit.data.pretraining import MLMDataset, NSPDataset, PackedDataset
+
+    def build(source: Any) -> Any:
+        if cfg.nsp:
+            return NSPDataset(source, tokenizer, max_length, seed=cfg.seed, short_seq_prob=cfg.short_seq_prob)
+        if cfg.packing:
+            return PackedDataset(source, max_length, tokenizer=tokenizer)
+        return MLMDataset([source.document(i) for i in range(source.num_documents)], tokenizer, max_length)
+
+    train = build(corpus["train"])
+    evals = build(corpus["eval"]) if corpus["eval"] is not None else None
+    if evals is None and not cfg.nsp and cfg.eval_fraction > 0 and len(train) >= 2:
+        k = max(1, math.ceil(cfg.eval_fraction * len(train)))  # the tail of the corpus
+        train, evals = Subset(train, range(len(train) - k)), Subset(train, range(len(train) - k, len(train)))
+    return train, evals
+
+
+def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: int, train: bool,
+                device: torch.device) -> Any:
+    """A resumable loader: shuffled order and masks are functions of (seed, epoch, batch index)."""
+    from bert_kit.data.masking import DataCollatorForMLM
+    from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader
+
+    seed = cfg.seed if train else cfg.seed + 1
+    sampler = DistributedResumableSampler(len(dataset), shuffle=train, seed=seed, rank=rank(),
+                                          world_size=world_size(), drop_last=train)
+    collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
+                                  pad_to_multiple_of=8, seed=seed)  # multiples of 8 suit tensor cores
+    if len(sampler) == 0:
+        kind = "training" if train else "evaluation"
+        raise ValueError(f"no {kind} sequences for {world_size()} process(es); add text")
+    # a tiny corpus (fewer sequences than a batch) still trains: every step then sees all of it
+    drop_last = train and len(sampler) >= batch_size
+    # an own generator: creating an iterator then never draws from the global RNG (dropout),
+    # which keeps a resumed run on the exact random stream of an uninterrupted one
+    return ResumableDataLoader(dataset, sampler, batch_size=batch_size, collate_fn=collator,
+                               num_workers=cfg.num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
+                               generator=torch.Generator().manual_seed(seed))
+
+
+def forever(loader: Any):
+    """Batches across epochs; the loader moves to the next epoch by itself."""
+    while True:
+        yield from loader
+
+
+def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None) -> dict[str, float]:
+    """MLM loss, perplexity, MLM accuracy (+ NSP loss/accuracy) averaged over ranks."""
+    loader.set_epoch(0)  # the same batches and masks at every evaluation
+    metrics = compute_mlm_loader_loss(model, loader, precision.device, max_batches, precision.autocast_dtype)
+    return {k: all_reduce_mean(float(v)) for k, v in metrics.items()}
+
+
+def recent_train_losses(recent: dict[str, deque], out: Path, step: int, nsp: bool) -> tuple[float | None, float | None]:
+    """Mean MLM and NSP train loss over the last steps; read from metrics.jsonl when no step ran
+    in this process (a run resumed at its end)."""
+    if recent["mlm_loss"]:
+        mlm, nsp_losses = list(recent["mlm_loss"]), list(recent["nsp_loss"])
+    elif is_main() and (out / "metrics.jsonl").is_file():
+        since = step - (recent["mlm_loss"].maxlen or 1)
+        logged = [r for r in read_metrics(out) if r["type"] == "train" and r["step"] > since]
+        mlm, nsp_losses = [r["mlm_loss"] for r in logged], [r.get("nsp_loss", 0.0) for r in logged]
+    else:
+        mlm, nsp_losses = [], []
+    if not mlm:
+        return None, None
+    return float(np.mean(mlm)), (float(np.mean(nsp_losses)) if nsp else None)
+
+
+# ---- the training loop ------------------------------------------------------------------------
+
+def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
+    """Run (or resume) pretraining; return the results dict (also written to results.json).
+
+    resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
+    """
+    t0 = time.time()
+    init_distributed()
+    main = is_main()
+    out = Path(cfg.output_dir)
+    ckpt_dir = out / "checkpoints"
+    precision = resolve_precision(cfg.precision, cfg.device, verbose=main)
+    device = precision.device
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
+    checkpoint = resolve_checkpoint(resume, out) if resume else None
+    seed_everything(cfg.seed)
+
+    # 1. tokenizer, corpus (tokenised once for all phases) and model
+    phases = plan_phases(cfg)
+    tokenizer = prepare_tokenizer(cfg, out, checkpoint)
+    corpus = load_corpus(cfg, tokenizer, out)
+    model = build_model(cfg, tokenizer, max(p.max_length for p in phases)).to(device)
+    if cfg.compile:
+        model.bert.compile()  # in place: state-dict keys stay those of the plain model
+    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_fraction * cfg.max_steps)
+    scheduler = create_scheduler(optimizer, warmup, cfg.max_steps, cfg.schedule, cfg.min_lr_ratio)
+    trainer = AMPTrainer(wrap_model(model, device), optimizer, scheduler, precision, clip_grad=cfg.clip_grad)
+    step, resume_state = 0, None
+    if checkpoint is not None:
+        resume_state = load_checkpoint(checkpoint, model, optimizer=optimizer, scheduler=scheduler,
+                                       scaler=trainer.scaler, restore_rng=False)
+        step = trainer.step = int(resume_state["step"])
+    run_config = config_to_dict(cfg)
+    if main:
+        save_config(cfg, out / "run_config.yaml")
+        if checkpoint is not None:
+            truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
+        n_params = sum(p.numel() for p in model.parameters())
+        where = f", resuming from {checkpoint} at step {step}" if checkpoint else ""
+        print(f"model: {type(model).__name__} {n_params / 1e6:.2f}M parameters, "
+              f"vocab {model.config.vocab_size}{where}", flush=True)
+
+    # 2. the loop: one iteration = one optimizer step of grad_accum micro-batches
+    logger = ProgressLogger(out, cfg.max_steps, step, enabled=main, tensorboard=cfg.tensorboard, desc="pretrain")
+    phase = loader = eval_loader = batches = None
+    window = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0, "n": 0, "tokens": 0, "time": 0.0}
+    keep = max(1, min(200, cfg.max_steps // 10))  # the final train loss averages the last 10% of steps
+    recent = {"mlm_loss": deque(maxlen=keep), "nsp_loss": deque(maxlen=keep)}
+    first_mlm_loss = None
+    train_tokens, train_time, stopped = 0, 0.0, None
+    try:
+        with StopSignal() as stop:
+            if resume_state is not None:
+                set_rng_state(resume_state["rng"])  # last thing before training continues
+            while step < cfg.max_steps:
+                # (a) the data of this phase; after a resume, continue at the saved batch
+                if phase is None or step >= phase.end:
+                    phase = next(p for p in phases if p.start <= step < p.end)
+                    train_ds, eval_ds = make_datasets(cfg, corpus, tokenizer, phase.max_length)
+                    loader = make_loader(cfg, train_ds, tokenizer, phase.batch_size, True, device)
+                    eval_loader = (make_loader(cfg, eval_ds, tokenizer, phase.batch_size, False, device)
+                                   if eval_ds is not None else None)
+                    data = (resume_state or {}).get("data")
+                    if data and data["phase"] == phase.index:
+                        epoch, index = data["loader"]["epoch"], data["loader"]["batch_index"]
+                        # a checkpoint taken right after an epoch's last batch continues with the next epoch
+                        at_end = index >= len(loader)
+                        loader.load_state_dict({"epoch": epoch + 1, "batch_index": 0} if at_end else data["loader"])
+                    resume_state = None
+                    batches = forever(loader)
+                    trainer.grad_accum = phase.grad_accum
+                    logger.message(f"phase {phase.index}: steps {phase.start}-{phase.end}, "
+                                   f"max_length {phase.max_length}, "
+                                   f"batch {phase.batch_size} x {phase.grad_accum} x {world_size()}, "
+                                   f"{len(train_ds)} train / {len(eval_ds) if eval_ds else 0} eval sequences")
+
+                # (b) forward/backward over the micro-batches; the trainer steps the optimizer
+                t_step, lr = time.time(), trainer.lr
+                step_loss = dict.fromkeys(("loss", "mlm_loss", "nsp_loss"), 0.0)
+                for _ in range(phase.grad_accum):
+                    batch = next(batches)
+                    window["tokens"] += int(batch["attention_mask"].sum())  # CPU tensor: no device sync
+                    trainer.mlm_step(batch)  # raises NonFiniteLossError before a bad update
+                    for k in step_loss:
+                        step_loss[k] += trainer.last.get(k, 0.0) / phase.grad_accum
+                step += 1
+                window["time"] += time.time() - t_step
+                for k in step_loss:
+                    window[k] += step_loss[k]
+                window["n"] += 1
+                if first_mlm_loss is None:
+                    first_mlm_loss = step_loss["mlm_loss"]
+                recent["mlm_loss"].append(step_loss["mlm_loss"])
+                if cfg.nsp:
+                    recent["nsp_loss"].append(step_loss["nsp_loss"])
+
+                # (c) logging: bar every step, a metrics.jsonl record every log_every steps
+                tok_s = window["tokens"] * world_size() / max(window["time"], 1e-9)
+                logger.update(step, loss=step_loss["loss"], lr=lr, tok_s=f"{tok_s:,.0f}")
+                if step % cfg.log_every == 0 or step == cfg.max_steps or step == 1:
+                    n = window["n"]
+                    record = {"loss": window["loss"] / n, "mlm_loss": window["mlm_loss"] / n, "lr": lr,
+                              "grad_norm": float(trainer.last["grad_norm"]), "tokens_per_s": tok_s,
+                              "phase": phase.index, "max_length": phase.max_length, "epoch": loader.epoch}
+                    if cfg.nsp:
+                        record["nsp_loss"] = window["nsp_loss"] / n
+                    logger.log("train", step, **record)
+                    train_tokens += window["tokens"] * world_size()
+                    train_time += window["time"]
+                    window = dict.fromkeys(window, 0)
+
+                # (d) periodic evaluation
+                if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                    metrics = evaluate(trainer.raw_model, eval_loader, precision, cfg.eval_batches)
+                    logger.log("eval", step, **metrics)
+                    logger.message(f"step {step}: eval mlm_loss {metrics['mlm_loss']:.4f}, "
+                                   f"perplexity {metrics['perplexity']:.1f}")
+
+                # (e) checkpoint every save_every steps, at the end, and when asked to stop
+                stopping = any_rank(stop.signum is not None)
+                if stopping or step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
+                    if main:
+                        path = save_checkpoint(ckpt_dir, step, model, tokenizer=tokenizer, optimizer=optimizer,
+                                               scheduler=scheduler, scaler=trainer.scaler, run_config=run_config,
+                                               data_state={"phase": phase.index, "loader": loader.state_dict()},
+                                               keep_last=cfg.keep_last)
+                        logger.message(f"step {step}: saved {path}")
+                    barrier()
+                if stopping:
+                    stopped = signal.Signals(stop.signum or signal.SIGTERM).name
+                    break
+        train_tokens += window["tokens"] * world_size()
+        train_time += window["time"]
+
+        # 3. final evaluation and the HF model folder (not after a stop signal: the run goes on later)
+        train_mlm, train_nsp = recent_train_losses(recent, out, step, cfg.nsp)
+        results: dict[str, Any] = {
+            "train_mlm_loss": train_mlm, "train_nsp_loss": train_nsp,
+            "test_mlm_loss": None, "test_nsp_loss": None, "test_nsp_accuracy": None,
+            "test_perplexity": None, "test_mlm_accuracy": None,
+            "initial_train_mlm_loss": first_mlm_loss, "steps": step,
+            "tokens_per_second": train_tokens / train_time if train_time else None,
+            "train_tokens": train_tokens, "wall_time_s": None, "stopped": stopped, "output_dir": str(out),
+        }
+        if stopped is None and eval_loader is None and step > 0:
+            # resumed at the very end (a crash after the last checkpoint): still evaluate
+            _, eval_ds = make_datasets(cfg, corpus, tokenizer, phases[-1].max_length)
+            if eval_ds is not None:
+                eval_loader = make_loader(cfg, eval_ds, tokenizer, phases[-1].batch_size, False, device)
+        if stopped is None and eval_loader is not None:
+            metrics = evaluate(trainer.raw_model, eval_loader, precision, None)
+            logger.log("eval", step, **metrics, final=True)
+            results.update(test_mlm_loss=metrics["mlm_loss"], test_perplexity=metrics["perplexity"],
+                           test_mlm_accuracy=metrics["mlm_accuracy"], test_nsp_loss=metrics.get("nsp_loss"),
+                           test_nsp_accuracy=metrics.get("nsp_accuracy"))
+        if stopped is None and main:
+            final = out / "final"
+            model.save_pretrained(final)
+            tokenizer.save(final)
+            results["final_model"] = str(final)
+    except NonFiniteLossError as e:
+        last = latest_checkpoint(ckpt_dir)
+        logger.log("error", e.step, message=str(e))
+        e.args = (f"{e}: stopping without saving this step. Last good checkpoint: {last or 'none'}. "
+                  "Try a lower lr, clip_grad > 0, or another precision.",)
+        raise
+    finally:
+        logger.close()
+
+    if main:
+        try:
+            plot_losses(out)
+        except ValueError:
+            pass  # nothing logged yet (stopped before the first step)
+        results["wall_time_s"] = time.time() - t0
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    barrier()
+    return results
+
+
+# ---- `bert-kit pretrain` ----------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, PretrainConfig)
+    parser.add_argument("--output", metavar="JSON", help="also write the results JSON here")
+    parser.add_argument("--resume", metavar="CKPT",
+                        help='checkpoint folder, run folder, or "latest" (newest in output_dir)')
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.config is None and args.resume not in (None, "latest"):
+        # resuming without --config: start from the run config stored in the checkpoint
+        data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
+        from bert_kit.runconfig import apply_overrides
+
+        cfg = config_from_dict(PretrainConfig, apply_overrides(data, args.overrides, PretrainConfig), str(args.resume))
+    elif args.config is None and not args.overrides:
+        raise ValueError("pass --config FILE (and optional key=value overrides); see bert-kit pretrain --help")
+    else:
+        cfg = load_config(PretrainConfig, args.config, args.overrides)
+    try:
+        results = pretrain(cfg, resume=args.resume)
+    except NonFiniteLossError as e:
+        print(f"bert-kit pretrain: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cleanup()  # leave the process group (torchrun runs)
+    if args.output and is_main():
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    if is_main():
+        print(json.dumps(results, indent=2))
+    if results["stopped"]:
+        return 128 + int(signal.Signals[results["stopped"]])  # 130 for SIGINT, 143 for SIGTERM
+    return 0

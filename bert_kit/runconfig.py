@@ -1,0 +1,273 @@
+"""Run settings as dataclasses: YAML in and out, `key=value` overrides, CLI help from comments.
+
+Any dataclass works. A field's help text is its attribute docstring (a string literal on the
+line after it) or else the comment on its own line:
+
+    @dataclass
+    class RunConfig:
+        lr: float = 1e-4  # peak learning rate
+        schedule: Literal["linear", "cosine"] = "linear"
+        \"\"\"decay after warmup\"\"\"
+
+    cfg = load_config(RunConfig, "run.yaml", ["lr=3e-4", "schedule=cosine"])
+    save_config(cfg, "out/run_config.yaml")
+
+Values from YAML and from overrides are coerced to the field's type (int, float, bool, str,
+Literal choices, Optional, list[...], dict). Errors are ValueError / FileNotFoundError that
+name the file, the key and what was expected; an unknown key lists the valid ones.
+An override `a.b=v` sets key `b` inside the dict-valued field `a`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import textwrap
+import tokenize
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """{field name: help text} from attribute docstrings or same-line comments of `cls`."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # defined in a REPL: no source, no help
+        return {}
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    body = ast.parse(source).body[0].body  # the class statement's body
+    helps: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:] + [None]):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        name = node.target.id
+        if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            helps[name] = inspect.cleandoc(nxt.value.value)
+        elif node.end_lineno in comments:
+            helps[name] = comments[node.end_lineno]
+    return helps
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert `value` to type `tp` or raise ValueError naming `where` (e.g. "run.yaml: lr")."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        text = value if not isinstance(value, str) else value.strip()
+        if text in args:
+            return text
+        raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+    if origin in (Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
+            if type(None) in args:
+                return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(value, arg, where)
+            except ValueError:
+                pass
+        raise ValueError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)) and str(value).strip().lower() in _TRUE | _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise ValueError(f"{where}: expected a boolean (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                number = float(value.replace("_", ""))
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                return int(number)
+        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads "1e-4" (no dot) as a string
+            except ValueError:
+                pass
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError(f"{where}: expected a string, got {value!r}")
+    if origin in (list, tuple) or tp in (list, tuple):
+        if isinstance(value, (str, int, float)):
+            value = [value]  # a single file name is a one-element list
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        item = args[0] if args else Any
+        return [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping (key: value), got {value!r}")
+        return dict(value)
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ValueError(f"{where}: cannot convert {value!r} to {_type_name(tp)}")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
+    """Build dataclass `cls` from a dict; unknown keys and bad types raise ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    hints = _hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+    values = {k: coerce(v, hints[k], f"{source}: {k}") for k, v in data.items()}
+    return cls(**values)
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"override {text!r} is not of the form key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # not YAML: keep the text, coercion decides
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> dict[str, Any]:
+    """Return a copy of `data` with `key=value` strings applied (`a.b=v` sets a nested key)."""
+    data = dict(data)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    for text in overrides:
+        key, value = _parse_override(text)
+        head, _, rest = key.partition(".")
+        if head not in valid:
+            raise ValueError(f"override {text!r}: unknown key {head!r}; valid keys: {', '.join(valid)}")
+        if rest:
+            inner = data.get(head)
+            if inner is None:
+                inner = {}
+            if isinstance(inner, str):  # e.g. model=bert-mini then model.hidden_dropout_prob=0
+                inner = {"preset": inner}
+            if not isinstance(inner, dict):
+                raise ValueError(f"override {text!r}: {head} is not a mapping, cannot set {rest!r}")
+            inner = dict(inner)
+            inner[rest] = value
+            value = inner
+        data[head] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from `path`; missing file and bad YAML give errors naming the file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Dataclass `cls` from an optional YAML file, then `key=value` overrides."""
+    data = read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "overrides"
+    # check file keys first so the error names the file, not the overrides
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+    data = apply_overrides(data, list(overrides or []), cls)
+    return config_from_dict(cls, data, source if not overrides else f"{source} (+ overrides)")
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain dict of a dataclass instance (nested containers copied)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> Path:
+    """Write the dataclass as YAML, fields in declaration order."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None))
+    return path
+
+
+def help_table(cls: type) -> str:
+    """One line per field: name (type, default): help. Used as the CLI epilog."""
+    hints, helps = _hints(cls), field_help(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "required"
+        lines.append(f"  {f.name} ({_type_name(hints[f.name])}, default {default!r})")
+        if f.name in helps:
+            lines.extend("      " + line for line in helps[f.name].splitlines())
+    return "\n".join(lines)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, required: bool = False) -> None:
+    """Add `--config FILE` and positional `key=value` overrides; list every field in --help."""
+    parser.add_argument("--config", required=required, metavar="FILE", help="YAML run config")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="override settings of the config file, e.g. lr=3e-4 max_steps=1000")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = f"settings ({cls.__name__}):\n" + help_table(cls)
