@@ -39,6 +39,13 @@ _EXPORTS = {
     "compute_precision_recall_f1": "metrics",
     "compute_confusion_matrix": "metrics",
     "evaluate_classification_metrics": "metrics",
+    "SentenceEncoder": "embeddings",
+    "cosine_similarity": "embeddings",
+    "FinetuneConfig": "finetune",
+    "finetune": "finetune",
+    "PretrainConfig": "pretrain",
+    "pretrain": "pretrain",
+    "AMPTrainer": "amp",
 }
 
 __all__ = sorted(_EXPORTS)

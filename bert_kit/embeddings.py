@@ -1,0 +1,220 @@
+"""Sentence embeddings: mean- or [CLS]-pooled BERT states, and the `bert-kit embed` command.
+
+`SentenceEncoder` loads any BERT folder (an HF one such as all-MiniLM-L6-v2, or a bert-kit
+checkpoint: config.json + model.safetensors + tokenizer files), and `encode` returns one
+vector per text, as sentence-transformers does:
+
+    enc = SentenceEncoder.from_pretrained("models/all-MiniLM-L6-v2")     # mean pooling, L2-normalised
+    vectors = enc.encode(["A man is eating.", "Someone eats."])          # (2, 384) float32
+    cosine_similarity(vectors, vectors)                                  # (2, 2)
+
+Texts are sorted by token count before batching, so each batch pads to nearly its own length,
+and the original order is restored at the end. The pooling functions are plain tensor
+functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks`) trains exactly what is used here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bert_kit.model import BERTModel
+from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
+
+POOLING_MODES = ("mean", "cls")
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Average of the real tokens' states: hidden (B, T, H), mask (B, T) -> (B, H)."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    # the clamp keeps an all-padding row at 0 instead of NaN (sentence-transformers does the same)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """Sentence vectors (B, H) from hidden (B, T, H): "mean" over real tokens or the "cls" state."""
+    if mode == "mean":
+        return mean_pool(hidden, attention_mask)
+    if mode == "cls":
+        return hidden[:, 0]  # the raw [CLS] state, not the tanh pooler (as sentence-transformers)
+    raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+
+
+def cosine_similarity(a, b) -> np.ndarray:
+    """Cosine similarity matrix: a (n, H) and b (m, H) (numpy or torch; 1-D means one row) -> (n, m)."""
+    a = np.atleast_2d(a.detach().cpu().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=np.float64))
+    b = np.atleast_2d(b.detach().cpu().numpy() if torch.is_tensor(b) else np.asarray(b, dtype=np.float64))
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"embedding widths differ: {a.shape} vs {b.shape}")
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return a @ b.T
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None -> CUDA when available, else CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class SentenceEncoder:
+    """A BERT encoder plus pooling that turns texts into fixed-size vectors.
+
+    model: a `BERTModel`; tokenizer: a `WordPieceTokenizer`; pooling: "mean" or "cls";
+    normalize: L2-normalise each vector (cosine similarity becomes a dot product);
+    max_length: tokens per text, longer texts are truncated (256 as all-MiniLM-L6-v2);
+    unpadded: run only the real tokens through the encoder (`BERTModel(..., unpadded=True)`).
+    """
+
+    def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
+                 normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
+                 unpadded: bool = True):
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        if max_length > model.config.max_position_embeddings:
+            raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
+                             f"({model.config.max_position_embeddings})")
+        self.device = resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.pooling, self.normalize, self.max_length = pooling, normalize, max_length
+        # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,
+        # length-sorted, CPU-seconds): +5% texts/s at batch 32 and +25% at batch 128, so it is
+        # the default everywhere; on CUDA it also gets varlen flash attention.
+        self.unpadded = unpadded
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
+                        max_length: int = 256, device: str | torch.device | None = None,
+                        unpadded: bool = True) -> "SentenceEncoder":
+        """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
+        folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
+        from bert_kit.tasks import resolve_model_folder
+
+        found = resolve_model_folder(folder)
+        if found is None:
+            raise FileNotFoundError(f"no config.json in model folder {folder}")
+        folder = found
+        model = BERTModel.from_pretrained(folder)
+        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded)
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.hidden_size
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with [CLS]/[SEP], truncated to max_length, one list per text."""
+        if not texts:
+            return []
+        enc = self.tokenizer(list(texts), max_length=self.max_length, padding=False, truncation=True,
+                             return_tensors=None)
+        return enc["input_ids"]
+
+    @torch.inference_mode()
+    def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32."""
+        lengths = torch.tensor([len(row) for row in ids])
+        input_ids = torch.full((len(ids), int(lengths.max())), self.tokenizer.pad_token_id, dtype=torch.long)
+        for i, row in enumerate(ids):
+            input_ids[i, : len(row)] = torch.as_tensor(row)
+        mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        hidden = self.model(input_ids, mask, torch.zeros_like(input_ids), unpadded=self.unpadded)
+        vectors = pool(hidden.float(), mask, self.pooling)
+        return F.normalize(vectors, dim=-1) if self.normalize else vectors
+
+    def encode(self, texts: str | Sequence[str], batch_size: int = 32, show_progress: bool = False) -> np.ndarray:
+        """Embed texts in the order given: (n, hidden) float32 array ((hidden,) for one str)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: OOM shows at once
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        starts = range(0, len(order), batch_size)
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="embed", unit="batch")
+        for start in starts:
+            chunk = order[start: start + batch_size]
+            out[chunk] = self.encode_ids([ids[i] for i in chunk]).cpu().numpy()
+        return out[0] if single else out
+
+    def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """Same as `encode`; the short name of the 001 API."""
+        return self.encode(texts, batch_size=batch_size)
+
+    __call__ = embed
+
+    def similarity(self, texts_a: Sequence[str], texts_b: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """Row-wise cosine similarity (n,) of two equally long lists of texts."""
+        if len(texts_a) != len(texts_b):
+            raise ValueError(f"{len(texts_a)} first texts but {len(texts_b)} second texts")
+        a, b = self.encode(texts_a, batch_size), self.encode(texts_b, batch_size)
+        a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+        b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+        return np.einsum("nh,nh->n", a.astype(np.float64), b.astype(np.float64))
+
+
+_ENCODERS: dict[tuple, SentenceEncoder] = {}
+
+
+def embed(texts: str | Sequence[str], model: str | Path, pooling: str = "mean", normalize: bool = True,
+          max_length: int = 256, batch_size: int = 32, device: str | None = None) -> np.ndarray:
+    """One-call embeddings: `embed(texts, "path/to/model")` -> (n, hidden); the encoder is cached."""
+    key = (str(Path(model).resolve()), pooling, normalize, max_length, str(device))
+    if key not in _ENCODERS:
+        _ENCODERS[key] = SentenceEncoder.from_pretrained(model, pooling, normalize, max_length, device)
+    return _ENCODERS[key].encode(texts, batch_size=batch_size)
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """One text per line; line i of the file is row i of the output (blank lines included)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"{path}: no lines to embed")
+    return lines
+
+
+# ---- `bert-kit embed` ---------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
+    parser.add_argument("--input", required=True, help="text file, one text per line")
+    parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
+    parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
+    parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
+    parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = read_lines(args.input)
+    encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
+                                              args.max_length, args.device)
+    t0 = time.perf_counter()
+    vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
+    seconds = time.perf_counter() - t0
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as f:  # np.save(path) would append .npy to other names
+        np.save(f, vectors)
+    print(f"embedded {len(texts)} texts -> {out} {vectors.shape} ({len(texts) / max(seconds, 1e-9):.0f} texts/s "
+          f"on {encoder.device})")
+    return 0

@@ -1,0 +1,168 @@
+"""Attention maps: every layer's and head's attention probabilities, and the `bert-kit attention` PNG.
+
+The model's fast path never forms the attention matrix (`F.scaled_dot_product_attention` fuses
+softmax(QK^T / sqrt(d)) V), so this module computes it explicitly from the model's own weights:
+the encoder is run layer by layer with the real layer modules, and before each layer the
+query and key rows of its fused `attention.qkv` projection give
+
+    P = softmax(Q K^T / sqrt(head_dim) + mask)      (B, nh, T, T), padding keys at probability 0.
+
+Nothing in `model.py` changes; `attention_maps` also returns the hidden state after every layer,
+which the tests check against the model's own forward pass.
+
+    bert-kit attention --model models/all-MiniLM-L6-v2 --text "The cat sat on the mat." --output attn.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from bert_kit.model import BERTModel, MultiHeadAttention
+
+# with more tokens than this the axis labels would overlap, so they are left off
+MAX_LABELLED_TOKENS = 40
+
+
+def attention_probabilities(attention: MultiHeadAttention, x: torch.Tensor,
+                            attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention probabilities of one layer: x (B, T, H), mask (B, T) -> (B, nh, T, T) float32.
+
+    Uses the query and key rows of the layer's fused qkv projection (rows [query; key; value]).
+    """
+    B, T, H = x.shape
+    nh, hd = attention.num_heads, attention.head_dim
+    qkv = attention.qkv(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4).float()  # (3, B, nh, T, hd)
+    q, k = qkv[0], qkv[1]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)  # (B, nh, T, T)
+    if attention_mask is not None:
+        keep = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys get nothing
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+@torch.inference_mode()
+def attention_maps(model: BERTModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   token_type_ids: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Run the encoder layer by layer, recording states and attention.
+
+    input_ids, attention_mask, token_type_ids: (B, T).
+    Returns (hidden_states, attentions): hidden_states is a list of L + 1 tensors (B, T, H) (the
+    embedding output, then the output of each layer: the last equals `model(...)`), attentions
+    is (L, B, nh, T, T) float32 with rows summing to 1.
+    """
+    was_training = model.training
+    model.eval()  # no dropout: the maps are those of inference
+    try:
+        x = model.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        hidden_states, attentions = [x], []
+        for layer in model.encoder.layers:
+            attentions.append(attention_probabilities(layer.attention, x, attention_mask))
+            x = layer(x, mask)  # the real layer module, so the states are the model's own
+            hidden_states.append(x)
+    finally:
+        model.train(was_training)
+    return hidden_states, torch.stack(attentions)
+
+
+def _parse_indices(spec: str | None, n: int, what: str) -> list[int]:
+    """"0,2,5" or "1-3" or None (all) -> sorted indices, each checked against n."""
+    if spec is None or spec == "all":
+        return list(range(n))
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"--{what}: cannot read {part!r}; use e.g. 0,2,5 or 1-3") from None
+    bad = [i for i in out if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"--{what}: index {bad[0]} out of range; the model has {n} {what}")
+    return sorted(out)
+
+
+def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str], path: str | Path,
+                        layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                        title: str | None = None) -> Path:
+    """Write a PNG grid of attention maps: rows = layers, columns = heads.
+
+    attentions: (L, nh, T, T) for one text (query rows, key columns); tokens: T labels, drawn on
+    the axes of the first column and the last row when there are at most MAX_LABELLED_TOKENS.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    att = attentions.detach().cpu().numpy() if torch.is_tensor(attentions) else np.asarray(attentions)
+    if att.ndim != 4 or att.shape[2] != att.shape[3] or att.shape[2] != len(tokens):
+        raise ValueError(f"attentions must be (layers, heads, T, T) with T = {len(tokens)} tokens, got {att.shape}")
+    layers = list(range(att.shape[0])) if layers is None else list(layers)
+    heads = list(range(att.shape[1])) if heads is None else list(heads)
+    labelled = len(tokens) <= MAX_LABELLED_TOKENS
+    cell = 1.6 if not labelled else max(1.6, 0.12 * len(tokens))
+    fig = Figure(figsize=(cell * len(heads) + 1.5, cell * len(layers) + 1.0))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(layers), len(heads), squeeze=False)
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = axes[r][c]
+            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+            if labelled and c == 0:  # queries on the left column
+                ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
+            if labelled and r == len(layers) - 1:  # keys under the bottom row
+                ax.set_xticks(range(len(tokens)), tokens, fontsize=5, rotation=90)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path
+
+
+# ---- `bert-kit attention` -----------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit) with a tokenizer")
+    parser.add_argument("--text", required=True, help="the text to show attention for")
+    parser.add_argument("--text-pair", default=None, help="optional second segment ([SEP]-separated pair)")
+    parser.add_argument("--output", required=True, help="PNG to write")
+    parser.add_argument("--layers", default=None, help="layers to draw, e.g. 0,5 or 0-2 (default: all)")
+    parser.add_argument("--heads", default=None, help="heads to draw, e.g. 0-3 (default: all)")
+    parser.add_argument("--max-length", type=int, default=128, help="longer texts are truncated")
+    parser.add_argument("--save-npy", default=None, help="also write the (L, nh, T, T) probabilities here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bert_kit.tokenizer import get_tokenizer
+
+    model = BERTModel.from_pretrained(args.model)
+    tokenizer = get_tokenizer(args.model)
+    if not args.text.strip():
+        raise ValueError("--text is empty")
+    enc = tokenizer(args.text, args.text_pair, max_length=args.max_length)
+    _, attentions = attention_maps(model, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    att = attentions[:, 0]  # (L, nh, T, T) of the one text
+    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+    layers = _parse_indices(args.layers, att.shape[0], "layers")
+    heads = _parse_indices(args.heads, att.shape[1], "heads")
+    title = f"{Path(args.model).name}: {args.text[:80]!r}"
+    path = plot_attention_grid(att, tokens, args.output, layers, heads, title=title)
+    if args.save_npy:
+        with open(args.save_npy, "wb") as f:
+            np.save(f, att.numpy())
+    print(f"wrote {path}: {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
+    return 0
