@@ -12,6 +12,14 @@ Everything is written into `step-0000100.tmp/` first, flushed to disk, then rena
 `os.replace`: a process killed mid-write leaves a `.tmp` folder that `latest_checkpoint`
 ignores, and the previous checkpoint intact. `StopSignal` turns SIGINT/SIGTERM into a flag
 that training loops check after each step, so a stop request ends with a saved checkpoint.
+
+Multi-process runs write the same single-file format, so any number of ranks (1 included) can
+resume them: under DDP rank 0's replica is the model; under FSDP2 every rank first calls
+`collect_state`, which gathers the full model and optimizer state dicts to rank 0's CPU
+(`torch.distributed.checkpoint.state_dict.get_state_dict`, full_state_dict=True), and
+`load_checkpoint` shards them back (`set_state_dict`). The optimizer state is stored in torch's
+usual layout (keyed by parameter index) either way. `collect_state` also gathers every rank's
+RNG state, so each rank resumes its own dropout stream when the world size is unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from bert_kit.distributed import unwrap_model
+from bert_kit.distributed import all_gather_object, is_fsdp, is_main, rank, unwrap_model, world_size
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.pt"
@@ -69,6 +77,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore this rank's RNG states from a trainer state dict: its own when the checkpoint was
+    written by as many ranks, else rank 0's, reseeded on ranks > 0 so their dropout differs."""
+    ranks = state.get("rng_ranks")
+    if ranks and len(ranks) == world_size():
+        set_rng_state(ranks[rank()])
+        return
+    set_rng_state(state["rng"])
+    if rank() > 0:  # a draw from rank 0's stream, offset by the rank: distinct and reproducible
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,))) + rank())
+
+
 def _as_tuple(x: Any) -> Any:
     """random.setstate needs tuples; deserialisers may hand back lists."""
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
@@ -95,15 +115,86 @@ def _write_trainer_state(path: Path, state: dict[str, Any]) -> None:
     _fsync(path)
 
 
+def _index_keyed(optim_state: dict) -> dict:
+    """DCP's optimizer state dict (keyed by parameter name) -> torch's (keyed by index)."""
+    order = [name for group in optim_state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {"state": {index[name]: s for name, s in optim_state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim_state["param_groups"]]}
+
+
+def _name_keyed(optim_state: dict, model: nn.Module, optimizer: torch.optim.Optimizer, source: str) -> dict:
+    """torch's optimizer state dict (keyed by index) -> DCP's (keyed by parameter name)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}  # a tied weight keeps its first name
+    names = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    saved = [i for g in optim_state["param_groups"] for i in g["params"]]
+    if len(saved) != len(names):
+        raise ValueError(f"{source}: optimizer state for {len(saved)} parameters, the model trains {len(names)}")
+    return {"state": {names[int(i)]: s for i, s in optim_state["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optim_state["param_groups"]]}
+
+
+def collect_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """What rank 0 needs to checkpoint a multi-process run. Every rank must call it.
+
+    Returns, on rank 0: "rng_ranks" (every rank's RNG state) and, under FSDP2, "model" (the full
+    state dict on the CPU) and "optimizer" (the full optimizer state, index-keyed as
+    `optimizer.state_dict()`). Other ranks get the same keys with None. A single process gets {}.
+    """
+    if world_size() <= 1:
+        return {}
+    collected: dict[str, Any] = {"rng_ranks": all_gather_object(rng_state())}
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+        # full tensors, gathered shard by shard into rank 0's CPU memory (the others get {})
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if optimizer is None:
+            model_state, optim_state = get_model_state_dict(model, options=options), None
+        else:
+            model_state, optim_state = get_state_dict(model, optimizer, options=options)
+        collected["model"] = model_state if is_main() else None
+        collected["optimizer"] = _index_keyed(optim_state) if optim_state and is_main() else None
+    if not is_main():
+        collected = dict.fromkeys(collected)
+    return collected
+
+
+def save_model(model: nn.Module, folder: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """`save_pretrained` (config.json + model.safetensors), from `state` (the full state dict that
+    `collect_state` gathered) for a sharded FSDP2 model. Call on rank 0 only."""
+    model = unwrap_model(model)
+    if state is None:
+        if is_fsdp(model):
+            raise ValueError("an FSDP model holds only shards: pass the state collect_state() gathered")
+        model.save_pretrained(folder)
+        return
+    # FSDP2 turned the parameters into shards and the class into FSDP<Class>: save an unsharded
+    # twin of the original class, built on the meta device (no memory), holding the full tensors
+    cls = next(c for c in type(model).__mro__ if c.__module__.startswith("bert_kit."))
+    head_args = {"num_labels": model.num_labels} if hasattr(model, "num_labels") else {}
+    with torch.device("meta"):
+        twin = cls(model.config, **head_args)
+    twin.load_state_dict(state, assign=True)
+    if hasattr(twin, "tie_weights"):
+        twin.tie_weights()
+    if hasattr(model, "id2label"):
+        twin.id2label = model.id2label
+    twin.save_pretrained(folder)
+
+
 def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, tokenizer: Any = None,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, data_state: dict | None = None, run_config: dict | None = None,
-                    keep_last: int | None = None, extra: dict | None = None) -> Path:
+                    keep_last: int | None = None, extra: dict | None = None,
+                    collected: dict[str, Any] | None = None) -> Path:
     """Write `directory/step-XXXXXXX/` atomically and return its path.
 
     keep_last: afterwards delete all but the newest K checkpoints (None or 0 keeps all).
+    collected: what `collect_state` returned (multi-process runs; required under FSDP2).
     Call on one process only (rank 0).
     """
+    collected = collected or {}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
@@ -111,16 +202,21 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
     if tmp.exists():
         shutil.rmtree(tmp)  # a leftover of a crashed attempt at this very step
     tmp.mkdir()
-    unwrap_model(model).save_pretrained(tmp)
+    save_model(model, tmp, collected.get("model"))
     if tokenizer is not None:
         tokenizer.save(tmp)
+    if "optimizer" in collected:  # gathered from the shards
+        optim_state = collected["optimizer"]
+    else:
+        optim_state = optimizer.state_dict() if optimizer is not None else None
     state = {
         "format_version": FORMAT_VERSION,
         "step": int(step),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer": optim_state,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
+        "rng_ranks": collected.get("rng_ranks"),  # one per rank (multi-process runs)
         "data": data_state,
         "run_config": run_config,
         **(extra or {}),
@@ -217,23 +313,52 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None, *,
     """Load a checkpoint folder into the given objects; return its trainer state dict.
 
     The model must have the architecture that was saved (all weights must match, strict).
-    RNG states are restored last, so call this right before training continues.
+    An FSDP2 model (and its optimizer) gets its shards of the full saved state; every rank
+    calls this. RNG states are restored last, so call this right before training continues.
     """
     from bert_kit.hf import load_into, read_state_dict
 
     path = Path(path)
     state = load_trainer_state(path)
-    if model is not None:
+    sharded = model is not None and is_fsdp(model)
+    if sharded:
+        _load_sharded(path, model, optimizer, state.get("optimizer"))
+    elif model is not None:
         load_into(unwrap_model(model), read_state_dict(path), source=str(path), strict=True)
-    if optimizer is not None and state.get("optimizer") is not None:
+    if optimizer is not None and state.get("optimizer") is not None and not sharded:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     if restore_rng:
-        set_rng_state(state["rng"])
+        restore_rng_state(state)
     return state
+
+
+def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                  optim_state: dict | None) -> None:
+    """Full saved model (and optimizer) state -> this rank's FSDP2 shards (`set_state_dict`)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    from bert_kit.hf import from_hf_state_dict, read_state_dict
+
+    weights, unmapped = from_hf_state_dict(read_state_dict(path), hasattr(model, "bert"))
+    own = model.state_dict()  # sharded DTensors; only the names and global shapes are used
+    if "mlm.decoder.weight" in own and "bert.embeddings.word_embeddings.weight" in weights:
+        weights["mlm.decoder.weight"] = weights["bert.embeddings.word_embeddings.weight"]  # tied
+    problems = [f"missing {k}" for k in sorted(set(own) - set(weights))]
+    problems += [f"unexpected {k}" for k in sorted(set(weights) - set(own)) + unmapped]
+    problems += [f"shape mismatch {k}: checkpoint {tuple(weights[k].shape)}, model {tuple(own[k].shape)}"
+                 for k in sorted(set(own) & set(weights)) if weights[k].shape != own[k].shape]
+    if problems:
+        raise ValueError(f"{path} does not match {type(model).__name__}: " + "; ".join(problems))
+    options = StateDictOptions(full_state_dict=True)
+    if optimizer is None or optim_state is None:
+        set_model_state_dict(model, weights, options=options)
+    else:
+        set_state_dict(model, optimizer, model_state_dict=weights,
+                       optim_state_dict=_name_keyed(optim_state, model, optimizer, str(path)), options=options)
 
 
 # ---- stopping cleanly -----------------------------------------------------------------------------

@@ -1,12 +1,21 @@
-"""Multi-process training helpers: torchrun environment, rank queries, DDP wrapping.
+"""Multi-process training on PyTorch's own engine: torchrun, DDP or FSDP2, and clean failures.
 
 One process per GPU, launched with `torchrun --nproc_per_node N -m bert_kit pretrain ...`.
 A plain `python`/`bert-kit` run is a world of size 1: every helper then works without
 `torch.distributed` being initialised, so single-process code needs no special cases.
 
-Only rank 0 logs, plots and writes checkpoints (`is_main()`); all ranks call `barrier()` around
-shared files. With gradient accumulation, `no_sync(model)` skips the gradient all-reduce on all
-but the last micro-batch of an optimizer step.
+* `init_distributed` joins the group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...):
+  NCCL on GPUs, gloo on CPU, with a timeout after which a collective gives up.
+* `wrap_model` puts DDP around the model (every rank holds all weights), or shards it with
+  FSDP2 (`fully_shard` on each encoder layer, then on the root, which keeps the word
+  embeddings and the MLM decoder tied to them in one group).
+* `no_sync(model)` skips DDP's gradient all-reduce on all but the last micro-batch of an
+  optimizer step. FSDP2 reduce-scatters every micro-batch instead: skipping would keep full,
+  unsharded gradients, which is what sharding is there to avoid.
+* `collective_errors()` turns the error a collective raises when another rank has died or
+  stalled past the timeout into a one-line `DistributedError` naming this rank.
+
+Only rank 0 logs, plots and writes files (`is_main()`); all ranks call `barrier()` around them.
 """
 
 from __future__ import annotations
@@ -14,40 +23,55 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-DEFAULT_TIMEOUT_MIN = 30  # long enough for rank 0 to tokenise a corpus while others wait
+DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this fails instead of hanging
+PARALLEL_MODES = ("ddp", "fsdp")
+
+# What gloo/NCCL/the store say when a peer is gone or silent (their errors are plain RuntimeErrors).
+_COMM_ERROR = re.compile(r"connection (closed|reset)|broken pipe|timed out|timeout|nccl|gloo|socket|watchdog|"
+                         r"process ?group", re.IGNORECASE)
+
+
+class DistributedError(RuntimeError):
+    """A collective failed: another rank exited, crashed or stalled past the timeout."""
 
 
 def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init_distributed(timeout_minutes: float = DEFAULT_TIMEOUT_MIN) -> bool:
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     """Join the process group described by torchrun's RANK / WORLD_SIZE / LOCAL_RANK.
 
-    NCCL on CUDA, gloo on CPU. Returns True when running distributed (world size > 1).
-    Calling it again, or without torchrun's variables, does nothing.
+    NCCL on CUDA, gloo on CPU; collectives fail after `timeout_s` seconds of waiting.
+    Returns True when running distributed (world size > 1). Calling it again, or without
+    torchrun's variables, does nothing.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 or _initialized():
         return _initialized()
     if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
         raise ValueError("WORLD_SIZE > 1 but RANK/MASTER_ADDR are not set; launch with torchrun")
+    if timeout_s <= 0:
+        raise ValueError(f"dist_timeout_s must be positive, got {timeout_s}")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes),
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=torch.device("cuda", local_rank) if backend == "nccl" else None)
     return True
 
 
 def cleanup() -> None:
-    """Leave the process group (at the end of a run)."""
+    """Leave the process group (at the end of a run, also after a failed collective)."""
     if _initialized():
         dist.destroy_process_group()
 
@@ -74,13 +98,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _comm_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
     """Mean of `x` over ranks (a float in, a float out; a tensor is reduced on its device)."""
     if not _initialized():
         return x
     is_float = not torch.is_tensor(x)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor(float(x), device=device) if is_float else x.detach().clone()
+    t = torch.tensor(float(x), device=_comm_device()) if is_float else x.detach().clone()
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     t /= world_size()
     return t.item() if is_float else t
@@ -93,9 +120,43 @@ def any_rank(flag: bool) -> bool:
     return all_reduce_mean(1.0 if flag else 0.0) > 0
 
 
-def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP around `model` when world size > 1; the model itself otherwise."""
+def all_gather_object(obj: Any) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...] on every rank (small picklable objects only)."""
+    if not _initialized():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# ---- wrapping the model ------------------------------------------------------------------------
+
+def wrap_model(model: nn.Module, device: torch.device, parallel: str = "ddp",
+               param_dtype: torch.dtype | None = None) -> nn.Module:
+    """DDP or FSDP2 around `model` when world size > 1; the model itself otherwise.
+
+    parallel: "ddp" (every rank holds all weights, gradients are all-reduced) or "fsdp"
+        (weights, gradients and optimizer state sharded over the ranks; create the optimizer
+        after this call, since FSDP2 replaces the parameters by sharded DTensors in place).
+    param_dtype: FSDP2 only: dtype weights are gathered in for forward/backward (bf16 halves
+        the traffic); gradients are still reduced in fp32 and the sharded master weights stay fp32.
+    """
+    if parallel not in PARALLEL_MODES:
+        raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
     if world_size() <= 1:
+        return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from bert_kit.model import TransformerEncoderBlock
+
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        # one group per encoder layer: only one layer's full weights are live at a time
+        for layer in [m for m in model.modules() if isinstance(m, TransformerEncoderBlock)]:
+            fully_shard(layer, mp_policy=policy)
+        # the root group holds the rest: embeddings, pooler, heads; the tied decoder weight is
+        # the word-embedding parameter itself, so it is sharded (and gathered) once
+        fully_shard(model, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -103,8 +164,17 @@ def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
     return DDP(model, device_ids=ids)
 
 
+def is_fsdp(model: nn.Module) -> bool:
+    """True for a model sharded with FSDP2 (`fully_shard`)."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside a DDP wrapper (what gets saved)."""
+    """The module inside a DDP wrapper (what gets saved); an FSDP2 model is its own module."""
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
 
 
@@ -113,3 +183,41 @@ def no_sync(model: nn.Module, skip: bool = True) -> contextlib.AbstractContextMa
     if skip and hasattr(model, "no_sync"):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def full_value(x: Any) -> Any:
+    """A plain tensor from a DTensor (e.g. FSDP2's gradient norm); anything else unchanged.
+    Collective for sharded DTensors: call it on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+# ---- failures ----------------------------------------------------------------------------------
+
+def is_collective_error(error: BaseException) -> bool:
+    """True for the errors gloo, NCCL or the rendezvous store raise when a peer is lost."""
+    return _initialized() and (isinstance(error, dist.DistError) or
+                               (isinstance(error, RuntimeError) and bool(_COMM_ERROR.search(str(error)))))
+
+
+@contextlib.contextmanager
+def collective_errors(timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
+    """Re-raise a failed collective as a one-line `DistributedError` naming this rank.
+
+    Without this, a rank whose peer died prints a C++ traceback from deep inside gloo/NCCL; with
+    it, the run ends with e.g. "rank 0 of 2: lost the other ranks (Connection closed by peer)".
+    """
+    try:
+        yield
+    except DistributedError:
+        raise
+    except (RuntimeError, OSError) as e:
+        if not is_collective_error(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0]  # drop "[.../pair.cc:553] "
+        raise DistributedError(
+            f"rank {rank()} of {world_size()}: lost the other ranks ({reason}); another rank exited or "
+            f"stalled for more than dist_timeout_s={timeout_s:g} s (see its log). The last checkpoint is "
+            "intact: restart with --resume latest") from e

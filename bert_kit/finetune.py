@@ -97,7 +97,8 @@ class FinetuneConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     unpadded: bool = False  # run only real tokens through the encoder (packed fast path)
-    compile: bool = False  # torch.compile the encoder
+    compile: bool = False  # torch.compile the encoder; batches are padded to multiples of 16 (few shapes)
+    cuda_graphs: bool = False  # with compile on CUDA: replay each shape as a CUDA graph (short sequences)
     num_workers: int = 0  # DataLoader worker processes
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
@@ -198,8 +199,9 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     if not train_items:
         raise ValueError(f"{cfg.train_file}: no training examples")
     model = task.build(cfg.model).to(device)
-    if cfg.compile:
-        (model.bert if hasattr(model, "bert") else model).compile(dynamic=True)  # lengths vary per batch
+    if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
+        mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
+        (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
     optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
     loader = make_loader(task, train_items, cfg, device)
     steps_per_epoch = max(1, len(loader) // cfg.grad_accum)

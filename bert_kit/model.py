@@ -253,18 +253,22 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: to
     if T > config.max_position_embeddings:
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                          f"({config.max_position_embeddings}); truncate the input")
-    if input_ids.numel():
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= config.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} out of range for vocab_size {config.vocab_size}")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
-    if token_type_ids is not None and token_type_ids.numel():
-        hi = int(token_type_ids.max())
-        if hi >= config.type_vocab_size or int(token_type_ids.min()) < 0:
-            raise ValueError(f"token_type id {hi} out of range for type_vocab_size {config.type_vocab_size}")
+    if not input_ids.numel():
+        return
+    # one device sync for all range checks (each .item() on a GPU tensor waits for the GPU)
+    stats = [input_ids.min(), input_ids.max()]
+    if token_type_ids is not None:
+        stats += [token_type_ids.min(), token_type_ids.max()]
+    values = torch.stack([s.long() for s in stats]).tolist()
+    lo, hi = values[0], values[1]
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} out of range for vocab_size {config.vocab_size}")
+    if token_type_ids is not None and (values[2] < 0 or values[3] >= config.type_vocab_size):
+        bad = values[2] if values[2] < 0 else values[3]
+        raise ValueError(f"token_type id {bad} out of range for type_vocab_size {config.type_vocab_size}")
 
 
 class BertPreTrainedModel(nn.Module):

@@ -16,6 +16,12 @@ Data: with `nsp: true`, documents are split into sentences and paired as BERT di
 and packed into full-length blocks (`packing: true`, RoBERTa style) or truncated per document.
 Two-phase schedules (`phases`) switch sequence length and batch size part-way, as BERT's
 128 -> 512 recipe; the learning-rate schedule spans all phases.
+
+Several processes: `torchrun --nproc_per_node N -m bert_kit pretrain --config ...` runs the same
+command on N ranks (docs/distributed.md). Each rank reads its own shard of every epoch, the
+model is replicated (DDP, the default) or sharded (`parallel: fsdp`, FSDP2), and one optimizer
+step covers batch_size x grad_accum x N sequences (the global batch). Rank 0 alone logs, plots
+and writes files; checkpoints keep the single-process format, so any number of ranks resumes them.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ import torch
 from torch.utils.data import Subset
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
-from bert_kit.checkpoint import (StopSignal, latest_checkpoint, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, save_checkpoint, set_rng_state)
+from bert_kit.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
+                                 resolve_checkpoint, restore_rng_state, save_checkpoint, save_model)
 from bert_kit.config import BertConfig
-from bert_kit.distributed import (all_reduce_mean, any_rank, barrier, cleanup, init_distributed, is_main, rank,
-                                  world_size, wrap_model)
+from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
+                                  collective_errors, full_value, init_distributed, is_main, rank, world_size,
+                                  wrap_model)
 from bert_kit.optim import create_optimizer, create_scheduler
 from bert_kit.precision import resolve_precision
 from bert_kit.progress import ProgressLogger, plot_losses, read_metrics, truncate_metrics
@@ -99,6 +106,10 @@ class PretrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     compile: bool = False  # torch.compile the encoder
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
+    weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU"""
+    dist_timeout_s: float = DEFAULT_TIMEOUT_S  # seconds a rank waits for the others before failing
     # bookkeeping
     output_dir: str = "runs/pretrain"  # run folder
     seed: int = 0  # seeds model init, data order, masks and dropout
@@ -118,6 +129,8 @@ class PretrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.dist_timeout_s <= 0:
+            raise ValueError(f"dist_timeout_s must be positive, got {self.dist_timeout_s}")
         if not 0 < self.mask_probability < 1:
             raise ValueError(f"mask_probability must be in (0, 1), got {self.mask_probability}")
         if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
@@ -315,10 +328,12 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader
 
     seed = cfg.seed if train else cfg.seed + 1
+    # one shuffled order shared by all ranks, each taking every world_size-th example of it
     sampler = DistributedResumableSampler(len(dataset), shuffle=train, seed=seed, rank=rank(),
                                           world_size=world_size(), drop_last=train)
+    # masks: a stream per rank (rank 0's is the single-process one); multiples of 8 suit tensor cores
     collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
-                                  pad_to_multiple_of=8, seed=seed)  # multiples of 8 suit tensor cores
+                                  pad_to_multiple_of=8, seed=seed + 1_000_003 * rank())
     if len(sampler) == 0:
         kind = "training" if train else "evaluation"
         raise ValueError(f"no {kind} sequences for {world_size()} process(es); add text")
@@ -335,6 +350,17 @@ def forever(loader: Any):
     """Batches across epochs; the loader moves to the next epoch by itself."""
     while True:
         yield from loader
+
+
+def resume_position(data: dict, global_micro_batch: int) -> dict:
+    """The loader state to continue at from a checkpoint's data state. A loader batch index
+    counts micro-batches of one rank; when the global micro-batch (batch_size x ranks) differs
+    from the saved run's (e.g. 2 ranks resumed by 1 process), the same number of sequences is
+    skipped: all ranks share one shuffled order, so those are exactly the ones already seen."""
+    state = dict(data["loader"])
+    saved = int(data.get("global_micro_batch", global_micro_batch))
+    state["batch_index"] = state["batch_index"] * saved // global_micro_batch
+    return state
 
 
 def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None) -> dict[str, float]:
@@ -366,9 +392,16 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
     """Run (or resume) pretraining; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
+    Under torchrun every rank calls this; if another rank dies or stalls for longer than
+    `dist_timeout_s`, the others stop with a one-line `DistributedError`.
     """
+    init_distributed(cfg.dist_timeout_s)
+    with collective_errors(cfg.dist_timeout_s):
+        return _pretrain(cfg, resume)
+
+
+def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     t0 = time.time()
-    init_distributed()
     main = is_main()
     out = Path(cfg.output_dir)
     ckpt_dir = out / "checkpoints"
@@ -383,13 +416,25 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
     phases = plan_phases(cfg)
     tokenizer = prepare_tokenizer(cfg, out, checkpoint)
     corpus = load_corpus(cfg, tokenizer, out)
-    model = build_model(cfg, tokenizer, max(p.max_length for p in phases)).to(device)
+    model = build_model(cfg, tokenizer, max(p.max_length for p in phases))
+    sharded = cfg.parallel == "fsdp" and world_size() > 1
+    if sharded and precision.use_grad_scaler:
+        raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
+                         "gradients): set precision=bf16 or precision=fp32")
+    if not sharded:
+        model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
     if cfg.compile:
         model.bert.compile()  # in place: state-dict keys stay those of the plain model
+    # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
+    param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
+    wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
+    if world_size() > 1:
+        torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
+    # after wrapping: FSDP2 has replaced the parameters by their shards
     optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_fraction * cfg.max_steps)
     scheduler = create_scheduler(optimizer, warmup, cfg.max_steps, cfg.schedule, cfg.min_lr_ratio)
-    trainer = AMPTrainer(wrap_model(model, device), optimizer, scheduler, precision, clip_grad=cfg.clip_grad)
+    trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, clip_grad=cfg.clip_grad)
     step, resume_state = 0, None
     if checkpoint is not None:
         resume_state = load_checkpoint(checkpoint, model, optimizer=optimizer, scheduler=scheduler,
@@ -402,8 +447,13 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
             truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
         n_params = sum(p.numel() for p in model.parameters())
         where = f", resuming from {checkpoint} at step {step}" if checkpoint else ""
+        ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
         print(f"model: {type(model).__name__} {n_params / 1e6:.2f}M parameters, "
-              f"vocab {model.config.vocab_size}{where}", flush=True)
+              f"vocab {model.config.vocab_size}{ranks}{where}", flush=True)
+        saved_world = ((resume_state or {}).get("data") or {}).get("world_size", world_size())
+        if saved_world != world_size():
+            print(f"resuming a run of {saved_world} process(es) with {world_size()}: the global batch is "
+                  "now batch_size x grad_accum x the new number of processes", flush=True)
 
     # 2. the loop: one iteration = one optimizer step of grad_accum micro-batches
     logger = ProgressLogger(out, cfg.max_steps, step, enabled=main, tensorboard=cfg.tensorboard, desc="pretrain")
@@ -416,7 +466,7 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
     try:
         with StopSignal() as stop:
             if resume_state is not None:
-                set_rng_state(resume_state["rng"])  # last thing before training continues
+                restore_rng_state(resume_state)  # last thing before training continues
             while step < cfg.max_steps:
                 # (a) the data of this phase; after a resume, continue at the saved batch
                 if phase is None or step >= phase.end:
@@ -427,17 +477,18 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
                                    if eval_ds is not None else None)
                     data = (resume_state or {}).get("data")
                     if data and data["phase"] == phase.index:
-                        epoch, index = data["loader"]["epoch"], data["loader"]["batch_index"]
+                        position = resume_position(data, phase.batch_size * world_size())
                         # a checkpoint taken right after an epoch's last batch continues with the next epoch
-                        at_end = index >= len(loader)
-                        loader.load_state_dict({"epoch": epoch + 1, "batch_index": 0} if at_end else data["loader"])
+                        at_end = position["batch_index"] >= len(loader)
+                        loader.load_state_dict({"epoch": position["epoch"] + 1, "batch_index": 0} if at_end else position)
                     resume_state = None
                     batches = forever(loader)
                     trainer.grad_accum = phase.grad_accum
+                    global_batch = phase.batch_size * phase.grad_accum * world_size()
                     logger.message(f"phase {phase.index}: steps {phase.start}-{phase.end}, "
-                                   f"max_length {phase.max_length}, "
-                                   f"batch {phase.batch_size} x {phase.grad_accum} x {world_size()}, "
-                                   f"{len(train_ds)} train / {len(eval_ds) if eval_ds else 0} eval sequences")
+                                   f"max_length {phase.max_length}, global batch {global_batch} sequences "
+                                   f"(batch {phase.batch_size} x grad_accum {phase.grad_accum} x {world_size()} "
+                                   f"rank(s)), {len(train_ds)} train / {len(eval_ds) if eval_ds else 0} eval sequences")
 
                 # (b) forward/backward over the micro-batches; the trainer steps the optimizer
                 t_step, lr = time.time(), trainer.lr
@@ -463,12 +514,15 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
                 tok_s = window["tokens"] * world_size() / max(window["time"], 1e-9)
                 logger.update(step, loss=step_loss["loss"], lr=lr, tok_s=f"{tok_s:,.0f}")
                 if step % cfg.log_every == 0 or step == cfg.max_steps or step == 1:
+                    # every rank reaches this step: losses are averaged over all of them
                     n = window["n"]
-                    record = {"loss": window["loss"] / n, "mlm_loss": window["mlm_loss"] / n, "lr": lr,
-                              "grad_norm": float(trainer.last["grad_norm"]), "tokens_per_s": tok_s,
-                              "phase": phase.index, "max_length": phase.max_length, "epoch": loader.epoch}
+                    losses = {k: all_reduce_mean(window[k] / n) for k in ("loss", "mlm_loss", "nsp_loss")}
+                    record = {"loss": losses["loss"], "mlm_loss": losses["mlm_loss"], "lr": lr,
+                              "grad_norm": float(full_value(trainer.last["grad_norm"])), "tokens_per_s": tok_s,
+                              "phase": phase.index, "max_length": phase.max_length, "epoch": loader.epoch,
+                              "global_batch": global_batch}
                     if cfg.nsp:
-                        record["nsp_loss"] = window["nsp_loss"] / n
+                        record["nsp_loss"] = losses["nsp_loss"]
                     logger.log("train", step, **record)
                     train_tokens += window["tokens"] * world_size()
                     train_time += window["time"]
@@ -484,11 +538,13 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
                 # (e) checkpoint every save_every steps, at the end, and when asked to stop
                 stopping = any_rank(stop.signum is not None)
                 if stopping or step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
+                    collected = collect_state(model, optimizer)  # every rank: gathers FSDP2 shards, RNG states
                     if main:
+                        data_state = {"phase": phase.index, "loader": loader.state_dict(), "world_size": world_size(),
+                                      "global_micro_batch": phase.batch_size * world_size()}
                         path = save_checkpoint(ckpt_dir, step, model, tokenizer=tokenizer, optimizer=optimizer,
                                                scheduler=scheduler, scaler=trainer.scaler, run_config=run_config,
-                                               data_state={"phase": phase.index, "loader": loader.state_dict()},
-                                               keep_last=cfg.keep_last)
+                                               data_state=data_state, keep_last=cfg.keep_last, collected=collected)
                         logger.message(f"step {step}: saved {path}")
                     barrier()
                 if stopping:
@@ -499,11 +555,15 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
 
         # 3. final evaluation and the HF model folder (not after a stop signal: the run goes on later)
         train_mlm, train_nsp = recent_train_losses(recent, out, step, cfg.nsp)
+        if recent["mlm_loss"]:  # trained in this process, as every other rank did: average over ranks
+            train_mlm = all_reduce_mean(train_mlm)
+            train_nsp = all_reduce_mean(train_nsp) if train_nsp is not None else None
         results: dict[str, Any] = {
             "train_mlm_loss": train_mlm, "train_nsp_loss": train_nsp,
             "test_mlm_loss": None, "test_nsp_loss": None, "test_nsp_accuracy": None,
             "test_perplexity": None, "test_mlm_accuracy": None,
-            "initial_train_mlm_loss": first_mlm_loss, "steps": step,
+            "initial_train_mlm_loss": first_mlm_loss, "steps": step, "world_size": world_size(),
+            "global_batch": phases[-1].batch_size * phases[-1].grad_accum * world_size(),
             "tokens_per_second": train_tokens / train_time if train_time else None,
             "train_tokens": train_tokens, "wall_time_s": None, "stopped": stopped, "output_dir": str(out),
         }
@@ -518,11 +578,12 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
             results.update(test_mlm_loss=metrics["mlm_loss"], test_perplexity=metrics["perplexity"],
                            test_mlm_accuracy=metrics["mlm_accuracy"], test_nsp_loss=metrics.get("nsp_loss"),
                            test_nsp_accuracy=metrics.get("nsp_accuracy"))
-        if stopped is None and main:
-            final = out / "final"
-            model.save_pretrained(final)
-            tokenizer.save(final)
-            results["final_model"] = str(final)
+        if stopped is None:
+            final, collected = out / "final", collect_state(model)  # every rank: gathers FSDP2 shards
+            if main:
+                save_model(model, final, collected.get("model"))
+                tokenizer.save(final)
+                results["final_model"] = str(final)
     except NonFiniteLossError as e:
         last = latest_checkpoint(ckpt_dir)
         logger.log("error", e.step, message=str(e))
@@ -563,17 +624,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass --config FILE (and optional key=value overrides); see bert-kit pretrain --help")
     else:
         cfg = load_config(PretrainConfig, args.config, args.overrides)
+    main = True
     try:
         results = pretrain(cfg, resume=args.resume)
-    except NonFiniteLossError as e:
+        main = is_main()  # asked before leaving the group: afterwards every process is "rank 0"
+    except (NonFiniteLossError, DistributedError) as e:
         print(f"bert-kit pretrain: error: {e}", file=sys.stderr)
         return 1
     finally:
         cleanup()  # leave the process group (torchrun runs)
-    if args.output and is_main():
+    if args.output and main:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    if is_main():
+    if main:
         print(json.dumps(results, indent=2))
     if results["stopped"]:
         return 128 + int(signal.Signals[results["stopped"]])  # 130 for SIGINT, 143 for SIGTERM

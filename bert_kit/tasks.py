@@ -164,7 +164,12 @@ class Task:
         return getattr(self.s, "metric", None) or self.default_metric
 
     def collate(self, items: list[dict]) -> dict:
-        return pad_collate(items, pad_token_id=self.pad_token_id)
+        return pad_collate(items, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_multiple)
+
+    @property
+    def pad_multiple(self) -> int:
+        """Compiled runs pad lengths to multiples of 16: few shapes, no recompiles."""
+        return 16 if getattr(self.s, "compile", False) else 1
 
     def bind(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -457,12 +462,12 @@ class SimilarityTask(Task):
 
     def collate(self, items: list[dict]) -> dict:
         if not self.bi_encoder:
-            return pad_collate(items, self.pad_token_id)
+            return pad_collate(items, self.pad_token_id, self.pad_multiple)
         # all first sentences, then all second ones: (2B, T), one forward pass for both sides
         # (one pass per step also keeps DDP's one-forward-one-backward rule)
         sides = [{"input_ids": it[f"input_ids_{side}"], "attention_mask": it[f"attention_mask_{side}"]}
                  for side in "ab" for it in items]
-        out = pad_collate(sides, self.pad_token_id)
+        out = pad_collate(sides, self.pad_token_id, self.pad_multiple)
         out["token_type_ids"] = torch.zeros_like(out["input_ids"])
         if "labels" in items[0]:
             out["labels"] = torch.tensor([it["labels"] for it in items], dtype=torch.float32)  # (B,)

@@ -181,8 +181,11 @@ class ClassificationDataset(Dataset):
         return pad_collate(batch, pad_token_id=self.pad_token_id)
 
 
-def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
     """Stack a list of items into tensors, padding sequences to the batch's longest.
+
+    pad_to_multiple_of rounds that length up (e.g. 16), so a compiled model sees a handful of
+    shapes instead of one per length and never recompiles after the first pass.
 
     Sequence fields (input_ids, token_type_ids, attention_mask and per-token labels) become
     (B, T) int64 tensors padded with the pad id / 0 / 0 / -100. Scalar labels become (B,)
@@ -193,7 +196,7 @@ def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0) -> dict[str,
         raise ValueError("cannot collate an empty batch")
     out: dict[str, torch.Tensor] = {}
     lengths = [len(item["input_ids"]) for item in batch]
-    max_len = max(lengths)
+    max_len = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
     for key, value in batch[0].items():
         values = [item[key] for item in batch]
         if isinstance(value, (list, tuple)) or (torch.is_tensor(value) and value.ndim == 1):

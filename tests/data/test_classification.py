@@ -160,3 +160,14 @@ def test_dataset_input_errors(tokenizer):
         ClassificationDataset(["a", "b"], [1], tokenizer)
     with pytest.raises(ValueError, match="1 text_pairs"):
         ClassificationDataset(["a", "b"], [1, 0], tokenizer, text_pairs=["c"])
+
+
+def test_pad_collate_rounds_length_up_to_a_multiple():
+    from bert_kit.data.classification import pad_collate
+
+    items = [{"input_ids": [2, 5, 6, 3], "attention_mask": [1] * 4, "labels": 1},
+             {"input_ids": [2, 7, 3], "attention_mask": [1] * 3, "labels": 0}]
+    batch = pad_collate(items, pad_token_id=0, pad_to_multiple_of=16)
+    assert batch["input_ids"].shape == (2, 16)
+    assert batch["attention_mask"].sum().item() == 7
+    assert pad_collate(items, pad_token_id=0)["input_ids"].shape == (2, 4)
