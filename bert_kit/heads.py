@@ -113,8 +113,8 @@ class BERTForPreTraining(_TiedMLM):
         return self.mlm(select_masked(hidden, labels, masked_index)), nsp_logits
 
 
-class BERTForSequenceClassification(BertPreTrainedModel):
-    """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""
+class _Classifier(BertPreTrainedModel):
+    """BERT + dropout + a linear layer to `num_labels` outputs (shared by the two heads below)."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2, classifier_dropout: float | None = None):
         super().__init__()
@@ -128,6 +128,10 @@ class BERTForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.apply(self._init_weights)
 
+
+class BERTForSequenceClassification(_Classifier):
+    """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
         """-> logits (B, num_labels)."""
@@ -135,18 +139,11 @@ class BERTForSequenceClassification(BertPreTrainedModel):
         return self.classifier(self.dropout(self.bert.pool(hidden)))
 
 
-class BERTForTokenClassification(BertPreTrainedModel):
+class BERTForTokenClassification(_Classifier):
     """Per-token linear classifier (NER, POS tagging)."""
 
     def __init__(self, config: BertConfig, num_labels: int = 9, classifier_dropout: float | None = None):
-        super().__init__()
-        self.config = config
-        self.num_labels = num_labels
-        self.bert = BERTModel(config)
-        p = config.hidden_dropout_prob if classifier_dropout is None else classifier_dropout
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        self.apply(self._init_weights)
+        super().__init__(config, num_labels, classifier_dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
