@@ -130,8 +130,8 @@ def _name_keyed(optim_state: dict, model: nn.Module, optimizer: torch.optim.Opti
     saved = [i for g in optim_state["param_groups"] for i in g["params"]]
     if len(saved) != len(names):
         raise ValueError(f"{source}: optimizer state for {len(saved)} parameters, the model trains {len(names)}")
-    return {"state": {names[int(i)]: s for i, s in optim_state["state"].items()},
-            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optim_state["param_groups"]]}
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optim_state["param_groups"]]
+    return {"state": {names[int(i)]: s for i, s in optim_state["state"].items()}, "param_groups": groups}
 
 
 def collect_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
@@ -333,6 +333,20 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None, *,
         scaler.load_state_dict(state["scaler"])
     if restore_rng:
         restore_rng_state(state)
+    return state
+
+
+def resume_position(data: dict, global_micro_batch: int) -> dict:
+    """The loader state {"epoch", "batch_index"} to continue at, from a data state holding
+    "loader" and "global_micro_batch" (sequences per loader batch over all ranks).
+
+    A batch index counts one rank's micro-batches; when the global micro-batch changed (e.g. 2
+    ranks resumed by 1 process), the same number of sequences is skipped. All ranks share one
+    shuffled order per epoch, so those are exactly the sequences already trained on.
+    """
+    state = dict(data["loader"])
+    saved = int(data.get("global_micro_batch", global_micro_batch))
+    state["batch_index"] = state["batch_index"] * saved // global_micro_batch
     return state
 
 

@@ -20,8 +20,10 @@ Only rank 0 logs, plots and writes files (`is_main()`); all ranks call `barrier(
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import gc
 import os
 import re
 from collections.abc import Iterator
@@ -67,12 +69,17 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=torch.device("cuda", local_rank) if backend == "nccl" else None)
+    # a process that exits still in the group aborts ("terminate called ..."): leave it at exit
+    atexit.register(cleanup)
     return True
 
 
 def cleanup() -> None:
     """Leave the process group (at the end of a run, also after a failed collective)."""
     if _initialized():
+        # free models that are no longer used first: an FSDP2 model kept alive by a reference
+        # cycle holds gloo work objects that abort the process if freed after the group is gone
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -146,17 +153,20 @@ def wrap_model(model: nn.Module, device: torch.device, parallel: str = "ddp",
     if world_size() <= 1:
         return model
     if parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from bert_kit.model import TransformerEncoderBlock
 
+        mesh = init_device_mesh(device.type, (world_size(),))
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        # one group per encoder layer: only one layer's full weights are live at a time
+        # one group per encoder layer: only one layer's full weights are live at a time; each
+        # call moves that layer's shard to the device, so the whole model never has to fit there
         for layer in [m for m in model.modules() if isinstance(m, TransformerEncoderBlock)]:
-            fully_shard(layer, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
         # the root group holds the rest: embeddings, pooler, heads; the tied decoder weight is
         # the word-embedding parameter itself, so it is sharded (and gathered) once
-        fully_shard(model, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 

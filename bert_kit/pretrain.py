@@ -44,7 +44,7 @@ from torch.utils.data import Subset
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
 from bert_kit.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, restore_rng_state, save_checkpoint, save_model)
+                                 resolve_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model)
 from bert_kit.config import BertConfig
 from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
                                   collective_errors, full_value, init_distributed, is_main, rank, world_size,
@@ -352,17 +352,6 @@ def forever(loader: Any):
         yield from loader
 
 
-def resume_position(data: dict, global_micro_batch: int) -> dict:
-    """The loader state to continue at from a checkpoint's data state. A loader batch index
-    counts micro-batches of one rank; when the global micro-batch (batch_size x ranks) differs
-    from the saved run's (e.g. 2 ranks resumed by 1 process), the same number of sequences is
-    skipped: all ranks share one shuffled order, so those are exactly the ones already seen."""
-    state = dict(data["loader"])
-    saved = int(data.get("global_micro_batch", global_micro_batch))
-    state["batch_index"] = state["batch_index"] * saved // global_micro_batch
-    return state
-
-
 def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None) -> dict[str, float]:
     """MLM loss, perplexity, MLM accuracy (+ NSP loss/accuracy) averaged over ranks."""
     loader.set_epoch(0)  # the same batches and masks at every evaluation
@@ -450,10 +439,6 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
         ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
         print(f"model: {type(model).__name__} {n_params / 1e6:.2f}M parameters, "
               f"vocab {model.config.vocab_size}{ranks}{where}", flush=True)
-        saved_world = ((resume_state or {}).get("data") or {}).get("world_size", world_size())
-        if saved_world != world_size():
-            print(f"resuming a run of {saved_world} process(es) with {world_size()}: the global batch is "
-                  "now batch_size x grad_accum x the new number of processes", flush=True)
 
     # 2. the loop: one iteration = one optimizer step of grad_accum micro-batches
     logger = ProgressLogger(out, cfg.max_steps, step, enabled=main, tensorboard=cfg.tensorboard, desc="pretrain")
@@ -480,7 +465,8 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                         position = resume_position(data, phase.batch_size * world_size())
                         # a checkpoint taken right after an epoch's last batch continues with the next epoch
                         at_end = position["batch_index"] >= len(loader)
-                        loader.load_state_dict({"epoch": position["epoch"] + 1, "batch_index": 0} if at_end else position)
+                        next_epoch = {"epoch": position["epoch"] + 1, "batch_index": 0}
+                        loader.load_state_dict(next_epoch if at_end else position)
                     resume_state = None
                     batches = forever(loader)
                     trainer.grad_accum = phase.grad_accum
