@@ -57,7 +57,12 @@ def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, 
     lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
     indices = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
     cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-    packed = Packed(cu, int(lengths.max()), indices, B, T)
+    max_seqlen = int(lengths.max())
+    if torch.compiler.is_compiling():
+        # BERT inputs hold at least [CLS] [SEP]; telling the compiler so keeps length-1
+        # broadcasting cases, and with them a graph break, out of the traced attention
+        torch._check(max_seqlen > 1)
+    packed = Packed(cu, max_seqlen, indices, B, T)
     return x.flatten(0, 1)[indices], packed
 
 

@@ -65,3 +65,25 @@ def test_fast_path_loss_curve_matches_plain_path():
     assert last < first - 0.5, "the toy task must be learnt for the comparison to mean something"
     # identical maths, different summation order: differences stay at float32 rounding level
     assert_close(torch.tensor(fast), torch.tensor(plain), rtol=2e-3, atol=2e-3)
+
+
+def test_training_step_traces_as_one_graph():
+    """torch.compile sees the whole loss (encoder, masked-position head, losses) without a break,
+    both padded and unpadded; with static prediction slots the shapes are fixed as well."""
+    import torch._dynamo
+
+    model = BERTForPreTraining(CONFIG)
+    inputs, mask, labels, nsp = batches(1)[0]
+    index = masked_index(labels)
+    index, targets = pad_masked(index, labels.flatten()[index], capacity=inputs.numel() // 4)
+
+    def loss_fn(inputs, mask, index, targets, nsp, unpadded):
+        mlm, nsp_logits = model(inputs, mask, masked_index=index, unpadded=unpadded)
+        return compute_mlm_loss(mlm, targets) + compute_classification_loss(nsp_logits, nsp)
+
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True  # unpadding: nonzero
+    torch._dynamo.config.capture_scalar_outputs = True  # unpadding: the longest length
+    for unpadded in (False, True):
+        explained = torch._dynamo.explain(loss_fn)(inputs, mask, index, targets, nsp, unpadded)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1
