@@ -14,6 +14,15 @@ last `keep_last`) and best/: the model with the best validation metric so far, l
 Robustness is that of pretraining (same modules): atomic checkpoints; SIGINT/SIGTERM finish the
 step, save and exit (130/143); a NaN/inf loss stops before the bad update; resuming restores
 weights, optimizer, schedule, RNG, the data position and the best metric so far.
+
+Several processes: `torchrun --nproc_per_node N -m bert_kit finetune --config ...` works as for
+pretraining (docs/distributed.md): each rank trains on its shard of every epoch, DDP (default) or
+FSDP2 (`parallel: fsdp`), so an optimizer step covers batch_size x grad_accum x N examples and an
+epoch has N times fewer steps. Every rank evaluates its share of the validation set and all
+predictions are gathered (`tasks.shard_and_gather`), so no rank idles at a barrier while another
+evaluates; every rank then holds the same metrics and the same best so far. Rank 0 alone logs
+and writes best/, checkpoints and results.json; checkpoints count the data position in examples,
+so a run resumes on any number of ranks.
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ import numpy as np
 import torch
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
-from bert_kit.checkpoint import (latest_checkpoint, load_checkpoint, load_trainer_state, resolve_checkpoint,
-                                 save_checkpoint, set_rng_state)
-from bert_kit.distributed import any_rank, barrier, init_distributed, is_main, rank, world_size, wrap_model
+from bert_kit.checkpoint import (collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
+                                 resolve_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model)
+from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
+                                  collective_errors, full_value, init_distributed, is_main, rank, world_size,
+                                  wrap_model)
 from bert_kit.optim import create_optimizer, create_scheduler
 from bert_kit.precision import resolve_precision
 from bert_kit.pretrain import StopSignal, forever, seed_everything
@@ -100,6 +111,10 @@ class FinetuneConfig:
     compile: bool = False  # torch.compile the encoder; batches are padded to multiples of 16 (few shapes)
     cuda_graphs: bool = False  # with compile on CUDA: replay each shape as a CUDA graph (short sequences)
     num_workers: int = 0  # DataLoader worker processes
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
+    weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU"""
+    dist_timeout_s: float = DEFAULT_TIMEOUT_S  # seconds a rank waits for the others before failing
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
@@ -128,6 +143,8 @@ class FinetuneConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.epochs <= 0 or self.lr <= 0:
             raise ValueError(f"epochs and lr must be positive, got epochs={self.epochs}, lr={self.lr}")
+        if self.dist_timeout_s <= 0:
+            raise ValueError(f"dist_timeout_s must be positive, got {self.dist_timeout_s}")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if len(self.betas) != 2:
@@ -144,13 +161,17 @@ def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torc
                                generator=torch.Generator().manual_seed(cfg.seed))
 
 
-def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path) -> None:
-    """best/: the HF model folder plus tokenizer, label names and the task settings."""
+def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
+              state: dict[str, torch.Tensor] | None = None) -> None:
+    """best/: the HF model folder plus tokenizer, label names and the task settings.
+
+    state: the full state dict `collect_state` gathered (an FSDP2 model holds only shards).
+    Call on rank 0 only."""
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     for leftover in (tmp, old):  # from a run killed while saving
         if leftover.exists():
             shutil.rmtree(leftover)
-    model.save_pretrained(tmp)
+    save_model(model, tmp, state)
     tokenizer.save(tmp)
     write_model_metadata(tmp, task.metadata())
     if task.name == "similarity" and task.s.similarity_mode == "bi-encoder":
@@ -167,11 +188,18 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
+    Under torchrun every rank calls this; if another rank dies or stalls for longer than
+    `dist_timeout_s`, the others stop with a one-line `DistributedError`.
     """
+    init_distributed(cfg.dist_timeout_s)
+    with collective_errors(cfg.dist_timeout_s):
+        return _finetune(cfg, resume)
+
+
+def _finetune(cfg: FinetuneConfig, resume: str | None) -> dict[str, Any]:
     from bert_kit.tokenizer import get_tokenizer
 
     t0 = time.time()
-    init_distributed()
     main = is_main()
     out = Path(cfg.output_dir)
     ckpt_dir = out / "checkpoints"
@@ -180,7 +208,7 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
     checkpoint = resolve_checkpoint(resume, out) if resume else None
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed)  # the same head init on every rank
     if not cfg.model:
         raise ValueError("model is empty: name a model folder or a preset (model=path/to/bert)")
     if not cfg.train_file:
@@ -198,19 +226,31 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
     if not train_items:
         raise ValueError(f"{cfg.train_file}: no training examples")
-    model = task.build(cfg.model).to(device)
+    model = task.build(cfg.model)
+    sharded = cfg.parallel == "fsdp" and world_size() > 1
+    if sharded and precision.use_grad_scaler:
+        raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
+                         "gradients): set precision=bf16 or precision=fp32")
+    if not sharded:
+        model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
     if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
         mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
         (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
+    param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
+    wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
+    if world_size() > 1:
+        torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
+    # after wrapping: FSDP2 has replaced the parameters by their shards
     optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
-    loader = make_loader(task, train_items, cfg, device)
+    loader = make_loader(task, train_items, cfg, device)  # this rank's shard: len(loader) shrinks with N
     steps_per_epoch = max(1, len(loader) // cfg.grad_accum)
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_fraction * total)
     scheduler = create_scheduler(optimizer, warmup, total, cfg.schedule)
-    trainer = AMPTrainer(wrap_model(model, device), optimizer, scheduler, precision, cfg.grad_accum, cfg.clip_grad)
+    trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, cfg.grad_accum, cfg.clip_grad)
     eval_every = cfg.eval_every or steps_per_epoch
     save_every = cfg.save_every or eval_every
+    global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
 
     step, best, history = 0, {"value": -math.inf, "step": None, "metrics": None}, []
     resume_state = None
@@ -220,9 +260,13 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
         step = trainer.step = int(resume_state["step"])
         best, history = resume_state.get("best") or best, list(resume_state.get("history") or [])
         data = resume_state["data"]
+        if "loader" not in data:  # an older checkpoint that stored the loader state alone
+            data = {"loader": data}
+        # counted in examples: a run saved by N ranks continues on any number of ranks
+        position = resume_position(data, global_micro_batch)
         # a checkpoint taken right after an epoch's last batch continues with the next epoch
-        done = data["batch_index"] >= len(loader)
-        loader.load_state_dict({"epoch": data["epoch"] + 1, "batch_index": 0} if done else data)
+        done = position["batch_index"] >= len(loader)
+        loader.load_state_dict({"epoch": position["epoch"] + 1, "batch_index": 0} if done else position)
     # QA trains and scores windows ("features"); a long context gives several per question
     unit = "features" if task.name == "qa" else "examples"
     n_eval = len(eval_items or [])
@@ -231,14 +275,17 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
         if checkpoint is not None:
             truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
         where = f", resuming from {checkpoint} at step {step}" if checkpoint else ""
+        ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
         print(f"task {task.name}: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
               f"parameters, {len(train_items)} train / {n_eval} eval {unit}, {total} steps "
-              f"({steps_per_epoch} per epoch){where}", flush=True)
+              f"({steps_per_epoch} per epoch, global batch {global_micro_batch * cfg.grad_accum}){ranks}{where}",
+              flush=True)
 
-    def evaluate_now() -> dict[str, Any]:
-        """Validation metrics on rank 0 (others wait at the barrier that follows)."""
-        metrics = task.evaluate(trainer.raw_model, eval_items, precision) if main else {}
-        return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    def write_best() -> None:
+        """best/ from the current weights; every rank calls it (FSDP2 gathers the shards)."""
+        collected = collect_state(model)
+        if main:
+            save_best(model, tokenizer, task, out / "best", collected.get("model"))
 
     # 2. the loop: one iteration = one optimizer step of grad_accum micro-batches
     logger = ProgressLogger(out, total, step, enabled=main, tensorboard=cfg.tensorboard, desc=f"finetune {task.name}")
@@ -248,7 +295,7 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     try:
         with StopSignal() as stop:
             if resume_state is not None:
-                set_rng_state(resume_state["rng"])  # last thing before training continues
+                restore_rng_state(resume_state)  # last thing before training continues
             batches = forever(loader)
             while step < total:
                 t_step, lr = time.time(), trainer.lr
@@ -264,37 +311,40 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
                 last_losses = (last_losses + [loss])[-50:]
                 logger.update(step, loss=loss, lr=lr)
                 if step % cfg.log_every == 0 or step == total or step == 1:
-                    logger.log("train", step, loss=window["loss"] / window["n"], lr=lr,
-                               grad_norm=float(trainer.last["grad_norm"]), epoch=step / steps_per_epoch,
+                    # every rank reaches this step: the loss is averaged over all of them
+                    logger.log("train", step, loss=all_reduce_mean(window["loss"] / window["n"]), lr=lr,
+                               grad_norm=float(full_value(trainer.last["grad_norm"])), epoch=step / steps_per_epoch,
                                examples_per_s=window["examples"] * world_size() / max(window["time"], 1e-9))
                     train_examples += window["examples"] * world_size()
                     train_time += window["time"]
                     window = dict.fromkeys(window, 0)
 
-                # evaluate every epoch (or eval_every steps); keep best/ by the validation metric
+                # evaluate every epoch (or eval_every steps); keep best/ by the validation metric.
+                # Every rank scores its share and gets all predictions, so all hold the same metrics.
                 if eval_items is not None and (step % eval_every == 0 or step == total):
-                    metrics = evaluate_now()
-                    if main:
-                        if task.metric not in metrics:
-                            raise KeyError(f"metric {task.metric!r} is not among the validation metrics "
-                                           f"{sorted(metrics)}")
-                        history.append({"step": step, "epoch": round(step / steps_per_epoch, 3), **metrics})
-                        logger.log("eval", step, **metrics)
-                        improved = metrics[task.metric] > best["value"]
-                        if improved:
-                            best = {"value": metrics[task.metric], "step": step, "metrics": metrics}
-                            save_best(trainer.raw_model, tokenizer, task, out / "best")
-                        logger.message(f"step {step}: {task.metric} {metrics[task.metric]:.4f}"
-                                       f"{' (best, saved best/)' if improved else ''}")
-                    barrier()
+                    metrics = task.evaluate(trainer.raw_model, eval_items, precision)
+                    metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+                    if task.metric not in metrics:
+                        raise KeyError(f"metric {task.metric!r} is not among the validation metrics {sorted(metrics)}")
+                    history.append({"step": step, "epoch": round(step / steps_per_epoch, 3), **metrics})
+                    logger.log("eval", step, **metrics)
+                    improved = metrics[task.metric] > best["value"]
+                    if improved:
+                        best = {"value": metrics[task.metric], "step": step, "metrics": metrics}
+                        write_best()
+                    logger.message(f"step {step}: {task.metric} {metrics[task.metric]:.4f}"
+                                   f"{' (best, saved best/)' if improved else ''}")
 
                 stopping = any_rank(stop.signum is not None)
                 if stopping or step == total or step % save_every == 0:
+                    collected = collect_state(model, optimizer)  # every rank: gathers FSDP2 shards, RNG states
                     if main:
+                        data_state = {"loader": loader.state_dict(), "world_size": world_size(),
+                                      "global_micro_batch": global_micro_batch}
                         path = save_checkpoint(ckpt_dir, step, model, tokenizer=tokenizer, optimizer=optimizer,
                                                scheduler=scheduler, scaler=trainer.scaler, run_config=run_config,
-                                               data_state=loader.state_dict(), keep_last=cfg.keep_last,
-                                               extra={"best": best, "history": history})
+                                               data_state=data_state, keep_last=cfg.keep_last,
+                                               extra={"best": best, "history": history}, collected=collected)
                         logger.message(f"step {step}: saved {path}")
                     barrier()
                 if stopping:
@@ -302,6 +352,9 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
                     break
         train_examples += window["examples"] * world_size()
         train_time += window["time"]
+        # 3. without validation data the last model is the one kept
+        if eval_items is None and stopped is None:
+            write_best()
     except NonFiniteLossError as e:
         last = latest_checkpoint(ckpt_dir)
         logger.log("error", e.step, message=str(e))
@@ -311,18 +364,17 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     finally:
         logger.close()
 
-    # 3. without validation data the last model is the one kept
-    if eval_items is None and stopped is None and main:
-        save_best(trainer.raw_model, tokenizer, task, out / "best")
+    # train losses averaged over ranks (each rank trained as many steps)
+    train_loss = all_reduce_mean(float(np.mean(last_losses))) if last_losses else None
+    first_loss = all_reduce_mean(first_loss) if first_loss is not None else None
     results = {
         "task": task.name, "model": cfg.model, "metric": task.metric,
         "best_value": best["value"] if best["step"] else None,
         "best_step": best["step"], "best_metrics": best["metrics"], "final_metrics": history[-1] if history else None,
-        "history": history, "initial_train_loss": first_loss,
-        "train_loss": float(np.mean(last_losses)) if last_losses else None, "steps": step,
+        "history": history, "initial_train_loss": first_loss, "train_loss": train_loss, "steps": step,
         "epochs": round(step / steps_per_epoch, 3), f"train_{unit}": len(train_items), f"eval_{unit}": n_eval,
         "examples_per_second": train_examples / train_time if train_time else None,
-        "precision": str(precision), "stopped": stopped, "output_dir": str(out),
+        "precision": str(precision), "world_size": world_size(), "stopped": stopped, "output_dir": str(out),
         "best_model": str(out / "best") if (out / "best").is_dir() else None, "wall_time_s": None,
     }
     if main:
@@ -369,15 +421,19 @@ def load_run_config(args: argparse.Namespace) -> FinetuneConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args)
+    main = True
     try:
         results = finetune(cfg, resume=args.resume)
-    except NonFiniteLossError as e:
+        main = is_main()  # asked before leaving the group: afterwards every process is "rank 0"
+    except (NonFiniteLossError, DistributedError) as e:
         print(f"bert-kit finetune: error: {e}", file=sys.stderr)
         return 1
-    if args.output and is_main():
+    finally:
+        cleanup()  # leave the process group (torchrun runs)
+    if args.output and main:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    if is_main():
+    if main:
         summary = {k: results[k] for k in ("task", "metric", "best_value", "best_step", "steps", "train_loss",
                                             "best_model", "wall_time_s")}
         print(json.dumps(summary, indent=2))

@@ -13,7 +13,9 @@ answers (labels, word tags, spans, scores; `predict.py` reads the prediction inp
 |                      |                           | bi-encoder: BERTModel, cosine  |               |
 
 The loop in `finetune.py` is the same for all four; `settings` is a `FinetuneConfig` (or any
-object with its fields). A saved model folder records its task in config.json (`bert_kit` key:
+object with its fields). Under torchrun every rank evaluates: `Task.outputs` (and the bi-encoder's
+scores) run each rank's share of the examples and gather all outputs on every rank, so every
+rank computes the same metrics in 1/N of the time. A saved model folder records its task in config.json (`bert_kit` key:
 task, max_length, similarity_mode, pooling) and its label names in `id2label`, so `evaluate`
 and `predict` need only the folder.
 """
@@ -30,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bert_kit.data.classification import ClassificationDataset, pad_collate, read_classification_file
+from bert_kit.distributed import all_gather_object, rank, world_size
 from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.heads import BERTForQuestionAnswering, BERTForSequenceClassification, BERTForTokenClassification
 from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
@@ -145,6 +148,27 @@ def encode(model: nn.Module, batch: dict, unpadded: bool, suffix: str = "") -> A
                  batch.get("token_type_ids" + suffix), unpadded=unpadded)
 
 
+def shard_and_gather(items: Sequence[Any], fn: Callable[[list], Sequence[Any]]) -> list[Any]:
+    """`fn` over this rank's share of `items`; its results for all items, in order, on every rank.
+
+    A single process runs `fn(items)`. With several ranks this is collective (every rank calls it
+    with the same items): rank r takes items r, r + N, r + 2N, ... and the shares are padded with
+    copies of the first item to equal length, so every rank runs as many batches (FSDP2's forward
+    gathers weights from all ranks, so a rank with one batch less would leave the others waiting).
+    `fn(list)` returns one result per item; results must be picklable.
+    """
+    world = world_size()
+    if world <= 1 or not items:
+        return list(fn(list(items)))
+    share = list(items[rank()::world])
+    n = len(share)
+    share += [items[0]] * (-(-len(items) // world) - n)
+    out: list[Any] = [None] * len(items)
+    for r, results in enumerate(all_gather_object(list(fn(share))[:n])):
+        out[r::world] = results
+    return out
+
+
 def _label_names(meta_names: Sequence[str] | None, n: int) -> list[str]:
     return list(meta_names) if meta_names else [str(i) for i in range(n)]
 
@@ -195,7 +219,13 @@ class Task:
                              f"--task {self.name}): {e}") from None
 
     def outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
-        """fn(model, device batch) -> tensor (B, ...) for each example, in the order of `items`."""
+        """fn(model, device batch) -> tensor (B, ...) for each example, in the order of `items`.
+
+        Under torchrun each rank runs its share and all rows are gathered (`shard_and_gather`):
+        every rank must call this, with the same items."""
+        return shard_and_gather(items, lambda share: self._outputs(model, share, precision, fn))
+
+    def _outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
         was_training = model.training
         model.eval()
         out: list = [None] * len(items)
@@ -505,8 +535,10 @@ class SimilarityTask(Task):
             encoder = SentenceEncoder(model, self.tokenizer, self.s.pooling, True, self.s.max_length,
                                       precision.device, unpadded=True)
             was_training = model.training
-            try:
-                return encoder.similarity(s1, s2, self.s.eval_batch_size)
+            try:  # under torchrun each rank scores its share of the pairs
+                scores = shard_and_gather(list(zip(s1, s2)), lambda pairs: encoder.similarity(
+                    [a for a, _ in pairs], [b for _, b in pairs], self.s.eval_batch_size).tolist())
+                return np.asarray(scores, dtype=np.float64)
             finally:
                 model.train(was_training)
         items = self._items(s1, s2, None)

@@ -7,7 +7,8 @@
 `steps` trains the tiny model of `train_fixed` on fixed batches with DDP and with FSDP2 (each
 rank takes its half of every global micro-batch), straight and resumed from REF_CHECKPOINT,
 and records one epoch of the pretraining loader and of a streaming dataset on each rank.
-`fault` runs the `bert-kit` command line with rank 1 exiting (die) or hanging (stall) at STEP.
+`fault` runs the `bert-kit` command line (pretrain or finetune) with rank 1 exiting (die) or
+hanging (stall) at STEP.
 The single-process side of each comparison calls the same functions inside pytest.
 """
 
@@ -136,6 +137,7 @@ def steps(out: Path, reference: Path) -> None:
 
 def fault(kind: str, at_step: int, argv: list[str]) -> int:
     """The `bert-kit` command line; rank 1 exits at once (die) or hangs (stall) at `at_step`."""
+    import bert_kit.finetune
     import bert_kit.pretrain
     from bert_kit.cli import main
     from bert_kit.progress import ProgressLogger
@@ -149,7 +151,7 @@ def fault(kind: str, at_step: int, argv: list[str]) -> int:
                     os._exit(3)  # no cleanup, no goodbye: as a crash or an OOM kill
                 time.sleep(600)
 
-    bert_kit.pretrain.ProgressLogger = Faulty
+    bert_kit.pretrain.ProgressLogger = bert_kit.finetune.ProgressLogger = Faulty
     return main(argv)
 
 
