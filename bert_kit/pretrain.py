@@ -11,11 +11,14 @@ the run before the bad update, leaving the last good checkpoint as it was. Resum
 weights, optimizer, schedule, loss scaler, RNG states and the data position, so on CPU a resumed
 run reproduces the uninterrupted one exactly.
 
-Data: with `nsp: true`, documents are split into sentences and paired as BERT did
-(`NSPDataset`); with `nsp: false` the corpus is tokenised once into an on-disk `TokenCache`
-and packed into full-length blocks (`packing: true`, RoBERTa style) or truncated per document.
-Two-phase schedules (`phases`) switch sequence length and batch size part-way, as BERT's
-128 -> 512 recipe; the learning-rate schedule spans all phases.
+Data (bert_kit/pretrain_data.py): with `nsp: true`, documents are split into sentences and
+paired as BERT did (`NSPDataset`); with `nsp: false` the corpus is tokenised once into an on-disk
+`TokenCache` and packed into full-length blocks (`packing: true`, RoBERTa style) or truncated
+per document. With `streaming: true` (MLM only) corpora bigger than memory are read lazily
+through a seeded shuffle buffer, sharded by rank and DataLoader worker and tokenised on the fly;
+a resumed stream skips the examples each rank consumed, and with the same seed sees exactly the
+examples an uninterrupted run would have. Two-phase schedules (`phases`) switch sequence length
+and batch size part-way, as BERT's 128 -> 512 recipe; the learning-rate schedule spans all phases.
 
 Several processes: `torchrun --nproc_per_node N -m bert_kit pretrain --config ...` runs the same
 command on N ranks (docs/distributed.md). Each rank reads its own shard of every epoch, the
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import signal
 import sys
@@ -40,23 +42,23 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Subset
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
 from bert_kit.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model)
+                                 resolve_checkpoint, restore_rng_state, save_checkpoint, save_model)
 from bert_kit.config import BertConfig
 from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
                                   collective_errors, full_value, init_distributed, is_main, rank, world_size,
                                   wrap_model)
 from bert_kit.optim import create_optimizer, create_scheduler
 from bert_kit.precision import resolve_precision
+# CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
+from bert_kit.pretrain_data import (CORPUS_MODES, forever, load_corpus, loader_state, make_datasets,  # noqa: F401
+                                    make_loader, phase_loaders, prepare_tokenizer)
 from bert_kit.progress import ProgressLogger, plot_losses, read_metrics, truncate_metrics
 from bert_kit.runconfig import add_config_arguments, config_from_dict, config_to_dict, load_config, save_config
 from bert_kit.training import compute_mlm_loader_loss
 
-# corpus_format -> mode of bert_kit.data.corpus.read_documents
-CORPUS_MODES = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikitext": "wikitext"}
 PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
 TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
 
@@ -79,6 +81,11 @@ class PretrainConfig:
     text_field: str = "text"  # JSONL field holding the text
     nsp: bool = True  # next-sentence prediction (sentence pairs); false: MLM only
     packing: bool = True  # MLM only: pack documents into full max_length blocks
+    streaming: bool = False
+    """read train_files lazily, for corpora bigger than memory: shuffled through a seeded buffer,
+    sharded by rank and DataLoader worker, tokenised on the fly; no token cache. MLM only
+    (nsp: false); evaluates on eval_files, which it needs"""
+    shuffle_buffer: int = 10000  # streaming: documents held for shuffling (more: better mixed, more memory)
     mask_probability: float = 0.15  # share of tokens chosen for MLM (80% [MASK], 10% random, 10% kept)
     whole_word_masking: bool = False  # mask all WordPieces of a chosen word together
     short_seq_prob: float = 0.1  # NSP: share of pairs with a shorter random target length
@@ -121,7 +128,7 @@ class PretrainConfig:
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "max_length", "log_every"):
+        for name in ("batch_size", "grad_accum", "max_steps", "max_length", "log_every", "shuffle_buffer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "eval_batches", "save_every", "keep_last", "num_workers"):
@@ -145,6 +152,12 @@ class PretrainConfig:
                 raise ValueError(f"phases[{i}]: needs a fraction in (0, 1], got {phase.get('fraction')!r}")
         if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
             raise ValueError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+        if self.streaming and self.nsp:
+            raise ValueError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
+                             "set nsp: false")
+        if self.streaming and not self.eval_files:
+            raise ValueError("streaming: true needs eval_files (a stream has no tail to hold out with "
+                             "eval_fraction): name held-out text files")
         if self.train_tokenizer is not None:
             unknown = sorted(set(self.train_tokenizer) - set(TOKENIZER_TRAIN_KEYS))
             if unknown:
@@ -185,29 +198,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # CPU and every CUDA device
 
 
-def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -> Any:
-    """The run's tokenizer: from the checkpoint being resumed, a folder, or trained on the corpus."""
-    from bert_kit.data.corpus import iter_documents
-    from bert_kit.tokenizer import get_tokenizer, train_tokenizer
-
-    if checkpoint is not None and (checkpoint / "tokenizer.json").is_file():
-        return get_tokenizer(checkpoint)
-    if cfg.tokenizer:
-        return get_tokenizer(cfg.tokenizer)
-    if cfg.train_tokenizer is not None:
-        folder = out / "tokenizer"
-        if is_main():
-            opts = {"min_frequency": 2, **cfg.train_tokenizer}
-            print(f"training a WordPiece tokenizer on {cfg.train_files} ({opts})", flush=True)
-            texts = iter_documents(cfg.train_files, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
-            train_tokenizer(texts=texts, **opts).save(folder)
-        barrier()
-        return get_tokenizer(folder)
-    if isinstance(cfg.model, str) and Path(cfg.model).is_dir():
-        return get_tokenizer(cfg.model)
-    raise ValueError("no tokenizer: set `tokenizer: FOLDER` or `train_tokenizer: {vocab_size: N}`")
-
-
 def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
     """BERTForPreTraining (with NSP) or BERTForMaskedLM, sized to the tokenizer's vocabulary."""
     from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
@@ -240,116 +230,6 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
         raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
     return model
-
-
-def _split_sentences_tokenized(documents: list[str], tokenizer: Any) -> list[list[list[int]]]:
-    """Documents -> sentences -> token ids (no special tokens), in one batched tokenizer call."""
-    from bert_kit.data.corpus import plain_backend
-    from bert_kit.data.pretraining import split_sentences
-
-    sentences = [split_sentences(d) for d in documents]
-    flat = [s for doc in sentences for s in doc]
-    ids = iter(e.ids for e in plain_backend(tokenizer).encode_batch(flat, add_special_tokens=False))
-    return [[next(ids) for _ in doc] for doc in sentences]
-
-
-def _read(files: list[str], cfg: PretrainConfig) -> list[str]:
-    from bert_kit.data.corpus import read_documents, resolve_files
-
-    docs = []
-    for f in resolve_files(files):
-        try:
-            docs += read_documents(f, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{f}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    if not docs:
-        raise ValueError(f"no documents in {files} (corpus_format={cfg.corpus_format})")
-    return docs
-
-
-def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any]:
-    """Tokenise the corpus once. NSP: lists of tokenised sentences per document (train and
-    eval split by document); MLM only: on-disk TokenCaches (the eval split happens later)."""
-    from bert_kit.data.corpus import tokenize_to_cache
-
-    if not cfg.train_files:
-        raise ValueError("train_files is empty: name the training text files")
-    if cfg.nsp:
-        train = _split_sentences_tokenized(_read(cfg.train_files, cfg), tokenizer)
-        evals = _split_sentences_tokenized(_read(cfg.eval_files, cfg), tokenizer) if cfg.eval_files else None
-        if evals is None and cfg.eval_fraction > 0:
-            k = max(2, math.ceil(cfg.eval_fraction * len(train)))  # NSP pairs need two documents
-            if len(train) - k < 2:
-                raise ValueError(f"{cfg.train_files}: {len(train)} documents are too few to hold out "
-                                 f"{k} for evaluation with NSP; set eval_files, eval_fraction=0 or nsp=false")
-            train, evals = train[:-k], train[-k:]
-        return {"train": train, "eval": evals}
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "token_cache"
-    mode = CORPUS_MODES[cfg.corpus_format]
-
-    def cache(files: list[str]) -> Any:
-        try:
-            if is_main():  # one process tokenises; the others then load the finished cache
-                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field)
-            barrier()
-            result = tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, progress=False)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{files}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-        if result.num_tokens == 0:
-            raise ValueError(f"no text in {files} (corpus_format={cfg.corpus_format})")
-        return result
-
-    return {"train": cache(cfg.train_files), "eval": cache(cfg.eval_files) if cfg.eval_files else None}
-
-
-def make_datasets(cfg: PretrainConfig, corpus: dict, tokenizer: Any, max_length: int) -> tuple[Any, Any]:
-    """(train, eval or None) datasets for one sequence length."""
-    from bert_kit.data.pretraining import MLMDataset, NSPDataset, PackedDataset
-
-    def build(source: Any) -> Any:
-        if cfg.nsp:
-            return NSPDataset(source, tokenizer, max_length, seed=cfg.seed, short_seq_prob=cfg.short_seq_prob)
-        if cfg.packing:
-            return PackedDataset(source, max_length, tokenizer=tokenizer)
-        return MLMDataset([source.document(i) for i in range(source.num_documents)], tokenizer, max_length)
-
-    train = build(corpus["train"])
-    evals = build(corpus["eval"]) if corpus["eval"] is not None else None
-    if evals is None and not cfg.nsp and cfg.eval_fraction > 0 and len(train) >= 2:
-        k = max(1, math.ceil(cfg.eval_fraction * len(train)))  # the tail of the corpus
-        train, evals = Subset(train, range(len(train) - k)), Subset(train, range(len(train) - k, len(train)))
-    return train, evals
-
-
-def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: int, train: bool,
-                device: torch.device) -> Any:
-    """A resumable loader: shuffled order and masks are functions of (seed, epoch, batch index)."""
-    from bert_kit.data.masking import DataCollatorForMLM
-    from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader
-
-    seed = cfg.seed if train else cfg.seed + 1
-    # one shuffled order shared by all ranks, each taking every world_size-th example of it
-    sampler = DistributedResumableSampler(len(dataset), shuffle=train, seed=seed, rank=rank(),
-                                          world_size=world_size(), drop_last=train)
-    # masks: a stream per rank (rank 0's is the single-process one); multiples of 8 suit tensor cores
-    collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
-                                  pad_to_multiple_of=8, seed=seed + 1_000_003 * rank())
-    if len(sampler) == 0:
-        kind = "training" if train else "evaluation"
-        raise ValueError(f"no {kind} sequences for {world_size()} process(es); add text")
-    # a tiny corpus (fewer sequences than a batch) still trains: every step then sees all of it
-    drop_last = train and len(sampler) >= batch_size
-    # an own generator: creating an iterator then never draws from the global RNG (dropout),
-    # which keeps a resumed run on the exact random stream of an uninterrupted one
-    return ResumableDataLoader(dataset, sampler, batch_size=batch_size, collate_fn=collator,
-                               num_workers=cfg.num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
-                               generator=torch.Generator().manual_seed(seed))
-
-
-def forever(loader: Any):
-    """Batches across epochs; the loader moves to the next epoch by itself."""
-    while True:
-        yield from loader
 
 
 def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None) -> dict[str, float]:
@@ -401,7 +281,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     checkpoint = resolve_checkpoint(resume, out) if resume else None
     seed_everything(cfg.seed)
 
-    # 1. tokenizer, corpus (tokenised once for all phases) and model
+    # 1. tokenizer, corpus (tokenised once for all phases, or only located when streamed) and model
     phases = plan_phases(cfg)
     tokenizer = prepare_tokenizer(cfg, out, checkpoint)
     corpus = load_corpus(cfg, tokenizer, out)
@@ -453,20 +333,11 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
             if resume_state is not None:
                 restore_rng_state(resume_state)  # last thing before training continues
             while step < cfg.max_steps:
-                # (a) the data of this phase; after a resume, continue at the saved batch
+                # (a) the data of this phase; after a resume, continue at the saved position
                 if phase is None or step >= phase.end:
                     phase = next(p for p in phases if p.start <= step < p.end)
-                    train_ds, eval_ds = make_datasets(cfg, corpus, tokenizer, phase.max_length)
-                    loader = make_loader(cfg, train_ds, tokenizer, phase.batch_size, True, device)
-                    eval_loader = (make_loader(cfg, eval_ds, tokenizer, phase.batch_size, False, device)
-                                   if eval_ds is not None else None)
                     data = (resume_state or {}).get("data")
-                    if data and data["phase"] == phase.index:
-                        position = resume_position(data, phase.batch_size * world_size())
-                        # a checkpoint taken right after an epoch's last batch continues with the next epoch
-                        at_end = position["batch_index"] >= len(loader)
-                        next_epoch = {"epoch": position["epoch"] + 1, "batch_index": 0}
-                        loader.load_state_dict(next_epoch if at_end else position)
+                    loader, eval_loader, about = phase_loaders(cfg, corpus, tokenizer, phase, device, data)
                     resume_state = None
                     batches = forever(loader)
                     trainer.grad_accum = phase.grad_accum
@@ -474,7 +345,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                     logger.message(f"phase {phase.index}: steps {phase.start}-{phase.end}, "
                                    f"max_length {phase.max_length}, global batch {global_batch} sequences "
                                    f"(batch {phase.batch_size} x grad_accum {phase.grad_accum} x {world_size()} "
-                                   f"rank(s)), {len(train_ds)} train / {len(eval_ds) if eval_ds else 0} eval sequences")
+                                   f"rank(s)), {about}")
 
                 # (b) forward/backward over the micro-batches; the trainer steps the optimizer
                 t_step, lr = time.time(), trainer.lr
@@ -525,9 +396,8 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                 stopping = any_rank(stop.signum is not None)
                 if stopping or step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
                     collected = collect_state(model, optimizer)  # every rank: gathers FSDP2 shards, RNG states
+                    data_state = loader_state(loader, phase)  # every rank: a stream gathers each rank's position
                     if main:
-                        data_state = {"phase": phase.index, "loader": loader.state_dict(), "world_size": world_size(),
-                                      "global_micro_batch": phase.batch_size * world_size()}
                         path = save_checkpoint(ckpt_dir, step, model, tokenizer=tokenizer, optimizer=optimizer,
                                                scheduler=scheduler, scaler=trainer.scaler, run_config=run_config,
                                                data_state=data_state, keep_last=cfg.keep_last, collected=collected)
@@ -555,9 +425,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
         }
         if stopped is None and eval_loader is None and step > 0:
             # resumed at the very end (a crash after the last checkpoint): still evaluate
-            _, eval_ds = make_datasets(cfg, corpus, tokenizer, phases[-1].max_length)
-            if eval_ds is not None:
-                eval_loader = make_loader(cfg, eval_ds, tokenizer, phases[-1].batch_size, False, device)
+            _, eval_loader, _ = phase_loaders(cfg, corpus, tokenizer, phases[-1], device)
         if stopped is None and eval_loader is not None:
             metrics = evaluate(trainer.raw_model, eval_loader, precision, None)
             logger.log("eval", step, **metrics, final=True)

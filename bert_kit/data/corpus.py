@@ -5,7 +5,9 @@
   a directory, a glob or a list of those. `iter_documents` is the lazy version.
 * `StreamingTextDataset` is an IterableDataset for corpora bigger than memory: it reads lazily,
   shuffles through a seeded buffer and shards by (rank, world_size) and DataLoader worker, so
-  every example is produced exactly once per epoch across all ranks and workers.
+  every example is produced exactly once per epoch across all ranks and workers; with a
+  tokenizer it tokenises on the fly (truncated, or packed into full blocks) and can skip the
+  examples a resumed run has already seen.
 * `tokenize_to_cache(files, tokenizer, cache_dir)` tokenises once into a flat memory-mapped
   token array plus int64 document offsets; later calls with unchanged files and tokenizer load
   it instantly. `TokenCache.document(i)` is a cheap slice, so map-style datasets over it can
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import glob as globlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -207,10 +210,19 @@ class StreamingTextDataset(IterableDataset):
     Example k of the corpus (in file order) belongs to shard k mod (world_size * num_workers);
     shard number rank * num_workers + worker_id, so each example is yielded exactly once per epoch
     over all ranks and workers. The shuffle buffer (RNG seeded from seed, epoch and shard) holds
-    `buffer_size` examples: bigger means better mixing and more memory. Call `set_epoch` each epoch.
+    `buffer_size` documents: bigger means better mixing and more memory. Call `set_epoch` each
+    epoch: every epoch restarts the stream in a new order.
 
-    Yields strings, or, with a tokenizer, dicts {"input_ids": [CLS] ids [SEP]} truncated to
-    `max_length`, ready for `DataCollatorForMLM`.
+    Yields strings, or, with a tokenizer, dicts ready for `DataCollatorForMLM`: input_ids
+    [CLS] ids [SEP] truncated to `max_length`; with `packing`, full blocks of the shard's stream
+    doc [SEP] doc [SEP] ... as `PackedDataset` cuts them ([CLS] + max_length - 1 tokens, only
+    the last block short) plus sequence_ids (L,) numbering the documents of a block. Each dict
+    also names its "worker" and "position" (examples of its shard yielded this epoch, itself
+    included), which `StreamingDataLoader` records to resume.
+
+    Resuming: `set_epoch(epoch, skip=n)` passes over the first n examples of each shard. The
+    order is a function of (seed, epoch, shard) alone, so with the same seed the examples that
+    follow are exactly those an uninterrupted run would have seen next.
     """
 
     def __init__(
@@ -225,10 +237,16 @@ class StreamingTextDataset(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        packing: bool = False,
     ) -> None:
         super().__init__()
         self.files = resolve_files(files)  # fail early on a missing file
-        self.tokenizer, self.max_length = tokenizer, max_length
+        _mode_for(self.files[0], mode)  # and on an unknown mode
+        if packing and tokenizer is None:
+            raise ValueError("packing=True needs a tokenizer")
+        if tokenizer is not None and max_length < 3:
+            raise ValueError(f"max_length must be >= 3, got {max_length}")
+        self.tokenizer, self.max_length, self.packing = tokenizer, max_length, packing
         self.mode, self.text_field = mode, text_field
         self.buffer_size, self.shuffle, self.seed = max(1, buffer_size), shuffle, seed
         dist = torch.distributed
@@ -238,32 +256,48 @@ class StreamingTextDataset(IterableDataset):
                            else (dist.get_world_size() if initialized else 1))
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
-        self.epoch = 0
+        self.set_epoch(0)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def set_epoch(self, epoch: int, skip: int | Sequence[int] = 0, first_worker: int = 0) -> None:
+        """Start `epoch` (its own shuffle order). To resume mid-epoch, `skip` examples of each
+        shard (one count, or one per DataLoader worker) and let DataLoader worker w serve the
+        shard of worker (w + first_worker) mod num_workers, so that worker's batch comes first."""
+        self.epoch, self.skip, self.first_worker = int(epoch), skip, int(first_worker)
 
     def _shard_items(self, shard: int, num_shards: int) -> Iterator[str]:
-        stream = iter_documents(self.files, self.mode, self.text_field)
-        for k, text in enumerate(stream):
-            if k % num_shards == shard:
-                yield text
+        k = 0
+        for file in self.files:
+            try:
+                for text in _iter_file(file, _mode_for(file, self.mode), self.text_field, "utf-8"):
+                    if k % num_shards == shard:
+                        yield text
+                    k += 1
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{file}: not UTF-8 text (byte {e.start}: {e.reason})") from None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        n_workers = info.num_workers if info is not None else 1
+        worker = ((info.id if info is not None else 0) + self.first_worker) % n_workers
+        if isinstance(self.skip, int):
+            skip = self.skip
+        elif len(self.skip) == n_workers:
+            skip = int(self.skip[worker])
+        else:
+            raise ValueError(f"skip has {len(self.skip)} counts for {n_workers} DataLoader worker(s)")
         shard = self.rank * n_workers + worker
         items = self._shard_items(shard, self.world_size * n_workers)
         if self.shuffle:
             items = self._buffered(items, random.Random(_mix(self.seed, self.epoch, shard)))
         if self.tokenizer is None:
-            yield from items
+            yield from itertools.islice(items, skip, None)
             return
-        backend = plain_backend(self.tokenizer)
-        cls_id, sep_id = int(self.tokenizer.cls_token_id), int(self.tokenizer.sep_token_id)
-        for text in items:
-            ids = backend.encode(text, add_special_tokens=False).ids[: self.max_length - 2]
-            yield {"input_ids": [cls_id, *ids, sep_id]}
+        if self.packing:  # block boundaries depend on every earlier document: tokenise them all
+            examples = itertools.islice(self._packed(items), skip, None)
+        else:  # one example per document: skip before tokenising
+            examples = self._truncated(itertools.islice(items, skip, None))
+        for position, example in enumerate(examples, start=skip + 1):
+            yield {**example, "worker": worker, "position": position}
 
     def _buffered(self, items: Iterator[str], rng: random.Random) -> Iterator[str]:
         buffer: list[str] = []
@@ -277,6 +311,44 @@ class StreamingTextDataset(IterableDataset):
             buffer[j] = item
         rng.shuffle(buffer)
         yield from buffer
+
+    def _encoded(self, texts: Iterator[str]) -> Iterator[list[int]]:
+        """Token ids of each text, without special tokens."""
+        backend = plain_backend(self.tokenizer)
+        if get_worker_info() is not None:
+            # tokenizers turns its thread pool off in forked workers: they are the parallelism
+            for text in texts:
+                yield backend.encode(text, add_special_tokens=False).ids
+            return
+        while chunk := list(itertools.islice(texts, 64)):  # batched calls use every core
+            yield from _encode_documents(backend, chunk)
+
+    def _truncated(self, texts: Iterator[str]) -> Iterator[dict[str, list[int]]]:
+        cls_id, sep_id = int(self.tokenizer.cls_token_id), int(self.tokenizer.sep_token_id)
+        for ids in self._encoded(texts):
+            yield {"input_ids": [cls_id, *ids[: self.max_length - 2], sep_id]}
+
+    def _packed(self, texts: Iterator[str]) -> Iterator[dict[str, list[int]]]:
+        cls_id, sep_id = int(self.tokenizer.cls_token_id), int(self.tokenizer.sep_token_id)
+        size = self.max_length - 1  # stream tokens per block, after its [CLS]
+        ids: list[int] = []  # stream tokens not yet in a block
+        docs: list[int] = []  # the document number of each of them
+        for d, doc in enumerate(self._encoded(texts)):
+            ids += doc
+            ids.append(sep_id)
+            docs += [d] * (len(doc) + 1)
+            start = 0
+            while len(ids) - start >= size:
+                yield _block(cls_id, ids[start:start + size], docs[start:start + size])
+                start += size
+            del ids[:start], docs[:start]
+        if ids:
+            yield _block(cls_id, ids, docs)
+
+
+def _block(cls_id: int, ids: list[int], docs: list[int]) -> dict[str, list[int]]:
+    """[CLS] + ids, with sequence_ids counting documents from the block's first ([CLS] included)."""
+    return {"input_ids": [cls_id, *ids], "sequence_ids": [0, *(d - docs[0] for d in docs)]}
 
 
 class TokenCache:

@@ -16,6 +16,8 @@
 * `DistributedResumableSampler`: a deterministic order per (seed, epoch), sharded over ranks,
   that can restart mid-epoch. `ResumableDataLoader` ties sampler and collator together, counts
   consumed batches and exposes `state_dict()` for exact resume.
+* `StreamingDataLoader`: the same for a `StreamingTextDataset`, whose position is the number
+  of examples consumed (per DataLoader worker, whose batches arrive round-robin).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .corpus import TokenCache, _encode_documents, plain_backend
+from .corpus import StreamingTextDataset, TokenCache, _encode_documents, plain_backend
 from .masking import DataCollatorForMLM
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "DistributedResumableSampler",
     "ResumableSampler",
     "ResumableDataLoader",
+    "StreamingDataLoader",
     "create_mlm_dataloader",
     "create_pretraining_dataloader",
 ]
@@ -389,6 +392,74 @@ class ResumableDataLoader(DataLoader):
         for batch in super().__iter__():
             self.batch_index += 1
             yield batch
+        self._finished = True
+
+
+def _as_list(examples: list[Any]) -> list[Any]:
+    """DataLoader collate_fn that leaves the examples to `StreamingDataLoader`."""
+    return examples
+
+
+class StreamingDataLoader:
+    """Masked batches from a `StreamingTextDataset`, resumable at the examples consumed.
+
+    DataLoader workers read, shuffle and tokenise their shards; the batches are padded and
+    masked here, in the consuming process, so a mask is a function of (seed, epoch, batch index)
+    as with `ResumableDataLoader`, whatever the number of workers. Worker batches arrive
+    round-robin: `state_dict()` records the examples consumed in this epoch (in all and per
+    worker) and which worker's batch comes next; after `load_state_dict()` the next iteration
+    skips those examples and continues with the batches, and masks, that an uninterrupted run
+    would have produced (same seed, ranks and workers). Iterating again after a full pass
+    starts the next epoch, which reshuffles the stream.
+    """
+
+    def __init__(self, dataset: StreamingTextDataset, collator: DataCollatorForMLM, batch_size: int,
+                 num_workers: int = 0, pin_memory: bool = False, seed: int = 0) -> None:
+        self.dataset, self.collator, self.batch_size = dataset, collator, batch_size
+        self.num_shards, self.pin_memory = max(1, num_workers), pin_memory
+        # an own generator: starting an iteration never draws from the global RNG (dropout)
+        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=_as_list, num_workers=num_workers,
+                                 generator=torch.Generator().manual_seed(seed))
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.batch_index, self.examples = int(epoch), 0, 0
+        self.positions, self.next_worker, self._finished = [0] * self.num_shards, 0, False
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._finished:
+            return {"epoch": self.epoch + 1, "batch_index": 0, "examples": 0,
+                    "positions": [0] * self.num_shards, "next_worker": 0}
+        return {"epoch": self.epoch, "batch_index": self.batch_index, "examples": self.examples,
+                "positions": list(self.positions), "next_worker": self.next_worker}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["positions"]) != self.num_shards:
+            raise ValueError(f"stream state has positions for {len(state['positions'])} DataLoader worker(s), "
+                             f"this loader runs {self.num_shards}")
+        self.epoch, self.batch_index = int(state["epoch"]), int(state["batch_index"])
+        self.examples, self.next_worker = int(state["examples"]), int(state["next_worker"])
+        self.positions, self._finished = [int(p) for p in state["positions"]], False
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._finished:
+            self.set_epoch(self.epoch + 1)
+        self.dataset.set_epoch(self.epoch, skip=list(self.positions), first_worker=self.next_worker)
+        self.collator.set_epoch(self.epoch, start_step=self.batch_index)
+        fresh = self.batch_index == 0
+        for examples in self.loader:
+            # a batch is consecutive examples of one worker's shard: its last one is the position
+            worker = examples[-1]["worker"]
+            self.positions[worker] = examples[-1]["position"]
+            self.next_worker = (worker + 1) % self.num_shards
+            self.batch_index += 1
+            self.examples += len(examples)
+            batch = self.collator(examples)
+            yield {k: v.pin_memory() for k, v in batch.items()} if self.pin_memory else batch
+        if fresh and self.batch_index == 0:
+            ds = self.dataset
+            raise ValueError(f"no text for rank {ds.rank} of {ds.world_size} in {[str(f) for f in ds.files]}: "
+                             f"fewer documents than ranks x DataLoader workers ({ds.world_size} x {self.num_shards})")
         self._finished = True
 
 
