@@ -71,11 +71,15 @@ class SentenceEncoder:
     normalize: L2-normalise each vector (cosine similarity becomes a dot product);
     max_length: tokens per text, longer texts are truncated (256 as all-MiniLM-L6-v2);
     unpadded: run only the real tokens through the encoder (`BERTModel(..., unpadded=True)`).
+    compile: `torch.compile` the encoder for inference, with weights frozen into the graph
+        (inductor `freezing`: constant folding and pre-packed matmul weights). The first batches
+        pay a one-off compilation (about 10 s on 2 CPU cores); after that MiniLM encodes about
+        twice as fast on the CPU. Worth it for large inputs; uses the padded path.
     """
 
     def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
-                 unpadded: bool = True):
+                 unpadded: bool = True, compile: bool = False):
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
         if max_length > model.config.max_position_embeddings:
@@ -88,12 +92,23 @@ class SentenceEncoder:
         # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,
         # length-sorted, CPU-seconds): +5% texts/s at batch 32 and +25% at batch 128, so it is
         # the default everywhere; on CUDA it also gets varlen flash attention.
-        self.unpadded = unpadded
+        self.unpadded = unpadded and not compile  # the compiled graph takes padded batches
+        self.forward = self.model
+        if compile:
+            compiled = torch.compile(self.model, dynamic=True)
+
+            def frozen_forward(*args, **kwargs):
+                # inductor reads `freezing` when it compiles (first call, new shapes): scope it
+                # to this model so other compiled models (training ones) keep trainable weights
+                with torch._inductor.config.patch(freezing=True):
+                    return compiled(*args, **kwargs)
+
+            self.forward = frozen_forward
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
                         max_length: int = 256, device: str | torch.device | None = None,
-                        unpadded: bool = True) -> "SentenceEncoder":
+                        unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
         from bert_kit.tasks import resolve_model_folder
@@ -103,7 +118,7 @@ class SentenceEncoder:
             raise FileNotFoundError(f"no config.json in model folder {folder}")
         folder = found
         model = BERTModel.from_pretrained(folder)
-        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded)
+        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
 
     @property
     def dim(self) -> int:
@@ -126,7 +141,7 @@ class SentenceEncoder:
             input_ids[i, : len(row)] = torch.as_tensor(row)
         mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        hidden = self.model(input_ids, mask, torch.zeros_like(input_ids), unpadded=self.unpadded)
+        hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=self.unpadded)
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
@@ -202,12 +217,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
 
 
 def run(args: argparse.Namespace) -> int:
     texts = read_lines(args.input)
     encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
-                                              args.max_length, args.device)
+                                              args.max_length, args.device, compile=args.compile)
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
     seconds = time.perf_counter() - t0

@@ -140,3 +140,13 @@ def test_bad_arguments(minilm_path, encoder):
         SentenceEncoder.from_pretrained(minilm_path, max_length=1024)
     with pytest.raises(TypeError, match=r"texts\[1\]"):
         encoder.encode(["fine", 3])
+
+
+def test_compiled_encoder_matches_eager_and_leaves_training_compiles_alone(minilm_path, encoder, sts_sentences):
+    compiled = SentenceEncoder.from_pretrained(minilm_path, device="cpu", compile=True)
+    texts = sts_sentences[:24]
+    np.testing.assert_allclose(compiled.encode(texts, batch_size=8), encoder.encode(texts, batch_size=8),
+                               rtol=0, atol=1e-5)
+    import torch._inductor.config as inductor_config
+
+    assert inductor_config.freezing is False  # frozen weights only inside the encoder's compile
