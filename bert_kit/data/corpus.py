@@ -359,7 +359,7 @@ class TokenCache:
     """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray, path: Path | None = None,
-                 from_cache: bool = False) -> None:
+                 from_cache: bool = False, groups: np.ndarray | None = None) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
             raise ValueError(
@@ -369,6 +369,16 @@ class TokenCache:
         self.tokens, self.offsets = tokens, offsets
         self.path = path  # the token file, None for in-memory caches
         self.from_cache = from_cache  # True when loaded from an earlier run
+        # sentence caches (`sentences=True`): the entries are sentences, and text document j
+        # holds entries groups[j]:groups[j + 1]
+        self.groups = groups
+
+    def sentence_documents(self) -> list[list[list[int]]]:
+        """A sentence cache as documents -> sentences -> token ids (what `NSPDataset` takes)."""
+        if self.groups is None:
+            raise ValueError("this cache was built without sentences=True: it holds no sentence boundaries")
+        sentences = [self.document(i).tolist() for i in range(self.num_documents)]
+        return [sentences[a:b] for a, b in zip(self.groups[:-1].tolist(), self.groups[1:].tolist())]
 
     @classmethod
     def from_documents(cls, documents: Sequence[Sequence[int]], vocab_size: int) -> TokenCache:
@@ -405,14 +415,14 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
 
 
-def _cache_key(files: list[Path], tokenizer: Any, mode: str, text_field: str) -> str:
+def _cache_key(files: list[Path], tokenizer: Any, mode: str, text_field: str, sentences: bool = False) -> str:
     """Hash of what the cache depends on: file identities and the whole tokenizer definition."""
     stats = []
     for f in files:
         st = f.stat()
         stats.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
     tok_hash = hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
-    blob = json.dumps([_CACHE_VERSION, stats, tok_hash, mode, text_field]).encode()
+    blob = json.dumps([_CACHE_VERSION, stats, tok_hash, mode, text_field] + (["sentences"] if sentences else [])).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
@@ -440,7 +450,9 @@ def _load_cache(cache_dir: Path, key: str) -> TokenCache | None:
         return None  # truncated or foreign file: rebuild
     tokens = np.memmap(token_path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
     offsets = np.load(offset_path, mmap_mode="r")
-    return TokenCache(tokens, offsets, path=token_path, from_cache=True)
+    groups_path = cache_dir / f"{key}.groups.npy"
+    groups = np.load(groups_path) if meta.get("sentences") else None
+    return TokenCache(tokens, offsets, path=token_path, from_cache=True, groups=groups)
 
 
 def tokenize_to_cache(
@@ -451,6 +463,7 @@ def tokenize_to_cache(
     text_field: str = "text",
     batch_size: int = 1000,
     progress: bool = True,
+    sentences: bool = False,
 ) -> TokenCache:
     """Tokenise a corpus once into `cache_dir`; return the (memory-mapped) `TokenCache`.
 
@@ -459,11 +472,13 @@ def tokenize_to_cache(
     `<key>.tokens` (raw uint16, or uint32 for vocabularies of 65536+), `<key>.offsets.npy`
     (int64, D + 1) and `<key>.json` (metadata, written last, so its presence marks a complete
     cache). Each file is written to a temp file and renamed, so a crash leaves no half cache.
+    sentences=True splits each document into sentences (`split_sentences`) and caches those as
+    the entries, plus `<key>.groups.npy` (D + 1,) marking each document's sentences (for NSP).
     """
     paths = resolve_files(files)
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(paths, tokenizer, mode, text_field)
+    key = _cache_key(paths, tokenizer, mode, text_field, sentences)
     cached = _load_cache(cache_dir, key)
     if cached is not None:
         return cached
@@ -473,6 +488,9 @@ def tokenize_to_cache(
     dtype = _token_dtype(int(tokenizer.vocab_size))
     backend = plain_backend(tokenizer)
     offsets = [0]
+    groups = [0]  # sentence caches: entry index where each document starts
+    if sentences:
+        from bert_kit.data.pretraining import split_sentences  # (pretraining imports this module)
 
     def write_tokens(f: Any) -> None:
         bar = tqdm(desc=f"tokenizing {len(paths)} file(s)", unit="doc", disable=not progress)
@@ -486,7 +504,9 @@ def tokenize_to_cache(
             batch.clear()
 
         for doc in iter_documents(paths, mode, text_field):
-            batch.append(doc)
+            parts = split_sentences(doc) if sentences else [doc]
+            batch.extend(parts)
+            groups.append(groups[-1] + len(parts))
             if len(batch) >= batch_size:
                 flush()
         if batch:
@@ -497,9 +517,11 @@ def tokenize_to_cache(
     _atomic_write(token_path, write_tokens)
     _atomic_write(cache_dir / f"{key}.offsets.npy",
                   lambda f: np.save(f, np.asarray(offsets, dtype=np.int64)))
+    if sentences:
+        _atomic_write(cache_dir / f"{key}.groups.npy", lambda f: np.save(f, np.asarray(groups, dtype=np.int64)))
     meta = {"version": _CACHE_VERSION, "dtype": dtype.name, "num_tokens": offsets[-1],
             "num_documents": len(offsets) - 1, "files": [str(p) for p in paths], "mode": mode,
-            "text_field": text_field, "vocab_size": int(tokenizer.vocab_size)}
+            "text_field": text_field, "vocab_size": int(tokenizer.vocab_size), "sentences": sentences}
     _atomic_write(cache_dir / f"{key}.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
     loaded = _load_cache(cache_dir, key)
     assert loaded is not None  # just written

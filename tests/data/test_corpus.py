@@ -208,3 +208,23 @@ def test_token_cache_document_index_errors(tmp_path, tokenizer):
     with pytest.raises(IndexError, match="document 2 out of range for 2"):
         cache.document(2)
     assert torch.tensor(cache.document(1).astype(np.int64)).tolist() == tokenizer.convert_tokens_to_ids(["three"])
+
+
+def test_sentence_cache_keeps_document_and_sentence_boundaries(small_corpus, tmp_path, tokenizer, monkeypatch):
+    from bert_kit.data.corpus import plain_backend
+    from bert_kit.data.pretraining import split_sentences
+
+    docs = read_documents(small_corpus)
+    cache = tokenize_to_cache(small_corpus, tokenizer, tmp_path, sentences=True, progress=False)
+    backend = plain_backend(tokenizer)
+    expect = [[backend.encode(s, add_special_tokens=False).ids for s in split_sentences(d)] for d in docs]
+    assert cache.sentence_documents() == expect
+    # a second call is a cache hit (no tokenisation) and keeps the grouping; plain caches have none
+    monkeypatch.setattr(corpus, "_encode_documents", lambda *a: pytest.fail("re-tokenised"))
+    again = tokenize_to_cache(small_corpus, tokenizer, tmp_path, sentences=True, progress=False)
+    assert again.from_cache and again.sentence_documents() == expect
+    monkeypatch.undo()
+    plain = tokenize_to_cache(small_corpus, tokenizer, tmp_path, progress=False)
+    assert plain.groups is None and plain.num_documents == len(docs)
+    with pytest.raises(ValueError, match="sentences=True"):
+        plain.sentence_documents()
