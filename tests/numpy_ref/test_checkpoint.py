@@ -12,15 +12,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bert_kit.numpy_ref import BertBaseModel, BertModel, hf_name_map
-from bert_kit.numpy_ref.runner import blas_threads
 
 ARGS = (30, 16, 4, 32, 2, 12)  # vocab, hidden, heads, ff, layers, max_seq_len
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with blas_threads(1):
-        yield
 
 
 def forward(model, seed: int = 0):

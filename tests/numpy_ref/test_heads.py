@@ -10,28 +10,10 @@ import pytest
 from bert_kit.numpy_ref.gradcheck import check_layer
 from bert_kit.numpy_ref.heads import BertMLMHead, BertNSPHead, BertPooler
 from bert_kit.numpy_ref.layers import Embedding
-from bert_kit.numpy_ref.runner import blas_threads
+
+from .gradients import assert_all_small, randomise
 
 F64 = np.float64
-TOL = 1e-6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with blas_threads(1):
-        yield
-
-
-def randomise(module, seed: int, scale: float = 0.3) -> None:
-    rng = np.random.default_rng(seed)
-    for _, param in module.named_parameters():
-        param += rng.standard_normal(param.shape) * scale
-
-
-def assert_all_small(errors: dict[str, float], expected: set[str]) -> None:
-    assert set(errors) == expected, f"checked {sorted(errors)}, expected {sorted(expected)}"
-    bad = {name: err for name, err in errors.items() if not err < TOL}
-    assert not bad, f"gradient check failed: {bad}"
 
 
 def test_pooler_gradients_and_cls_only():

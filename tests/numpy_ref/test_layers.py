@@ -10,16 +10,9 @@ import torch
 
 from bert_kit.numpy_ref.gradcheck import check_layer, relative_error
 from bert_kit.numpy_ref.layers import GELU, Embedding, LayerNorm, Linear, ReLU, Tanh, make_activation, softmax
-from bert_kit.numpy_ref.runner import blas_threads
 
 F64 = np.float64
 TOL = 1e-6  # relative error allowed between analytic and finite-difference gradients
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with blas_threads(1):
-        yield
 
 
 def assert_all_small(errors: dict[str, float], tol: float = TOL) -> None:

@@ -11,17 +11,10 @@ import pytest
 from bert_kit.numpy_ref import (BertBaseModel, BertForPretraining, BertModel, create_bert_model,
                                 create_mlm_batch)
 from bert_kit.numpy_ref.gradcheck import check_layer, compare_gradients
-from bert_kit.numpy_ref.runner import blas_threads
 
 F64 = np.float64
 TOL = 1e-6
 VOCAB, HIDDEN, HEADS, FF, LAYERS, MAX_LEN = 20, 8, 2, 16, 2, 10
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with blas_threads(1):
-        yield
 
 
 def tiny_model(cls=BertModel, seed: int = 0, **kwargs):

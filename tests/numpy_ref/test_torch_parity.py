@@ -16,17 +16,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from bert_kit.numpy_ref import BertBaseModel, BertModel, create_mlm_batch, hf_name_map  # noqa: E402
-from bert_kit.numpy_ref.runner import blas_threads  # noqa: E402
 
 F64 = np.float64
 FORWARD_ATOL, GRAD_ATOL = 1e-10, 1e-9
 VOCAB, HIDDEN, HEADS, FF, LAYERS, MAX_LEN = 40, 16, 4, 32, 2, 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with blas_threads(1):
-        yield
 
 
 def numpy_model(activation: str = "gelu") -> BertModel:
