@@ -42,14 +42,14 @@ import numpy as np
 import torch
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
-from bert_kit.checkpoint import (collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model)
+from bert_kit.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
+                                 resolve_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model,
+                                 start_run)
 from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
                                   collective_errors, full_value, init_distributed, is_main, rank, world_size,
                                   wrap_model)
 from bert_kit.optim import create_optimizer, create_scheduler
-from bert_kit.precision import resolve_precision
-from bert_kit.pretrain import StopSignal, forever, seed_everything
+from bert_kit.pretrain_data import forever
 from bert_kit.progress import ProgressLogger, plot_losses, truncate_metrics
 from bert_kit.runconfig import (add_config_arguments, apply_overrides, config_from_dict, config_to_dict, load_config,
                                 save_config)
@@ -201,14 +201,9 @@ def _finetune(cfg: FinetuneConfig, resume: str | None) -> dict[str, Any]:
 
     t0 = time.time()
     main = is_main()
-    out = Path(cfg.output_dir)
-    ckpt_dir = out / "checkpoints"
-    precision = resolve_precision(cfg.precision, cfg.device, verbose=main)
-    device = precision.device
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
-    checkpoint = resolve_checkpoint(resume, out) if resume else None
-    seed_everything(cfg.seed)  # the same head init on every rank
+    # seeds every RNG: the same head init on every rank
+    out, precision, checkpoint = start_run(cfg.output_dir, cfg.precision, cfg.device, resume, cfg.seed)
+    device, ckpt_dir = precision.device, out / "checkpoints"
     if not cfg.model:
         raise ValueError("model is empty: name a model folder or a preset (model=path/to/bert)")
     if not cfg.train_file:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import signal
 import sys
 import time
@@ -45,13 +44,12 @@ import torch
 
 from bert_kit.amp import AMPTrainer, NonFiniteLossError
 from bert_kit.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, restore_rng_state, save_checkpoint, save_model)
+                                 resolve_checkpoint, restore_rng_state, save_checkpoint, save_model, start_run)
 from bert_kit.config import BertConfig
 from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
                                   collective_errors, full_value, init_distributed, is_main, rank, world_size,
                                   wrap_model)
 from bert_kit.optim import create_optimizer, create_scheduler
-from bert_kit.precision import resolve_precision
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.pretrain_data import (CORPUS_MODES, forever, load_corpus, loader_state, make_datasets,  # noqa: F401
                                     make_loader, phase_loaders, prepare_tokenizer)
@@ -192,12 +190,6 @@ def plan_phases(cfg: PretrainConfig) -> list[Phase]:
 
 # ---- setup helpers ----------------------------------------------------------------------------
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # CPU and every CUDA device
-
-
 def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
     """BERTForPreTraining (with NSP) or BERTForMaskedLM, sized to the tokenizer's vocabulary."""
     from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
@@ -272,14 +264,8 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
 def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     t0 = time.time()
     main = is_main()
-    out = Path(cfg.output_dir)
-    ckpt_dir = out / "checkpoints"
-    precision = resolve_precision(cfg.precision, cfg.device, verbose=main)
-    device = precision.device
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
-    checkpoint = resolve_checkpoint(resume, out) if resume else None
-    seed_everything(cfg.seed)
+    out, precision, checkpoint = start_run(cfg.output_dir, cfg.precision, cfg.device, resume, cfg.seed)
+    device, ckpt_dir = precision.device, out / "checkpoints"
 
     # 1. tokenizer, corpus (tokenised once for all phases, or only located when streamed) and model
     phases = plan_phases(cfg)
