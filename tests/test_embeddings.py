@@ -18,13 +18,7 @@ from bert_kit.tokenizer import get_tokenizer
 st = pytest.importorskip("sentence_transformers")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread: steady timings on a machine shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
 NER_LABELS = ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread: steady timings on a machine shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

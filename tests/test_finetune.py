@@ -26,13 +26,7 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
                   intermediate_size=64, max_position_embeddings=384, hidden_dropout_prob=0.1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread: steady timings on a machine shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

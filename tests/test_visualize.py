@@ -18,13 +18,7 @@ TINY = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_atten
                   intermediate_size=64, max_position_embeddings=32)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread: steady timings on a machine shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def padded_batch():
