@@ -13,6 +13,7 @@ masked tokens only) against a measured 790 TFLOP/s bf16 peak.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -107,6 +108,11 @@ VARIANTS = {
     "bertkit-compile": lambda c: make_bertkit(c, "default", False),
     "bertkit-static": lambda c: make_bertkit(c, "default", False, static=True),
     "bertkit-static-cudagraphs": lambda c: make_bertkit(c, "reduce-overhead", False, static=True),
+    # Triton matmul templates with fused epilogues, chosen by benchmarking (minutes of compilation)
+    "bertkit-autotune": lambda c: make_bertkit(c, "max-autotune-no-cudagraphs", False, static=True),
+    # diagnostic, not a comparable configuration: what dropout (masks, RNG, extra passes) costs
+    "bertkit-static-nodropout": lambda c: make_bertkit(dataclasses.replace(c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                                                       "default", False, static=True),
     "bertkit-unpadded": lambda c: make_bertkit(c, None, True),
     "bertkit-unpadded-compile": lambda c: make_bertkit(c, "default", True),
     "hf-eager": lambda c: make_hf(c, None, "eager"),
@@ -115,7 +121,39 @@ VARIANTS = {
 }
 
 
-def run_variant(name: str, config, batches: list[dict], warmup: int, steps: int) -> dict:
+KERNEL_GROUPS = (("matmul (cuBLAS/CUTLASS)", ("gemm", "cutlass", "cublas", "sm90_xmma", "nvjet")),
+                 ("attention (flash/cuDNN)", ("flash", "fmha", "cudnn", "attention")),
+                 ("optimizer (fused AdamW)", ("adam",)),
+                 ("embedding / index scatter", ("index", "scatter", "embedding", "gather")),
+                 ("fused elementwise / norms (Triton)", ("triton",)))
+
+
+def print_profile(step, dev: list[dict], n: int = 5) -> None:
+    """GPU time per step by kernel family, then the 15 costliest kernels (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            step(dev[i % len(dev)])
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in events) / n
+    if not total:  # kernels not reported as separate events: print torch's own table instead
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=20))
+        return
+    groups: dict[str, float] = {}
+    for e in events:
+        name = e.key.lower()
+        group = next((g for g, keys in KERNEL_GROUPS if any(k in name for k in keys)), "other")
+        groups[group] = groups.get(group, 0.0) + e.self_device_time_total / n
+    print(f"  profile: {total / 1e3:.1f} ms of GPU kernels per step")
+    for g, t in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"    {g:38s} {t / 1e3:7.2f} ms  {100 * t / total:5.1f}%")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:15]:
+        print(f"    {e.self_device_time_total / n / 1e3:7.2f} ms  x{e.count // n:<3d} {e.key[:90]}")
+
+
+def run_variant(name: str, config, batches: list[dict], warmup: int, steps: int, profile: bool = False) -> dict:
     torch.manual_seed(0)
     model, loss_fn = VARIANTS[name](config)
     model.train()
@@ -152,6 +190,8 @@ def run_variant(name: str, config, batches: list[dict], warmup: int, steps: int)
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
         losses.append(loss.item())
+    if profile:
+        print_profile(step, dev)
     tokens = [int(b["attention_mask"].sum()) if b["attention_mask"] is not None else b["input_ids"].numel()
               for b in batches]
     mean_tokens = statistics.mean(tokens)
@@ -178,6 +218,7 @@ def main() -> None:
     p.add_argument("--tokenizer", type=Path, help="folder with tokenizer.json for --real")
     p.add_argument("--real-variants", default="bertkit-unpadded,bertkit-compile,hf-sdpa,hf-compile")
     p.add_argument("--json", type=Path, help="append results as JSON lines")
+    p.add_argument("--profile", default="", help="comma-separated variants to profile after timing")
     args = p.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -196,7 +237,7 @@ def main() -> None:
         print(f"\n== {case}")
         results = []
         for v in variants:
-            r = run_variant(v, config, batches, args.warmup, args.steps)
+            r = run_variant(v, config, batches, args.warmup, args.steps, profile=v in args.profile.split(","))
             r["case"] = case
             results.append(r)
             print(f"  {v:26s} {r['tokens_per_s'] / 1e3:8.1f}k tok/s  {r['step_ms']:7.1f} ms/step  "

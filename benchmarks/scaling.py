@@ -35,11 +35,12 @@ def worker(args: argparse.Namespace) -> None:
     from bert_kit.heads import masked_index, pad_masked
     from bert_kit.training import compute_mlm_loss
 
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same init on every rank
-    model = BERTForPreTraining(create_model_config("bert-base")).cuda()
+    overrides = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0} if args.no_dropout else {}
+    model = BERTForPreTraining(create_model_config("bert-base", **overrides)).cuda()
     if args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -103,6 +104,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--no-dropout", action="store_true", help="deterministic model: 1 vs N GPU loss curves comparable step by step")
+    p.add_argument("--json", type=Path, help="append one JSON line per GPU count")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -116,13 +119,19 @@ def main() -> None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
                    "--worker", f"--result={out}", f"--batch={args.batch}", f"--global-batch={args.global_batch}",
                    f"--seq={args.seq}", f"--steps={args.steps}", f"--warmup={args.warmup}", f"--parallel={args.parallel}"]
-            subprocess.run(cmd + (["--compile"] if args.compile else []), env=env, check=True)
+            cmd += ["--compile"] * args.compile + ["--no-dropout"] * args.no_dropout
+            subprocess.run(cmd, env=env, check=True)
             results[n] = json.loads(out.read_text())
     base = results[min(results)]["tokens_per_s"] / min(results)
     print(f"{args.parallel}, seq {args.seq}, " + (f"global batch {args.global_batch}" if args.global_batch else f"batch {args.batch} per GPU"))
     for n, r in results.items():
         print(f"  {n} GPU(s): {r['tokens_per_s'] / 1e3:8.1f}k tokens/s  efficiency {r['tokens_per_s'] / (n * base):6.1%}  "
               f"loss first/last {r['losses'][0]:.3f}/{r['losses'][-1]:.3f}")
+    if args.json:
+        with args.json.open("a") as f:
+            for n, r in results.items():
+                f.write(json.dumps({**r, "parallel": args.parallel, "seq": args.seq, "compile": args.compile,
+                                    "no_dropout": args.no_dropout, "efficiency": r["tokens_per_s"] / (n * base)}) + "\n")
     if len(results) > 1 and args.global_batch:
         curves = [r["losses"] for r in results.values()]
         gap = max(abs(a - b) for a, b in zip(curves[0], curves[1]))
