@@ -108,7 +108,7 @@ class FinetuneConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     unpadded: bool = False  # run only real tokens through the encoder (packed fast path)
-    compile: bool = False  # torch.compile the encoder; batches are padded to multiples of 16 (few shapes)
+    compile: bool = False  # torch.compile the encoder; batches padded to multiples of 16 (few shapes), not unpadded
     cuda_graphs: bool = False  # with compile on CUDA: replay each shape as a CUDA graph (short sequences)
     num_workers: int = 0  # DataLoader worker processes
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -131,6 +131,8 @@ class FinetuneConfig:
                 setattr(self, name, str(getattr(self, name)))
         if self.max_length is None:
             self.max_length = DEFAULT_MAX_LENGTH.get(self.task, 128)
+        if self.compile and self.unpadded:  # the compiled graphs take static padded shapes
+            self.unpadded = False
         if self.betas is None:
             self.betas = [0.9, 0.999]
         for name in ("batch_size", "eval_batch_size", "grad_accum", "max_length", "log_every"):
@@ -230,6 +232,9 @@ def _finetune(cfg: FinetuneConfig, resume: str | None) -> dict[str, Any]:
         model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
     if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
         mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
+        # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
+        # past which it would silently fall back to eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
     param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
     wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
