@@ -40,6 +40,7 @@ from bert_kit.precision import resolve_precision  # noqa: E402
 from bert_kit.runconfig import load_config  # noqa: E402
 from bert_kit.tasks import make_task, read_model_metadata  # noqa: E402
 from bert_kit.tokenizer import get_tokenizer  # noqa: E402
+from bert_kit.training import compute_cosent_loss  # noqa: E402
 
 # task -> (config file, data files relative to --data-dir, test file or None)
 TASKS = {
@@ -128,9 +129,11 @@ def hf_loss(adapter: HFAdapter, cfg: FinetuneConfig, b: dict) -> torch.Tensor:
     inputs = {k: b[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in b}
     if adapter.kind == "qa":
         return hf(**inputs, start_positions=b["start_positions"], end_positions=b["end_positions"]).loss
-    if adapter.kind == "encoder":  # Sentence-BERT CosineSimilarityLoss on the (2B, T) a-then-b batch
+    if adapter.kind == "encoder":  # the (2B, T) a-then-b batch of a bi-encoder
         u, v = mean_pool(hf(**inputs).last_hidden_state, b["attention_mask"]).float().chunk(2)
-        return F.mse_loss(F.cosine_similarity(u, v, dim=-1), b["labels"])
+        if cfg.similarity_loss == "cosent":  # the same function as sentence-transformers' CoSENTLoss (tested)
+            return compute_cosent_loss(u, v, b["labels"])
+        return F.mse_loss(F.cosine_similarity(u, v, dim=-1), b["labels"])  # CosineSimilarityLoss
     return hf(**inputs, labels=b["labels"]).loss  # CE, or MSE for one float label
 
 

@@ -35,6 +35,8 @@ _EXPORTS = {
     "create_classification_dataloader": "data.classification",
     "compute_mlm_loss": "training",
     "compute_classification_loss": "training",
+    "compute_cosine_similarity_loss": "training",
+    "compute_cosent_loss": "training",
     "compute_mlm_loader_loss": "training",
     "compute_precision_recall_f1": "metrics",
     "compute_confusion_matrix": "metrics",

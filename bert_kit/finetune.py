@@ -88,6 +88,7 @@ class FinetuneConfig:
     # sentence similarity
     similarity_mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine
     pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
+    similarity_loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
     # optimisation
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total

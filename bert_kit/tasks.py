@@ -37,7 +37,7 @@ from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.heads import BERTForQuestionAnswering, BERTForSequenceClassification, BERTForTokenClassification
 from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
 from bert_kit.model import BERTModel
-from bert_kit.training import compute_classification_loss
+from bert_kit.training import compute_classification_loss, compute_cosent_loss, compute_cosine_similarity_loss
 
 TASKS = ("classification", "token-classification", "qa", "similarity")
 
@@ -453,7 +453,8 @@ class QATask(Task):
 
 class SimilarityTask(Task):
     """STS: a cross-encoder (regression head on "[CLS] a [SEP] b [SEP]", MSE on the 0-5 score) or
-    a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), score / 5))."""
+    a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), score / 5),
+    or with similarity_loss=cosent the CoSENT ranking loss on cos(u, v))."""
 
     name, default_metric = "similarity", "spearman"
     MAX_SCORE = 5.0
@@ -526,7 +527,9 @@ class SimilarityTask(Task):
         if not self.bi_encoder:
             return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
         u, v = self.embed_pair(model, batch)
-        return F.mse_loss(F.cosine_similarity(u.float(), v.float(), dim=-1), batch["labels"]), {}
+        if self.s.similarity_loss == "cosent":
+            return compute_cosent_loss(u, v, batch["labels"]), {}
+        return compute_cosine_similarity_loss(u, v, batch["labels"]), {}
 
     def scores(self, model: nn.Module, s1: list[str], s2: list[str], precision: Any) -> np.ndarray:
         """Predicted similarity of each pair: cosine of pooled vectors, or the regression output."""

@@ -40,6 +40,28 @@ def compute_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> t
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
+def compute_cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Sentence-BERT's CosineSimilarityLoss: MSE between cos(u, v) and the gold score in [0, 1].
+
+    u, v: (B, H) pooled vectors of the two sides; scores: (B,) targets (STS-B score / 5)."""
+    return F.mse_loss(F.cosine_similarity(u.float(), v.float(), dim=-1), scores.float())
+
+
+def compute_cosent_loss(u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """CoSENT (Su, 2022; sentence-transformers' CoSENTLoss): a ranking loss on cosine similarities.
+
+    For every two pairs i, j of the batch with gold scores s_i > s_j, cos_i should exceed cos_j:
+    loss = log(1 + sum over such (i, j) of exp(scale * (cos_j - cos_i))). Only the order of the
+    gold scores matters, which is what Spearman correlation measures.
+    u, v: (B, H); scores: (B,) gold similarities (any scale).
+    """
+    cos = F.cosine_similarity(u.float(), v.float(), dim=-1) * scale  # (B,)
+    diff = cos[None, :] - cos[:, None]  # (B, B): entry (i, j) = cos_j - cos_i
+    ranked = scores[:, None] > scores[None, :]  # (B, B): pair i should rank above pair j
+    terms = torch.cat([diff.new_zeros(1), diff[ranked]])  # the zero is the "1 +"
+    return torch.logsumexp(terms, dim=0)
+
+
 def _to(batch: dict, device: torch.device | str) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 

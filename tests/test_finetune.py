@@ -298,3 +298,48 @@ def cli_main_raises(argv):
     from bert_kit.finetune import load_run_config
 
     return load_run_config(build_parser("finetune").parse_args(argv))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cosent_loss_matches_sentence_transformers(seed):
+    """Same value as sentence-transformers' CoSENTLoss on random vectors, with tied gold scores."""
+    pytest.importorskip("sentence_transformers")
+    from types import SimpleNamespace
+
+    try:
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.losses import CoSENTLoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    from bert_kit.training import compute_cosent_loss
+
+    g = torch.Generator().manual_seed(seed)
+    u, v = torch.randn(16, 8, generator=g), torch.randn(16, 8, generator=g)
+    scores = torch.randint(0, 6, (16,), generator=g).float()  # ties: those pairs take no part
+    # the loss as sentence-transformers computes it from embeddings (no model needed)
+    settings = SimpleNamespace(scale=20.0, similarity_fct=pairwise_cos_sim)
+    expect = CoSENTLoss.compute_loss_from_embeddings(settings, [u, v], scores)
+    assert_close(compute_cosent_loss(u, v, scores), expect, rtol=1e-5, atol=1e-5)
+    # already ranked right by a wide margin: loss near 0; ranked backwards: large
+    same = torch.randn(4, 8, generator=g)
+    near = torch.stack([same[i] + 0.1 * i * torch.randn(8, generator=g) for i in range(4)])
+    ranked = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert compute_cosent_loss(same, near, ranked) < compute_cosent_loss(same, near, ranked.flip(0))
+
+
+def test_similarity_bi_encoder_cosent_trains(tiny_model, sts, tmp_path):
+    train, dev = sts
+    cfg = tiny_config(tiny_model, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
+                      validation_file=str(dev), max_steps=3, similarity_loss="cosent")
+    task = SimilarityTask(cfg)
+    task.bind(get_tokenizer(tiny_model))
+    batch = task.collate(task.read_train(train)[:4])
+    model = BERTModel.from_pretrained(tiny_model)
+    from bert_kit.training import compute_cosent_loss
+
+    with torch.no_grad():
+        u, v = task.embed_pair(model, batch)
+        assert_close(task.loss(model, batch)[0], compute_cosent_loss(u, v, batch["labels"]))
+    results = finetune(cfg)
+    assert results["best_step"] is not None and results["metric"] == "spearman"
