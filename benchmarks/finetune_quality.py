@@ -62,8 +62,8 @@ def run_config(task: str, args: argparse.Namespace, output_dir: Path, extra: lis
     return load_config(FinetuneConfig, ROOT / "configs" / config_file, overrides)
 
 
-def score_test(task_name: str, cfg: FinetuneConfig, model: torch.nn.Module, tokenizer, meta: dict,
-               test_file: Path, precision) -> dict:
+def score_test(cfg: FinetuneConfig, model: torch.nn.Module, tokenizer, meta: dict, test_file: Path,
+               precision) -> dict:
     """The task's metrics of `model` on the test file (a fresh task bound to the saved labels)."""
     task = make_task(cfg.task, cfg)
     task.bind(tokenizer)
@@ -74,20 +74,19 @@ def score_test(task_name: str, cfg: FinetuneConfig, model: torch.nn.Module, toke
 
 # ---- bert-kit ------------------------------------------------------------------------------------
 
-def run_bertkit(task_name: str, cfg: FinetuneConfig, test_file: Path | None) -> dict:
+def run_bertkit(cfg: FinetuneConfig, test_file: Path | None) -> dict:
     t0 = time.time()
     results = finetune(cfg)
     row = {"best_dev": results["best_value"], "best_step": results["best_step"],
            "final_dev": (results["final_metrics"] or {}).get(results["metric"]),
            "history": results["history"], "examples_per_s": results["examples_per_second"]}
     if test_file is not None:
-        folder = Path(results["best_model"])
+        folder, precision = Path(results["best_model"]), resolve_precision(cfg.precision, cfg.device, verbose=False)
+        meta = read_model_metadata(folder)
         task = make_task(cfg.task, cfg)
-        task.load_metadata(read_model_metadata(folder))
-        precision = resolve_precision(cfg.precision, cfg.device, verbose=False)
+        task.load_metadata(meta)
         model = task.load(folder).to(precision.device)
-        row["test"] = score_test(task_name, cfg, model, get_tokenizer(folder), read_model_metadata(folder),
-                                 test_file, precision)
+        row["test"] = score_test(cfg, model, get_tokenizer(folder), meta, test_file, precision)
     row["wall_s"] = time.time() - t0
     return row
 
@@ -194,7 +193,7 @@ def run_hf(task_name: str, cfg: FinetuneConfig, test_file: Path | None) -> dict:
     if test_file is not None:
         model.load_state_dict(best["state"])
         meta = {"label_names": task.label_names}
-        row["test"] = score_test(task_name, cfg, model, tokenizer, meta, test_file, precision)
+        row["test"] = score_test(cfg, model, tokenizer, meta, test_file, precision)
     row["wall_s"] = time.time() - t0
     return row
 
@@ -220,7 +219,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 extra = args.bertkit_set if impl == "bertkit" else []
                 cfg = run_config(task_name, args, Path(tmp) / task_name, extra)
-                row = run_bertkit(task_name, cfg, test_file) if impl == "bertkit" else run_hf(task_name, cfg, test_file)
+                row = run_bertkit(cfg, test_file) if impl == "bertkit" else run_hf(task_name, cfg, test_file)
             metric = make_task(cfg.task, cfg).metric if cfg.task != "classification" else "accuracy"
             row = {"task": task_name, "impl": impl, "metric": metric, "lr": cfg.lr, "epochs": cfg.epochs,
                    "batch_size": cfg.batch_size, "overrides": args.set + extra,
