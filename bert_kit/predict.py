@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bert_kit.data import parse_jsonl
 from bert_kit.embeddings import read_lines
 from bert_kit.evaluate import add_common_arguments, load_task_model
 
@@ -65,13 +66,7 @@ def read_questions(path: str | Path) -> list[dict]:
     if path.suffix == ".json":
         return read_squad(path)
     examples = []
-    for i, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+    for i, row in parse_jsonl(read_lines(path), path):
         if not isinstance(row, dict) or "question" not in row or "context" not in row:
             raise KeyError(f"{path}:{i}: needs keys 'question' and 'context'")
         examples.append({"id": str(row.get("id", i)), "question": row["question"], "context": row["context"],
@@ -84,8 +79,13 @@ def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
     path = Path(path)
     lines = read_lines(path)
     if path.suffix == ".jsonl":
-        rows = [json.loads(ln) for ln in lines if ln.strip()]
-        return [r["sentence1"] for r in rows], [r["sentence2"] for r in rows]
+        s1, s2 = [], []
+        for i, row in parse_jsonl(lines, path):
+            if not isinstance(row, dict) or "sentence1" not in row or "sentence2" not in row:
+                raise KeyError(f"{path}:{i}: needs keys 'sentence1' and 'sentence2'")
+            s1.append(row["sentence1"])
+            s2.append(row["sentence2"])
+        return s1, s2
     if len(lines[0].split("\t")) >= 7:  # genre, file, year, id, score, s1, s2
         s1, s2, _ = task._read(path)
         return s1, s2

@@ -223,3 +223,18 @@ def test_clear_errors(minilm_path, tmp_path, capsys, data_dir):
     assert cli_main(["predict", "--task", "similarity", "--model", str(minilm_path), "--input",
                      str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.jsonl")]) == 1
     assert "input file not found" in capsys.readouterr().err
+
+
+def test_jsonl_prediction_inputs_name_the_bad_line(tmp_path):
+    from bert_kit.predict import read_pairs, read_questions
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"sentence1": "a", "sentence2": "b"}\n\n{"sentence1": "c"}\n')
+    with pytest.raises(KeyError, match=r"pairs\.jsonl:3: needs keys 'sentence1' and 'sentence2'"):
+        read_pairs(None, pairs)
+    pairs.write_text('{"sentence1": "a", "sentence2": "b"}\n{"sentence1": "c", "sentence2": "d"}\n')
+    assert read_pairs(None, pairs) == (["a", "c"], ["b", "d"])
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text('{"question": "q?", "context": "c."}\n{"question": \n')
+    with pytest.raises(ValueError, match=r"questions\.jsonl:2: invalid JSON"):
+        read_questions(questions)

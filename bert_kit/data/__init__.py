@@ -4,3 +4,22 @@ pretraining: corpus.py (readers, token cache, streaming), masking.py (MLM maskin
 pretraining.py (MLM / NSP datasets, resumable samplers, loaders).
 tasks: classification.py, ner.py, squad.py, sts.py.
 """
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+
+def parse_jsonl(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) for each non-blank line of a JSON Lines file (an open file or
+    a list of lines); bad JSON raises ValueError naming `path` and the line."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        yield lineno, value

@@ -10,12 +10,13 @@ tasks such as SST-2 cheap. Labels are ints for classification and floats for reg
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from bert_kit.data import parse_jsonl
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
@@ -101,13 +102,7 @@ def read_classification_file(path: str | Path, text_column: str = "sentence",
     texts, pairs, raw_labels, where = [], [], [], []
     if delimiter is None and path.suffix.lower() in (".jsonl", ".json"):
         with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+            for i, row in parse_jsonl(f, path):
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
                 for c in columns:

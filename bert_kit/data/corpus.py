@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bert_kit.data import parse_jsonl
+
 __all__ = [
     "MODES",
     "resolve_files",
@@ -89,13 +91,7 @@ def _iter_file(path: Path, mode: str, text_field: str, encoding: str) -> Iterato
                 if line.strip():
                     yield line.strip()
         elif mode == "jsonl":
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            for lineno, record in parse_jsonl(f, path):
                 if not isinstance(record, dict) or text_field not in record:
                     raise KeyError(f"{path}:{lineno}: record has no text field {text_field!r}")
                 text = record[text_field]
