@@ -32,6 +32,7 @@ POOLING_MODES = ("mean", "cls")
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Average of the real tokens' states: hidden (B, T, H), mask (B, T) -> (B, H)."""
+    hidden = hidden.float()  # 16-bit states under autocast: sum in float32
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
     # the clamp keeps an all-padding row at 0 instead of NaN (sentence-transformers does the same)
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

@@ -49,6 +49,7 @@ from bert_kit.config import BertConfig
 from bert_kit.distributed import (DEFAULT_TIMEOUT_S, DistributedError, all_reduce_mean, any_rank, barrier, cleanup,
                                   collective_errors, full_value, init_distributed, is_main, rank, world_size,
                                   wrap_model)
+from bert_kit.model import set_low_precision_residual
 from bert_kit.optim import create_optimizer, create_scheduler
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.pretrain_data import (CORPUS_MODES, forever, load_corpus, loader_state, make_datasets,  # noqa: F401
@@ -111,6 +112,7 @@ class PretrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     compile: bool = False  # torch.compile the encoder
+    low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
     weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU"""
@@ -278,6 +280,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                          "gradients): set precision=bf16 or precision=fp32")
     if not sharded:
         model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
+    set_low_precision_residual(model, cfg.low_precision_residual)
     if cfg.compile:
         model.bert.compile()  # in place: state-dict keys stay those of the plain model
     # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32

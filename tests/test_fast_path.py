@@ -87,3 +87,29 @@ def test_training_step_traces_as_one_graph():
         explained = torch._dynamo.explain(loss_fn)(inputs, mask, index, targets, nsp, unpadded)
         assert explained.graph_break_count == 0, explained.break_reasons
         assert explained.graph_count == 1
+
+
+def test_low_precision_residual_keeps_the_stream_16_bit_and_close():
+    """`set_low_precision_residual`: under bf16 autocast every LayerNorm (so the residual stream
+    and the encoder output) is bf16 instead of float32, and the results stay at bf16 rounding."""
+    from bert_kit.model import LayerNorm, set_low_precision_residual
+
+    torch.manual_seed(0)
+    model = BERTForPreTraining(CONFIG).eval()
+    inputs, mask, _, _ = batches(1)[0]
+    with torch.no_grad():
+        reference = model.bert(inputs, mask)[0]  # float32, no autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hf_like = model.bert(inputs, mask)[0]
+            set_low_precision_residual(model)
+            low = model.bert(inputs, mask)[0]
+        plain_fp32 = model.bert(inputs, mask)[0]  # outside autocast the switch changes nothing
+    assert all(m.autocast_output for m in model.modules() if isinstance(m, LayerNorm))
+    assert hf_like.dtype == torch.float32 and low.dtype == torch.bfloat16
+    assert_close(plain_fp32, reference)
+    # LayerNorm outputs are O(1): bf16 keeps 8 bits of mantissa, two layers of rounding
+    assert_close(low.float(), reference, rtol=0, atol=0.1)
+    assert (low.float() - reference).abs().mean() < 0.02
+    set_low_precision_residual(model, enabled=False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.bert(inputs, mask)[0].dtype == torch.float32

@@ -27,6 +27,7 @@ from bert_kit.checkpoint import latest_checkpoint, list_checkpoints, load_traine
 from bert_kit.cli import main as cli
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
+from bert_kit.model import set_low_precision_residual
 from bert_kit.optim import create_optimizer
 from bert_kit.precision import resolve_precision
 from bert_kit.pretrain import PretrainConfig, plan_phases, pretrain
@@ -311,10 +312,11 @@ def test_grad_accumulation_matches_one_large_batch():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.parametrize("low_precision_residual", [False, True])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_steps_on_cpu(precision):
+def test_mixed_precision_steps_on_cpu(precision, low_precision_residual):
     prec = resolve_precision(precision, "cpu", verbose=False)
-    model = _tiny_model()
+    model = set_low_precision_residual(_tiny_model(), low_precision_residual)
     trainer = AMPTrainer(model, create_optimizer(model, "adamw", 1e-3), None, prec)
     assert trainer.scaler.is_enabled() == (precision == "fp16")
     losses = [trainer.mlm_step(_batch(0)) for _ in range(5)]
