@@ -15,7 +15,7 @@ SQuAD v1.1 official normalisation), and where a test split exists the best model
         --set lr=5e-5
 
 Tasks: sst2 (dev accuracy), conll (valid F1 picks, test F1 reported), squad (first 38 articles of
-dev-v1.1 train, the other 10 score), stsb (cross-encoder), stsb-bi (bi-encoder, cosine loss).
+dev-v1.1 train, the other 10 score), stsb (cross-encoder), stsb-bi (bi-encoder, the loss its config names).
 One JSON line per (task, implementation) goes to --out as soon as it finishes.
 """
 
