@@ -1,7 +1,9 @@
 """Numerics guard on the GPU: the fast path trains like the plain path at BERT-base size in bf16.
 
-Plain: eager, padded batches, MLM logits at every position, -100 labels.
-Fast: torch.compile, static prediction slots (`pad_masked`), MLM decoder at masked positions only.
+Plain: eager, padded batches, MLM logits at every position, -100 labels, and autocast's own float32
+LayerNorm outputs (a float32 residual stream).
+Fast: torch.compile, static prediction slots (`pad_masked`), MLM decoder at masked positions only,
+bf16 LayerNorm outputs (`set_low_precision_residual`, what `bert-kit pretrain` does).
 Same seed, same WikiText batches, dropout off (so both runs draw no random numbers); prints the
 two loss curves' largest gap, averaged over 20-step windows, and exits 1 past the tolerance.
 
@@ -23,13 +25,14 @@ from pretrain_throughput import real_batches  # noqa: E402
 
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import masked_index, pad_masked  # noqa: E402
+from bert_kit.model import set_low_precision_residual  # noqa: E402
 from bert_kit.training import compute_mlm_loss  # noqa: E402
 
 
 def train(batches: list[dict], fast: bool, steps: int) -> list[float]:
     config = create_model_config("bert-base", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
-    model = BERTForPreTraining(config).cuda().train()
+    model = set_low_precision_residual(BERTForPreTraining(config).cuda().train(), fast)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def loss_fn(b):
