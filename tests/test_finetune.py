@@ -345,6 +345,43 @@ def test_similarity_bi_encoder_cosent_trains(tiny_model, sts, tmp_path):
     assert results["best_step"] is not None and results["metric"] == "spearman"
 
 
+def test_bi_encoder_cosent_steps_match_transformers(minilm_path, data_dir):
+    """Real MiniLM, four AdamW steps on STS-B pairs: bert-kit's bi-encoder path (unpadded encoder,
+    mean pooling, CoSENT, its optimizer groups) and `transformers.AutoModel` with the same loss
+    and groups give the same losses and gradient norms (dropout off, fp32)."""
+    transformers = pytest.importorskip("transformers")
+    from bert_kit.embeddings import mean_pool
+    from bert_kit.optim import create_optimizer
+    from bert_kit.training import compute_cosent_loss
+
+    cfg = FinetuneConfig(model=str(minilm_path), task="similarity", similarity_mode="bi-encoder",
+                         similarity_loss="cosent", unpadded=True, precision="fp32", device="cpu")
+    task = SimilarityTask(cfg)
+    task.bind(get_tokenizer(minilm_path))
+    items = task.read_train(data_dir / "stsb" / "sts-train.csv")[:32]
+    ours = task.build(minilm_path).eval()  # eval(): dropout off; gradients still flow
+    hf = transformers.AutoModel.from_pretrained(minilm_path, add_pooling_layer=False, dtype=torch.float32).eval()
+    opt_ours = create_optimizer(ours, "adamw", 1e-4, 0.01, (0.9, 0.999), 1e-6, "cpu")
+    no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    decay = [p for n, p in hf.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    opt_hf = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                               lr=1e-4, eps=1e-6)
+    for i in range(4):
+        batch = task.collate(items[8 * i: 8 * i + 8])
+        loss_ours = task.loss(ours, batch)[0]
+        hidden = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        loss_hf = compute_cosent_loss(*mean_pool(hidden, batch["attention_mask"]).chunk(2), batch["labels"])
+        assert_close(loss_ours, loss_hf, rtol=1e-4, atol=1e-5, msg=f"step {i}")
+        loss_ours.backward()
+        loss_hf.backward()
+        norm_ours = torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
+        assert_close(norm_ours, torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0), rtol=1e-4, atol=1e-5)
+        for opt in (opt_ours, opt_hf):
+            opt.step()
+            opt.zero_grad()
+    assert loss_ours.item() > 0.1  # a ranking loss with work left: the comparison is not of zeros
+
+
 def test_compiled_finetune_matches_eager(tiny_model, sst2, tmp_path):
     """compile=true trains on padded batches (unpadded is switched off) and follows the eager run."""
     import json
