@@ -122,12 +122,10 @@ VARIANTS = {
     "bertkit-static-rng": lambda c: make_bertkit(c, "default", False, static=True, rng_recompute=True),
     # autocast's float32 LayerNorm outputs, so a float32 residual stream (as HF)
     "bertkit-static-fp32res": lambda c: make_bertkit(c, "default", False, static=True, fp32_residual=True),
-    # static shapes, CUDA graphs and recomputed dropout masks together
+    # static shapes, CUDA graphs and recomputed dropout masks together (inductor's CUDA-graph
+    # pool check rejects this in torch 2.11, see RESULTS.md)
     "bertkit-fast": lambda c: make_bertkit(c, "default", False, static=True, rng_recompute=True,
                                            options={"triton.cudagraphs": True}),
-    # ... and tuned Triton kernels (minutes more of compilation)
-    "bertkit-fast-coord": lambda c: make_bertkit(c, "default", False, static=True, rng_recompute=True,
-                                                 options={"triton.cudagraphs": True, "coordinate_descent_tuning": True}),
     # diagnostic, not a comparable configuration: what dropout (masks, RNG, extra passes) costs
     "bertkit-static-nodropout": lambda c: make_bertkit(dataclasses.replace(c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
                                                        "default", False, static=True),

@@ -13,7 +13,8 @@ What the fast path does, in the same code:
   with variable-length flash attention on CUDA, so no FLOPs are spent on padding; packed sequences
   see only their own tokens (block-diagonal attention). On CPU the same call falls back to padded
   SDPA, which gives identical numbers;
-- no data-dependent Python branches in the hot path, so `torch.compile` sees one graph.
+- no data-dependent Python branches in the hot path, so `torch.compile` sees one graph;
+- optionally a 16-bit residual stream under autocast (`set_low_precision_residual`, on in pretraining).
 """
 
 from __future__ import annotations

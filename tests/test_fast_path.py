@@ -92,7 +92,7 @@ def test_training_step_traces_as_one_graph():
 def test_low_precision_residual_keeps_the_stream_16_bit_and_close():
     """`set_low_precision_residual`: under bf16 autocast every LayerNorm (so the residual stream
     and the encoder output) is bf16 instead of float32, and the results stay at bf16 rounding."""
-    from bert_kit.model import LayerNorm, set_low_precision_residual
+    from bert_kit import LayerNorm, set_low_precision_residual
 
     torch.manual_seed(0)
     model = BERTForPreTraining(CONFIG).eval()
