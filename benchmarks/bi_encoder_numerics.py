@@ -21,6 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_quality import HFAdapter  # noqa: E402
+
 from bert_kit.embeddings import mean_pool  # noqa: E402
 from bert_kit.finetune import FinetuneConfig  # noqa: E402
 from bert_kit.metrics import spearman  # noqa: E402
@@ -28,20 +31,6 @@ from bert_kit.optim import create_optimizer  # noqa: E402
 from bert_kit.tasks import SimilarityTask  # noqa: E402
 from bert_kit.tokenizer import get_tokenizer  # noqa: E402
 from bert_kit.training import compute_cosent_loss  # noqa: E402
-
-
-class HFEncoder(torch.nn.Module):
-    """`transformers.AutoModel` called as bert-kit's encoder: (ids, mask, types) -> (B, T, H)."""
-
-    def __init__(self, model: str, device: torch.device):
-        import transformers
-
-        super().__init__()
-        self.hf = transformers.AutoModel.from_pretrained(model, add_pooling_layer=False, dtype=torch.float32).to(device)
-        self.config = self.hf.config
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None, unpadded: bool = False):
-        return self.hf(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def train(task: SimilarityTask, model: torch.nn.Module, batches: list[dict], bf16: bool, device: torch.device,
@@ -94,7 +83,13 @@ def main() -> None:
     for name, bf16 in (("bert-kit float32", False), ("bert-kit bf16", True), ("transformers bf16", True)):
         t0 = time.time()
         torch.manual_seed(0)
-        model = HFEncoder(args.model, device) if name.startswith("transformers") else task.build(args.model).to(device)
+        if name.startswith("transformers"):
+            import transformers
+
+            hf = transformers.AutoModel.from_pretrained(args.model, add_pooling_layer=False, dtype=torch.float32)
+            model = HFAdapter(hf, "encoder").to(device)  # called as bert-kit's encoder: (B, T, H)
+        else:
+            model = task.build(args.model).to(device)
         runs[name] = train(task, model, batches, bf16, device, args.lr)
         dev = spearman(task.scores(model, s1, s2, scoring), gold)
         print(f"{name:18s} sts-dev Spearman {100 * dev:.2f}  last-10 loss {sum(runs[name][-10:]) / 10:.4f}  "
