@@ -15,6 +15,8 @@ What the fast path does, in the same code:
   SDPA, which gives identical numbers;
 - no data-dependent Python branches in the hot path, so `torch.compile` sees one graph;
 - optionally a 16-bit residual stream under autocast (`set_low_precision_residual`, on in pretraining).
+- hidden dropout draws its mask with a Triton kernel when compiled on CUDA (`dropout.py`): inductor's
+  per-element random numbers made the fused dropout + residual + LayerNorm kernel compute-bound.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bert_kit.config import BertConfig
+from bert_kit.dropout import Dropout
 
 try:  # variable-length flash attention (PyTorch >= 2.9, CUDA)
     from torch.nn.attention.varlen import varlen_attn
@@ -173,7 +176,7 @@ class BertEmbeddings(nn.Module):
             self.register_buffer("position_table", table, persistent=False)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,7 +243,7 @@ class TransformerEncoderBlock(nn.Module):
         self.attention_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.ffn = FeedForward(config)
         self.ffn_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, packed: Packed | None = None) -> torch.Tensor:
         x = self.attention_norm(x + self.dropout(self.attention(x, mask, packed)))
