@@ -26,6 +26,7 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bert_kit.dropout  # noqa: E402
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import masked_index, pad_masked  # noqa: E402
 from bert_kit.model import estimate_mfu, set_low_precision_residual  # noqa: E402
@@ -75,8 +76,11 @@ def real_batches(path: Path, batch: int, seq: int, n: int, tokenizer_dir: Path) 
 
 
 def make_bertkit(config, compile_mode: str | None, unpadded: bool, static: bool = False,
-                 options: dict | None = None, fp32_residual: bool = False, rng_recompute: bool = False):
+                 options: dict | None = None, fp32_residual: bool = False, rng_recompute: bool = False,
+                 cudnn_attention: bool = True, triton_dropout: bool = True):
+    bert_kit.dropout.triton_mask_enabled = triton_dropout  # read when traced
     torch._functorch.config.functionalize_rng_ops = rng_recompute  # process-wide, read when traced
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)  # off: SDPA falls back to flash attention
     model = set_low_precision_residual(BERTForPreTraining(config).cuda(), not fp32_residual)
 
     def loss_fn(b):
@@ -96,6 +100,7 @@ def make_hf(config, compile_mode: str | None, attn: str):
     import transformers
 
     torch._functorch.config.functionalize_rng_ops = False
+    torch.backends.cuda.enable_cudnn_sdp(True)
     hf_config = transformers.BertConfig(**config.to_hf_dict(), attn_implementation=attn)
     model = transformers.BertForPreTraining(hf_config).cuda()
 
@@ -113,6 +118,15 @@ VARIANTS = {
     "bertkit-compile": lambda c: make_bertkit(c, "default", False),
     "bertkit-static": lambda c: make_bertkit(c, "default", False, static=True),
     "bertkit-static-cudagraphs": lambda c: make_bertkit(c, "reduce-overhead", False, static=True),
+    "bertkit-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True,
+                                                       options={"triton.cudagraphs": True,
+                                                                "coordinate_descent_tuning": True}),
+    # inductor's own dropout (one Philox call per element) instead of bert_kit.dropout's mask
+    "bertkit-static-inductordropout": lambda c: make_bertkit(c, "default", False, static=True, triton_dropout=False),
+    # SDPA's flash kernel instead of cuDNN's
+    "bertkit-static-flash": lambda c: make_bertkit(c, "default", False, static=True, cudnn_attention=False),
+    # independent small kernels (bias gradients, optimizer pieces) launched as one
+    "bertkit-static-combo": lambda c: make_bertkit(c, "default", False, static=True, options={"combo_kernels": True}),
     # Triton matmul templates with fused epilogues, chosen by benchmarking (minutes of compilation)
     "bertkit-autotune": lambda c: make_bertkit(c, "max-autotune-no-cudagraphs", False, static=True),
     # Triton block sizes of the elementwise and LayerNorm kernels tuned by benchmarking
@@ -129,6 +143,10 @@ VARIANTS = {
     # diagnostic, not a comparable configuration: what dropout (masks, RNG, extra passes) costs
     "bertkit-static-nodropout": lambda c: make_bertkit(dataclasses.replace(c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
                                                        "default", False, static=True),
+    "bertkit-static-noattndropout": lambda c: make_bertkit(dataclasses.replace(c, attention_probs_dropout_prob=0.0),
+                                                           "default", False, static=True),
+    "bertkit-static-nohiddendropout": lambda c: make_bertkit(dataclasses.replace(c, hidden_dropout_prob=0.0),
+                                                             "default", False, static=True),
     "bertkit-unpadded": lambda c: make_bertkit(c, None, True),
     "bertkit-unpadded-compile": lambda c: make_bertkit(c, "default", True),
     "hf-eager": lambda c: make_hf(c, None, "eager"),
