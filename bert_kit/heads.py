@@ -55,6 +55,21 @@ def pad_masked(index: torch.Tensor, targets: torch.Tensor, capacity: int) -> tup
             torch.cat([targets, targets.new_full((capacity - n,), IGNORE_INDEX)]))
 
 
+def with_prediction_slots(batch: dict, share: float = 0.2, multiple: int = 64) -> dict:
+    """`batch` plus masked_index and masked_labels (K,) padded to K fixed prediction slots.
+
+    K = share of the batch's (B, T) positions, rounded up to `multiple` (or more when more are
+    masked), so for a fixed batch shape every step has the same K: a compiled step never
+    recompiles and can be a CUDA graph. Run it where the labels are, on the host, in the loader.
+    """
+    labels = batch["labels"]
+    index = masked_index(labels)
+    capacity = max(int(share * labels.numel() + 0.999999), index.shape[0])
+    capacity = -(-capacity // multiple) * multiple
+    index, targets = pad_masked(index, labels.flatten()[index], capacity)
+    return {**batch, "masked_index": index, "masked_labels": targets}
+
+
 def select_masked(hidden: torch.Tensor, labels: torch.Tensor | None,
                   index: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, H) -> (N, H) at the labelled positions; unchanged when neither is given."""

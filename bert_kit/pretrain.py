@@ -56,7 +56,7 @@ from bert_kit.pretrain_data import (CORPUS_MODES, forever, load_corpus, loader_s
                                     make_loader, phase_loaders, prepare_tokenizer)
 from bert_kit.progress import ProgressLogger, plot_losses, read_metrics, truncate_metrics
 from bert_kit.runconfig import add_config_arguments, config_from_dict, config_to_dict, load_config, save_config
-from bert_kit.training import compute_mlm_loader_loss
+from bert_kit.training import compute_mlm_loader_loss, compute_mlm_loss
 
 PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
 TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
@@ -111,7 +111,11 @@ class PretrainConfig:
     # hardware
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    compile: bool = False  # torch.compile the encoder
+    compile: bool = False
+    """torch.compile the model with static shapes: batches padded to max_length, masked positions
+    gathered into fixed prediction slots (20% of the tokens), the MLM loss compiled too"""
+    cuda_graphs: bool = False  # with compile on one GPU: replay the compiled steps as CUDA graphs (grad_accum 1)
+    compile_tuning: bool = False  # with compile: tune Triton kernels by benchmarking (+2-3% tokens/s, minutes to compile)
     low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
@@ -128,6 +132,11 @@ class PretrainConfig:
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
+        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
+            raise ValueError("cuda_graphs and compile_tuning need compile: true")
+        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+            raise ValueError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
+                             "overwritten by its next replay, before they could be accumulated")
         for name in ("batch_size", "grad_accum", "max_steps", "max_length", "log_every", "shuffle_buffer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -226,18 +235,29 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
     return model
 
 
-def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None) -> dict[str, float]:
+def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device) -> None:
+    """torch.compile `model` in place with static shapes, CUDA graphs and kernel tuning as configured."""
+    if cfg.cuda_graphs and (device.type != "cuda" or world_size() > 1):
+        raise ValueError("cuda_graphs works on one CUDA GPU (one process); turn it off for CPU or torchrun runs")
+    options = {"triton.cudagraphs": cfg.cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
+    model.compile(dynamic=False, options=options if device.type == "cuda" else None)
+
+
+def evaluate(model: torch.nn.Module, loader: Any, precision: Any, max_batches: int | None,
+             prediction_slots: float | None = None) -> dict[str, float]:
     """MLM loss, perplexity, MLM accuracy (+ NSP loss/accuracy) averaged over ranks."""
     loader.set_epoch(0)  # the same batches and masks at every evaluation
-    metrics = compute_mlm_loader_loss(model, loader, precision.device, max_batches, precision.autocast_dtype)
+    metrics = compute_mlm_loader_loss(model, loader, precision.device, max_batches, precision.autocast_dtype,
+                                      prediction_slots)
     return {k: all_reduce_mean(float(v)) for k, v in metrics.items()}
 
 
 def recent_train_losses(recent: dict[str, deque], out: Path, step: int, nsp: bool) -> tuple[float | None, float | None]:
     """Mean MLM and NSP train loss over the last steps; read from metrics.jsonl when no step ran
     in this process (a run resumed at its end)."""
-    if recent["mlm_loss"]:
-        mlm, nsp_losses = list(recent["mlm_loss"]), list(recent["nsp_loss"])
+    if recent["mlm_loss"]:  # floats, or 0-d tensors with deferred checks
+        mlm, nsp_losses = [float(x) for x in recent["mlm_loss"]], [float(x) for x in recent["nsp_loss"]]
     elif is_main() and (out / "metrics.jsonl").is_file():
         since = step - (recent["mlm_loss"].maxlen or 1)
         logged = [r for r in read_metrics(out) if r["type"] == "train" and r["step"] > since]
@@ -282,7 +302,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
         model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
     set_low_precision_residual(model, cfg.low_precision_residual)
     if cfg.compile:
-        model.bert.compile()  # in place: state-dict keys stay those of the plain model
+        compile_model(model.bert if sharded else model, cfg, device)  # in place: state-dict keys unchanged
     # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
     param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
     wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
@@ -292,7 +312,11 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_fraction * cfg.max_steps)
     scheduler = create_scheduler(optimizer, warmup, cfg.max_steps, cfg.schedule, cfg.min_lr_ratio)
-    trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, clip_grad=cfg.clip_grad)
+    # deferred checks: the host reads losses back only at log steps and checkpoints, not every step
+    trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, clip_grad=cfg.clip_grad,
+                         mlm_slots=0.2 if cfg.compile and not sharded else None, deferred_checks=True)
+    if cfg.compile and not sharded:
+        trainer.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False)
     step, resume_state = 0, None
     if checkpoint is not None:
         resume_state = load_checkpoint(checkpoint, model, optimizer=optimizer, scheduler=scheduler,
@@ -315,7 +339,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     window = {"loss": 0.0, "mlm_loss": 0.0, "nsp_loss": 0.0, "n": 0, "tokens": 0, "time": 0.0}
     keep = max(1, min(200, cfg.max_steps // 10))  # the final train loss averages the last 10% of steps
     recent = {"mlm_loss": deque(maxlen=keep), "nsp_loss": deque(maxlen=keep)}
-    first_mlm_loss = None
+    first_mlm_loss = shown_loss = shown_tok_s = None
     train_tokens, train_time, stopped = 0, 0.0, None
     try:
         with StopSignal() as stop:
@@ -357,12 +381,19 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                     recent["nsp_loss"].append(step_loss["nsp_loss"])
 
                 # (c) logging: bar every step, a metrics.jsonl record every log_every steps
+                logging = step % cfg.log_every == 0 or step == cfg.max_steps or step == 1
+                if logging and trainer.deferred:  # wait for the queued steps: their time is this window's
+                    t_sync = time.time()
+                    trainer.check_finite()
+                    window["time"] += time.time() - t_sync
                 tok_s = window["tokens"] * world_size() / max(window["time"], 1e-9)
-                logger.update(step, loss=step_loss["loss"], lr=lr, tok_s=f"{tok_s:,.0f}")
-                if step % cfg.log_every == 0 or step == cfg.max_steps or step == 1:
+                if logging or not trainer.deferred:  # deferred: values known at log steps only
+                    shown_loss, shown_tok_s = float(step_loss["loss"]), f"{tok_s:,.0f}"
+                logger.update(step, loss=shown_loss, lr=lr, tok_s=shown_tok_s)
+                if logging:
                     # every rank reaches this step: losses are averaged over all of them
                     n = window["n"]
-                    losses = {k: all_reduce_mean(window[k] / n) for k in ("loss", "mlm_loss", "nsp_loss")}
+                    losses = {k: all_reduce_mean(float(window[k]) / n) for k in ("loss", "mlm_loss", "nsp_loss")}
                     record = {"loss": losses["loss"], "mlm_loss": losses["mlm_loss"], "lr": lr,
                               "grad_norm": float(full_value(trainer.last["grad_norm"])), "tokens_per_s": tok_s,
                               "phase": phase.index, "max_length": phase.max_length, "epoch": loader.epoch,
@@ -376,7 +407,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
 
                 # (d) periodic evaluation
                 if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                    metrics = evaluate(trainer.raw_model, eval_loader, precision, cfg.eval_batches)
+                    metrics = evaluate(trainer.raw_model, eval_loader, precision, cfg.eval_batches, trainer.mlm_slots)
                     logger.log("eval", step, **metrics)
                     logger.message(f"step {step}: eval mlm_loss {metrics['mlm_loss']:.4f}, "
                                    f"perplexity {metrics['perplexity']:.1f}")
@@ -384,6 +415,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
                 # (e) checkpoint every save_every steps, at the end, and when asked to stop
                 stopping = any_rank(stop.signum is not None)
                 if stopping or step == cfg.max_steps or (cfg.save_every and step % cfg.save_every == 0):
+                    trainer.check_finite()  # never save weights after a skipped (non-finite) step
                     collected = collect_state(model, optimizer)  # every rank: gathers FSDP2 shards, RNG states
                     data_state = loader_state(loader, phase)  # every rank: a stream gathers each rank's position
                     if main:
@@ -407,7 +439,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
             "train_mlm_loss": train_mlm, "train_nsp_loss": train_nsp,
             "test_mlm_loss": None, "test_nsp_loss": None, "test_nsp_accuracy": None,
             "test_perplexity": None, "test_mlm_accuracy": None,
-            "initial_train_mlm_loss": first_mlm_loss, "steps": step, "world_size": world_size(),
+            "initial_train_mlm_loss": float(first_mlm_loss) if first_mlm_loss is not None else None, "steps": step, "world_size": world_size(),
             "global_batch": phases[-1].batch_size * phases[-1].grad_accum * world_size(),
             "tokens_per_second": train_tokens / train_time if train_time else None,
             "train_tokens": train_tokens, "wall_time_s": None, "stopped": stopped, "output_dir": str(out),
@@ -416,7 +448,7 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
             # resumed at the very end (a crash after the last checkpoint): still evaluate
             _, eval_loader, _ = phase_loaders(cfg, corpus, tokenizer, phases[-1], device)
         if stopped is None and eval_loader is not None:
-            metrics = evaluate(trainer.raw_model, eval_loader, precision, None)
+            metrics = evaluate(trainer.raw_model, eval_loader, precision, None, trainer.mlm_slots)
             logger.log("eval", step, **metrics, final=True)
             results.update(test_mlm_loss=metrics["mlm_loss"], test_perplexity=metrics["perplexity"],
                            test_mlm_accuracy=metrics["mlm_accuracy"], test_nsp_loss=metrics.get("nsp_loss"),

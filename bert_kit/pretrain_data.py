@@ -137,7 +137,7 @@ def make_datasets(cfg: PretrainConfig, corpus: dict, tokenizer: Any, max_length:
 
 
 def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: int, train: bool,
-                device: torch.device) -> Any:
+                device: torch.device, max_length: int | None = None) -> Any:
     """A resumable loader: shuffled order and masks are functions of (seed, epoch, batch index).
     A `StreamingTextDataset` gets a `StreamingDataLoader`, anything else a `ResumableDataLoader`."""
     from bert_kit.data.corpus import StreamingTextDataset
@@ -149,8 +149,10 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     # masks: a stream per rank (rank 0's is the single-process one), but one for a streamed eval,
     # which every rank runs whole; multiples of 8 suit tensor cores
     mask_seed = seed if streamed and not train else seed + 1_000_003 * rank()
+    # a compiled model takes one static shape: every batch padded to max_length
+    pad_to = (max_length or cfg.max_length) if cfg.compile else 8
     collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
-                                  pad_to_multiple_of=8, seed=mask_seed)
+                                  pad_to_multiple_of=pad_to, seed=mask_seed)
     if streamed:
         return StreamingDataLoader(dataset, collator, batch_size, cfg.num_workers, device.type == "cuda", seed)
     # one shuffled order shared by all ranks, each taking every world_size-th example of it
@@ -182,8 +184,9 @@ def phase_loaders(cfg: PretrainConfig, corpus: dict, tokenizer: Any, phase: Phas
     this phase, the train loader continues where that run stopped.
     """
     train_ds, eval_ds = make_datasets(cfg, corpus, tokenizer, phase.max_length)
-    loader = make_loader(cfg, train_ds, tokenizer, phase.batch_size, True, device)
-    eval_loader = make_loader(cfg, eval_ds, tokenizer, phase.batch_size, False, device) if eval_ds is not None else None
+    loader = make_loader(cfg, train_ds, tokenizer, phase.batch_size, True, device, phase.max_length)
+    eval_loader = (make_loader(cfg, eval_ds, tokenizer, phase.batch_size, False, device, phase.max_length)
+                   if eval_ds is not None else None)
     if corpus.get("streaming"):
         about = f"streamed train (shuffle buffer {cfg.shuffle_buffer}) / streamed eval sequences"
     else:

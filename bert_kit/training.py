@@ -19,11 +19,12 @@ def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
     logits: (B, T, V) for every position, or (N, V) for the N labelled positions only (what the
         MLM heads return when given `labels`); labels: (B, T) with -100 where nothing is masked,
-        or the (N,) targets themselves (`labels.flatten()[masked_index]`).
+        or the (N,) targets themselves (`labels.flatten()[masked_index]`, -100 in padded slots).
     Computed in float32 whatever the logits' dtype, for a stable softmax over 30k classes.
     """
-    if labels.dim() == 1 and logits.dim() == 2:
-        return F.cross_entropy(logits.float(), labels)
+    if labels.dim() == 1 and logits.dim() == 2:  # -100 marks padded prediction slots; none labelled: 0
+        total = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / (labels != IGNORE_INDEX).sum().clamp(min=1)
     if logits.dim() == 3:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
     targets = labels.flatten()
@@ -69,13 +70,17 @@ def _to(batch: dict, device: torch.device | str) -> dict:
 @torch.no_grad()
 def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], device: torch.device | str = "cpu",
                             max_batches: int | None = None,
-                            autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+                            autocast_dtype: torch.dtype | None = None,
+                            prediction_slots: float | None = None) -> dict[str, float]:
     """Evaluate an MLM (or MLM + NSP) model over a loader of dict batches.
 
     Batches hold input_ids, attention_mask, token_type_ids, labels and optionally
     next_sentence_label. Returns mlm_loss (token-weighted mean), perplexity, mlm_accuracy and,
-    when NSP labels are present, nsp_loss and nsp_accuracy.
+    when NSP labels are present, nsp_loss and nsp_accuracy. prediction_slots: gather the masked
+    positions into fixed slots (`with_prediction_slots`), for a model compiled with static shapes.
     """
+    from bert_kit.heads import with_prediction_slots
+
     was_training = model.training
     model.eval()
     mlm_sum = mlm_correct = mlm_count = 0.0
@@ -84,16 +89,23 @@ def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], devi
     for i, batch in enumerate(loader):
         if max_batches is not None and i >= max_batches:
             break
+        if prediction_slots:
+            batch = with_prediction_slots(batch, prediction_slots)
         batch = _to(batch, device)
-        labels = batch["labels"]
+        if prediction_slots:
+            selected = {"masked_index": batch["masked_index"]}
+            targets = batch["masked_labels"]  # -100 in the padded slots
+        else:
+            selected = {"labels": batch["labels"]}
+            targets = batch["labels"].flatten()[batch["labels"].flatten() != IGNORE_INDEX]
         with torch.autocast(device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), labels=labels)
+            out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), **selected)
         mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
-        targets = labels.flatten()[labels.flatten() != IGNORE_INDEX]
-        n = targets.numel()
+        real = targets != IGNORE_INDEX
+        n = int(real.sum())
         if n:
-            mlm_sum += F.cross_entropy(mlm_logits.float(), targets, reduction="sum").item()
-            mlm_correct += (mlm_logits.argmax(-1) == targets).sum().item()
+            mlm_sum += F.cross_entropy(mlm_logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum").item()
+            mlm_correct += ((mlm_logits.argmax(-1) == targets) & real).sum().item()
             mlm_count += n
         nsp_labels = batch.get("next_sentence_label")
         if nsp_logits is not None and nsp_labels is not None:

@@ -34,6 +34,7 @@ from bert_kit.pretrain import PretrainConfig, plan_phases, pretrain
 from bert_kit.progress import ProgressLogger, read_metrics
 from bert_kit.runconfig import load_config
 from bert_kit.tokenizer import train_tokenizer
+from bert_kit.training import compute_mlm_loss
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
 REPO = Path(__file__).resolve().parents[1]
@@ -149,8 +150,20 @@ def test_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
     assert results["stopped"] == "SIGINT" and results["steps"] == step
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("deferred", [False, True])
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys, deferred):
+    """deferred: with a fused AdamW (as on CUDA) the trainer checks losses on the device and the
+    loop reads the flag at log steps and before checkpoints; the outcome must be the same."""
     original, calls = bert_kit.amp.compute_mlm_loss, {"n": 0}
+    if deferred:
+        make = bert_kit.pretrain.create_optimizer
+
+        def fused_adamw(model, *args, **kwargs):
+            groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
+            return torch.optim.AdamW(groups, fused=True)
+
+        monkeypatch.setattr(bert_kit.pretrain, "create_optimizer", fused_adamw)
+        monkeypatch.setattr(bert_kit.amp.AMPTrainer, "check_finite", _counting(bert_kit.amp.AMPTrainer.check_finite))
 
     def poisoned(logits, labels):
         calls["n"] += 1
@@ -161,6 +174,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     cfg = tiny_config(tmp_path, save_every=5, eval_every=0)
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 13 .*mlm_loss=nan.*step-0000010"):
         pretrain(cfg)
+    assert _counting.calls > 0 if deferred else True
     out = Path(cfg.output_dir)
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000005", "step-0000010"]
     assert not (out / "final").exists()
@@ -173,6 +187,16 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     code = cli(["pretrain", "--config", str(out / "run_config.yaml"), f"output_dir={tmp_path / 'cli'}"])
     err = capsys.readouterr().err
     assert code == 1 and "non-finite loss at step 13" in err and "Last good checkpoint" in err
+
+
+def _counting(fn):
+    def wrapper(self, *args, **kwargs):
+        _counting.calls += self.deferred
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+_counting.calls = 0
 
 
 def test_bad_config_and_data_give_clear_errors(tmp_path, capsys):
@@ -336,3 +360,106 @@ def test_classification_step_learns_a_fixed_batch():
     losses = [trainer.classification_step(batch) for _ in range(20)]
     assert trainer.step == 10
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_prediction_slots_give_the_same_step_as_labels():
+    """`mlm_slots` (static shapes for a compiled run): same loss, gradients and weights as the
+    variable-size masked positions, and the padded slots count for nothing."""
+    from bert_kit.heads import with_prediction_slots
+
+    batch = _batch(1, 8)
+    slotted = with_prediction_slots(batch, share=0.2, multiple=16)
+    n = int((batch["labels"] != -100).sum())
+    assert slotted["masked_index"].shape == slotted["masked_labels"].shape == (32,)  # 0.2 * 96 -> 20 -> 32
+    assert int((slotted["masked_labels"] != -100).sum()) == n
+    assert with_prediction_slots(batch, share=0.01, multiple=16)["masked_index"].shape == (32,)  # n = 24 fits
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    m1, m2 = _tiny_model(), _tiny_model()
+    t1 = AMPTrainer(m1, create_optimizer(m1, "adamw", 1e-2), None, fp32)
+    t2 = AMPTrainer(m2, create_optimizer(m2, "adamw", 1e-2), None, fp32, mlm_slots=0.2)
+    for seed in (1, 2):
+        assert t2.mlm_step(_batch(seed, 8)) == pytest.approx(t1.mlm_step(_batch(seed, 8)), rel=1e-6)
+        torch.testing.assert_close(t2.last["grad_norm"], t1.last["grad_norm"], rtol=1e-5, atol=1e-7)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+    # evaluation with slots reports the same metrics as with labels
+    from bert_kit.training import compute_mlm_loader_loss
+
+    loader = [_batch(3, 8), _batch(4, 5)]
+    plain = compute_mlm_loader_loss(m1, loader)
+    slots = compute_mlm_loader_loss(m1, loader, prediction_slots=0.2)
+    assert slots.keys() == plain.keys() and slots["mlm_tokens"] == plain["mlm_tokens"]
+    for k in plain:
+        assert slots[k] == pytest.approx(plain[k], rel=1e-5), k
+
+
+def test_mlm_loss_over_padded_slots_ignores_them_and_is_zero_when_empty():
+    logits = torch.randn(6, 10)
+    targets = torch.tensor([3, 1, 7, -100, -100, -100])
+    expected = torch.nn.functional.cross_entropy(logits[:3], targets[:3])
+    torch.testing.assert_close(compute_mlm_loss(logits, targets), expected)
+    assert compute_mlm_loss(logits, torch.full((6,), -100)).item() == 0.0
+
+
+def test_cuda_graphs_settings_are_checked():
+    with pytest.raises(ValueError, match="need compile: true"):
+        PretrainConfig(cuda_graphs=True)
+    with pytest.raises(ValueError, match="grad_accum 1 in every phase"):
+        PretrainConfig(compile=True, cuda_graphs=True, phases=[{"fraction": 0.9}, {"fraction": 0.1, "grad_accum": 8}])
+    PretrainConfig(compile=True, cuda_graphs=True, compile_tuning=True)  # fine on its own
+
+
+def test_compiled_run_trains_on_static_shapes(tmp_path):
+    """compile=true: batches padded to max_length, fixed prediction slots, the loss compiled; the
+    run learns like the eager one (dropout draws differ) and evaluates without recompiling."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = pretrain(tiny_config(tmp_path, "eager", max_steps=30, eval_every=10, lr=3e-3))
+    compiled = pretrain(tiny_config(tmp_path, "compiled", max_steps=30, eval_every=10, lr=3e-3, compile=True))
+    assert compiled["test_mlm_loss"] < compiled["initial_train_mlm_loss"] - 1.0  # 4.75 -> 3.4
+    assert compiled["test_mlm_loss"] == pytest.approx(eager["test_mlm_loss"], abs=0.15)
+    evals = [r for r in read_metrics(tmp_path / "compiled") if r["type"] == "eval"]
+    assert len(evals) == 3 and evals[-1]["mlm_tokens"] > 0
+    torch._dynamo.reset()
+
+
+def test_deferred_checks_skip_updates_from_the_first_bad_step_and_raise_later():
+    """deferred_checks: no loss read back per step; a NaN at step 3 leaves the weights of step 2
+    (the fused optimizer skips steps 3 and 4 on the device) and check_finite names step 3."""
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+
+    def trainer_for(model, deferred):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        return AMPTrainer(model, opt, None, fp32, deferred_checks=deferred)
+
+    reference, model = _tiny_model(), _tiny_model()
+    t_ref, t = trainer_for(reference, False), trainer_for(model, True)
+    assert t.deferred and not t_ref.deferred
+    for seed in (1, 2):
+        loss = t.mlm_step(_batch(seed))
+        assert torch.is_tensor(loss) and loss.item() == pytest.approx(t_ref.mlm_step(_batch(seed)), rel=1e-6)
+    t.check_finite()  # nothing bad yet
+    bad = _batch(3)
+    bad["input_ids"] = bad["input_ids"].clone()
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]] = float("nan")
+    t.mlm_step(bad)
+    with torch.no_grad():  # repair the row: step 4 is finite but must not be applied either
+        model.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]] = \
+            reference.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]]
+    t.mlm_step(_batch(4))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 3 .*mlm_loss=nan"):
+        t.check_finite()
+    for (k, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=k)
+    assert t.optimizer.state[next(model.parameters())]["step"].item() == 2  # skipped steps not counted
+    assert not hasattr(t.optimizer, "found_inf")
+
+
+def test_deferred_checks_need_a_fused_optimizer():
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    model = _tiny_model()
+    plain = AMPTrainer(model, create_optimizer(model, "adamw", 1e-3), None, fp32, deferred_checks=True)
+    assert not plain.deferred  # the default CPU AdamW cannot skip an update on its own: reads losses back
+    assert isinstance(plain.mlm_step(_batch(0)), float)
