@@ -171,8 +171,8 @@ class AMPTrainer:
             self._first_bad = torch.zeros((), dtype=torch.long, device=stacked.device)
         first = torch.isfinite(stacked).all().logical_not() & (self._first_bad == 0)
         self._first_bad = torch.where(first, self.step + 1, self._first_bad)
-        self._bad_losses = {k: torch.where(first, v.float(), self._bad_losses.get(k, torch.zeros_like(v, dtype=torch.float32)))
-                            for k, v in values.items()}
+        zero = torch.zeros((), device=stacked.device)
+        self._bad_losses = {k: torch.where(first, v.float(), self._bad_losses.get(k, zero)) for k, v in values.items()}
 
     def check_finite(self) -> None:
         """Deferred mode: raise `NonFiniteLossError` if a loss so far was NaN or infinite (one device sync)."""

@@ -113,9 +113,10 @@ class PretrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     compile: bool = False
     """torch.compile the model with static shapes: batches padded to max_length, masked positions
-    gathered into fixed prediction slots (20% of the tokens), the MLM loss compiled too"""
+    gathered into fixed prediction slots (20% of the tokens), the MLM loss compiled too (with
+    parallel=fsdp on several ranks: the encoder only)"""
     cuda_graphs: bool = False  # with compile on one GPU: replay the compiled steps as CUDA graphs (grad_accum 1)
-    compile_tuning: bool = False  # with compile: tune Triton kernels by benchmarking (+2-3% tokens/s, minutes to compile)
+    compile_tuning: bool = False  # with compile: Triton kernels tuned by benchmarking (+2-3%, minutes to compile)
     low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
@@ -439,7 +440,8 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
             "train_mlm_loss": train_mlm, "train_nsp_loss": train_nsp,
             "test_mlm_loss": None, "test_nsp_loss": None, "test_nsp_accuracy": None,
             "test_perplexity": None, "test_mlm_accuracy": None,
-            "initial_train_mlm_loss": float(first_mlm_loss) if first_mlm_loss is not None else None, "steps": step, "world_size": world_size(),
+            "initial_train_mlm_loss": float(first_mlm_loss) if first_mlm_loss is not None else None,
+            "steps": step, "world_size": world_size(),
             "global_batch": phases[-1].batch_size * phases[-1].grad_accum * world_size(),
             "tokens_per_second": train_tokens / train_time if train_time else None,
             "train_tokens": train_tokens, "wall_time_s": None, "stopped": stopped, "output_dir": str(out),

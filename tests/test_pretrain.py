@@ -401,7 +401,10 @@ def test_mlm_loss_over_padded_slots_ignores_them_and_is_zero_when_empty():
     assert compute_mlm_loss(logits, torch.full((6,), -100)).item() == 0.0
 
 
-def test_cuda_graphs_settings_are_checked():
+def test_cuda_graphs_settings_are_checked(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one CUDA GPU"):
+            pretrain(tiny_config(tmp_path, compile=True, cuda_graphs=True))
     with pytest.raises(ValueError, match="need compile: true"):
         PretrainConfig(cuda_graphs=True)
     with pytest.raises(ValueError, match="grad_accum 1 in every phase"):
