@@ -35,13 +35,13 @@ def test_triton_mask_keeps_the_right_share_and_covers_every_element(n):
     mask = bk_dropout.dropout_mask(seed, [n], p)
     assert mask.dtype == torch.bool and mask.shape == (n,)
     assert torch.equal(mask, bk_dropout.dropout_mask(seed, [n], p))  # same seed, same mask
-    if n >= 8192:
+    if n >= 8191:  # the tail of the last block as well
         keep = mask.float().mean().item()
         sd = (0.9 * 0.1 / n) ** 0.5
         assert abs(keep - (1 - round(p * 65536) / 65536)) < 5 * sd
         other = bk_dropout.dropout_mask(seed + 1, [n], p)
         assert (mask != other).float().mean().item() > 0.1  # another seed, another mask
-        # no structure between neighbouring elements or the 8 draws of one Philox call
+    if n > 100_000:  # no structure between neighbours or the 8 draws of one Philox call (10 sd)
         m = mask.float()
         assert abs(torch.corrcoef(torch.stack([m[:-1], m[1:]]))[0, 1].item()) < 0.01
 
