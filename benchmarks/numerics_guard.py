@@ -2,7 +2,7 @@
 
 Plain: eager, padded batches, MLM logits at every position, -100 labels, and autocast's own float32
 LayerNorm outputs (a float32 residual stream).
-Fast: torch.compile, static prediction slots (`pad_masked`), MLM decoder at masked positions only,
+Fast: torch.compile, static prediction slots (`with_prediction_slots`), MLM decoder at masked positions only,
 bf16 LayerNorm outputs (`set_low_precision_residual`, what `bert-kit pretrain` does).
 Same seed, same WikiText batches, dropout off (so both runs draw no random numbers); prints the
 two loss curves' largest gap, averaged over 20-step windows, and exits 1 past the tolerance.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import real_batches  # noqa: E402
 
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
-from bert_kit.heads import masked_index, pad_masked  # noqa: E402
+from bert_kit.heads import with_prediction_slots  # noqa: E402
 from bert_kit.model import set_low_precision_residual  # noqa: E402
 from bert_kit.training import compute_mlm_loss  # noqa: E402
 
@@ -44,8 +44,8 @@ def train(batches: list[dict], fast: bool, steps: int, dropout: float = 0.0, dro
 
     def loss_fn(b):
         if fast:
-            mlm, nsp = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], masked_index=b["index"])
-            mlm_loss = compute_mlm_loss(mlm, b["targets"])
+            mlm, nsp = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], masked_index=b["masked_index"])
+            mlm_loss = compute_mlm_loss(mlm, b["masked_labels"])
         else:
             mlm, nsp = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
             mlm_loss = compute_mlm_loss(mlm, b["labels"])
@@ -95,8 +95,7 @@ def main() -> None:
     for b in batches:  # pad every batch to 128 so the compiled fast path sees one shape
         pad = 128 - b["input_ids"].shape[1]
         b = {k: (F.pad(v, (0, pad), value=-100 if k == "labels" else 0) if v.dim() == 2 else v) for k, v in b.items()}
-        index = masked_index(b["labels"])
-        b["index"], b["targets"] = pad_masked(index, b["labels"].flatten()[index], capacity=args.batch * 128 // 5)
+        b = with_prediction_slots(b, share=0.2, multiple=1)
         dev.append({k: v.cuda() for k, v in b.items()})
     if args.dropout:
         sys.exit(0 if compare_with_dropout(dev, args.steps, args.seeds, args.tolerance) else 1)

@@ -302,8 +302,9 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     if not sharded:
         model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
     set_low_precision_residual(model, cfg.low_precision_residual)
+    whole_model = cfg.compile and not sharded  # compiled with heads and loss on fixed prediction slots
     if cfg.compile:
-        compile_model(model.bert if sharded else model, cfg, device)  # in place: state-dict keys unchanged
+        compile_model(model if whole_model else model.bert, cfg, device)  # in place: state-dict keys unchanged
     # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
     param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
     wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
@@ -315,8 +316,8 @@ def _pretrain(cfg: PretrainConfig, resume: str | None) -> dict[str, Any]:
     scheduler = create_scheduler(optimizer, warmup, cfg.max_steps, cfg.schedule, cfg.min_lr_ratio)
     # deferred checks: the host reads losses back only at log steps and checkpoints, not every step
     trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, clip_grad=cfg.clip_grad,
-                         mlm_slots=0.2 if cfg.compile and not sharded else None, deferred_checks=True)
-    if cfg.compile and not sharded:
+                         mlm_slots=0.2 if whole_model else None, deferred_checks=True)
+    if whole_model:
         trainer.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False)
     step, resume_state = 0, None
     if checkpoint is not None:

@@ -11,6 +11,8 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
+from bert_kit.heads import with_prediction_slots
+
 IGNORE_INDEX = -100
 
 
@@ -79,7 +81,6 @@ def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], devi
     when NSP labels are present, nsp_loss and nsp_accuracy. prediction_slots: gather the masked
     positions into fixed slots (`with_prediction_slots`), for a model compiled with static shapes.
     """
-    from bert_kit.heads import with_prediction_slots
 
     was_training = model.training
     model.eval()
