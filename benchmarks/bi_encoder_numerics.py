@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from finetune_quality import HFAdapter  # noqa: E402
 
 from bert_kit.embeddings import mean_pool  # noqa: E402
-from bert_kit.finetune import FinetuneConfig  # noqa: E402
+from bert_kit.tasks.finetuning import FinetuneConfig  # noqa: E402
 from bert_kit.metrics import spearman  # noqa: E402
-from bert_kit.optim import create_optimizer  # noqa: E402
-from bert_kit.tasks import SimilarityTask  # noqa: E402
+from bert_kit.training.optim import create_optimizer  # noqa: E402
+from bert_kit.tasks.similarity import SimilarityTask  # noqa: E402
 from bert_kit.tokenizer import get_tokenizer  # noqa: E402
-from bert_kit.training import compute_cosent_loss  # noqa: E402
+from bert_kit.training.losses import compute_cosent_loss  # noqa: E402
 
 
 def train(task: SimilarityTask, model: torch.nn.Module, batches: list[dict], bf16: bool, device: torch.device,

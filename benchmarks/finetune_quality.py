@@ -1,6 +1,6 @@
 """Fine-tuning quality: bert-kit beside a plain HF `transformers` loop, same checkpoint and settings.
 
-For each task the bert-kit side is `bert_kit.finetune.finetune` on configs/finetune_<task>.yaml
+For each task the bert-kit side is `bert_kit.tasks.finetuning.finetune` on configs/finetune_<task>.yaml
 (what `bert-kit finetune --config ...` runs). The HF side is the loop a `transformers` user would
 write: `AutoModelFor<Task>.from_pretrained(folder)`, the model's own loss, AdamW (fused) with no
 decay on biases and LayerNorm weights, `get_linear_schedule_with_warmup`, gradient clipping, bf16
@@ -35,12 +35,13 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bert_kit.embeddings import mean_pool  # noqa: E402
-from bert_kit.finetune import FinetuneConfig, finetune  # noqa: E402
-from bert_kit.precision import resolve_precision  # noqa: E402
-from bert_kit.runconfig import load_config  # noqa: E402
-from bert_kit.tasks import make_task, read_model_metadata  # noqa: E402
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
+from bert_kit.training.precision import resolve_precision  # noqa: E402
+from bert_kit.training.runconfig import load_config  # noqa: E402
+from bert_kit.model_folder import read_model_metadata  # noqa: E402
+from bert_kit.tasks import make_task  # noqa: E402
 from bert_kit.tokenizer import get_tokenizer  # noqa: E402
-from bert_kit.training import compute_cosent_loss  # noqa: E402
+from bert_kit.training.losses import compute_cosent_loss  # noqa: E402
 
 # task -> (config file, data files relative to --data-dir, test file or None)
 TASKS = {

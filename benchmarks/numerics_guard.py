@@ -32,7 +32,7 @@ from pretrain_throughput import real_batches  # noqa: E402
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import with_prediction_slots  # noqa: E402
 from bert_kit.model import set_low_precision_residual  # noqa: E402
-from bert_kit.training import compute_mlm_loss  # noqa: E402
+from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
 
 
 def train(batches: list[dict], fast: bool, steps: int, dropout: float = 0.0, dropout_seed: int = 0) -> list[float]:

@@ -30,7 +30,7 @@ import bert_kit.dropout  # noqa: E402
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import masked_index, with_prediction_slots  # noqa: E402
 from bert_kit.model import estimate_mfu, set_low_precision_residual  # noqa: E402
-from bert_kit.training import compute_mlm_loss  # noqa: E402
+from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
 
 PEAK = 790e12
 

@@ -33,7 +33,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bert_kit import BERTForPreTraining, create_model_config
     from bert_kit.heads import masked_index, pad_masked
-    from bert_kit.training import compute_mlm_loss
+    from bert_kit.training.losses import compute_mlm_loss
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))

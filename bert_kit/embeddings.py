@@ -10,13 +10,11 @@ vector per text, as sentence-transformers does:
 
 Texts are sorted by token count before batching, so each batch pads to nearly its own length,
 and the original order is restored at the end. The pooling functions are plain tensor
-functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks`) trains exactly what is used here.
+functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks.similarity`) trains exactly what is used here.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -112,7 +110,7 @@ class SentenceEncoder:
                         unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
-        from bert_kit.tasks import resolve_model_folder
+        from bert_kit.model_folder import resolve_model_folder
 
         found = resolve_model_folder(folder)
         if found is None:
@@ -194,45 +192,3 @@ def embed(texts: str | Sequence[str], model: str | Path, pooling: str = "mean", 
     if key not in _ENCODERS:
         _ENCODERS[key] = SentenceEncoder.from_pretrained(model, pooling, normalize, max_length, device)
     return _ENCODERS[key].encode(texts, batch_size=batch_size)
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """One text per line; line i of the file is row i of the output (blank lines included)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file not found: {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines:
-        raise ValueError(f"{path}: no lines to embed")
-    return lines
-
-
-# ---- `bert-kit embed` ---------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
-    parser.add_argument("--input", required=True, help="text file, one text per line")
-    parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
-    parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
-    parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
-    parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
-
-
-def run(args: argparse.Namespace) -> int:
-    texts = read_lines(args.input)
-    encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
-                                              args.max_length, args.device, compile=args.compile)
-    t0 = time.perf_counter()
-    vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
-    seconds = time.perf_counter() - t0
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as f:  # np.save(path) would append .npy to other names
-        np.save(f, vectors)
-    print(f"embedded {len(texts)} texts -> {out} {vectors.shape} ({len(texts) / max(seconds, 1e-9):.0f} texts/s "
-          f"on {encoder.device})")
-    return 0

@@ -1,5 +1,5 @@
 """Task heads on top of `BERTModel`. Each head returns logits; losses are plain functions
-(`bert_kit.training`). Parameter layout follows HF so checkpoints map one to one.
+(`bert_kit.training.losses`). Parameter layout follows HF so checkpoints map one to one.
 
 With MLM `labels` (B, T) in the -100 convention, the MLM decoder runs only at the N labelled
 positions and returns (N, V) logits, in row-major order, so `labels[labels != -100]` lines up
@@ -90,6 +90,8 @@ class _TiedMLM(BertPreTrainedModel):
 class BERTForMaskedLM(_TiedMLM):
     """BERT with the masked-language-model head."""
 
+    hf_architecture = "BertForMaskedLM"
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
@@ -109,6 +111,8 @@ class BERTForMaskedLM(_TiedMLM):
 
 class BERTForPreTraining(_TiedMLM):
     """BERT with the MLM head and the next-sentence-prediction head (pretraining)."""
+
+    hf_architecture = "BertForPreTraining"
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -147,6 +151,8 @@ class _Classifier(BertPreTrainedModel):
 class BERTForSequenceClassification(_Classifier):
     """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""
 
+    hf_architecture = "BertForSequenceClassification"
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
         """-> logits (B, num_labels)."""
@@ -156,6 +162,8 @@ class BERTForSequenceClassification(_Classifier):
 
 class BERTForTokenClassification(_Classifier):
     """Per-token linear classifier (NER, POS tagging)."""
+
+    hf_architecture = "BertForTokenClassification"
 
     def __init__(self, config: BertConfig, num_labels: int = 9, classifier_dropout: float | None = None):
         super().__init__(config, num_labels, classifier_dropout)
@@ -169,6 +177,8 @@ class BERTForTokenClassification(_Classifier):
 
 class BERTForQuestionAnswering(BertPreTrainedModel):
     """Extractive QA: a linear layer gives start and end logits for every token."""
+
+    hf_architecture = "BertForQuestionAnswering"
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -186,11 +196,7 @@ class BERTForQuestionAnswering(BertPreTrainedModel):
         return start, end
 
 
-HEAD_CLASSES = {
-    "BertModel": BERTModel,
-    "BertForPreTraining": BERTForPreTraining,
-    "BertForMaskedLM": BERTForMaskedLM,
-    "BertForSequenceClassification": BERTForSequenceClassification,
-    "BertForTokenClassification": BERTForTokenClassification,
-    "BertForQuestionAnswering": BERTForQuestionAnswering,
-}
+# HF architecture name -> our class (config.json "architectures"); `save_pretrained` writes the name
+HEAD_CLASSES = {cls.hf_architecture: cls for cls in (BERTModel, BERTForPreTraining, BERTForMaskedLM,
+                                                      BERTForSequenceClassification, BERTForTokenClassification,
+                                                      BERTForQuestionAnswering)}

@@ -221,12 +221,9 @@ def save_pretrained(model: nn.Module, folder: str | Path) -> None:
     """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads."""
     from safetensors.torch import save_file
 
-    from bert_kit.heads import HEAD_CLASSES
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    hf_name = next((n for n, c in HEAD_CLASSES.items() if type(model) is c), "BertModel")
-    config = {**model.config.to_hf_dict(), "architectures": [hf_name]}
+    config = {**model.config.to_hf_dict(), "architectures": [getattr(model, "hf_architecture", "BertModel")]}
     if hasattr(model, "num_labels"):
         config["id2label"] = getattr(model, "id2label", None) or {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
         config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}

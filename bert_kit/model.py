@@ -307,6 +307,7 @@ class BertPreTrainedModel(nn.Module):
     """Shared by BERTModel and every head: BERT's weight init and HF-compatible load/save."""
 
     config: BertConfig
+    hf_architecture = "BertModel"  # the class name `transformers` loads a saved folder with
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's init: N(0, 0.02) weights, zero biases, zero padding embedding, unit LayerNorm."""

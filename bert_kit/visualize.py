@@ -15,7 +15,6 @@ which the tests check against the model's own forward pass.
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Sequence
@@ -131,38 +130,3 @@ def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110)
     return path
-
-
-# ---- `bert-kit attention` -----------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit) with a tokenizer")
-    parser.add_argument("--text", required=True, help="the text to show attention for")
-    parser.add_argument("--text-pair", default=None, help="optional second segment ([SEP]-separated pair)")
-    parser.add_argument("--output", required=True, help="PNG to write")
-    parser.add_argument("--layers", default=None, help="layers to draw, e.g. 0,5 or 0-2 (default: all)")
-    parser.add_argument("--heads", default=None, help="heads to draw, e.g. 0-3 (default: all)")
-    parser.add_argument("--max-length", type=int, default=128, help="longer texts are truncated")
-    parser.add_argument("--save-npy", default=None, help="also write the (L, nh, T, T) probabilities here")
-
-
-def run(args: argparse.Namespace) -> int:
-    from bert_kit.tokenizer import get_tokenizer
-
-    model = BERTModel.from_pretrained(args.model)
-    tokenizer = get_tokenizer(args.model)
-    if not args.text.strip():
-        raise ValueError("--text is empty")
-    enc = tokenizer(args.text, args.text_pair, max_length=args.max_length)
-    _, attentions = attention_maps(model, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
-    att = attentions[:, 0]  # (L, nh, T, T) of the one text
-    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    layers = _parse_indices(args.layers, att.shape[0], "layers")
-    heads = _parse_indices(args.heads, att.shape[1], "heads")
-    title = f"{Path(args.model).name}: {args.text[:80]!r}"
-    path = plot_attention_grid(att, tokens, args.output, layers, heads, title=title)
-    if args.save_npy:
-        with open(args.save_npy, "wb") as f:
-            np.save(f, att.numpy())
-    print(f"wrote {path}: {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
-    return 0

@@ -6,7 +6,7 @@
 Tags are per word while BERT sees WordPieces: the first piece of each word carries the word's
 tag (the others are ignored by the loss, label -100), and a word's prediction is read from its
 first piece. Scores are entity-level precision / recall / F1, as conlleval and seqeval count
-them. The run itself is `bert_kit.finetune.finetune`, the same as `bert-kit finetune
+them. The run itself is `bert_kit.tasks.finetuning.finetune`, the same as `bert-kit finetune
 --config configs/finetune_conll.yaml`.
 """
 
@@ -20,9 +20,9 @@ import torch
 
 from bert_kit import BERTForTokenClassification, get_tokenizer
 from bert_kit.data.ner import predictions_to_words
-from bert_kit.finetune import FinetuneConfig, finetune
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.metrics import get_entities
-from bert_kit.tasks import read_model_metadata
+from bert_kit.model_folder import read_model_metadata
 
 DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -14,8 +14,8 @@ import argparse
 import random
 from pathlib import Path
 
-from bert_kit.fill_mask import fill_mask, load_mlm_model
-from bert_kit.pretrain import PretrainConfig, pretrain
+from bert_kit.tasks.fill_mask import fill_mask, load_mlm_model
+from bert_kit.tasks.pretraining import PretrainConfig, pretrain
 from bert_kit.tokenizer import get_tokenizer
 
 

@@ -12,7 +12,7 @@ Only the SQuAD dev file ships with the data, so it is split by article: the firs
 train, the last 10 evaluate (no paragraph in both). A long context is cut into windows that
 overlap by `doc_stride` tokens; the model scores every token as a start and as an end, and the
 best valid span (start <= end, inside the context, at most 30 tokens) over all windows is the
-answer. The run itself is `bert_kit.finetune.finetune` (`bert-kit finetune --config
+answer. The run itself is `bert_kit.tasks.finetuning.finetune` (`bert-kit finetune --config
 configs/finetune_squad.yaml`).
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from bert_kit import BERTForQuestionAnswering, get_tokenizer
 from bert_kit.data.squad import postprocess_predictions, prepare_eval_features
-from bert_kit.finetune import FinetuneConfig, finetune
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 
 DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 CONTEXT = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is "

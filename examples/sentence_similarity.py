@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_kit.data.sts import read_sts
 from bert_kit.embeddings import SentenceEncoder, cosine_similarity
-from bert_kit.finetune import FinetuneConfig, finetune
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.metrics import spearman
 
 DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

@@ -25,7 +25,7 @@ from bert_kit import BERTForSequenceClassification, compute_classification_loss,
 from bert_kit import evaluate_classification_metrics, get_tokenizer
 from bert_kit.data.classification import read_classification_file
 from bert_kit.metrics import plot_confusion_matrix
-from bert_kit.optim import create_optimizer, create_scheduler
+from bert_kit.training.optim import create_optimizer, create_scheduler
 
 DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 
 from bert_kit import BERTForPreTraining, BertConfig
 from bert_kit.heads import masked_index, pad_masked
-from bert_kit.training import compute_classification_loss, compute_mlm_loss
+from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,

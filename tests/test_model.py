@@ -60,7 +60,7 @@ def test_pretraining_parity_with_transformers(config, with_mask, tmp_path):
     assert_close(nsp, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
     # logits only at labelled positions line up with labels[labels != -100]
     assert_close(mlm_masked, ref.prediction_logits[labels != -100], rtol=1e-5, atol=1e-5)
-    from bert_kit.training import compute_mlm_loss, compute_classification_loss
+    from bert_kit.training.losses import compute_mlm_loss, compute_classification_loss
 
     loss = compute_mlm_loss(mlm_masked, labels) + compute_classification_loss(nsp, nsp_labels)
     assert_close(loss, ref.loss, rtol=1e-5, atol=1e-5)

@@ -23,3 +23,14 @@ def parse_jsonl(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, A
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
         yield lineno, value
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """One text per line; line i of the file is row i of the output (blank lines included)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"{path}: no lines to embed")
+    return lines

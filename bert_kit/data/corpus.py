@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import random
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -451,6 +452,14 @@ def _load_cache(cache_dir: Path, key: str) -> TokenCache | None:
     return TokenCache(tokens, offsets, path=token_path, from_cache=True, groups=groups)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a document into sentences: every line, then at sentence-final punctuation."""
+    return [s for line in text.splitlines() for s in _SENTENCE_END.split(line.strip()) if s]
+
+
 def tokenize_to_cache(
     files: PathLike | Sequence[PathLike],
     tokenizer: Any,
@@ -485,8 +494,6 @@ def tokenize_to_cache(
     backend = plain_backend(tokenizer)
     offsets = [0]
     groups = [0]  # sentence caches: entry index where each document starts
-    if sentences:
-        from bert_kit.data.pretraining import split_sentences  # (pretraining imports this module)
 
     def write_tokens(f: Any) -> None:
         bar = tqdm(desc=f"tokenizing {len(paths)} file(s)", unit="doc", disable=not progress)

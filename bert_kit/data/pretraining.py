@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .corpus import StreamingTextDataset, TokenCache, _encode_documents, plain_backend
+from .corpus import StreamingTextDataset, TokenCache, _encode_documents, plain_backend, split_sentences
 from .masking import DataCollatorForMLM
 
 __all__ = [
@@ -54,14 +53,6 @@ __all__ = [
 IS_NEXT, NOT_NEXT = 0, 1  # next_sentence_label values (the HF convention)
 
 # A sentence ends at . ! or ? followed by space and something that can start a sentence.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split a document into sentences: every line, then at sentence-final punctuation."""
-    return [s for line in text.splitlines() for s in _SENTENCE_END.split(line.strip()) if s]
-
-
 def _tokenize(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return _encode_documents(plain_backend(tokenizer), list(texts)) if texts else []
 

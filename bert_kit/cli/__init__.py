@@ -1,0 +1,65 @@
+"""The `bert-kit` command line: one dict from subcommand to the module that implements it.
+
+Each module named in COMMANDS defines `add_arguments(parser)` and `run(args) -> int`; modules
+are imported only when their subcommand runs (and to build `--help`), so start-up stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import import_module
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("bert_kit.cli.demo", "whole pipeline on built-in text, no download: tokenizer, pretraining, fine-tuning"),
+    "pretrain": ("bert_kit.cli.pretrain", "MLM (+NSP) pretraining from a YAML run config"),
+    "finetune": ("bert_kit.cli.finetune", "fine-tune on classification, token-classification, qa or similarity"),
+    "evaluate": ("bert_kit.cli.evaluate", "evaluate a model folder on a task's data file"),
+    "predict": ("bert_kit.cli.predict", "run a fine-tuned model over a file, JSONL out"),
+    "embed": ("bert_kit.cli.embed", "sentence embeddings of a text file (one text per line) to .npy"),
+    "fill-mask": ("bert_kit.cli.fill_mask", "top-k predictions for [MASK] tokens in a text"),
+    "attention": ("bert_kit.cli.attention", "PNG grid of every layer's and head's attention map"),
+    "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),
+    "convert": ("bert_kit.cli.convert", "import/export HF checkpoints (safetensors or pytorch_model.bin)"),
+    "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, import just that subcommand's module."""
+    parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or only == name:
+            try:
+                import_module(module).add_arguments(p)
+            except ModuleNotFoundError as e:
+                if e.name != module:
+                    raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=wanted if wanted in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        # user errors (bad file, config key, shape): one clear line, no traceback
+        print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"bert-kit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

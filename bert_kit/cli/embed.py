@@ -1,0 +1,42 @@
+"""`bert-kit embed`: sentence embeddings of a text file (one text per line) to a .npy array."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bert_kit.data import read_lines
+from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
+    parser.add_argument("--input", required=True, help="text file, one text per line")
+    parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
+    parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
+    parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
+    parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = read_lines(args.input)
+    encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
+                                              args.max_length, args.device, compile=args.compile)
+    t0 = time.perf_counter()
+    vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
+    seconds = time.perf_counter() - t0
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as f:  # np.save(path) would append .npy to other names
+        np.save(f, vectors)
+    print(f"embedded {len(texts)} texts -> {out} {vectors.shape} ({len(texts) / max(seconds, 1e-9):.0f} texts/s "
+          f"on {encoder.device})")
+    return 0

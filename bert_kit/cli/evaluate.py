@@ -1,0 +1,63 @@
+"""`bert-kit evaluate`: score a model folder on a task's data file; metrics printed and saved as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from bert_kit.tasks import TASKS
+from bert_kit.tasks.inference import load_task_model, summary_line
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared with `bert-kit predict`."""
+    parser.add_argument("--task", choices=TASKS, default=None, help="default: the task recorded in the model folder")
+    parser.add_argument("--model", required=True, help="model folder (fine-tuned, or any encoder for similarity)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=None, help="default: the model's fine-tuning length")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    parser.add_argument("--similarity-mode", choices=("bi-encoder", "cross-encoder"), default=None,
+                        help="similarity: cosine of pooled vectors or the regression head (default: from the folder)")
+    parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="bi-encoder pooling (default mean)")
+    parser.add_argument("--text-column", default="sentence", help="classification: text column of TSV/CSV/JSONL")
+    parser.add_argument("--text-pair-column", default=None, help="classification: second text column")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
+    parser.add_argument("--output", default=None, help="metrics JSON (default: MODEL/eval_{task}_{data}.json)")
+    parser.add_argument("--max-examples", type=int, default=None, help="evaluate on the first N examples only")
+    parser.add_argument("--label-column", default="label", help="classification: label column")
+    parser.add_argument("--split-articles", type=int, default=None,
+                        help="qa: evaluate on the articles after the first N (the held-out part of a "
+                             "fine-tuning split)")
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.time()
+    task, model, precision = load_task_model(args)
+    items = task.read_eval(args.data, args.max_examples)
+    if not items:
+        raise ValueError(f"{args.data}: no examples to evaluate")
+    metrics = task.evaluate(model, items, precision)
+    result = {"task": task.name, "model": str(args.model), "data": str(args.data), **metrics,
+              "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
+    if task.name == "similarity":
+        result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
+    out = Path(args.output) if args.output else Path(task.s.model) / f"eval_{task.name}_{Path(args.data).name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(summary_line(task.name, metrics))
+    print(f"wrote {out}")
+    if task.name == "classification" and "confusion_matrix" in metrics:
+        from bert_kit.metrics import plot_confusion_matrix
+
+        png = plot_confusion_matrix(metrics["confusion_matrix"], task.label_names,
+                                    out.with_name(out.stem + "_confusion_matrix.png"),
+                                    title=f"{Path(args.data).name}: accuracy {metrics['accuracy']:.3f}")
+        print(f"wrote {png}")
+    return 0

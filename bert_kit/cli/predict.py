@@ -1,0 +1,37 @@
+"""`bert-kit predict`: run a fine-tuned model over an input file, one JSON object per line out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from bert_kit.cli.evaluate import add_common_arguments
+from bert_kit.tasks.inference import PREDICTORS, load_task_model
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    parser.add_argument("--input", required=True, help="file to predict on (see the table in the module docs)")
+    parser.add_argument("--output", required=True, help="JSON Lines file to write")
+    parser.add_argument("--input-format", choices=("auto", "conll", "lines"), default="auto",
+                        help="token-classification: CoNLL columns or one sentence per line (default: detect)")
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.time()
+    if not Path(args.input).is_file():
+        raise FileNotFoundError(f"input file not found: {args.input}")
+    task, model, precision = load_task_model(args, verbose=False)
+    records = PREDICTORS[task.name](task, model, args.input, precision, args.input_format)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:  # written whole, then renamed: never half a file
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(out)
+    print(f"{task.name}: {len(records)} predictions -> {out} ({time.time() - t0:.1f}s on {precision.device})")
+    return 0

@@ -1,0 +1,94 @@
+"""Sequence classification (and regression with one output): TSV/CSV/JSONL text and label columns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bert_kit.data.classification import ClassificationDataset, read_classification_file
+from bert_kit.heads import BERTForSequenceClassification
+from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
+from bert_kit.tasks.base import Task, _label_names, build_model, encode
+from bert_kit.training.losses import compute_classification_loss
+
+
+class ClassificationTask(Task):
+    name, default_metric = "classification", "accuracy"
+
+    @property
+    def regression(self) -> bool:
+        return self.num_labels == 1
+
+    @property
+    def metric(self) -> str:
+        return getattr(self.s, "metric", None) or ("pearson" if self.regression else "accuracy")
+
+    def _read(self, path: str | Path, labelled: bool = True):
+        s = self.s
+        data = read_classification_file(path, s.text_column, s.label_column if labelled else None, s.text_pair_column)
+        if labelled and data.label_names is not None and self.label_names:  # string labels: ids of our names
+            data = read_classification_file(path, s.text_column, s.label_column, s.text_pair_column,
+                                            label_names=self.label_names)
+        return data
+
+    def read_train(self, path: str | Path) -> list[dict]:
+        self.label_names = list(self.s.label_names) if self.s.label_names else None
+        data = self._read(path)
+        floats = any(isinstance(y, float) for y in data.labels)
+        if self.s.num_labels == 1 or floats:  # scores, not classes: one output, MSE loss
+            self.num_labels, self.label_names = 1, ["score"]
+        else:
+            self.num_labels = self.s.num_labels or len(data.label_names or []) or max(data.labels) + 1
+            self.label_names = _label_names(self.label_names or data.label_names, self.num_labels)
+        return self._dataset(data, path)
+
+    def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
+        return self._dataset(self._read(path), path, limit)
+
+    def _dataset(self, data, path, limit: int | None = None) -> list[dict]:
+        n = len(data.texts) if limit is None else min(limit, len(data.texts))
+        labels = [float(y) for y in data.labels[:n]] if self.regression else list(data.labels[:n])
+        if not self.regression:
+            # a label the head has no output for would index out of range inside cross-entropy
+            bad = [y for y in labels if not 0 <= y < self.num_labels]
+            if bad:
+                raise ValueError(f"{path}: label {bad[0]} outside the model's {self.num_labels} classes")
+        pairs = None if data.text_pairs is None else data.text_pairs[:n]
+        ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs)
+        return [ds[i] for i in range(len(ds))]
+
+    def model_class(self) -> type:
+        return BERTForSequenceClassification
+
+    def build(self, source: str | Path) -> nn.Module:
+        model = build_model(BERTForSequenceClassification, source, self.tokenizer.vocab_size,
+                            num_labels=self.num_labels, classifier_dropout=self.s.classifier_dropout)
+        model.id2label = {str(i): n for i, n in enumerate(self.label_names)}
+        return model
+
+    def load_metadata(self, meta: dict[str, Any]) -> None:
+        super().load_metadata(meta)
+        self.num_labels = len(self.label_names or []) or 2
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+
+    def logits(self, model: nn.Module, items: Sequence[dict], precision: Any) -> torch.Tensor:
+        return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded)))
+
+    def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
+        logits = self.logits(model, items, precision)  # (N, C)
+        if self.regression:
+            scores, gold = logits[:, 0].numpy(), np.array([it["labels"] for it in items], dtype=np.float64)
+            return {"mse": float(np.mean((scores - gold) ** 2)), "pearson": pearson(scores, gold),
+                    "spearman": spearman(scores, gold), "num_examples": len(items)}
+        gold = torch.tensor([it["labels"] for it in items])
+        report = classification_report_from_predictions(gold.numpy(), logits.argmax(-1).numpy(), self.num_labels,
+                                                         self.label_names)
+        report["loss"] = float(F.cross_entropy(logits, gold))
+        return report

@@ -1,0 +1,72 @@
+"""Extractive question answering: SQuAD v1.1 JSON, windows over long contexts, EM/F1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bert_kit.heads import BERTForQuestionAnswering
+from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler
+
+
+class QATask(Task):
+    name, default_metric = "qa", "f1"
+
+    def _examples(self, path: str | Path, part: str) -> list[dict]:
+        """SQuAD examples; with `squad_train_articles` N, train on the first N articles, evaluate on the rest."""
+        from bert_kit.data.squad import read_squad, split_by_article
+
+        examples = read_squad(path)
+        n = self.s.squad_train_articles
+        if n:
+            train, held_out = split_by_article(examples, n)
+            examples = train if part == "train" else held_out
+        return examples
+
+    def read_train(self, path: str | Path) -> list[dict]:
+        from bert_kit.data.squad import prepare_train_features
+
+        self.label_names = None
+        return prepare_train_features(self._examples(path, "train"), self.tokenizer, self.s.max_length,
+                                      self.s.doc_stride, self.s.max_query_length)
+
+    def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
+        from bert_kit.data.squad import prepare_eval_features
+
+        self.eval_examples = self._examples(path, "eval")[:limit]
+        return prepare_eval_features(self.eval_examples, self.tokenizer, self.s.max_length, self.s.doc_stride,
+                                     self.s.max_query_length)
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "doc_stride": self.s.doc_stride, "max_query_length": self.s.max_query_length}
+
+    def model_class(self) -> type:
+        return BERTForQuestionAnswering
+
+    def build(self, source: str | Path) -> nn.Module:
+        return freeze_pooler(build_model(BERTForQuestionAnswering, source, self.tokenizer.vocab_size))
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        start, end = encode(model, batch, self.s.unpadded)  # (B, T) each
+        # mean of the start and end cross-entropies, as BERT; targets are 0 ([CLS]) when the
+        # window does not hold the answer
+        loss = (F.cross_entropy(start.float(), batch["start_positions"]) +
+                F.cross_entropy(end.float(), batch["end_positions"])) / 2
+        return loss, {}
+
+    def answers(self, model: nn.Module, examples: list[dict], features: list[dict], precision: Any) -> dict[str, str]:
+        from bert_kit.data.squad import postprocess_predictions
+
+        rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.s.unpadded), 1))
+        return postprocess_predictions(examples, features, [r[0].numpy() for r in rows], [r[1].numpy() for r in rows],
+                                       self.s.n_best, self.s.max_answer_length)
+
+    def evaluate(self, model: nn.Module, features: list[dict], precision: Any) -> dict[str, Any]:
+        from bert_kit.metrics import squad_evaluate
+
+        scores = squad_evaluate(self.answers(model, self.eval_examples, features, precision), self.eval_examples)
+        return {**scores, "num_examples": len(self.eval_examples), "num_features": len(features)}

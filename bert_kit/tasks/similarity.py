@@ -1,0 +1,124 @@
+"""Sentence similarity (STS): a cross-encoder on the pair or a bi-encoder of pooled vectors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from bert_kit.data.classification import ClassificationDataset, pad_collate
+from bert_kit.embeddings import SentenceEncoder, pool
+from bert_kit.heads import BERTForSequenceClassification
+from bert_kit.metrics import pearson, spearman
+from bert_kit.model import BERTModel
+from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler, shard_and_gather
+from bert_kit.training.losses import compute_classification_loss, compute_cosent_loss, compute_cosine_similarity_loss
+
+
+class SimilarityTask(Task):
+    """STS: a cross-encoder (regression head on "[CLS] a [SEP] b [SEP]", MSE on the 0-5 score) or
+    a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), score / 5),
+    or with similarity_loss=cosent the CoSENT ranking loss on cos(u, v))."""
+
+    name, default_metric = "similarity", "spearman"
+    MAX_SCORE = 5.0
+
+    @property
+    def bi_encoder(self) -> bool:
+        return self.s.similarity_mode == "bi-encoder"
+
+    def _read(self, path: str | Path, limit: int | None = None) -> tuple[list[str], list[str], list[float]]:
+        from bert_kit.data.sts import read_sts
+
+        s1, s2, scores = read_sts(path)
+        return s1[:limit], s2[:limit], scores[:limit]
+
+    def _items(self, s1: list[str], s2: list[str], scores: list[float] | None) -> list[dict]:
+        if not self.bi_encoder:  # one "[CLS] s1 [SEP] s2 [SEP]" sequence per pair, the score as label
+            ds = ClassificationDataset(s1, scores, self.tokenizer, self.s.max_length, s2)
+            return [ds[i] for i in range(len(ds))]
+        enc = {key: self.tokenizer(texts, max_length=self.s.max_length, padding=False, return_tensors=None)
+               for key, texts in (("a", s1), ("b", s2))}
+        items = []
+        for i in range(len(s1)):
+            item = {f"{k}_{side}": enc[side][k][i] for side in "ab" for k in ("input_ids", "attention_mask")}
+            if scores is not None:
+                item["labels"] = float(scores[i]) / self.MAX_SCORE  # cosine targets in [0, 1]
+            items.append(item)
+        return items
+
+    def read_train(self, path: str | Path) -> list[dict]:
+        self.label_names = ["score"]
+        return self._items(*self._read(path))
+
+    def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
+        self.eval_pairs = self._read(path, limit)
+        return self._items(*self.eval_pairs)
+
+    def collate(self, items: list[dict]) -> dict:
+        if not self.bi_encoder:
+            return pad_collate(items, self.pad_token_id, self.pad_multiple)
+        # all first sentences, then all second ones: (2B, T), one forward pass for both sides
+        # (one pass per step also keeps DDP's one-forward-one-backward rule)
+        sides = [{"input_ids": it[f"input_ids_{side}"], "attention_mask": it[f"attention_mask_{side}"]}
+                 for side in "ab" for it in items]
+        out = pad_collate(sides, self.pad_token_id, self.pad_multiple)
+        out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+        if "labels" in items[0]:
+            out["labels"] = torch.tensor([it["labels"] for it in items], dtype=torch.float32)  # (B,)
+        return out
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "similarity_mode": self.s.similarity_mode, "pooling": self.s.pooling}
+
+    def model_class(self) -> type:
+        return BERTModel if self.bi_encoder else BERTForSequenceClassification
+
+    def build(self, source: str | Path) -> nn.Module:
+        if self.bi_encoder:
+            return freeze_pooler(build_model(BERTModel, source, self.tokenizer.vocab_size))
+        model = build_model(BERTForSequenceClassification, source, self.tokenizer.vocab_size, num_labels=1,
+                            classifier_dropout=self.s.classifier_dropout)
+        model.id2label = {"0": "score"}
+        return model
+
+    def embed_pair(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled vectors u, v (B, H) of both sides of a bi-encoder batch of 2B sentences."""
+        vectors = pool(encode(model, batch, self.s.unpadded), batch["attention_mask"], self.s.pooling)  # (2B, H)
+        return vectors.chunk(2)
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        if not self.bi_encoder:
+            return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+        u, v = self.embed_pair(model, batch)
+        if self.s.similarity_loss == "cosent":
+            return compute_cosent_loss(u, v, batch["labels"]), {}
+        return compute_cosine_similarity_loss(u, v, batch["labels"]), {}
+
+    def scores(self, model: nn.Module, s1: list[str], s2: list[str], precision: Any) -> np.ndarray:
+        """Predicted similarity of each pair: cosine of pooled vectors, or the regression output."""
+        if self.bi_encoder:
+            # the SentenceEncoder that embeds after training, so the score is what users get
+            encoder = SentenceEncoder(model, self.tokenizer, self.s.pooling, True, self.s.max_length,
+                                      precision.device, unpadded=True)
+            was_training = model.training
+            try:  # under torchrun each rank scores its share of the pairs
+                scores = shard_and_gather(list(zip(s1, s2)), lambda pairs: encoder.similarity(
+                    [a for a, _ in pairs], [b for _, b in pairs], self.s.eval_batch_size).tolist())
+                return np.asarray(scores, dtype=np.float64)
+            finally:
+                model.train(was_training)
+        items = self._items(s1, s2, None)
+        rows = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded))
+        return torch.stack(rows)[:, 0].double().numpy()
+
+    def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
+        s1, s2, gold = self.eval_pairs
+        predicted = self.scores(model, s1, s2, precision)
+        result = {"pearson": pearson(predicted, gold), "spearman": spearman(predicted, gold), "num_examples": len(gold)}
+        if not self.bi_encoder:
+            result["mse"] = float(np.mean((predicted - np.asarray(gold)) ** 2))
+        return result

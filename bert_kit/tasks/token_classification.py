@@ -1,0 +1,78 @@
+"""Token classification (NER): CoNLL files, one tag per word, entity-level F1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from bert_kit.heads import BERTForTokenClassification
+from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler
+from bert_kit.training.losses import compute_classification_loss
+
+
+class TokenClassificationTask(Task):
+    name, default_metric = "token-classification", "f1"
+
+    def _dataset(self, sentences, limit: int | None = None):
+        from bert_kit.data.ner import NERDataset
+
+        return NERDataset(sentences[:limit] if limit else sentences, self.tokenizer, self.label_names,
+                          self.s.max_length)
+
+    fixed_labels = False  # True once the labels are those of a saved head
+
+    def load_metadata(self, meta: dict[str, Any]) -> None:
+        super().load_metadata(meta)
+        self.fixed_labels = True
+
+    def read_train(self, path: str | Path) -> list[dict]:
+        from bert_kit.data.ner import get_label_list, read_conll
+
+        sentences = read_conll(path, self.s.tag_column)
+        self.label_names = list(self.s.label_names) if self.s.label_names else get_label_list(sentences)
+        ds = self._dataset(sentences)
+        return [ds[i] for i in range(len(ds))]
+
+    def read_eval(self, path: str | Path, limit: int | None = None) -> Any:
+        from bert_kit.data.ner import read_conll
+
+        sentences = read_conll(path, self.s.tag_column)[:limit]
+        unseen = sorted({t for _, tags in sentences for t in tags} - set(self.label_names))
+        if unseen and not self.fixed_labels:  # before the head exists, a validation-only tag joins the set
+            self.label_names += unseen
+        self.eval_dataset = self._dataset(sentences)
+        return [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
+
+    def model_class(self) -> type:
+        return BERTForTokenClassification
+
+    def build(self, source: str | Path) -> nn.Module:
+        model = build_model(BERTForTokenClassification, source, self.tokenizer.vocab_size,
+                            num_labels=len(self.label_names), classifier_dropout=self.s.classifier_dropout)
+        model.id2label = {str(i): n for i, n in enumerate(self.label_names)}
+        return freeze_pooler(model)
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
+        # (B, T, C) logits against (B, T) labels; -100 (later sub-tokens, specials, padding) ignored
+        return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+
+    def tag(self, model: nn.Module, dataset: Any, precision: Any) -> list[list[str]]:
+        """Predicted tags, one per word, for every sentence of an NERDataset."""
+        items = [dataset[i] for i in range(len(dataset))]
+        logits = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded))
+        return [dataset.predictions_to_tags(i, row.argmax(-1)) for i, row in enumerate(logits)]
+
+    def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
+        from bert_kit.metrics import entity_f1
+
+        predicted = self.tag(model, self.eval_dataset, precision)
+        gold = [tags for _, tags in self.eval_dataset.sentences]
+        scores = entity_f1(gold, predicted)
+        words = sum(len(t) for t in gold)
+        # word-level accuracy (every word, "O" included) beside the entity scores
+        scores["accuracy"] = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs)) / max(words, 1)
+        scores["num_sentences"] = len(gold)
+        return scores

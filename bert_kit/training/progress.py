@@ -1,0 +1,173 @@
+"""Seeing a run: progress bar, metrics JSONL, loss-curve PNG, optional TensorBoard.
+
+* `ProgressLogger` shows a tqdm bar (step, loss, lr, tokens/s, ETA) and appends one JSON
+  object per line to `RUN_DIR/metrics.jsonl`, flushed at once so a crash loses nothing:
+      {"type": "train", "step": 100, "loss": 3.2, "mlm_loss": 2.9, "lr": 1e-4, ...}
+      {"type": "eval", "step": 100, "mlm_loss": 3.1, "perplexity": 22.2, ...}
+  With `tensorboard=True` (and the tensorboard package installed) the same scalars go to
+  `RUN_DIR/tensorboard/`.
+* `plot_losses(run_dir)` draws train loss, eval loss and the learning rate (twin axis) into
+  `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss_curve.png"
+
+
+class ProgressLogger:
+    """Progress bar plus metrics file for one run; a silent no-op when `enabled` is False
+    (every rank but 0)."""
+
+    def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True,
+                 tensorboard: bool = False, desc: str = "train") -> None:
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self.start_time = time.time()
+        self._file = None
+        self._bar = None
+        self._tb = None
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+        self._bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True,
+                         file=sys.stderr, mininterval=0.5)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                self.message("tensorboard: true, but the tensorboard package is not installed "
+                             "(pip install tensorboard); logging to metrics.jsonl only")
+
+    def update(self, step: int, **postfix: Any) -> None:
+        """Move the bar to `step` and show `postfix` values (floats are shortened)."""
+        if self._bar is None:
+            return
+        self._bar.update(step - self._bar.n)
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
+        self._bar.set_postfix(shown, refresh=False)
+
+    def log(self, kind: str, step: int, **values: Any) -> None:
+        """Append one record {"type": kind, "step": step, **values} and flush it."""
+        if self._file is None:
+            return
+        record = {"type": kind, "step": step, **values, "wall_time": round(time.time() - self.start_time, 3)}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def message(self, text: str) -> None:
+        """Print a line without breaking the progress bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Records of `RUN_DIR/metrics.jsonl`; a later record of the same (type, step) replaces an
+    earlier one (a resumed run repeats the steps after its checkpoint)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {METRICS_FILE} in run folder {run_dir}")
+    latest: dict[tuple[str, int], dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                # only a crash mid-write can leave a bad line, and only as the last one
+                print(f"{path}:{lineno}: skipping unreadable line", file=sys.stderr)
+                continue
+            latest[(record.get("type", "train"), int(record.get("step", 0)))] = record
+    return sorted(latest.values(), key=lambda r: (r["step"], r.get("type", "")))
+
+
+def truncate_metrics(run_dir: str | Path, step: int) -> None:
+    """Drop records after `step` (called when resuming from the checkpoint of that step)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, ValueError, AttributeError):
+            continue
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+def plot_losses(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Draw train loss, eval MLM loss and lr (right axis) against step; return the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    train = [r for r in records if r.get("type") == "train" and "loss" in r]
+    evals = [r for r in records if r.get("type") == "eval" and "mlm_loss" in r]
+    if not train and not evals:
+        raise ValueError(f"{Path(run_dir) / METRICS_FILE} has no train or eval loss records to plot")
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    if train:
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1.2, color="tab:blue", label="train loss")
+        if any("mlm_loss" in r for r in train) and any("nsp_loss" in r for r in train):
+            ax.plot([r["step"] for r in train], [r.get("mlm_loss") for r in train], lw=1.0, color="tab:cyan",
+                    label="train MLM loss")
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", ms=3.5, color="tab:orange",
+                label="eval MLM loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    lr = [r for r in train if "lr" in r]
+    if lr:
+        ax2 = ax.twinx()
+        ax2.plot([r["step"] for r in lr], [r["lr"] for r in lr], lw=0.8, ls="--", color="tab:gray", label="lr")
+        ax2.set_ylabel("learning rate")
+        ax2.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="upper right", fontsize=8)
+    ax.set_title(Path(run_dir).resolve().name)
+    fig.tight_layout()
+    out = Path(output) if output is not None else Path(run_dir) / PLOT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,221 @@
+"""`AMPTrainer`: one object that runs forward, backward and optimizer steps in mixed precision.
+
+It holds the model (optionally DDP-wrapped), optimizer, LR scheduler, GradScaler and the
+resolved `Precision`, and takes care of gradient accumulation and clipping:
+
+    trainer = AMPTrainer(model, optimizer, scheduler, precision, grad_accum=4, clip_grad=1.0)
+    for batch in loader:
+        loss = trainer.mlm_step(batch)   # a float; the optimizer steps every 4th call
+
+Batches are dicts of (B, T) tensors: input_ids, attention_mask, token_type_ids and, for
+`mlm_step`, labels (-100 where nothing is masked) plus optional next_sentence_label (B,);
+for `classification_step`, labels (B,) (or (B, T) for token classification).
+
+A non-finite loss raises `NonFiniteLossError` before any optimizer update of that step, so
+the weights (and any checkpoint written after them) stay those of the last good step. By default
+every micro-batch's loss is read back for that check, which makes the host wait for the device
+each step. With `deferred_checks=True` (and a fused Adam/AdamW, one process, no fp16 loss
+scaling) the check stays on the device: from the first non-finite loss on, the fused optimizer
+skips every update (its `found_inf` input), `last` holds 0-d tensors, and `check_finite()`
+raises the error when called (at log steps and before checkpoints), with the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bert_kit.training.distributed import any_rank, no_sync, unwrap_model, world_size
+from bert_kit.heads import with_prediction_slots
+from bert_kit.training.precision import Precision, resolve_precision
+from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite; `step` is the optimizer step (1-based) that failed."""
+
+    def __init__(self, step: int, losses: dict[str, float]):
+        self.step, self.losses = step, losses
+        parts = ", ".join(f"{k}={v}" for k, v in losses.items())
+        super().__init__(f"non-finite loss at step {step} ({parts})")
+
+
+class AMPTrainer:
+    """Mixed-precision training steps with gradient accumulation and clipping.
+
+    precision: a `Precision` (bf16/fp16 autocast or fp32); fp16 adds a GradScaler.
+    grad_accum: micro-batches per optimizer step; each micro loss is divided by it, so the
+        accumulated gradient is the mean over micro-batches.
+    clip_grad: max global gradient norm (0 or None: no clipping; the norm is still measured).
+    step: optimizer steps taken so far (set it when resuming).
+    After each call, `last` holds the micro-batch's losses and, when the optimizer stepped,
+    `grad_norm` (a 0-d tensor, read it only when logging to avoid a device sync) and `stepped`.
+    mlm_slots: when set, `mlm_step` gathers the masked positions on the host into this share of
+        the batch's tokens as fixed prediction slots (`with_prediction_slots`): static shapes for
+        a compiled model. `mlm_loss_fn` (None: `compute_mlm_loss`) may be set to a compiled one.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any = None, precision: Precision | None = None,
+                 grad_accum: int = 1, clip_grad: float | None = 1.0, mlm_slots: float | None = None,
+                 deferred_checks: bool = False) -> None:
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.precision = precision or resolve_precision("auto", verbose=False)
+        self.scaler = self.precision.grad_scaler()
+        self.grad_accum = grad_accum
+        self.clip_grad = clip_grad
+        self.mlm_slots = mlm_slots
+        fused = (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+                 and all(g.get("fused") for g in optimizer.param_groups))
+        self.deferred = bool(deferred_checks and fused and not self.scaler.is_enabled() and world_size() == 1)
+        self._first_bad: torch.Tensor | None = None  # deferred: first bad step (1-based), 0 while none
+        self._bad_losses: dict[str, torch.Tensor] = {}
+        self.mlm_loss_fn = None  # None: compute_mlm_loss
+        self.step = 0
+        self.micro = 0  # micro-batches accumulated towards the next optimizer step
+        self.last: dict[str, Any] = {}
+        self._pending: list[dict[str, float]] = []
+
+    @property
+    def device(self) -> torch.device:
+        return self.precision.device
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # ---- losses -----------------------------------------------------------------------------
+
+    def _mlm_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if "masked_index" in batch:  # fixed prediction slots (padded with -100 targets)
+            out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                             masked_index=batch["masked_index"])
+            labels = batch["masked_labels"]
+        else:
+            labels = batch["labels"]
+            out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                             labels=labels)
+        mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+        if mlm_logits.shape[0] == 0:
+            # no masked token in this micro-batch (tiny batches): a zero loss that keeps the graph
+            mlm = mlm_logits.sum() * 0.0
+        else:
+            mlm = (self.mlm_loss_fn or compute_mlm_loss)(mlm_logits, labels)
+        parts = {"mlm_loss": mlm}
+        loss = mlm
+        nsp_labels = batch.get("next_sentence_label")
+        if nsp_logits is not None and nsp_labels is not None:
+            parts["nsp_loss"] = F.cross_entropy(nsp_logits.float(), nsp_labels)
+            loss = loss + parts["nsp_loss"]
+        elif nsp_logits is not None:
+            loss = loss + nsp_logits.sum() * 0.0  # keep every parameter in the graph (DDP)
+        return loss, parts
+
+    def _classification_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        return compute_classification_loss(logits, batch["labels"]), {}
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def mlm_step(self, batch: dict) -> float | torch.Tensor:
+        """Forward + backward one MLM (+ NSP) micro-batch; step the optimizer when due.
+
+        Returns the micro-batch loss (MLM + NSP when the batch has next_sentence_label): a float,
+        or a 0-d device tensor with deferred checks.
+        """
+        if self.mlm_slots:
+            batch = with_prediction_slots(batch, self.mlm_slots)
+        return self.train_step(batch, self._mlm_loss)
+
+    def classification_step(self, batch: dict) -> float | torch.Tensor:
+        """Forward + backward one classification micro-batch; step the optimizer when due."""
+        return self.train_step(batch, self._classification_loss)
+
+    def train_step(self, batch: dict, loss_fn: Any) -> float | torch.Tensor:
+        """One micro-batch with any loss: `loss_fn(batch)` -> (loss tensor, {name: tensor}).
+
+        The batch is moved to the device and `loss_fn` runs under autocast; the named parts
+        are reported in `last` next to "loss". QA, token classification and other heads use this.
+        """
+        self.model.train()
+        batch = self._to_device(batch)
+        last_micro = self.micro + 1 == self.grad_accum
+        # DDP: all-reduce gradients only on the micro-batch that completes the step
+        with no_sync(self.model, skip=not last_micro):
+            with self.precision.autocast():
+                loss, parts = loss_fn(batch)
+            self.scaler.scale(loss / self.grad_accum).backward()
+        if self.deferred:
+            values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
+            self._record_nonfinite(values)
+        else:
+            values = {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}}
+            self._pending.append(values)
+        self.micro += 1
+        self.last = {**values, "stepped": False}
+        if last_micro:
+            self._optimizer_step()
+        return values["loss"]
+
+    def _record_nonfinite(self, values: dict[str, torch.Tensor]) -> None:
+        """Deferred mode: remember, on the device, the first step whose losses are not all finite."""
+        stacked = torch.stack([v.float() for v in values.values()])
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.long, device=stacked.device)
+        first = torch.isfinite(stacked).all().logical_not() & (self._first_bad == 0)
+        self._first_bad = torch.where(first, self.step + 1, self._first_bad)
+        zero = torch.zeros((), device=stacked.device)
+        self._bad_losses = {k: torch.where(first, v.float(), self._bad_losses.get(k, zero)) for k, v in values.items()}
+
+    def check_finite(self) -> None:
+        """Deferred mode: raise `NonFiniteLossError` if a loss so far was NaN or infinite (one device sync)."""
+        if not self.deferred or self._first_bad is None:
+            return
+        step = int(self._first_bad)
+        if step:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(step, {k: float(v) for k, v in self._bad_losses.items()})
+
+    def _optimizer_step(self) -> None:
+        """Check the accumulated losses, unscale, clip, step, update the scaler and the lr."""
+        pending, self._pending, self.micro = self._pending, [], 0
+        bad = [p for p in pending if not all(math.isfinite(v) for v in p.values())]
+        if any_rank(bool(bad)):  # every rank stops together, or the others would hang
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(self.step + 1, bad[0] if bad else {"loss on another rank": math.nan})
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.clip_grad if self.clip_grad else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if self.deferred:  # the fused kernel leaves every weight and moment alone while this is 1
+            self.optimizer.found_inf = (self._first_bad != 0).float()
+        try:
+            self.scaler.step(self.optimizer)  # skipped by the scaler if fp16 gradients overflowed
+        finally:
+            if self.deferred:
+                del self.optimizer.found_inf
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step += 1
+        self.last.update(stepped=True, grad_norm=grad_norm)
+
+    _train_step = train_step  # earlier name, kept for callers that use it
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the first parameter group (what the next update will use)."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def raw_model(self) -> nn.Module:
+        """The model without its DDP wrapper."""
+        return unwrap_model(self.model)

@@ -1,0 +1,468 @@
+"""Pretraining end to end on tiny configs (CPU): exact resume, signals, NaN stop, clear errors,
+the CLI with its files, and the AMPTrainer's accumulation and precisions.
+
+Run: .venv/bin/python -m pytest tests/tasks/test_pretraining.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bert_kit.training.trainer
+import bert_kit.tasks.pretraining
+from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
+from bert_kit.training.checkpoint import latest_checkpoint, list_checkpoints, load_trainer_state
+from bert_kit.cli import main as cli
+from bert_kit.config import BertConfig
+from bert_kit.heads import BERTForPreTraining
+from bert_kit.model import set_low_precision_residual
+from bert_kit.training.optim import create_optimizer
+from bert_kit.training.precision import resolve_precision
+from bert_kit.tasks.pretraining import PretrainConfig, plan_phases, pretrain
+from bert_kit.training.progress import ProgressLogger, read_metrics
+from bert_kit.training.runconfig import load_config
+from bert_kit.tokenizer import train_tokenizer
+from bert_kit.training.losses import compute_mlm_loss
+
+torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
+REPO = Path(__file__).resolve().parents[2]
+RESULT_KEYS = ("train_mlm_loss", "train_nsp_loss", "test_mlm_loss", "test_nsp_loss", "test_nsp_accuracy")
+TINY_MODEL = {"preset": "bert-tiny", "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+              "max_position_embeddings": 64}
+
+
+def write_corpus(path: Path, n_docs: int = 30, seed: int = 0) -> Path:
+    """Blank-line separated documents of simple, learnable sentences."""
+    rng = random.Random(seed)
+    adj = "red big small old new happy sad quick".split()
+    noun = "cat dog bird fish horse mouse tree house".split()
+    verb = "sees likes chases finds eats hears".split()
+    docs = [" ".join(f"The {rng.choice(adj)} {rng.choice(noun)} {rng.choice(verb)} the {rng.choice(noun)}."
+                     for _ in range(5)) for _ in range(n_docs)]
+    path.write_text("\n\n".join(docs) + "\n")
+    return path
+
+
+def tiny_config(tmp_path: Path, name: str = "run", **overrides) -> PretrainConfig:
+    """A 2-layer, 32-wide model on a 30-document corpus; tokenizer trained once per tmp_path
+    (WordPiece training breaks frequency ties differently from run to run, so runs that must
+    match share one tokenizer folder)."""
+    corpus, tok = tmp_path / "corpus.txt", tmp_path / "tokenizer"
+    if not corpus.exists():
+        write_corpus(corpus)
+        train_tokenizer([str(corpus)], vocab_size=120, min_frequency=1).save(tok)
+    settings = dict(model=TINY_MODEL, tokenizer=str(tok), train_files=[str(corpus)], max_length=32, batch_size=4,
+                    max_steps=20, lr=1e-3, eval_every=5, eval_batches=2, save_every=50, log_every=1,
+                    eval_fraction=0.1, output_dir=str(tmp_path / name))
+    settings.update(overrides)
+    return PretrainConfig(**settings)
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["type"] == "train"}
+
+
+class SignalAtStep(ProgressLogger):
+    """A ProgressLogger that sends this process `signum` once the bar reaches `at_step`."""
+
+    at_step, signum = 10, signal.SIGTERM
+
+    def update(self, step, **postfix):
+        super().update(step, **postfix)
+        if step == self.at_step:
+            signal.raise_signal(self.signum)
+
+
+def test_resume_is_bit_exact(tmp_path, monkeypatch):
+    # two phases (boundary at step 14, after the resume point), grad accumulation in the first,
+    # dropout on, evaluation every 5 steps: everything a resume must reproduce
+    phases = [{"fraction": 0.7, "max_length": 24, "grad_accum": 2}, {"fraction": 0.3, "max_length": 32}]
+    straight = tiny_config(tmp_path, "straight", phases=phases)
+    results_a = pretrain(straight)
+    assert results_a["steps"] == 20 and results_a["stopped"] is None
+
+    # the same run, stopped by SIGTERM after step 10 (through the CLI: exit code 143), then resumed
+    interrupted = tmp_path / "interrupted"
+    args = [f"output_dir={interrupted}"]
+    cfg_file = tmp_path / "straight" / "run_config.yaml"
+    monkeypatch.setattr(bert_kit.tasks.pretraining, "ProgressLogger", SignalAtStep)
+    assert cli(["pretrain", "--config", str(cfg_file), *args]) == 143
+    monkeypatch.setattr(bert_kit.tasks.pretraining, "ProgressLogger", ProgressLogger)
+    assert latest_checkpoint(interrupted).name == "step-0000010"
+    assert not (interrupted / "final").exists()
+    assert cli(["pretrain", "--config", str(cfg_file), *args, "--resume", "latest"]) == 0
+
+    a, b = train_losses(tmp_path / "straight"), train_losses(interrupted)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    torch.testing.assert_close(torch.tensor([b[s] for s in range(1, 21)], dtype=torch.float64),
+                               torch.tensor([a[s] for s in range(1, 21)], dtype=torch.float64), rtol=0, atol=0)
+    wa = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    wb = load_file(interrupted / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0, msg=k)
+    lengths = {r["step"]: r["max_length"] for r in read_metrics(interrupted) if r["type"] == "train"}
+    assert lengths[14] == 24 and lengths[15] == 32  # the phase switch happened after the resume
+
+
+def test_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=100_000, eval_every=0, save_every=100_000)
+    config_file = tmp_path / "run.yaml"
+    from bert_kit.training.runconfig import save_config
+
+    save_config(cfg, config_file)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "bert_kit", "pretrain", "--config", str(config_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    metrics = Path(cfg.output_dir) / "metrics.jsonl"
+    try:
+        deadline = time.time() + 45
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.time() < deadline, "training did not start"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr.decode()[-2000:]
+    assert "SIGINT received" in stderr.decode()
+    ckpt = latest_checkpoint(Path(cfg.output_dir))
+    assert ckpt is not None
+    step = load_trainer_state(ckpt)["step"]
+    logged = max(train_losses(Path(cfg.output_dir)))
+    assert step >= 3 and step == logged  # the step in flight was finished, then saved
+    results = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+    assert results["stopped"] == "SIGINT" and results["steps"] == step
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys, deferred):
+    """deferred: with a fused AdamW (as on CUDA) the trainer checks losses on the device and the
+    loop reads the flag at log steps and before checkpoints; the outcome must be the same."""
+    original, calls = bert_kit.training.trainer.compute_mlm_loss, {"n": 0}
+    if deferred:
+        make = bert_kit.tasks.pretraining.create_optimizer
+
+        def fused_adamw(model, *args, **kwargs):
+            groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
+            return torch.optim.AdamW(groups, fused=True)
+
+        monkeypatch.setattr(bert_kit.tasks.pretraining, "create_optimizer", fused_adamw)
+        monkeypatch.setattr(bert_kit.training.trainer.AMPTrainer, "check_finite", _counting(bert_kit.training.trainer.AMPTrainer.check_finite))
+
+    def poisoned(logits, labels):
+        calls["n"] += 1
+        loss = original(logits, labels)
+        return loss * float("nan") if calls["n"] == 13 else loss  # micro-batch 13 = step 13
+
+    monkeypatch.setattr(bert_kit.training.trainer, "compute_mlm_loss", poisoned)
+    cfg = tiny_config(tmp_path, save_every=5, eval_every=0)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 13 .*mlm_loss=nan.*step-0000010"):
+        pretrain(cfg)
+    assert _counting.calls > 0 if deferred else True
+    out = Path(cfg.output_dir)
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000005", "step-0000010"]
+    assert not (out / "final").exists()
+    weights = load_file(out / "checkpoints" / "step-0000010" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert [r["step"] for r in read_metrics(out) if r["type"] == "error"] == [13]
+
+    # from the command line: one clear line and exit code 1
+    calls["n"] = 0
+    code = cli(["pretrain", "--config", str(out / "run_config.yaml"), f"output_dir={tmp_path / 'cli'}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "non-finite loss at step 13" in err and "Last good checkpoint" in err
+
+
+def _counting(fn):
+    def wrapper(self, *args, **kwargs):
+        _counting.calls += self.deferred
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+_counting.calls = 0
+
+
+def test_bad_config_and_data_give_clear_errors(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("max_steps: 2\n")
+
+    def error_of(*argv: str) -> str:
+        assert cli(["pretrain", *argv]) == 1
+        return capsys.readouterr().err
+
+    err = error_of("--config", str(tmp_path / "missing.yaml"))
+    assert "config file not found" in err and "missing.yaml" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_steps: 2\nlearning_rate: 0.1\n")
+    err = error_of("--config", str(bad))
+    assert "learning_rate" in err and "valid keys" in err and "warmup_steps" in err
+    assert "max_steps: expected an integer, got 'ten'" in error_of("--config", str(good), "max_steps=ten")
+    err = error_of("--config", str(good), f"train_files=[{tmp_path / 'nope.txt'}]", "train_tokenizer={vocab_size: 50}",
+                   f"output_dir={tmp_path / 'o1'}")
+    assert "nope.txt" in err
+
+    broken = tmp_path / "train.jsonl"
+    broken.write_text('{"text": "a fine first line."}\n{"text": oops}\n')
+    err = error_of("--config", str(good), f"train_files=[{broken}]", "corpus_format=jsonl",
+                   f"tokenizer={tmp_path / 'tok'}", f"output_dir={tmp_path / 'o2'}")
+    assert "tokenizer folder not found" in err
+    write_corpus(tmp_path / "c.txt")
+    assert cli(["tokenizer", "train", "--files", str(tmp_path / "c.txt"), "--vocab-size", "80",
+                "--output", str(tmp_path / "tok")]) == 0
+    capsys.readouterr()
+    err = error_of("--config", str(good), f"train_files=[{broken}]", "corpus_format=jsonl",
+                   f"tokenizer={tmp_path / 'tok'}", f"output_dir={tmp_path / 'o3'}", "nsp=false")
+    assert "train.jsonl:2" in err and "invalid JSON" in err
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00bad" * 10)
+    err = error_of("--config", str(good), f"train_files=[{binary}]", f"tokenizer={tmp_path / 'tok'}",
+                   f"output_dir={tmp_path / 'o4'}")
+    assert "binary.txt" in err and "not UTF-8" in err
+
+
+def test_cli_end_to_end_on_wikitext(tmp_path, data_dir, capsys):
+    lines = (data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_text("".join(lines[:470]))  # the first 8 articles
+    tok = tmp_path / "tok"
+    assert cli(["tokenizer", "train", "--files", str(corpus), "--vocab-size", "600", "--output", str(tok)]) == 0
+    run = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {json.dumps(TINY_MODEL)}\ntokenizer: {tok}\ntrain_files: [{corpus}]\n"
+                      "corpus_format: wikitext\nmax_length: 64\nbatch_size: 8\nmax_steps: 30\nlr: 2.0e-3\n"
+                      f"eval_fraction: 0.25\neval_every: 10\neval_batches: 2\nsave_every: 10\nkeep_last: 2\n"
+                      f"log_every: 5\noutput_dir: {run}\n")
+    results_file = tmp_path / "results.json"
+    assert cli(["pretrain", "--config", str(config), "seed=3", "--output", str(results_file)]) == 0
+    capsys.readouterr()
+    results = json.loads(results_file.read_text())
+    for key in RESULT_KEYS + ("test_perplexity", "tokens_per_second", "steps", "wall_time_s"):
+        assert results[key] is not None, key
+    assert results["steps"] == 30 and 0 <= results["test_nsp_accuracy"] <= 1
+    assert results["train_mlm_loss"] < results["initial_train_mlm_loss"] - 0.3  # it learns
+    assert math.isclose(results["test_perplexity"], math.exp(results["test_mlm_loss"]), rel_tol=1e-9)
+    records = read_metrics(run)
+    assert [r["step"] for r in records if r["type"] == "train"] == [1, 5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in records if r["type"] == "eval"] == [10, 20, 30]
+    assert (run / "loss_curve.png").stat().st_size > 1000
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-0000020", "step-0000030"]
+    assert load_config(PretrainConfig, run / "run_config.yaml").seed == 3
+
+    model = BERTForPreTraining.from_pretrained(run / "final")
+    assert model.config.vocab_size == len((tok / "vocab.txt").read_text().splitlines())
+    assert cli(["fill-mask", "--model", str(run / "final"), "the [MASK] of the game .", "--top-k", "3", "--json"]) == 0
+    predictions = json.loads(capsys.readouterr().out)["predictions"]
+    assert len(predictions) == 1 and len(predictions[0]) == 3
+    (run / "loss_curve.png").unlink()
+    assert cli(["plot", str(run)]) == 0 and (run / "loss_curve.png").is_file()
+    assert cli(["convert", "--input", str(run / "final"), "--output", str(tmp_path / "mlm"), "--head", "mlm"]) == 0
+    assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert (tmp_path / "mlm" / "vocab.txt").is_file()
+
+
+def test_mlm_only_packed_run_uses_the_token_cache(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, nsp=False, max_steps=6, eval_every=3, tokenizer=None, tensorboard=True,
+                      whole_word_masking=True, train_tokenizer={"vocab_size": 100, "min_frequency": 1})
+    results = pretrain(cfg)
+    # TensorBoard is optional: logged to when installed, a one-line notice otherwise
+    tb_dir = Path(cfg.output_dir) / "tensorboard"
+    assert tb_dir.is_dir() or "tensorboard package is not installed" in capsys.readouterr().err
+    assert results["train_nsp_loss"] is None and results["test_nsp_loss"] is None
+    assert results["test_mlm_loss"] is not None
+    assert any((Path(cfg.output_dir) / "token_cache").glob("*.tokens"))
+    final_config = json.loads((Path(cfg.output_dir) / "final" / "config.json").read_text())
+    assert final_config["architectures"] == ["BertForMaskedLM"]
+    # resuming a finished run trains nothing and evaluates the same weights on the same masks again
+    again = pretrain(cfg, resume="latest")
+    assert again["steps"] == 6 and again["train_tokens"] == 0
+    assert again["test_mlm_loss"] == results["test_mlm_loss"]
+    assert again["train_mlm_loss"] is not None
+
+
+def test_plan_phases_splits_steps():
+    cfg = PretrainConfig(max_steps=101, max_length=512, batch_size=8,
+                         phases=[{"fraction": 0.9, "max_length": 128, "batch_size": 64}, {"fraction": 0.1}])
+    p = plan_phases(cfg)
+    assert [(x.start, x.end, x.max_length, x.batch_size) for x in p] == [(0, 91, 128, 64), (91, 101, 512, 8)]
+
+
+def _batch(seed: int, n: int = 4) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 40, (n, 12), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:5] = ids[:, 2:5]  # the same number of masked tokens in every row
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "labels": labels, "next_sentence_label": torch.arange(n) % 2}
+
+
+def _tiny_model() -> BERTForPreTraining:
+    torch.manual_seed(0)
+    return BERTForPreTraining(BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=16,
+                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def test_grad_accumulation_matches_one_large_batch():
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    big = _batch(0, 8)
+    halves = [{k: v[:4] for k, v in big.items()}, {k: v[4:] for k, v in big.items()}]
+    m1, m2 = _tiny_model(), _tiny_model()
+    t1 = AMPTrainer(m1, create_optimizer(m1, "adamw", 1e-2), None, fp32, grad_accum=1, clip_grad=0.5)
+    t2 = AMPTrainer(m2, create_optimizer(m2, "adamw", 1e-2), None, fp32, grad_accum=2, clip_grad=0.5)
+    t1.mlm_step(big)
+    t2.mlm_step(halves[0])
+    assert t2.step == 0 and not t2.last["stepped"]
+    t2.mlm_step(halves[1])
+    assert t2.step == 1 and t2.last["stepped"]
+    torch.testing.assert_close(t2.last["grad_norm"], t1.last["grad_norm"], rtol=1e-5, atol=1e-6)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("low_precision_residual", [False, True])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_steps_on_cpu(precision, low_precision_residual):
+    prec = resolve_precision(precision, "cpu", verbose=False)
+    model = set_low_precision_residual(_tiny_model(), low_precision_residual)
+    trainer = AMPTrainer(model, create_optimizer(model, "adamw", 1e-3), None, prec)
+    assert trainer.scaler.is_enabled() == (precision == "fp16")
+    losses = [trainer.mlm_step(_batch(0)) for _ in range(5)]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    assert next(model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_classification_step_learns_a_fixed_batch():
+    from bert_kit.heads import BERTForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BERTForSequenceClassification(_tiny_model().config, num_labels=3)
+    trainer = AMPTrainer(model, create_optimizer(model, "adamw", 1e-2), None,
+                         resolve_precision("fp32", "cpu", verbose=False), grad_accum=2)
+    batch = _batch(1, 4)
+    batch = {**batch, "labels": torch.tensor([0, 1, 2, 1])}
+    losses = [trainer.classification_step(batch) for _ in range(20)]
+    assert trainer.step == 10
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_prediction_slots_give_the_same_step_as_labels():
+    """`mlm_slots` (static shapes for a compiled run): same loss, gradients and weights as the
+    variable-size masked positions, and the padded slots count for nothing."""
+    from bert_kit.heads import with_prediction_slots
+
+    batch = _batch(1, 8)
+    slotted = with_prediction_slots(batch, share=0.2, multiple=16)
+    n = int((batch["labels"] != -100).sum())
+    assert slotted["masked_index"].shape == slotted["masked_labels"].shape == (32,)  # 0.2 * 96 -> 20 -> 32
+    assert int((slotted["masked_labels"] != -100).sum()) == n
+    assert with_prediction_slots(batch, share=0.01, multiple=16)["masked_index"].shape == (32,)  # n = 24 fits
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    m1, m2 = _tiny_model(), _tiny_model()
+    t1 = AMPTrainer(m1, create_optimizer(m1, "adamw", 1e-2), None, fp32)
+    t2 = AMPTrainer(m2, create_optimizer(m2, "adamw", 1e-2), None, fp32, mlm_slots=0.2)
+    for seed in (1, 2):
+        assert t2.mlm_step(_batch(seed, 8)) == pytest.approx(t1.mlm_step(_batch(seed, 8)), rel=1e-6)
+        torch.testing.assert_close(t2.last["grad_norm"], t1.last["grad_norm"], rtol=1e-5, atol=1e-7)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+    # evaluation with slots reports the same metrics as with labels
+    from bert_kit.training.losses import compute_mlm_loader_loss
+
+    loader = [_batch(3, 8), _batch(4, 5)]
+    plain = compute_mlm_loader_loss(m1, loader)
+    slots = compute_mlm_loader_loss(m1, loader, prediction_slots=0.2)
+    assert slots.keys() == plain.keys() and slots["mlm_tokens"] == plain["mlm_tokens"]
+    for k in plain:
+        assert slots[k] == pytest.approx(plain[k], rel=1e-5), k
+
+
+def test_mlm_loss_over_padded_slots_ignores_them_and_is_zero_when_empty():
+    logits = torch.randn(6, 10)
+    targets = torch.tensor([3, 1, 7, -100, -100, -100])
+    expected = torch.nn.functional.cross_entropy(logits[:3], targets[:3])
+    torch.testing.assert_close(compute_mlm_loss(logits, targets), expected)
+    assert compute_mlm_loss(logits, torch.full((6,), -100)).item() == 0.0
+
+
+def test_cuda_graphs_settings_are_checked(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one CUDA GPU"):
+            pretrain(tiny_config(tmp_path, compile=True, cuda_graphs=True))
+    with pytest.raises(ValueError, match="need compile: true"):
+        PretrainConfig(cuda_graphs=True)
+    with pytest.raises(ValueError, match="grad_accum 1 in every phase"):
+        PretrainConfig(compile=True, cuda_graphs=True, phases=[{"fraction": 0.9}, {"fraction": 0.1, "grad_accum": 8}])
+    PretrainConfig(compile=True, cuda_graphs=True, compile_tuning=True)  # fine on its own
+
+
+def test_compiled_run_trains_on_static_shapes(tmp_path):
+    """compile=true: batches padded to max_length, fixed prediction slots, the loss compiled; the
+    run learns like the eager one (dropout draws differ) and evaluates without recompiling."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = pretrain(tiny_config(tmp_path, "eager", max_steps=30, eval_every=10, lr=3e-3))
+    compiled = pretrain(tiny_config(tmp_path, "compiled", max_steps=30, eval_every=10, lr=3e-3, compile=True))
+    assert compiled["test_mlm_loss"] < compiled["initial_train_mlm_loss"] - 1.0  # 4.75 -> 3.4
+    assert compiled["test_mlm_loss"] == pytest.approx(eager["test_mlm_loss"], abs=0.15)
+    evals = [r for r in read_metrics(tmp_path / "compiled") if r["type"] == "eval"]
+    assert len(evals) == 3 and evals[-1]["mlm_tokens"] > 0
+    torch._dynamo.reset()
+
+
+def test_deferred_checks_skip_updates_from_the_first_bad_step_and_raise_later():
+    """deferred_checks: no loss read back per step; a NaN at step 3 leaves the weights of step 2
+    (the fused optimizer skips steps 3 and 4 on the device) and check_finite names step 3."""
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+
+    def trainer_for(model, deferred):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        return AMPTrainer(model, opt, None, fp32, deferred_checks=deferred)
+
+    reference, model = _tiny_model(), _tiny_model()
+    t_ref, t = trainer_for(reference, False), trainer_for(model, True)
+    assert t.deferred and not t_ref.deferred
+    for seed in (1, 2):
+        loss = t.mlm_step(_batch(seed))
+        assert torch.is_tensor(loss) and loss.item() == pytest.approx(t_ref.mlm_step(_batch(seed)), rel=1e-6)
+    t.check_finite()  # nothing bad yet
+    bad = _batch(3)
+    bad["input_ids"] = bad["input_ids"].clone()
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]] = float("nan")
+    t.mlm_step(bad)
+    with torch.no_grad():  # repair the row: step 4 is finite but must not be applied either
+        model.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]] = \
+            reference.bert.embeddings.word_embeddings.weight[bad["input_ids"][0, 0]]
+    t.mlm_step(_batch(4))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 3 .*mlm_loss=nan"):
+        t.check_finite()
+    for (k, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=k)
+    assert t.optimizer.state[next(model.parameters())]["step"].item() == 2  # skipped steps not counted
+    assert not hasattr(t.optimizer, "found_inf")
+
+
+def test_deferred_checks_need_a_fused_optimizer():
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    model = _tiny_model()
+    plain = AMPTrainer(model, create_optimizer(model, "adamw", 1e-3), None, fp32, deferred_checks=True)
+    assert not plain.deferred  # the default CPU AdamW cannot skip an update on its own: reads losses back
+    assert isinstance(plain.mlm_step(_batch(0)), float)
