@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from bert_kit.config import BertConfig
-from bert_kit.model import BERTModel, BertPreTrainedModel, LayerNorm, activation
+from bert_kit.model import BERTModel, BertPreTrainedModel, LayerNorm, Packed, activation
 
 IGNORE_INDEX = -100
 
@@ -102,7 +102,7 @@ class BERTForMaskedLM(_TiedMLM):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                unpadded: bool = False, masked_index: torch.Tensor | None = None) -> torch.Tensor:
+                unpadded: bool | Packed = False, masked_index: torch.Tensor | None = None) -> torch.Tensor:
         """-> (B, T, V) logits, or (N, V) at the labelled positions when `labels` (B, T) or the
         flat `masked_index` (N,) is given."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
@@ -125,7 +125,7 @@ class BERTForPreTraining(_TiedMLM):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                unpadded: bool = False, masked_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                unpadded: bool | Packed = False, masked_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (mlm_logits (B, T, V), or (N, V) with labels / masked_index, nsp_logits (B, 2))."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
         nsp_logits = self.nsp(self.bert.pool(hidden))
@@ -154,7 +154,7 @@ class BERTForSequenceClassification(_Classifier):
     hf_architecture = "BertForSequenceClassification"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
         """-> logits (B, num_labels)."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
         return self.classifier(self.dropout(self.bert.pool(hidden)))
@@ -169,7 +169,7 @@ class BERTForTokenClassification(_Classifier):
         super().__init__(config, num_labels, classifier_dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
         """-> logits (B, T, num_labels)."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
         return self.classifier(self.dropout(hidden))
@@ -189,7 +189,7 @@ class BERTForQuestionAnswering(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None,
-                unpadded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                unpadded: bool | Packed = False) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (start_logits (B, T), end_logits (B, T))."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
         start, end = self.qa_outputs(hidden).unbind(-1)

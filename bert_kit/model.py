@@ -22,7 +22,9 @@ What the fast path does, in the same code:
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -54,20 +56,30 @@ class Packed:
     batch: int = 0
     seqlen: int = 0
 
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "Packed":
+        """The layout of a (B, T) mask, computed where the mask lives: built on the host from a
+        CPU mask, it spares the device the synchronisation `unpad` needs to learn max_seqlen."""
+        B, T = attention_mask.shape
+        lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
+        cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+        return cls(cu, int(lengths.max()) if B else 0, attention_mask.flatten().nonzero().squeeze(1), B, T)
 
-def unpad(x: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, Packed]:
-    """Drop padding: x (B, T, ...) and mask (B, T) -> (N, ...) real tokens plus their layout."""
-    B, T = attention_mask.shape
-    lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
-    indices = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-    cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-    max_seqlen = int(lengths.max())
-    if torch.compiler.is_compiling():
-        # BERT inputs hold at least [CLS] [SEP]; telling the compiler so keeps length-1
-        # broadcasting cases, and with them a graph break, out of the traced attention
-        torch._check(max_seqlen > 1)
-    packed = Packed(cu, max_seqlen, indices, B, T)
-    return x.flatten(0, 1)[indices], packed
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Packed":
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Packed(move(self.cu_seqlens), self.max_seqlen, move(self.indices), self.batch, self.seqlen)
+
+
+def unpad(x: torch.Tensor, attention_mask: torch.Tensor, packed: Packed | None = None) -> tuple[torch.Tensor, Packed]:
+    """Drop padding: x (B, T, ...) and mask (B, T) -> (N, ...) real tokens plus their layout
+    (`packed`, when the caller computed it already, e.g. on the host with `Packed.from_mask`)."""
+    if packed is None:
+        packed = Packed.from_mask(attention_mask)
+        if torch.compiler.is_compiling():
+            # BERT inputs hold at least [CLS] [SEP]; telling the compiler so keeps length-1
+            # broadcasting cases, and with them a graph break, out of the traced attention
+            torch._check(packed.max_seqlen > 1)
+    return x.flatten(0, 1)[packed.indices], packed
 
 
 def pad(x: torch.Tensor, packed: Packed) -> torch.Tensor:
@@ -92,14 +104,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
                      dropout_p: float = 0.0) -> torch.Tensor:
     """Attention within each packed sequence. q, k, v: (N, nh, hd) -> (N, nh, hd).
 
-    CUDA half-precision without dropout uses the flash varlen kernel; otherwise the sequences
-    are padded to (S, nh, L, hd) for SDPA with a key-padding mask (same numbers, more FLOPs).
+    CUDA half precision uses the variable-length flash kernel (with attention dropout through
+    aten's flash op, which `varlen_attn` does not expose); otherwise the sequences are padded to
+    (S, nh, L, hd) for SDPA with a key-padding mask (same numbers, more FLOPs).
     """
-    use_flash = (varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                 and dropout_p == 0.0)
-    if use_flash:
-        cu = packed.cu_seqlens
-        return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        cu, L = packed.cu_seqlens, packed.max_seqlen
+        if dropout_p > 0.0:
+            return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False)[0]
+        if varlen_attn is not None:
+            return varlen_attn(q, k, v, cu, cu, L, L)
     qp, keep, index = _packed_to_padded(torch.stack((q, k, v)).transpose(0, 1), packed)  # (S, L, 3, nh, hd)
     qp, kp, vp = qp.permute(2, 0, 3, 1, 4)  # each (S, nh, L, hd)
     y = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=keep[:, None, None, :], dropout_p=dropout_p)
@@ -274,6 +288,22 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
+_inputs_checked_by_caller = False
+
+
+@contextmanager
+def unchecked_inputs() -> Iterator[None]:
+    """Within this block forward passes skip `check_inputs`'s value range check: for callers that
+    built their batches from a tokenizer the model was checked against (the training loop). On a
+    GPU the check reads a value back from the device, a synchronisation in every step."""
+    global _inputs_checked_by_caller
+    previous, _inputs_checked_by_caller = _inputs_checked_by_caller, True
+    try:
+        yield
+    finally:
+        _inputs_checked_by_caller = previous
+
+
 def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  token_type_ids: torch.Tensor | None) -> None:
     """Clear errors for bad ids and shapes, before they become an index error or a CUDA assert."""
@@ -288,7 +318,7 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: to
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
-    if not input_ids.numel():
+    if not input_ids.numel() or _inputs_checked_by_caller:
         return
     # one device sync for all range checks (each .item() on a GPU tensor waits for the GPU)
     stats = [input_ids.min(), input_ids.max()]
@@ -359,24 +389,27 @@ class BERTModel(BertPreTrainedModel):
         self.apply(self._init_weights)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, unpadded: bool = False) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
         """input_ids, attention_mask (1 = token, 0 = pad), token_type_ids: (B, T) -> (B, T, H).
 
         unpadded=True runs the encoder on the real tokens only (see `Packed`); the output is
         scattered back to (B, T, H) with zeros at padding, and equals the padded result there.
+        A `Packed` layout of the mask (`Packed.from_mask`, on the device) does the same without
+        computing it here, which on a GPU would wait for the device.
         """
         if not torch.compiler.is_compiling():
             check_inputs(self.config, input_ids, attention_mask, token_type_ids)
-        if unpadded and attention_mask is not None:
-            return self._forward_unpadded(input_ids, attention_mask, token_type_ids)
+        if isinstance(unpadded, Packed) or (unpadded and attention_mask is not None):
+            return self._forward_unpadded(input_ids, attention_mask, token_type_ids,
+                                          unpadded if isinstance(unpadded, Packed) else None)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
         return self.encoder(x, mask)
 
     def _forward_unpadded(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          token_type_ids: torch.Tensor | None) -> torch.Tensor:
+                          token_type_ids: torch.Tensor | None, packed: Packed | None = None) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        ids, packed = unpad(input_ids, attention_mask)  # (N,)
+        ids, packed = unpad(input_ids, attention_mask, packed)  # (N,)
         types = None if token_type_ids is None else token_type_ids.flatten()[packed.indices]
         x = self.embeddings(ids, types, positions.flatten()[packed.indices])  # (N, H)
         return pad(self.encoder(x, packed=packed), packed)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     module = import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, KeyError) as e:
         # user errors (bad file, config key, shape): one clear line, no traceback
         print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -17,9 +17,10 @@ import torch
 import torch.nn as nn
 
 from bert_kit.data.classification import pad_collate
-from bert_kit.model import BERTModel
+from bert_kit.model import BERTModel, Packed, unchecked_inputs
 from bert_kit.model_folder import locate_model
 from bert_kit.training.distributed import all_gather_object, rank, world_size
+from bert_kit.training.trainer import to_device
 
 
 def build_model(cls: type, source: str | Path, vocab_size: int, **head_args: Any) -> nn.Module:
@@ -60,14 +61,12 @@ def sorted_batches(items: Sequence[dict], batch_size: int, collate: Callable) ->
         yield chunk, collate([items[i] for i in chunk])
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 def encode(model: nn.Module, batch: dict, unpadded: bool, suffix: str = "") -> Any:
-    """Call the model on input_ids{suffix}, attention_mask{suffix}, token_type_ids{suffix}."""
+    """Call the model on input_ids{suffix}, attention_mask{suffix}, token_type_ids{suffix}; unpadded
+    uses the batch's host-computed packing layout ("packed{suffix}") when it has one."""
+    layout = batch.get("packed" + suffix) if unpadded else None
     return model(batch["input_ids" + suffix], batch["attention_mask" + suffix],
-                 batch.get("token_type_ids" + suffix), unpadded=unpadded)
+                 batch.get("token_type_ids" + suffix), unpadded=layout if layout is not None else unpadded)
 
 
 def shard_and_gather(items: Sequence[Any], fn: Callable[[list], Sequence[Any]]) -> list[Any]:
@@ -150,15 +149,21 @@ class Task:
     def _outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
         was_training = model.training
         model.eval()
-        out: list = [None] * len(items)
-        # length-sorted batches pad to about their own length; rows go back to the items' order
+        results, orders = [], []
+        # length-sorted batches pad to about their own length; rows go back to the items' order.
+        # Results stay on the device until the end: one transfer, no wait after every batch.
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), unchecked_inputs():  # ids came from the task's tokenizer
                 for idx, batch in sorted_batches(items, self.s.eval_batch_size, self.collate):
+                    if getattr(self.s, "unpadded", False):
+                        batch["packed"] = Packed.from_mask(batch["attention_mask"])
                     with precision.autocast():
-                        result = fn(model, to_device(batch, precision.device))
-                    for row, i in zip(result.float().cpu(), idx):
-                        out[i] = row
+                        results.append(fn(model, to_device(batch, precision.device)).float())
+                    orders.append(idx)
         finally:
             model.train(was_training)
+        out: list = [None] * len(items)
+        for result, idx in zip(results, orders):  # each batch may have its own length: row by row
+            for row, i in zip(result.cpu(), idx):
+                out[i] = row
         return out

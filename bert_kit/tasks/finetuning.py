@@ -1,25 +1,27 @@
-"""Fine-tuning: the `FinetuneConfig` run settings and one loop shared by the four tasks.
+"""Fine-tuning: `FinetuneConfig` and the job the one training loop runs for each of the four tasks.
 
     bert-kit finetune --task classification --config configs/finetune_sst2.yaml
     bert-kit finetune --task qa --config configs/finetune_squad.yaml epochs=1 batch_size=16
     bert-kit finetune --config configs/finetune_sst2.yaml --resume latest
 
 The model starts from a folder (an HF BERT such as all-MiniLM-L6-v2, a bert-kit pretraining run
-or checkpoint), a preset name (random init) or a config file; `bert_kit.tasks` puts the task's
-head on it and supplies data, loss and metric. The run folder (`output_dir`) ends up holding
+or checkpoint), a preset name (random init) or a config file; the task (`bert_kit.tasks`) puts
+its head on it and supplies data, loss and metric. The run folder (`output_dir`) ends up holding
 run_config.yaml, metrics.jsonl, loss_curve.png, results.json, checkpoints/step-XXXXXXX/ (the
 last `keep_last`) and best/: the model with the best validation metric so far, loadable by
 `from_pretrained` and `transformers`, with the tokenizer and the label names (config.json id2label).
+Checkpoints, stop signals, non-finite losses and resuming are the loop's (training/loop.py).
 
-Robustness is that of pretraining (same modules): atomic checkpoints; SIGINT/SIGTERM finish the
-step, save and exit (130/143); a NaN/inf loss stops before the bad update; resuming restores
-weights, optimizer, schedule, RNG, the data position and the best metric so far.
+Fast by default on a GPU: the step never waits for the device (losses are read at log steps,
+token ids were checked when the data was tokenised), and with `unpadded: true` the encoder runs
+on the real tokens only, with the packing layout computed on the host and variable-length flash
+attention (dropout included) on CUDA.
 
 Several processes: `torchrun --nproc_per_node N -m bert_kit finetune --config ...` works as for
 pretraining (docs/distributed.md): each rank trains on its shard of every epoch, DDP (default) or
 FSDP2 (`parallel: fsdp`), so an optimizer step covers batch_size x grad_accum x N examples and an
 epoch has N times fewer steps. Every rank evaluates its share of the validation set and all
-predictions are gathered (`tasks.shard_and_gather`), so no rank idles at a barrier while another
+predictions are gathered (`shard_and_gather`), so no rank idles at a barrier while another
 evaluates; every rank then holds the same metrics and the same best so far. Rank 0 alone logs
 and writes best/, checkpoints and results.json; checkpoints count the data position in examples,
 so a run resumes on any number of ranks.
@@ -27,38 +29,32 @@ so a run resumes on any number of ranks.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import signal
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
-from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, load_checkpoint, restore_rng_state, resume_position, save_checkpoint, save_model,
-                                 start_run)
-from bert_kit.training.distributed import (DEFAULT_TIMEOUT_S, all_reduce_mean, any_rank, barrier, collective_errors, full_value, init_distributed, is_main, rank, world_size,
-                                  wrap_model)
-from bert_kit.training.optim import create_optimizer, create_scheduler
-from bert_kit.tasks.pretraining_data import forever
-from bert_kit.training.progress import ProgressLogger, plot_losses, truncate_metrics
-from bert_kit.training.runconfig import (config_to_dict, save_config)
+from bert_kit.model import Packed
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
+from bert_kit.tasks.pretraining_data import forever
+from bert_kit.training.checkpoint import resume_position, save_model
+from bert_kit.training.distributed import collective_errors, init_distributed, is_main, rank, world_size
+from bert_kit.training.loop import Job, Run, start_run, train
+from bert_kit.training.progress import read_metrics
+from bert_kit.training.settings import RunSettings, check_range
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 
 
 @dataclass
-class FinetuneConfig:
-    """Settings of one fine-tuning run (YAML keys; `key=value` on the command line)."""
+class FinetuneConfig(RunSettings):
+    """Settings of one fine-tuning run (YAML keys; `key=value` on the command line); the fields
+    shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`, some
+    with other defaults here."""
 
     task: Literal["classification", "token-classification", "qa", "similarity"] = "classification"  # head and data
     model: str = ""  # model folder (HF BERT, bert-kit run or checkpoint), preset name (random init) or config file
@@ -87,69 +83,39 @@ class FinetuneConfig:
     similarity_mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine
     pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
     similarity_loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
-    # optimisation
+    classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
+    # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total
-    batch_size: int = 32  # examples per micro-batch per process
-    eval_batch_size: int = 64  # examples per evaluation batch
-    grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 2e-5  # peak learning rate
-    weight_decay: float = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-    betas: list[float] | None = None  # Adam moment decay rates (default [0.9, 0.999])
-    eps: float = 1e-6  # Adam epsilon
-    optimizer: Literal["adamw", "lamb"] = "adamw"  # AdamW (fused on CUDA) or LAMB
     warmup_fraction: float = 0.1  # warmup share of the steps (when warmup_steps is unset)
-    warmup_steps: int | None = None  # linear warmup steps
-    schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
-    clip_grad: float = 1.0  # max global gradient norm (0: no clipping)
-    classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # hardware
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
-    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    unpadded: bool = False  # run only real tokens through the encoder (packed fast path)
-    compile: bool = False  # torch.compile the encoder; batches padded to multiples of 16 (few shapes), not unpadded
+    eval_batch_size: int = 64  # examples per evaluation batch
+    unpadded: bool = True
+    """run only the real tokens through the encoder: no FLOPs on padding, variable-length flash
+    attention on CUDA (ignored with compile, which takes padded static shapes)"""
+    compile: bool = False  # torch.compile the encoder; batches padded to multiples of 16 (few shapes)
     cuda_graphs: bool = False  # with compile on CUDA: replay each shape as a CUDA graph (short sequences)
-    num_workers: int = 0  # DataLoader worker processes
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
-    weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU"""
-    dist_timeout_s: float = DEFAULT_TIMEOUT_S  # seconds a rank waits for the others before failing
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
     metric: str | None = None  # validation metric that picks best/ (higher is better); default per task
-    log_every: int = 10  # steps between metrics.jsonl train records
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
     save_every: int = 0  # steps between checkpoints (0: with every evaluation)
     keep_last: int = 2  # checkpoints kept (0: all)
-    tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard
 
     def __post_init__(self) -> None:
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
+        super().__post_init__()
         if self.max_length is None:
             self.max_length = DEFAULT_MAX_LENGTH.get(self.task, 128)
         if self.compile and self.unpadded:  # the compiled graphs take static padded shapes
             self.unpadded = False
-        if self.betas is None:
-            self.betas = [0.9, 0.999]
-        for name in ("batch_size", "eval_batch_size", "grad_accum", "max_length", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "keep_last", "num_workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.epochs <= 0 or self.lr <= 0:
-            raise ValueError(f"epochs and lr must be positive, got epochs={self.epochs}, lr={self.lr}")
-        if self.dist_timeout_s <= 0:
-            raise ValueError(f"dist_timeout_s must be positive, got {self.dist_timeout_s}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
-        if len(self.betas) != 2:
-            raise ValueError(f"betas must be two numbers, got {self.betas}")
+        check_range(self, "max_length", low=1)
+        check_range(self, "eval_batch_size", low=1)
+        check_range(self, "epochs", low=0, low_open=True)
 
 
 def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torch.device) -> Any:
@@ -164,25 +130,133 @@ def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torc
 
 def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
               state: dict[str, torch.Tensor] | None = None) -> None:
-    """best/: the HF model folder plus tokenizer, label names and the task settings.
+    """A fine-tuned model folder: the HF model plus tokenizer, label names and the task settings.
 
     state: the full state dict `collect_state` gathered (an FSDP2 model holds only shards).
     Call on rank 0 only."""
-    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
-    for leftover in (tmp, old):  # from a run killed while saving
-        if leftover.exists():
-            shutil.rmtree(leftover)
-    save_model(model, tmp, state)
-    tokenizer.save(tmp)
-    write_model_metadata(tmp, task.metadata())
+    save_model(model, folder, state)
+    tokenizer.save(folder)
+    write_model_metadata(folder, task.metadata())
     if task.name == "similarity" and task.s.similarity_mode == "bi-encoder":
-        write_sentence_transformers_files(tmp, task.s.pooling, task.s.max_length)
-    if folder.exists():  # swap in the new one; a crash in between leaves best.tmp complete
-        folder.replace(old)
-        tmp.replace(folder)
-        shutil.rmtree(old)
-    else:
-        tmp.replace(folder)
+        write_sentence_transformers_files(folder, task.s.pooling, task.s.max_length)
+
+
+class FinetuningJob(Job):
+    """One of the four tasks: its head on the encoder, its batches, loss and validation metric."""
+
+    unit, model_folder = "examples", "best"
+
+    def __init__(self, cfg: FinetuneConfig, run: Run) -> None:
+        from bert_kit.tokenizer import get_tokenizer
+
+        self.cfg, self.precision, device = cfg, run.precision, run.precision.device
+        if not cfg.model:
+            raise ValueError("model is empty: name a model folder or a preset (model=path/to/bert)")
+        if not cfg.train_file:
+            raise ValueError("train_file is empty: name the training data file")
+        kind, where = locate_model(cfg.model)  # a bad model name fails before the data is read
+        if not (run.checkpoint or cfg.tokenizer or kind == "folder"):
+            raise ValueError(f"model {cfg.model!r} is not a folder, so it has no tokenizer: set tokenizer=FOLDER")
+
+        # tokenizer, data, model (the task's head on the pretrained encoder)
+        self.tokenizer = get_tokenizer(run.checkpoint or cfg.tokenizer or where)
+        self.task = task = make_task(cfg.task, cfg)
+        self.name = f"finetune {task.name}"
+        task.bind(self.tokenizer)
+        self.train_items = task.read_train(cfg.train_file)[: cfg.max_train_examples]
+        eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.squad_train_articles else None)
+        self.eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
+        if not self.train_items:
+            raise ValueError(f"{cfg.train_file}: no training examples")
+        model = task.build(cfg.model)
+        if cfg.max_length > model.config.max_position_embeddings:
+            raise ValueError(f"max_length {cfg.max_length} exceeds the model's max_position_embeddings "
+                             f"{model.config.max_position_embeddings}")
+        sharded = cfg.parallel == "fsdp" and world_size() > 1
+        if not sharded:
+            model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
+        if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
+            mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
+            # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
+            # past which it would silently fall back to eager
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
+        self.model = model
+
+        # steps, cadence, and what best/ is chosen by
+        self.loader = make_loader(task, self.train_items, cfg, device)  # this rank's shard: shrinks with N ranks
+        self.steps_per_epoch = max(1, len(self.loader) // cfg.grad_accum)
+        self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.eval_every = cfg.eval_every or self.steps_per_epoch
+        self.save_every = cfg.save_every or self.eval_every
+        self.metric = task.metric if self.eval_items is not None else None
+        self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
+        self.batches = None
+        if is_main():
+            # QA trains and scores windows ("features"); a long context gives several per question
+            unit = "features" if task.name == "qa" else "examples"
+            where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
+            ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
+            print(f"task {task.name}: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+                  f"parameters, {len(self.train_items)} train / {len(self.eval_items or [])} eval {unit}, "
+                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, global batch "
+                  f"{self.global_micro_batch * cfg.grad_accum}){ranks}{where}", flush=True)
+
+    def step_batches(self, step: int) -> list[dict]:
+        if self.batches is None:
+            self.batches = forever(self.loader)
+        batches = [next(self.batches) for _ in range(self.cfg.grad_accum)]
+        if self.cfg.unpadded:  # the packing layout from the host's mask: the device never reports back
+            for b in batches:
+                b["packed"] = Packed.from_mask(b["attention_mask"])
+        return batches
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.task.loss(model, batch)
+
+    def count(self, batch: dict) -> int:
+        return len(batch["labels"]) if "labels" in batch else len(batch["input_ids"])
+
+    def evaluate(self, final: bool) -> dict[str, float] | None:
+        if self.eval_items is None:
+            return None
+        # every rank scores its share and gets all predictions, so all hold the same metrics
+        metrics = self.task.evaluate(self.model, self.eval_items, self.precision)
+        metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.task.metric not in metrics:
+            raise KeyError(f"metric {self.task.metric!r} is not among the validation metrics {sorted(metrics)}")
+        return metrics
+
+    def save_model(self, folder: Path, state: dict | None) -> None:
+        save_best(self.model, self.tokenizer, self.task, folder, state)
+
+    def data_state(self) -> dict:
+        return {"loader": self.loader.state_dict(), "world_size": world_size(),
+                "global_micro_batch": self.global_micro_batch}
+
+    def load_data_state(self, data: dict) -> None:
+        if not data:
+            return
+        if "loader" not in data:  # an older checkpoint that stored the loader state alone
+            data = {"loader": data}
+        # counted in examples: a run saved by N ranks continues on any number of ranks
+        position = resume_position(data, self.global_micro_batch)
+        # a checkpoint taken right after an epoch's last batch continues with the next epoch
+        done = position["batch_index"] >= len(self.loader)
+        self.loader.load_state_dict({"epoch": position["epoch"] + 1, "batch_index": 0} if done else position)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"epoch": round(self.loader.epoch + self.loader.batch_index / max(1, len(self.loader)), 4)}
+
+    def results(self, final: dict[str, float] | None, summary: dict[str, Any]) -> dict[str, Any]:
+        out, unit = Path(summary["output_dir"]), "features" if self.task.name == "qa" else "examples"
+        history = [{"step": r["step"], "epoch": round(r["step"] / self.steps_per_epoch, 3),
+                    **{k: v for k, v in r.items() if k not in ("type", "step", "wall_time", "final")}}
+                   for r in read_metrics(out) if r.get("type") == "eval"] if is_main() else []
+        return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
+                "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
+                f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
+                "best_model": str(out / "best") if (out / "best").is_dir() else None}
 
 
 def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
@@ -194,196 +268,5 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     """
     init_distributed(cfg.dist_timeout_s)
     with collective_errors(cfg.dist_timeout_s):
-        return _finetune(cfg, resume)
-
-
-def _finetune(cfg: FinetuneConfig, resume: str | None) -> dict[str, Any]:
-    from bert_kit.tokenizer import get_tokenizer
-
-    t0 = time.time()
-    main = is_main()
-    # seeds every RNG: the same head init on every rank
-    out, precision, checkpoint = start_run(cfg.output_dir, cfg.precision, cfg.device, resume, cfg.seed)
-    device, ckpt_dir = precision.device, out / "checkpoints"
-    if not cfg.model:
-        raise ValueError("model is empty: name a model folder or a preset (model=path/to/bert)")
-    if not cfg.train_file:
-        raise ValueError("train_file is empty: name the training data file")
-    kind, where = locate_model(cfg.model)  # a bad model name fails before the data is read
-    if not (checkpoint or cfg.tokenizer or kind == "folder"):
-        raise ValueError(f"model {cfg.model!r} is not a folder, so it has no tokenizer: set tokenizer=FOLDER")
-
-    # 1. tokenizer, data, model (the head on the pretrained encoder), optimizer
-    tokenizer = get_tokenizer(checkpoint or cfg.tokenizer or where)
-    task = make_task(cfg.task, cfg)
-    task.bind(tokenizer)
-    train_items = task.read_train(cfg.train_file)[: cfg.max_train_examples]
-    eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.squad_train_articles else None)
-    eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
-    if not train_items:
-        raise ValueError(f"{cfg.train_file}: no training examples")
-    model = task.build(cfg.model)
-    sharded = cfg.parallel == "fsdp" and world_size() > 1
-    if sharded and precision.use_grad_scaler:
-        raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
-                         "gradients): set precision=bf16 or precision=fp32")
-    if not sharded:
-        model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
-    if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
-        mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
-        # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
-        # past which it would silently fall back to eager
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
-    param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
-    wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
-    if world_size() > 1:
-        torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
-    # after wrapping: FSDP2 has replaced the parameters by their shards
-    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
-    loader = make_loader(task, train_items, cfg, device)  # this rank's shard: len(loader) shrinks with N
-    steps_per_epoch = max(1, len(loader) // cfg.grad_accum)
-    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_fraction * total)
-    scheduler = create_scheduler(optimizer, warmup, total, cfg.schedule)
-    trainer = AMPTrainer(wrapped, optimizer, scheduler, precision, cfg.grad_accum, cfg.clip_grad)
-    eval_every = cfg.eval_every or steps_per_epoch
-    save_every = cfg.save_every or eval_every
-    global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
-
-    step, best, history = 0, {"value": -math.inf, "step": None, "metrics": None}, []
-    resume_state = None
-    if checkpoint is not None:
-        resume_state = load_checkpoint(checkpoint, model, optimizer=optimizer, scheduler=scheduler,
-                                       scaler=trainer.scaler, restore_rng=False)
-        step = trainer.step = int(resume_state["step"])
-        best, history = resume_state.get("best") or best, list(resume_state.get("history") or [])
-        data = resume_state["data"]
-        if "loader" not in data:  # an older checkpoint that stored the loader state alone
-            data = {"loader": data}
-        # counted in examples: a run saved by N ranks continues on any number of ranks
-        position = resume_position(data, global_micro_batch)
-        # a checkpoint taken right after an epoch's last batch continues with the next epoch
-        done = position["batch_index"] >= len(loader)
-        loader.load_state_dict({"epoch": position["epoch"] + 1, "batch_index": 0} if done else position)
-    # QA trains and scores windows ("features"); a long context gives several per question
-    unit = "features" if task.name == "qa" else "examples"
-    n_eval = len(eval_items or [])
-    if main:
-        save_config(cfg, out / "run_config.yaml")
-        if checkpoint is not None:
-            truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
-        where = f", resuming from {checkpoint} at step {step}" if checkpoint else ""
-        ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
-        print(f"task {task.name}: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-              f"parameters, {len(train_items)} train / {n_eval} eval {unit}, {total} steps "
-              f"({steps_per_epoch} per epoch, global batch {global_micro_batch * cfg.grad_accum}){ranks}{where}",
-              flush=True)
-
-    def write_best() -> None:
-        """best/ from the current weights; every rank calls it (FSDP2 gathers the shards)."""
-        collected = collect_state(model)
-        if main:
-            save_best(model, tokenizer, task, out / "best", collected.get("model"))
-
-    # 2. the loop: one iteration = one optimizer step of grad_accum micro-batches
-    logger = ProgressLogger(out, total, step, enabled=main, tensorboard=cfg.tensorboard, desc=f"finetune {task.name}")
-    window = {"loss": 0.0, "n": 0, "examples": 0, "time": 0.0}
-    first_loss, last_losses, stopped, train_examples, train_time = None, [], None, 0, 0.0
-    run_config = config_to_dict(cfg)
-    try:
-        with StopSignal() as stop:
-            if resume_state is not None:
-                restore_rng_state(resume_state)  # last thing before training continues
-            batches = forever(loader)
-            while step < total:
-                t_step, lr = time.time(), trainer.lr
-                for _ in range(cfg.grad_accum):
-                    batch = next(batches)
-                    window["examples"] += len(batch["labels"]) if "labels" in batch else len(batch["input_ids"])
-                    window["loss"] += trainer.train_step(batch, lambda b: task.loss(trainer.model, b))
-                    window["n"] += 1
-                step += 1
-                window["time"] += time.time() - t_step
-                loss = trainer.last["loss"]
-                first_loss = loss if first_loss is None else first_loss
-                last_losses = (last_losses + [loss])[-50:]
-                logger.update(step, loss=loss, lr=lr)
-                if step % cfg.log_every == 0 or step == total or step == 1:
-                    # every rank reaches this step: the loss is averaged over all of them
-                    logger.log("train", step, loss=all_reduce_mean(window["loss"] / window["n"]), lr=lr,
-                               grad_norm=float(full_value(trainer.last["grad_norm"])), epoch=step / steps_per_epoch,
-                               examples_per_s=window["examples"] * world_size() / max(window["time"], 1e-9))
-                    train_examples += window["examples"] * world_size()
-                    train_time += window["time"]
-                    window = dict.fromkeys(window, 0)
-
-                # evaluate every epoch (or eval_every steps); keep best/ by the validation metric.
-                # Every rank scores its share and gets all predictions, so all hold the same metrics.
-                if eval_items is not None and (step % eval_every == 0 or step == total):
-                    metrics = task.evaluate(trainer.raw_model, eval_items, precision)
-                    metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-                    if task.metric not in metrics:
-                        raise KeyError(f"metric {task.metric!r} is not among the validation metrics {sorted(metrics)}")
-                    history.append({"step": step, "epoch": round(step / steps_per_epoch, 3), **metrics})
-                    logger.log("eval", step, **metrics)
-                    improved = metrics[task.metric] > best["value"]
-                    if improved:
-                        best = {"value": metrics[task.metric], "step": step, "metrics": metrics}
-                        write_best()
-                    logger.message(f"step {step}: {task.metric} {metrics[task.metric]:.4f}"
-                                   f"{' (best, saved best/)' if improved else ''}")
-
-                stopping = any_rank(stop.signum is not None)
-                if stopping or step == total or step % save_every == 0:
-                    collected = collect_state(model, optimizer)  # every rank: gathers FSDP2 shards, RNG states
-                    if main:
-                        data_state = {"loader": loader.state_dict(), "world_size": world_size(),
-                                      "global_micro_batch": global_micro_batch}
-                        path = save_checkpoint(ckpt_dir, step, model, tokenizer=tokenizer, optimizer=optimizer,
-                                               scheduler=scheduler, scaler=trainer.scaler, run_config=run_config,
-                                               data_state=data_state, keep_last=cfg.keep_last,
-                                               extra={"best": best, "history": history}, collected=collected)
-                        logger.message(f"step {step}: saved {path}")
-                    barrier()
-                if stopping:
-                    stopped = signal.Signals(stop.signum or signal.SIGTERM).name
-                    break
-        train_examples += window["examples"] * world_size()
-        train_time += window["time"]
-        # 3. without validation data the last model is the one kept
-        if eval_items is None and stopped is None:
-            write_best()
-    except NonFiniteLossError as e:
-        last = latest_checkpoint(ckpt_dir)
-        logger.log("error", e.step, message=str(e))
-        e.args = (f"{e}: stopping without saving this step. Last good checkpoint: {last or 'none'}. "
-                  "Try a lower lr, clip_grad > 0, or another precision.",)
-        raise
-    finally:
-        logger.close()
-
-    # train losses averaged over ranks (each rank trained as many steps)
-    train_loss = all_reduce_mean(float(np.mean(last_losses))) if last_losses else None
-    first_loss = all_reduce_mean(first_loss) if first_loss is not None else None
-    results = {
-        "task": task.name, "model": cfg.model, "metric": task.metric,
-        "best_value": best["value"] if best["step"] else None,
-        "best_step": best["step"], "best_metrics": best["metrics"], "final_metrics": history[-1] if history else None,
-        "history": history, "initial_train_loss": first_loss, "train_loss": train_loss, "steps": step,
-        "epochs": round(step / steps_per_epoch, 3), f"train_{unit}": len(train_items), f"eval_{unit}": n_eval,
-        "examples_per_second": train_examples / train_time if train_time else None,
-        "precision": str(precision), "world_size": world_size(), "stopped": stopped, "output_dir": str(out),
-        "best_model": str(out / "best") if (out / "best").is_dir() else None, "wall_time_s": None,
-    }
-    if main:
-        try:
-            plot_losses(out)
-        except ValueError:
-            pass  # stopped before the first logged step
-        except ImportError as e:  # the run is saved; only the picture is missing
-            print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
-        results["wall_time_s"] = time.time() - t0
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    barrier()
-    return results
+        run = start_run(cfg, resume)
+        return train(FinetuningJob(cfg, run), cfg, run)

@@ -36,7 +36,7 @@ from bert_kit.training.checkpoint import resume_position
 from bert_kit.training.distributed import all_gather_object, barrier, is_main, rank, world_size
 
 if TYPE_CHECKING:
-    from bert_kit.tasks.pretraining import Phase, PretrainConfig
+    from bert_kit.tasks.pretraining_config import Phase, PretrainConfig
 
 # corpus_format -> mode of bert_kit.data.corpus.read_documents
 CORPUS_MODES = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikitext": "wikitext"}

@@ -183,6 +183,26 @@ def save_model(model: nn.Module, folder: str | Path, state: dict[str, torch.Tens
     twin.save_pretrained(folder)
 
 
+def write_folder_atomically(folder: str | Path, write: Any) -> Path:
+    """Call `write(tmp)` to fill `FOLDER.tmp`, then swap it in for `folder`: a crash at any point
+    leaves the previous folder (or, between the two renames, a complete FOLDER.tmp)."""
+    folder = Path(folder)
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    for leftover in (tmp, old):  # from a run killed while saving
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    write(tmp)
+    for f in tmp.iterdir():
+        _fsync(f)
+    if folder.exists():
+        folder.replace(old)
+        tmp.replace(folder)
+        shutil.rmtree(old)
+    else:
+        tmp.replace(folder)
+    return folder
+
+
 def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, tokenizer: Any = None,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, data_state: dict | None = None, run_config: dict | None = None,

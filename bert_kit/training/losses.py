@@ -61,8 +61,41 @@ def compute_cosent_loss(u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor, 
     cos = F.cosine_similarity(u.float(), v.float(), dim=-1) * scale  # (B,)
     diff = cos[None, :] - cos[:, None]  # (B, B): entry (i, j) = cos_j - cos_i
     ranked = scores[:, None] > scores[None, :]  # (B, B): pair i should rank above pair j
-    terms = torch.cat([diff.new_zeros(1), diff[ranked]])  # the zero is the "1 +"
+    # pairs not ranked contribute exp(-inf) = 0 (a mask, not a selection: no wait for the device)
+    terms = torch.cat([diff.new_zeros(1), diff.masked_fill(~ranked, float("-inf")).flatten()])  # 0: the "1 +"
     return torch.logsumexp(terms, dim=0)
+
+
+def compute_pretraining_loss(model: torch.nn.Module, batch: dict,
+                             mlm_loss_fn=compute_mlm_loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """MLM (+ NSP) loss of one batch: (loss, {"mlm_loss": ..., "nsp_loss": ...}).
+
+    The batch holds input_ids, attention_mask, token_type_ids (B, T) and either labels (B, T)
+    (-100 where nothing is masked) or fixed prediction slots (`with_prediction_slots`:
+    masked_index (S,), masked_labels (S,)), plus next_sentence_label (B,) for NSP.
+    """
+    if "masked_index" in batch:  # fixed prediction slots (padded with -100 targets)
+        out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                    masked_index=batch["masked_index"])
+        labels = batch["masked_labels"]
+    else:
+        labels = batch["labels"]
+        out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), labels=labels)
+    mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+    if mlm_logits.shape[0] == 0:
+        # no masked token in this micro-batch (tiny batches): a zero loss that keeps the graph
+        mlm = mlm_logits.sum() * 0.0
+    else:
+        mlm = mlm_loss_fn(mlm_logits, labels)
+    parts = {"mlm_loss": mlm}
+    loss = mlm
+    nsp_labels = batch.get("next_sentence_label")
+    if nsp_logits is not None and nsp_labels is not None:
+        parts["nsp_loss"] = F.cross_entropy(nsp_logits.float(), nsp_labels)
+        loss = loss + parts["nsp_loss"]
+    elif nsp_logits is not None:
+        loss = loss + nsp_logits.sum() * 0.0  # keep every parameter in the graph (DDP)
+    return loss, parts
 
 
 def _to(batch: dict, device: torch.device | str) -> dict:

@@ -144,3 +144,55 @@ def create_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_
         return lr_multiplier(step, warmup_steps, total_steps, schedule, min_ratio)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+class Schedule:
+    """Sets the learning rate of every optimizer update: warmup, then decay to `min_ratio` of the peak.
+
+    Progress is counted in optimizer steps, or, with a time budget (`budget_s`), in seconds of
+    training: the decay then ends when the budget does, however many steps fit in it. Warmup
+    covers `warmup_steps` steps when given, else `warmup_fraction` of the run (of its steps, or
+    of its training time). The peak lr and weight decay are read from the settings each time the
+    run starts, so a resumed run takes new values; the warmup length is kept from the run's start
+    (`state_dict`), so extending `max_steps` stretches the decay without a second warmup.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, peak_lr: float, total_steps: int,
+                 warmup_steps: int | None, warmup_fraction: float, kind: str = "linear",
+                 min_ratio: float = 0.0, budget_s: float | None = None) -> None:
+        if kind not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+        self.optimizer, self.peak_lr, self.total_steps = optimizer, peak_lr, max(1, total_steps)
+        self.kind, self.min_ratio, self.budget_s = kind, min_ratio, budget_s
+        self.warmup_fraction = warmup_fraction
+        self.warmup_steps = warmup_steps if warmup_steps is not None else (
+            None if budget_s else round(warmup_fraction * self.total_steps))
+
+    def multiplier(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
+        """Factor on the peak lr for update `step` (0-based) after `trained_s` seconds of training
+        out of `train_span_s` (time budgets only)."""
+        if self.budget_s is None or train_span_s is None:
+            return lr_multiplier(step, self.warmup_steps, self.total_steps, self.kind, self.min_ratio)
+        if self.warmup_steps is not None and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        # time-based: positions in milliseconds of training, so lr_multiplier's integer maths holds
+        total = max(1, round(train_span_s * 1000))
+        position = min(total, round(trained_s * 1000))
+        warmup = 0 if self.warmup_steps is not None else round(self.warmup_fraction * total)
+        return lr_multiplier(position, warmup, total, self.kind, self.min_ratio)
+
+    def apply(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
+        """Set every group's lr for update `step`; return it."""
+        lr = self.peak_lr * self.multiplier(step, trained_s, train_span_s)
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # a capturable optimizer reads it on the device
+            else:
+                group["lr"] = lr
+        return lr
+
+    def state_dict(self) -> dict:
+        return {"warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.warmup_steps = state.get("warmup_steps", self.warmup_steps)

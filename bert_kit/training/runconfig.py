@@ -39,7 +39,17 @@ _FALSE = {"false", "no", "off", "0"}
 
 
 def field_help(cls: type) -> dict[str, str]:
-    """{field name: help text} from attribute docstrings or same-line comments of `cls`."""
+    """{field name: help text} from attribute docstrings or same-line comments of `cls` and of
+    the dataclasses it extends (a field redeclared in a subclass takes the subclass's help)."""
+    helps: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            helps.update(_own_field_help(klass))
+    return helps
+
+
+def _own_field_help(cls: type) -> dict[str, str]:
+    """field_help of the fields written in `cls`'s own class body."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # defined in a REPL: no source, no help
@@ -90,7 +100,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
             if type(None) in args:
                 return None
-        for arg in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own message ("expected an integer, got 'ten'")
+            return coerce(value, options[0], where)
+        for arg in options:
             try:
                 return coerce(value, arg, where)
             except ValueError:

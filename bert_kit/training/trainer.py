@@ -27,12 +27,18 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from bert_kit.model import Packed
 from bert_kit.training.distributed import any_rank, no_sync, unwrap_model, world_size
 from bert_kit.heads import with_prediction_slots
 from bert_kit.training.precision import Precision, resolve_precision
-from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss
+from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss, compute_pretraining_loss
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A batch's tensors (and packing layout) on `device`; copies from pinned memory do not block."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) or isinstance(v, Packed) else v
+            for k, v in batch.items()}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -89,34 +95,12 @@ class AMPTrainer:
         return self.precision.device
 
     def _to_device(self, batch: dict) -> dict:
-        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return to_device(batch, self.device)
 
     # ---- losses -----------------------------------------------------------------------------
 
     def _mlm_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if "masked_index" in batch:  # fixed prediction slots (padded with -100 targets)
-            out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
-                             masked_index=batch["masked_index"])
-            labels = batch["masked_labels"]
-        else:
-            labels = batch["labels"]
-            out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
-                             labels=labels)
-        mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
-        if mlm_logits.shape[0] == 0:
-            # no masked token in this micro-batch (tiny batches): a zero loss that keeps the graph
-            mlm = mlm_logits.sum() * 0.0
-        else:
-            mlm = (self.mlm_loss_fn or compute_mlm_loss)(mlm_logits, labels)
-        parts = {"mlm_loss": mlm}
-        loss = mlm
-        nsp_labels = batch.get("next_sentence_label")
-        if nsp_logits is not None and nsp_labels is not None:
-            parts["nsp_loss"] = F.cross_entropy(nsp_logits.float(), nsp_labels)
-            loss = loss + parts["nsp_loss"]
-        elif nsp_logits is not None:
-            loss = loss + nsp_logits.sum() * 0.0  # keep every parameter in the graph (DDP)
-        return loss, parts
+        return compute_pretraining_loss(self.model, batch, self.mlm_loss_fn or compute_mlm_loss)
 
     def _classification_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))

@@ -187,7 +187,7 @@ def test_qa_with_an_article_split(tiny_model, data_dir, tmp_path):
                       squad_train_articles=2, max_length=128, doc_stride=32, max_steps=3)
     results = finetune(cfg)
     n_eval = sum(len(p["qas"]) for p in small["data"][2]["paragraphs"])
-    assert results["eval_features"] >= n_eval  # long contexts give several windows
+    assert results["num_eval_features"] >= n_eval  # long contexts give several windows
     final = results["history"][-1]
     assert 0.0 <= final["exact_match"] <= final["f1"] <= 100.0 and final["num_examples"] == n_eval
     assert read_model_metadata(tmp_path / "run" / "best")["doc_stride"] == 32

@@ -23,6 +23,7 @@ from tests.tasks.test_pretraining import SignalAtStep, tiny_config, train_losses
 
 import bert_kit.data.corpus
 import bert_kit.tasks.pretraining
+import bert_kit.training.loop
 import bert_kit.tasks.pretraining_data
 from bert_kit.training.checkpoint import latest_checkpoint, load_trainer_state
 from bert_kit.cli import main as cli
@@ -93,7 +94,7 @@ def test_streaming_config_errors(tmp_path, capsys):
         PretrainConfig(streaming=True, eval_files=["held_out.txt"])
     with pytest.raises(ValueError, match=r"streaming: true needs eval_files"):
         PretrainConfig(streaming=True, nsp=False)
-    with pytest.raises(ValueError, match=r"shuffle_buffer must be >= 1"):
+    with pytest.raises(ValueError, match=r"shuffle_buffer: 0 is outside the allowed range \[1, inf\]"):
         PretrainConfig(shuffle_buffer=0)
     config = tmp_path / "run.yaml"
     config.write_text("streaming: true\nnsp: false\n")
@@ -211,9 +212,9 @@ def test_streaming_resume_is_bit_exact(tmp_path, monkeypatch, num_workers):
     # the same run, stopped by SIGTERM after step 10 (exit code 143), then resumed
     interrupted = tmp_path / "interrupted"
     cfg_file = tmp_path / "straight" / "run_config.yaml"
-    monkeypatch.setattr(bert_kit.tasks.pretraining, "ProgressLogger", SignalAtStep)
+    monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", SignalAtStep)
     assert cli(["pretrain", "--config", str(cfg_file), f"output_dir={interrupted}"]) == 143
-    monkeypatch.setattr(bert_kit.tasks.pretraining, "ProgressLogger", ProgressLogger)
+    monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", ProgressLogger)
     assert latest_checkpoint(interrupted).name == "step-0000010"
     stream = load_trainer_state(latest_checkpoint(interrupted))["data"]["stream"][0]
     assert stream["batch_index"] > 0 and stream["examples"] == sum(stream["positions"])
@@ -236,7 +237,7 @@ def test_streaming_resume_is_bit_exact(tmp_path, monkeypatch, num_workers):
     assert results_b["test_mlm_loss"] == results_a["test_mlm_loss"]
     if num_workers == 0:  # a stream position cannot continue a map-style run, nor the reverse
         mapped = dataclasses.replace(cfg, streaming=False, output_dir=str(tmp_path / "mapped"))
-        with pytest.raises(ValueError, match="written with streaming: true; resume it with that setting"):
+        with pytest.raises(ValueError, match=r"changed settings that shape the run \(streaming: True -> False\)"):
             pretrain(mapped, resume=str(interrupted / "checkpoints" / "step-0000010"))
 
 

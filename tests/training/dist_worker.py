@@ -137,8 +137,7 @@ def steps(out: Path, reference: Path) -> None:
 
 def fault(kind: str, at_step: int, argv: list[str]) -> int:
     """The `bert-kit` command line; rank 1 exits at once (die) or hangs (stall) at `at_step`."""
-    import bert_kit.tasks.finetuning
-    import bert_kit.tasks.pretraining
+    import bert_kit.training.loop
     from bert_kit.cli import main
     from bert_kit.training.progress import ProgressLogger
 
@@ -151,7 +150,7 @@ def fault(kind: str, at_step: int, argv: list[str]) -> int:
                     os._exit(3)  # no cleanup, no goodbye: as a crash or an OOM kill
                 time.sleep(600)
 
-    bert_kit.tasks.pretraining.ProgressLogger = bert_kit.tasks.finetuning.ProgressLogger = Faulty
+    bert_kit.training.loop.ProgressLogger = Faulty
     return main(argv)
 
 

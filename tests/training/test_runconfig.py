@@ -126,7 +126,7 @@ def test_help_comes_from_comments_and_attribute_docstrings():
 def test_pretrain_config_validates_ranges_and_phases():
     from bert_kit.tasks.pretraining import PretrainConfig
 
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"batch_size: 0 is outside the allowed range \[1, inf\]"):
         load_config(PretrainConfig, None, ["batch_size=0"])
     with pytest.raises(ValueError, match=r"phases\[1\]: unknown key\(s\) \['seq_len'\]"):
         PretrainConfig(phases=[{"fraction": 0.5}, {"fraction": 0.5, "seq_len": 512}])

@@ -1,0 +1,56 @@
+"""What `bert-kit pretrain` and `bert-kit finetune` share: reading their run settings and running them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
+from bert_kit.training.distributed import DistributedError, cleanup, is_main
+from bert_kit.training.runconfig import add_config_arguments, apply_overrides, config_from_dict, load_config
+from bert_kit.training.trainer import NonFiniteLossError
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """--config FILE, key=value overrides, --output JSON and --resume CKPT."""
+    add_config_arguments(parser, cls)
+    parser.add_argument("--output", metavar="JSON", help="also write the results JSON here")
+    parser.add_argument("--resume", metavar="CKPT",
+                        help='checkpoint folder, run folder, or "latest" (newest in output_dir)')
+
+
+def load_run_settings(args: argparse.Namespace, cls: type, overrides: list[str]) -> Any:
+    """The config file (or, resuming without one, the checkpoint's run config), then overrides."""
+    if args.config is None and args.resume not in (None, "latest"):
+        # resuming without --config: start from the run config stored in the checkpoint
+        data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
+        return config_from_dict(cls, apply_overrides(data, overrides, cls), str(args.resume))
+    if args.config is None and not overrides:
+        raise ValueError(f"pass --config FILE (and optional key=value overrides); see bert-kit {args.command} --help")
+    return load_config(cls, args.config, overrides)
+
+
+def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any, shown: tuple[str, ...] | None) -> int:
+    """Run `train(cfg, resume=...)`, write --output, print the results (the `shown` keys, or all);
+    exit 0, 1 for a failed run, 130/143 after SIGINT/SIGTERM."""
+    main = True
+    try:
+        results = train(cfg, resume=args.resume)
+        main = is_main()  # asked before leaving the group: afterwards every process is "rank 0"
+    except (NonFiniteLossError, DistributedError) as e:
+        print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cleanup()  # leave the process group (torchrun runs)
+    if args.output and main:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    if main:
+        print(json.dumps({k: results.get(k) for k in shown} if shown else results, indent=2))
+    if results["stopped"]:
+        return 128 + int(signal.Signals[results["stopped"]])  # 130 for SIGINT, 143 for SIGTERM
+    return 0

@@ -1,0 +1,126 @@
+"""`PretrainConfig`: the settings of a pretraining run, and its phases.
+
+A run may switch sequence length and batch size part-way (`phases`), as BERT's 128 -> 512
+recipe; `plan_phases` turns their fractions into step ranges. The shared settings (optimisation,
+hardware, bookkeeping, time budget) come from `RunSettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bert_kit.training.settings import RunSettings, check_range
+
+PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
+TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
+
+
+@dataclass
+class PretrainConfig(RunSettings):
+    """Settings of one pretraining run (YAML keys; `key=value` on the command line); the fields
+    shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`."""
+
+    # model and tokenizer
+    model: Any = "bert-mini"
+    """preset name, model folder (continues from its weights), config file, or a mapping of
+    BertConfig fields with an optional `preset`, e.g. {preset: bert-mini, hidden_dropout_prob: 0}"""
+    tokenizer: str | None = None  # tokenizer folder (tokenizer.json or vocab.txt); default: the model folder's
+    train_tokenizer: dict | None = None  # e.g. {vocab_size: 8000}: train a WordPiece vocab on train_files first
+    # data
+    train_files: list[str] = field(default_factory=list)  # files, folders or globs of training text
+    eval_files: list[str] = field(default_factory=list)  # held-out text; empty: use eval_fraction
+    eval_fraction: float = 0.01  # share of the training corpus held out when eval_files is empty
+    corpus_format: Literal["text", "lines", "jsonl", "wikitext"] = "text"  # text: blank line ends a document
+    text_field: str = "text"  # JSONL field holding the text
+    nsp: bool = True  # next-sentence prediction (sentence pairs); false: MLM only
+    packing: bool = True  # MLM only: pack documents into full max_length blocks
+    streaming: bool = False
+    """read train_files lazily, for corpora bigger than memory: shuffled through a seeded buffer,
+    sharded by rank and DataLoader worker, tokenised on the fly; no token cache. MLM only
+    (nsp: false); evaluates on eval_files, which it needs"""
+    shuffle_buffer: int = 10000  # streaming: documents held for shuffling (more: better mixed, more memory)
+    mask_probability: float = 0.15  # share of tokens chosen for MLM (80% [MASK], 10% random, 10% kept)
+    whole_word_masking: bool = False  # mask all WordPieces of a chosen word together
+    short_seq_prob: float = 0.1  # NSP: share of pairs with a shorter random target length
+    max_length: int = 128  # tokens per sequence, [CLS] and [SEP] included
+    cache_dir: str | None = None  # token cache folder (default OUTPUT_DIR/token_cache)
+    # optimisation
+    max_steps: int | None = 1000  # optimizer steps in total (all phases); null: as many as the time_budget allows
+    phases: list[dict] = field(default_factory=list)
+    """steps split by sequence length, e.g. [{max_length: 128, fraction: 0.9},
+    {max_length: 512, fraction: 0.1, batch_size: 8, grad_accum: 4}]; unset keys use the fields above"""
+    # hardware
+    compile: bool = False
+    """torch.compile the model with static shapes: batches padded to max_length, masked positions
+    gathered into fixed prediction slots (20% of the tokens), the MLM loss compiled too (with
+    parallel=fsdp on several ranks: the encoder only)"""
+    cuda_graphs: bool = False  # with compile on one GPU: replay the compiled steps as CUDA graphs (grad_accum 1)
+    compile_tuning: bool = False  # with compile: Triton kernels tuned by benchmarking (+2-3%, minutes to compile)
+    low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
+    # bookkeeping
+    output_dir: str = "runs/pretrain"  # run folder
+    eval_batches: int = 50  # batches per periodic evaluation (the final one uses all)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
+            raise ValueError("cuda_graphs and compile_tuning need compile: true")
+        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+            raise ValueError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
+                             "overwritten by its next replay, before they could be accumulated")
+        for name in ("max_length", "shuffle_buffer"):
+            check_range(self, name, low=1)
+        check_range(self, "eval_batches", low=0)
+        if self.max_steps is None and self.time_budget is None:
+            raise ValueError("max_steps: null needs a time_budget (e.g. time_budget=6m) to end the run")
+        if self.max_steps is None and len(self.phases) > 1:
+            raise ValueError("phases split max_steps: set max_steps (a time_budget alone cannot place them)")
+        check_range(self, "mask_probability", low=0, high=1, low_open=True, high_open=True)
+        check_range(self, "short_seq_prob", low=0, high=1)
+        check_range(self, "eval_fraction", low=0, high=1, high_open=True)
+        for i, phase in enumerate(self.phases):
+            unknown = sorted(set(phase) - set(PHASE_KEYS))
+            if unknown:
+                raise ValueError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
+            if not 0 < float(phase.get("fraction", -1)) <= 1:
+                raise ValueError(f"phases[{i}]: needs a fraction in (0, 1], got {phase.get('fraction')!r}")
+        if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
+            raise ValueError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+        if self.streaming and self.nsp:
+            raise ValueError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
+                             "set nsp: false")
+        if self.streaming and not self.eval_files:
+            raise ValueError("streaming: true needs eval_files (a stream has no tail to hold out with "
+                             "eval_fraction): name held-out text files")
+        if self.train_tokenizer is not None:
+            unknown = sorted(set(self.train_tokenizer) - set(TOKENIZER_TRAIN_KEYS))
+            if unknown:
+                raise ValueError(f"train_tokenizer: unknown key(s) {unknown}; "
+                                 f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+
+
+@dataclass
+class Phase:
+    """Steps [start, end) run with one sequence length and batch size."""
+
+    index: int
+    start: int
+    end: int
+    max_length: int
+    batch_size: int
+    grad_accum: int
+
+
+def plan_phases(cfg: PretrainConfig, total_steps: int | None = None) -> list[Phase]:
+    """Turn `phases` fractions into step ranges; the last phase takes the rounding remainder."""
+    specs = cfg.phases or [{"fraction": 1.0}]
+    total = total_steps or cfg.max_steps
+    phases, start = [], 0
+    for i, spec in enumerate(specs):
+        last = i == len(specs) - 1
+        end = total if last else min(total, start + round(spec["fraction"] * total))
+        phases.append(Phase(i, start, end, int(spec.get("max_length", cfg.max_length)),
+                            int(spec.get("batch_size", cfg.batch_size)), int(spec.get("grad_accum", cfg.grad_accum))))
+        start = end
+    return phases

@@ -1,0 +1,388 @@
+"""The one training loop. Pretraining and every fine-tuning task run through `train`, top to bottom.
+
+    run = start_run(cfg, resume)          # the run folder, device and precision, what to resume
+    job = PretrainingJob(cfg, run)        # or FinetuningJob: model, data, loss, evaluation
+    results = train(job, cfg, run)
+
+A `Job` plugs in what differs between jobs: the micro-batches of each optimizer step, the loss,
+what a batch counts (tokens or examples), the evaluation, which model folder to keep (best/ by a
+validation metric, or final/) and the data position. Everything else is here, once: the optimizer
+and lr schedule, gradient accumulation, logging windows, evaluation cadence, best/ selection,
+checkpoints, stop signals, non-finite losses, resuming, a time budget and the results summary.
+
+What the loop promises:
+* A run folder belongs to one run: a fresh run where another one left checkpoints or metrics stops
+  with an error (resume it, or `overwrite: true` to start over).
+* Nothing is lost: checkpoints every `save_every` steps and at the end, written atomically;
+  SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the step, save and
+  exit 130/143; a NaN/inf loss stops the run before it is saved, the last checkpoint stays good.
+* No host-device synchronisation in steady-state steps on a GPU: losses stay on the device and
+  are read back at log steps (with a fused optimizer a non-finite loss makes it skip every update
+  from then on, so the weights that are saved are those of the last good step).
+* `results.json` describes the whole run, after any number of resumes: it is computed from the
+  run's own metrics.jsonl records (first loss, units trained, time, throughput, final loss).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from bert_kit.model import unchecked_inputs
+from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
+                                          load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
+                                          save_checkpoint, seed_everything)
+from bert_kit.training.distributed import (all_reduce_mean, any_rank, barrier, full_value, is_main, rank, world_size,
+                                           wrap_model)
+from bert_kit.training.optim import Schedule, create_optimizer
+from bert_kit.training.precision import Precision, resolve_precision
+from bert_kit.training.progress import METRICS_FILE, ProgressLogger, plot_losses, read_metrics, truncate_metrics
+from bert_kit.training.runconfig import config_to_dict, save_config
+from bert_kit.training.settings import RESUMABLE_CHANGES, RunSettings
+from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
+
+UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
+
+# files and folders of a run; `overwrite: true` deletes these (a token cache is kept: it is keyed by content)
+RUN_FILES = ("checkpoints", METRICS_FILE, "results.json", "loss_curve.png", "run_config.yaml", "final", "best",
+             "final.tmp", "final.old", "best.tmp", "best.old", "tensorboard", "tokenizer")
+
+
+class Job:
+    """What a job plugs into `train`. A subclass sets these attributes and implements the methods.
+
+    model: the model to train, on its device (the loop wraps it for DDP/FSDP2);
+    tokenizer: saved with every checkpoint and model folder;
+    total_steps: optimizer steps of the whole run; steps_per_epoch: for the `epoch` of log records;
+    unit: what `count` counts ("tokens" or "examples");
+    metric: validation metric that picks best/ (higher is better), or None: the last weights are kept;
+    model_folder: the folder the kept model goes to; eval_every, save_every: the cadence in steps.
+    """
+
+    name = "train"
+    unit = "examples"
+    metric: str | None = None
+    model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
+    eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
+    model: nn.Module
+    tokenizer: Any
+    total_steps: int
+    steps_per_epoch: int | None = None
+
+    def step_batches(self, step: int) -> list[dict]:
+        """The micro-batches of optimizer update `step` (0-based), on the host."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(loss, {name: part}) of one micro-batch already on the device; `model` may be DDP-wrapped."""
+        raise NotImplementedError
+
+    def count(self, batch: dict) -> int:
+        """Tokens or examples in a host batch (no device access)."""
+        raise NotImplementedError
+
+    def evaluate(self, final: bool) -> dict[str, float] | None:
+        """Validation metrics of the current weights (None: no validation data). `final`: the last one."""
+        return None
+
+    def save_model(self, folder: Path, state: dict | None) -> None:
+        """An HF model folder with tokenizer and metadata; `state` is the full state dict of a
+        sharded model (`collect_state`). Called on rank 0 only."""
+        raise NotImplementedError
+
+    def data_state(self) -> dict:
+        """The data position, saved in checkpoints. Called on every rank."""
+        return {}
+
+    def load_data_state(self, state: dict) -> None:
+        """Continue at a saved data position."""
+
+    def log(self, text: str) -> None:
+        """A message line (the loop routes it past its progress bar)."""
+        print(text, file=sys.stderr, flush=True)
+
+    def log_fields(self) -> dict[str, Any]:
+        """Extra values for train records (phase, epoch, ...)."""
+        return {}
+
+    def results(self, final: dict[str, float] | None, summary: dict[str, Any]) -> dict[str, Any]:
+        """The job's entries of results.json, from the final metrics and the loop's summary."""
+        return {}
+
+
+@dataclass
+class Run:
+    """What `start_run` resolved before a job is built."""
+
+    out: Path  # the run folder
+    precision: Precision  # device and precision, resolved once
+    checkpoint: Path | None  # checkpoint folder to resume from
+    state: dict | None  # its trainer state
+    started: float  # time.time() when the run (this process) started
+    budget_s: float | None  # seconds left of the time budget
+
+
+# ---- before the job: the run folder, resuming, changed settings -------------------------------
+
+def claim_run_folder(out: Path, resuming: bool, overwrite: bool) -> None:
+    """A fresh run may not start where another run left its files; `overwrite` deletes them first."""
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if resuming or not found:
+        return
+    if not overwrite:
+        newest = latest_checkpoint(out / "checkpoints")
+        at = f" (newest checkpoint {newest.name})" if newest else ""
+        raise FileExistsError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
+                              f"or start over with overwrite=true (deletes those files), or choose another output_dir")
+    if is_main():
+        for name in found:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    barrier()
+
+
+def settings_changes(saved: dict, cfg: RunSettings) -> tuple[dict, dict]:
+    """({key: (old, new)} of every changed setting, the part of it a resume may not change)."""
+    now = config_to_dict(cfg)
+    changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
+    refused = {k: c for k, c in changed.items() if k not in RESUMABLE_CHANGES}
+    return changed, refused
+
+
+def start_run(cfg: RunSettings, resume: str | None) -> Run:
+    """Resolve device and precision (printed once), the checkpoint to resume and its settings;
+    claim the run folder; seed every RNG. Settings that may not change on resume stop the run."""
+    started = time.time()
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output_dir {out} is a file, not a folder")
+    checkpoint = resolve_checkpoint(resume, out) if resume else None
+    state = load_trainer_state(checkpoint) if checkpoint else None
+    budget = cfg.time_budget_s
+    if state is not None:
+        changed, refused = settings_changes(state.get("run_config") or {}, cfg)
+        if refused and not cfg.force_resume:
+            shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+            raise ValueError(f"cannot resume {checkpoint} with changed settings that shape the run ({shown}); "
+                             f"restore them, or pass force_resume=true")
+        if changed and is_main():
+            shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            print(f"resuming with changed settings: {shown}", file=sys.stderr, flush=True)
+        if budget is not None:  # the budget left when the checkpoint was written
+            budget = max(0.0, budget - float(state.get("budget_used_s", 0.0)))
+    claim_run_folder(out, checkpoint is not None, cfg.overwrite)
+    precision = resolve_precision(cfg.precision, cfg.device, verbose=is_main())
+    if precision.device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
+    seed_everything(cfg.seed)
+    return Run(out, precision, checkpoint, state, started, budget)
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+
+def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
+    """Train `job` to the end of its steps (or time budget, or a stop signal); return the results."""
+    main, out, precision = is_main(), run.out, run.precision
+    ckpt_dir, device, model = out / "checkpoints", run.precision.device, job.model
+
+    # 1. the model on its ranks, optimizer, schedule, trainer; then the resumed state over them
+    sharded = cfg.parallel == "fsdp" and world_size() > 1
+    if sharded and precision.use_grad_scaler:
+        raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
+                         "gradients): set precision=bf16 or precision=fp32")
+    # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
+    param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
+    wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
+    if world_size() > 1:
+        torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
+    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
+    total = job.total_steps
+    schedule = Schedule(optimizer, cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
+                        cfg.min_lr_ratio, cfg.time_budget_s)
+    trainer = AMPTrainer(wrapped, optimizer, None, precision, clip_grad=cfg.clip_grad, deferred_checks=True)
+    step, best, trained_s, train_span_s = 0, {"value": None, "step": None, "metrics": None}, 0.0, None
+    state = run.state
+    if state is not None:
+        load_checkpoint(run.checkpoint, model, optimizer=optimizer, scaler=trainer.scaler, restore_rng=False)
+        step = trainer.step = int(state["step"])
+        best = state.get("best") or best
+        schedule.load_state_dict(state.get("schedule") or {})
+        trained_s, train_span_s = float(state.get("trained_s", 0.0)), state.get("train_span_s")
+        job.load_data_state(state.get("data") or {})
+        for group in optimizer.param_groups:  # a changed weight_decay takes effect (the state kept the old)
+            if group.get("weight_decay", 0.0) > 0:
+                group["weight_decay"] = cfg.weight_decay
+    run_config = config_to_dict(cfg)
+    if main:
+        save_config(cfg, out / "run_config.yaml")
+        if state is not None:
+            truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
+    if step >= total:
+        job.total_steps = total = step  # resumed at (or past) the end: evaluate and write the model
+
+    def budget_left() -> float:
+        return float("inf") if run.budget_s is None else run.budget_s - (time.time() - run.started)
+
+    def save(step: int) -> None:
+        """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions)."""
+        trainer.check_finite()  # never save weights after a skipped (non-finite) step
+        collected, data = collect_state(model, optimizer), job.data_state()
+        if main:
+            used = (cfg.time_budget_s or 0.0) - budget_left() if run.budget_s is not None else 0.0
+            path = save_checkpoint(ckpt_dir, step, model, tokenizer=job.tokenizer, optimizer=optimizer,
+                                   scaler=trainer.scaler, run_config=run_config, data_state=data,
+                                   keep_last=cfg.keep_last, collected=collected,
+                                   extra={"best": best, "schedule": schedule.state_dict(), "trained_s": trained_s,
+                                          "train_span_s": train_span_s, "budget_used_s": used})
+            logger.message(f"step {step}: saved {path}")
+        barrier()
+
+    def evaluate(final: bool) -> dict[str, float] | None:
+        """Validation metrics (logged); best/ follows the job's metric."""
+        nonlocal best
+        metrics = job.evaluate(final)
+        if metrics is None:
+            return None
+        logger.log("eval", step, **metrics, **({"final": True} if final else {}))
+        improved = job.metric is not None and (best["value"] is None or metrics[job.metric] > best["value"])
+        if improved:
+            best = {"value": metrics[job.metric], "step": step, "metrics": metrics}
+            write_model(out / job.model_folder)
+        shown = job.metric or next(iter(metrics))
+        logger.message(f"step {step}: {shown} {metrics[shown]:.4f}{' (best, saved best/)' if improved else ''}")
+        return metrics
+
+    def write_model(folder: Path) -> None:
+        collected = collect_state(model)  # every rank: gathers FSDP2 shards
+        if main:
+            write_folder_atomically(folder, lambda tmp: job.save_model(tmp, collected.get("model")))
+
+    # 2. the loop: one iteration = one optimizer step over the job's micro-batches
+    logger = ProgressLogger(out, total if total < UNBOUNDED_STEPS else None, step, enabled=main,
+                            tensorboard=cfg.tensorboard, desc=job.name)
+    job.log = logger.message
+    logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
+    window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
+    reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
+    try:
+        with StopSignal() as stop, unchecked_inputs():
+            if state is not None:
+                restore_rng_state(state)  # last thing before training continues
+            while step < total:
+                # (a) forward and backward over the micro-batches; the trainer steps the optimizer
+                t_step = time.time()
+                if run.budget_s is not None and train_span_s is None:  # the first step fixes the span
+                    train_span_s = max(1.0, budget_left() - reserve_s)
+                lr = schedule.apply(step, trained_s, train_span_s)
+                micro = job.step_batches(step)
+                trainer.grad_accum = len(micro)
+                for batch in micro:
+                    window["units"] += job.count(batch)
+                    trainer.train_step(batch, lambda b: job.loss(trainer.model, b))
+                    for k, v in trainer.last.items():
+                        if k.endswith("loss"):  # summed on the device: no sync
+                            window["losses"][k] = window["losses"].get(k, 0.0) + v / len(micro)
+                step += 1
+                window["n"] += 1
+                out_of_time = budget_left() < reserve_s
+                ending = step == total or out_of_time
+
+                # (b) a train record every log_every steps: the one host-device sync of a window
+                if step % cfg.log_every == 0 or step == 1 or ending:
+                    trainer.check_finite()
+                    window["seconds"] += time.time() - t_step  # the queued steps of the window are done
+                    losses = {k: all_reduce_mean(float(v) / window["n"]) for k, v in window["losses"].items()}
+                    units, seconds = window["units"] * world_size(), window["seconds"]
+                    logger.log("train", step, **losses, lr=lr, grad_norm=float(full_value(trainer.last["grad_norm"])),
+                               **{job.unit: units, "seconds": round(seconds, 4), f"{job.unit}_per_s": units / seconds},
+                               **job.log_fields())
+                    logger.update(step, loss=losses.get("loss"), lr=lr, **{f"{job.unit}/s": f"{units / seconds:,.0f}"})
+                    window = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
+                else:
+                    window["seconds"] += time.time() - t_step
+                    logger.update(step)
+                trained_s += time.time() - t_step
+
+                # (c) evaluation (the last one comes after the loop)
+                if job.eval_every and step % job.eval_every == 0 and not ending:
+                    t_eval = time.time()
+                    evaluate(final=False)
+                    reserve_s = max(reserve_s, 2 * (time.time() - t_eval) + 5.0)
+
+                # (d) checkpoint every save_every steps, at the end, when out of time or asked to stop
+                stopping = any_rank(stop.signum is not None)
+                out_of_time = any_rank(out_of_time)
+                if stopping or ending or out_of_time or (job.save_every and step % job.save_every == 0):
+                    t_save = time.time()
+                    save(step)
+                    reserve_s = max(reserve_s, 3 * (time.time() - t_save) + 5.0)
+                if stopping:
+                    stopped = signal.Signals(stop.signum or signal.SIGTERM).name
+                    break
+                if out_of_time:
+                    logger.message(f"step {step}: time budget spent ({cfg.time_budget}); ending the run")
+                    break
+
+        # 3. the last evaluation and the model folder (not after a stop signal: the run goes on later)
+        if stopped is None:
+            final_metrics = evaluate(final=True)
+            if job.metric is None or best["step"] is None:
+                write_model(out / job.model_folder)
+    except NonFiniteLossError as e:
+        last = latest_checkpoint(ckpt_dir)
+        logger.log("error", e.step, message=str(e))
+        e.args = (f"{e}: stopping without saving this step. Last good checkpoint: {last or 'none'}. "
+                  "Try a lower lr, clip_grad > 0, or another precision.",)
+        raise
+    finally:
+        logger.close()
+
+    # 4. results.json, from the run's own records (all sessions of a resumed run)
+    summary = summarize(out, job.unit) if main else {}
+    results = {"steps": step, "stopped": stopped, "output_dir": str(out), "world_size": world_size(),
+               "precision": str(precision), **summary,
+               "best_value": best["value"], "best_step": best["step"], "best_metrics": best["metrics"],
+               "final_metrics": final_metrics, "wall_time_s": None}
+    results.update(job.results(final_metrics, results))
+    if main:
+        try:
+            plot_losses(out)
+        except ValueError:
+            pass  # nothing logged yet (stopped before the first step)
+        except ImportError as e:  # the run is saved; only the picture is missing
+            print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
+        results["wall_time_s"] = time.time() - run.started
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    barrier()
+    return results
+
+
+def summarize(out: Path, unit: str) -> dict[str, Any]:
+    """First and final train losses, units trained, training time and throughput of the whole run,
+    from metrics.jsonl (records of steps lost to a crash were dropped on resume)."""
+    records = [r for r in read_metrics(out) if r.get("type") == "train"]
+    if not records:
+        return {"initial_train_loss": None, "train_loss": None, f"train_{unit}": 0, "train_time_s": 0.0,
+                f"{unit}_per_second": None}
+    keys = [k for k in records[0] if k.endswith("loss")]
+    tail = records[-max(1, len(records) // 10):]  # the final train loss averages the last 10% of records
+    units = sum(r.get(unit, 0) for r in records)
+    seconds = sum(r.get("seconds", 0.0) for r in records)
+    summary: dict[str, Any] = {}
+    for k in keys:
+        values = [r[k] for r in tail if r.get(k) is not None]
+        summary[f"initial_train_{k}" if k != "loss" else "initial_train_loss"] = records[0].get(k)
+        summary[f"train_{k}" if k != "loss" else "train_loss"] = float(np.mean(values)) if values else None
+    summary.update({f"train_{unit}": units, "train_time_s": round(seconds, 3),
+                    f"{unit}_per_second": units / seconds if seconds else None})
+    return summary
