@@ -111,10 +111,18 @@ class Task:
     def collate(self, items: list[dict]) -> dict:
         return pad_collate(items, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_multiple)
 
+    static_shapes = False  # set by a run that replays CUDA graphs: one graph per padded shape
+
+    @property
+    def unpadded(self) -> bool:
+        """Run the encoder on real tokens only: as the settings say, unless shapes must stay static."""
+        return bool(getattr(self.s, "unpadded", False)) and not self.static_shapes
+
     @property
     def pad_multiple(self) -> int:
-        """Compiled runs pad lengths to multiples of 16: few shapes, no recompiles."""
-        return 16 if getattr(self.s, "compile", False) else 1
+        """Compiled runs and CUDA graphs pad lengths to multiples of 16: few shapes, each compiled
+        or captured once."""
+        return 16 if self.static_shapes or getattr(self.s, "compile", False) else 1
 
     def bind(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -155,7 +163,7 @@ class Task:
         try:
             with torch.inference_mode(), unchecked_inputs():  # ids came from the task's tokenizer
                 for idx, batch in sorted_batches(items, self.s.eval_batch_size, self.collate):
-                    if getattr(self.s, "unpadded", False):
+                    if self.unpadded:
                         batch["packed"] = Packed.from_mask(batch["attention_mask"])
                     with precision.autocast():
                         results.append(fn(model, to_device(batch, precision.device)).float())

@@ -76,10 +76,10 @@ class ClassificationTask(Task):
         self.num_labels = len(self.label_names or []) or 2
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+        return compute_classification_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
 
     def logits(self, model: nn.Module, items: Sequence[dict], precision: Any) -> torch.Tensor:
-        return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded)))
+        return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)))
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
         logits = self.logits(model, items, precision)  # (N, C)

@@ -93,9 +93,12 @@ class FinetuneConfig(RunSettings):
     eval_batch_size: int = 64  # examples per evaluation batch
     unpadded: bool = True
     """run only the real tokens through the encoder: no FLOPs on padding, variable-length flash
-    attention on CUDA (ignored with compile, which takes padded static shapes)"""
+    attention on CUDA (training steps replayed as CUDA graphs take padded shapes instead)"""
     compile: bool = False  # torch.compile the encoder; batches padded to multiples of 16 (few shapes)
-    cuda_graphs: bool = False  # with compile on CUDA: replay each shape as a CUDA graph (short sequences)
+    cuda_graphs: bool | Literal["auto"] = "auto"
+    """replay each batch shape's whole training step (forward, backward, update) as a CUDA graph,
+    batches padded to multiples of 16: the host launches one graph, not hundreds of kernels.
+    auto: on with one CUDA GPU, bf16/fp32, adamw and grad_accum 1. With compile: inductor's graphs"""
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
@@ -113,6 +116,8 @@ class FinetuneConfig(RunSettings):
             self.max_length = DEFAULT_MAX_LENGTH.get(self.task, 128)
         if self.compile and self.unpadded:  # the compiled graphs take static padded shapes
             self.unpadded = False
+        if self.cuda_graphs is True and self.compile is False and (self.grad_accum > 1 or self.optimizer != "adamw"):
+            raise ValueError("cuda_graphs: true needs grad_accum 1 and optimizer adamw (or set cuda_graphs: auto)")
         check_range(self, "max_length", low=1)
         check_range(self, "eval_batch_size", low=1)
         check_range(self, "epochs", low=0, low_open=True)
@@ -176,12 +181,18 @@ class FinetuningJob(Job):
         if not sharded:
             model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
         if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
-            mode = "reduce-overhead" if cfg.cuda_graphs and device.type == "cuda" else None
+            mode = "reduce-overhead" if cfg.cuda_graphs is True and device.type == "cuda" else None
             # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
             # past which it would silently fall back to eager
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
         self.model = model
+        # the whole step as a CUDA graph per padded shape, where it can be recorded
+        possible = (device.type == "cuda" and world_size() == 1 and cfg.grad_accum == 1 and not cfg.compile
+                    and cfg.optimizer == "adamw" and not run.precision.use_grad_scaler)
+        if cfg.cuda_graphs is True and not cfg.compile and not possible:
+            raise ValueError("cuda_graphs: true needs one CUDA GPU (no torchrun) and bf16 or fp32 precision")
+        self.cuda_graphs = task.static_shapes = possible and cfg.cuda_graphs in (True, "auto")
 
         # steps, cadence, and what best/ is chosen by
         self.loader = make_loader(task, self.train_items, cfg, device)  # this rank's shard: shrinks with N ranks
@@ -206,7 +217,7 @@ class FinetuningJob(Job):
         if self.batches is None:
             self.batches = forever(self.loader)
         batches = [next(self.batches) for _ in range(self.cfg.grad_accum)]
-        if self.cfg.unpadded:  # the packing layout from the host's mask: the device never reports back
+        if self.cfg.unpadded and not self.cuda_graphs:  # the layout from the host's mask: no wait for the device
             for b in batches:
                 b["packed"] = Packed.from_mask(b["attention_mask"])
         return batches

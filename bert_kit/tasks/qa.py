@@ -51,7 +51,7 @@ class QATask(Task):
         return freeze_pooler(build_model(BERTForQuestionAnswering, source, self.tokenizer.vocab_size))
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        start, end = encode(model, batch, self.s.unpadded)  # (B, T) each
+        start, end = encode(model, batch, self.unpadded)  # (B, T) each
         # mean of the start and end cross-entropies, as BERT; targets are 0 ([CLS]) when the
         # window does not hold the answer
         loss = (F.cross_entropy(start.float(), batch["start_positions"]) +
@@ -61,7 +61,7 @@ class QATask(Task):
     def answers(self, model: nn.Module, examples: list[dict], features: list[dict], precision: Any) -> dict[str, str]:
         from bert_kit.data.squad import postprocess_predictions
 
-        rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.s.unpadded), 1))
+        rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.unpadded), 1))
         return postprocess_predictions(examples, features, [r[0].numpy() for r in rows], [r[1].numpy() for r in rows],
                                        self.s.n_best, self.s.max_answer_length)
 

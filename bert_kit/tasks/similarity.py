@@ -87,12 +87,12 @@ class SimilarityTask(Task):
 
     def embed_pair(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled vectors u, v (B, H) of both sides of a bi-encoder batch of 2B sentences."""
-        vectors = pool(encode(model, batch, self.s.unpadded), batch["attention_mask"], self.s.pooling)  # (2B, H)
+        vectors = pool(encode(model, batch, self.unpadded), batch["attention_mask"], self.s.pooling)  # (2B, H)
         return vectors.chunk(2)
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         if not self.bi_encoder:
-            return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+            return compute_classification_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
         u, v = self.embed_pair(model, batch)
         if self.s.similarity_loss == "cosent":
             return compute_cosent_loss(u, v, batch["labels"]), {}
@@ -112,7 +112,7 @@ class SimilarityTask(Task):
             finally:
                 model.train(was_training)
         items = self._items(s1, s2, None)
-        rows = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded))
+        rows = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded))
         return torch.stack(rows)[:, 0].double().numpy()
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:

@@ -57,12 +57,12 @@ class TokenClassificationTask(Task):
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         # (B, T, C) logits against (B, T) labels; -100 (later sub-tokens, specials, padding) ignored
-        return compute_classification_loss(encode(model, batch, self.s.unpadded), batch["labels"]), {}
+        return compute_classification_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
 
     def tag(self, model: nn.Module, dataset: Any, precision: Any) -> list[list[str]]:
         """Predicted tags, one per word, for every sentence of an NERDataset."""
         items = [dataset[i] for i in range(len(dataset))]
-        logits = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.s.unpadded))
+        logits = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded))
         return [dataset.predictions_to_tags(i, row.argmax(-1)) for i, row in enumerate(logits)]
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class Job:
     unit = "examples"
     metric: str | None = None
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
+    cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (AMPTrainer)
     eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
     model: nn.Module
     tokenizer: Any
@@ -205,11 +206,13 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
     if world_size() > 1:
         torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
-    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device)
+    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device,
+                                 capturable=job.cuda_graphs)
     total = job.total_steps
     schedule = Schedule(optimizer, cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
                         cfg.min_lr_ratio, cfg.time_budget_s)
-    trainer = AMPTrainer(wrapped, optimizer, None, precision, clip_grad=cfg.clip_grad, deferred_checks=True)
+    trainer = AMPTrainer(wrapped, optimizer, None, precision, clip_grad=cfg.clip_grad, deferred_checks=True,
+                         cuda_graphs=job.cuda_graphs)
     step, best, trained_s, train_span_s = 0, {"value": None, "step": None, "metrics": None}, 0.0, None
     state = run.state
     if state is not None:
@@ -222,6 +225,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         for group in optimizer.param_groups:  # a changed weight_decay takes effect (the state kept the old)
             if group.get("weight_decay", 0.0) > 0:
                 group["weight_decay"] = cfg.weight_decay
+            if "capturable" in group:  # as this run needs it, whatever the saving run had
+                group["capturable"] = job.cuda_graphs
     run_config = config_to_dict(cfg)
     if main:
         save_config(cfg, out / "run_config.yaml")

@@ -91,15 +91,22 @@ class LAMB(torch.optim.Optimizer):
 
 def create_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
                      betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                     device: torch.device | str | None = None) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA) or LAMB over `param_groups(model, weight_decay)`."""
+                     device: torch.device | str | None = None, capturable: bool = False) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA) or LAMB over `param_groups(model, weight_decay)`.
+
+    capturable: a fused AdamW that a CUDA graph can record, its lr a device tensor (`Schedule`
+    fills it in place each step)."""
     groups = param_groups(model, weight_decay)
     if name == "adamw":
         device = torch.device(device) if device is not None else next(model.parameters()).device
         for g in groups:
             g.pop("trust_ratio", None)
         # the fused kernel updates every tensor in one launch; CPU keeps the default loop
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=device.type == "cuda")
+        fused = device.type == "cuda"
+        if capturable and fused:
+            return torch.optim.AdamW(groups, lr=torch.tensor(lr, device=device), betas=tuple(betas), eps=eps,
+                                     fused=True, capturable=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
     if name == "lamb":
         return LAMB(groups, lr=lr, betas=tuple(betas), eps=eps)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
@@ -185,8 +192,10 @@ class Schedule:
         """Set every group's lr for update `step`; return it."""
         lr = self.peak_lr * self.multiplier(step, trained_s, train_span_s)
         for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)  # a capturable optimizer reads it on the device
+            if group.get("capturable"):  # the optimizer (and a CUDA graph of it) reads lr on the device
+                if not isinstance(group["lr"], torch.Tensor):
+                    group["lr"] = torch.tensor(lr, device=group["params"][0].device)
+                group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
         return lr

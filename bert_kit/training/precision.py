@@ -48,11 +48,12 @@ class Precision:
         """The dtype for `compute_mlm_loader_loss(autocast_dtype=...)`; None in fp32."""
         return self.dtype if self.use_autocast else None
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast context for forward passes (a no-op in fp32)."""
+    def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
+        """Autocast context for forward passes (a no-op in fp32). A CUDA graph capture needs
+        `cache_enabled=False`: cached casts of the weights would be stale in later replays."""
         if not self.use_autocast:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        return torch.autocast(self.device.type, dtype=self.dtype, cache_enabled=cache_enabled)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler that scales only in fp16 (disabled ones pass calls straight through)."""

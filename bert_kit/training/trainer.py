@@ -18,6 +18,13 @@ each step. With `deferred_checks=True` (and a fused Adam/AdamW, one process, no 
 scaling) the check stays on the device: from the first non-finite loss on, the fused optimizer
 skips every update (its `found_inf` input), `last` holds 0-d tensors, and `check_finite()`
 raises the error when called (at log steps and before checkpoints), with the same weights.
+
+With `cuda_graphs=True` (deferred checks, a capturable fused AdamW from
+`create_optimizer(capturable=True)`, grad_accum 1) the whole step of each batch shape, forward,
+backward, clipping, update and gradient reset, is captured once as a CUDA graph and replayed:
+the host launches one graph instead of hundreds of kernels, which is what bounds small models.
+The first batch of a shape runs eagerly (it warms up kernels and workspaces), the second is
+captured; the kernels are those of the eager step, so the numbers are too.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ class AMPTrainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, precision: Precision | None = None,
                  grad_accum: int = 1, clip_grad: float | None = 1.0, mlm_slots: float | None = None,
-                 deferred_checks: bool = False) -> None:
+                 deferred_checks: bool = False, cuda_graphs: bool = False) -> None:
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         self.model = model
@@ -82,8 +89,16 @@ class AMPTrainer:
         fused = (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
                  and all(g.get("fused") for g in optimizer.param_groups))
         self.deferred = bool(deferred_checks and fused and not self.scaler.is_enabled() and world_size() == 1)
-        self._first_bad: torch.Tensor | None = None  # deferred: first bad step (1-based), 0 while none
+        capturable = all(g.get("capturable") for g in optimizer.param_groups)
+        if cuda_graphs and not (self.deferred and capturable and self.device.type == "cuda"):
+            raise ValueError("cuda_graphs needs one CUDA process, bf16 or fp32, and a capturable fused AdamW "
+                             "(create_optimizer(..., capturable=True))")
+        # deferred checks: on-device state, updated in place (a CUDA graph reads and writes these very tensors)
+        self._first_bad: torch.Tensor | None = None  # first bad step (1-based), 0 while none
+        self._steps_done: torch.Tensor | None = None  # optimizer steps taken, counted on the device
         self._bad_losses: dict[str, torch.Tensor] = {}
+        self.graphs: dict | None = {} if cuda_graphs else None  # batch shape -> "warm" | (graph, inputs, outputs)
+        self._graph_pool = None
         self.mlm_loss_fn = None  # None: compute_mlm_loss
         self.step = 0
         self.micro = 0  # micro-batches accumulated towards the next optimizer step
@@ -128,6 +143,8 @@ class AMPTrainer:
         The batch is moved to the device and `loss_fn` runs under autocast; the named parts
         are reported in `last` next to "loss". QA, token classification and other heads use this.
         """
+        if self.graphs is not None and self.grad_accum == 1:
+            return self._graphed_step(batch, loss_fn)
         self.model.train()
         batch = self._to_device(batch)
         last_micro = self.micro + 1 == self.grad_accum
@@ -148,15 +165,69 @@ class AMPTrainer:
             self._optimizer_step()
         return values["loss"]
 
+    def _graphed_step(self, batch: dict, loss_fn: Any) -> torch.Tensor:
+        """A whole step as a CUDA graph per batch shape (eager the first time a shape is seen)."""
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v))
+        entry = self.graphs.get(key)
+        if entry is None:  # warm-up: cuBLAS and attention workspaces, lazily created optimizer state
+            self.graphs[key] = "warm"
+            self.graphs, graphs = None, self.graphs
+            try:
+                return self.train_step(batch, loss_fn)
+            finally:
+                self.graphs = graphs
+        if entry == "warm":
+            inputs = self._to_device(batch)  # the graph's input buffers, outside its memory pool
+            graph = torch.cuda.CUDAGraph()
+            self.model.train()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, pool=self._graph_pool):  # recorded, not run
+                outputs = self._whole_step(inputs, loss_fn)
+            self._graph_pool = graph.pool()  # graphs of all shapes share one pool: they never overlap
+            entry = self.graphs[key] = (graph, inputs, outputs)
+        else:
+            for k, v in batch.items():
+                if torch.is_tensor(v):
+                    entry[1][k].copy_(v, non_blocking=True)
+        graph, _, outputs = entry
+        graph.replay()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step += 1
+        self.last = {**outputs, "stepped": True}
+        return outputs["loss"]
+
+    def _whole_step(self, batch: dict, loss_fn: Any) -> dict[str, torch.Tensor]:
+        """Forward, backward, clipping, a fused update and the gradient reset: what one graph records."""
+        with self.precision.autocast(cache_enabled=False):  # cached weight casts would be stale in replays
+            loss, parts = loss_fn(batch)
+        loss.backward()
+        values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
+        self._record_nonfinite(values)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
+        self.optimizer.found_inf = (self._first_bad != 0).float()
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf
+        self.optimizer.zero_grad(set_to_none=False)  # the graph keeps writing into the same gradients
+        self._steps_done.add_(1)
+        return {**values, "grad_norm": grad_norm}
+
     def _record_nonfinite(self, values: dict[str, torch.Tensor]) -> None:
         """Deferred mode: remember, on the device, the first step whose losses are not all finite."""
         stacked = torch.stack([v.float() for v in values.values()])
         if self._first_bad is None:
             self._first_bad = torch.zeros((), dtype=torch.long, device=stacked.device)
+            self._steps_done = torch.full((), self.step, dtype=torch.long, device=stacked.device)
+        for k in values:
+            if k not in self._bad_losses:
+                self._bad_losses[k] = torch.zeros((), device=stacked.device)
         first = torch.isfinite(stacked).all().logical_not() & (self._first_bad == 0)
-        self._first_bad = torch.where(first, self.step + 1, self._first_bad)
-        zero = torch.zeros((), device=stacked.device)
-        self._bad_losses = {k: torch.where(first, v.float(), self._bad_losses.get(k, zero)) for k, v in values.items()}
+        self._first_bad.copy_(torch.where(first, self._steps_done + 1, self._first_bad))
+        for k, v in values.items():
+            self._bad_losses[k].copy_(torch.where(first, v.float(), self._bad_losses[k]))
 
     def check_finite(self) -> None:
         """Deferred mode: raise `NonFiniteLossError` if a loss so far was NaN or infinite (one device sync)."""
@@ -164,7 +235,7 @@ class AMPTrainer:
             return
         step = int(self._first_bad)
         if step:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.graphs is None)
             raise NonFiniteLossError(step, {k: float(v) for k, v in self._bad_losses.items()})
 
     def _optimizer_step(self) -> None:
@@ -186,7 +257,9 @@ class AMPTrainer:
             if self.deferred:
                 del self.optimizer.found_inf
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs keep the gradient tensors
+        if self.deferred:
+            self._steps_done.add_(1)
         if self.scheduler is not None:
             self.scheduler.step()
         self.step += 1

@@ -1,0 +1,129 @@
+"""The speed a user gets: `bert-kit finetune` beside a plain `transformers` loop and `Trainer`.
+
+Each side runs as its own process on one GPU, launched the way a user launches it, and is timed
+from launch to exit (start-up, data, compilation, evaluation and checkpoints included):
+* bert-kit: `python -m bert_kit finetune --config configs/finetune_<task>.yaml` (the shipped
+  config; only model, data paths and output_dir are set on the command line);
+* hf-loop / hf-trainer: `benchmarks/hf_finetune.py` with the same recipe (bf16, batch, lr,
+  linear warmup, epochs, evaluation every epoch).
+Reported per case: wall time, steady steps/s (between 20% and 90% of the steps), the metric,
+and the ratio of the faster HF wall time to bert-kit's.
+
+    python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases sst2,stsb,conll,sst2-base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# case -> (bert-kit config, HF task, epochs, HF flags matching the config, random init)
+CASES = {
+    "sst2": ("finetune_sst2.yaml", "sst2", 3, ["--lr", "1e-4", "--warmup-fraction", "0.06"], False),
+    "stsb": ("finetune_stsb.yaml", "stsb", 3, ["--lr", "5e-5", "--warmup-fraction", "0.1"], False),
+    "conll": ("finetune_conll.yaml", "conll", 3, ["--lr", "1e-4", "--warmup-fraction", "0.1", "--batch-size", "16",
+                                                  "--max-length", "256"], False),
+    "sst2-base": ("finetune_sst2.yaml", "sst2", 1, ["--lr", "1e-4", "--warmup-fraction", "0.06"], True),
+}
+DATA = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "stsb": ("stsb/sts-train.csv", "stsb/sts-dev.csv"),
+        "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
+
+
+def timed(cmd: list[str], log: Path) -> tuple[float, int]:
+    t0 = time.time()
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    return time.time() - t0, code
+
+
+def steady_rate(run_dir: Path) -> float | None:
+    """Steps/s between 20% and 90% of the run, from metrics.jsonl train records."""
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    train = [r for r in records if r.get("type") == "train"]
+    last = train[-1]["step"] if train else 0
+    window = [r for r in train if 0.2 * last < r["step"] <= 0.9 * last]
+    if len(window) < 2:
+        return None
+    steps = window[-1]["step"] - window[0]["step"]
+    seconds = sum(r["seconds"] for r in window[1:])
+    return steps / seconds if seconds else None
+
+
+def run_bertkit(case: str, args: argparse.Namespace, tmp: Path) -> dict:
+    config, task, epochs, _, random_init = CASES[case]
+    epochs = args.epochs or epochs
+    train, dev = DATA[task]
+    out = tmp / f"bertkit-{case}"
+    model = ["model=bert-base", f"tokenizer={args.model}"] if random_init else [f"model={args.model}"]
+    cmd = [sys.executable, "-m", "bert_kit", "finetune", "--config", str(ROOT / "configs" / config), *model,
+           f"train_file={args.data_dir / train}", f"validation_file={args.data_dir / dev}", f"epochs={epochs}",
+           f"output_dir={out}", "overwrite=true", "--output", str(tmp / f"{case}.json"), *args.bertkit_set]
+    wall, code = timed(cmd, tmp / f"bertkit-{case}.log")
+    if code != 0:
+        return {"impl": "bert-kit", "case": case, "error": (tmp / f"bertkit-{case}.log").read_text()[-3000:]}
+    results = json.loads((tmp / f"{case}.json").read_text())
+    return {"impl": "bert-kit", "case": case, "wall_s": wall, "steps": results["steps"],
+            "steady_steps_per_s": steady_rate(out), "best": results["best_value"],
+            "final": (results.get("final_metrics") or {}).get(results["metric"])}
+
+
+def run_hf(case: str, impl: str, args: argparse.Namespace, tmp: Path) -> dict:
+    _, task, epochs, flags, random_init = CASES[case]
+    epochs = args.epochs or epochs
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "hf_finetune.py"), "--impl", impl, "--task", task,
+           "--model", str(args.model), "--data-dir", str(args.data_dir), "--epochs", str(epochs), *flags]
+    if random_init:
+        cmd.append("--random-init")
+    log = tmp / f"hf-{impl}-{case}.log"
+    wall, code = timed(cmd, log)
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
+    if code != 0 or not lines:
+        return {"impl": f"hf-{impl}", "case": case, "error": log.read_text()[-3000:]}
+    return {**json.loads(lines[-1]), "case": case, "wall_s": wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="all-MiniLM-L6-v2 folder (its tokenizer for bert-base)")
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--cases", default="sst2,stsb,conll,sst2-base")
+    p.add_argument("--impls", default="bertkit,hf-loop,hf-trainer")
+    p.add_argument("--epochs", type=float, default=None, help="override every case's epochs (quick checks)")
+    p.add_argument("--bertkit-set", nargs="*", default=[], help="extra key=value settings for bert-kit")
+    p.add_argument("--out", type=Path, default=None, help="append one JSON line per run here")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for case in args.cases.split(","):
+            for impl in args.impls.split(","):
+                row = run_bertkit(case, args, tmp) if impl == "bertkit" else run_hf(case, impl[3:], args, tmp)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    print(f"\n{'case':<10} {'impl':<11} {'wall s':>8} {'steps/s':>8} {'best':>7}  ratio (faster HF / bert-kit)")
+    for case in args.cases.split(","):
+        mine = [r for r in rows if r["case"] == case]
+        ours = next((r for r in mine if r["impl"] == "bert-kit" and "wall_s" in r), None)
+        hf = [r["wall_s"] for r in mine if r["impl"].startswith("hf") and "wall_s" in r]
+        for r in mine:
+            if "error" in r:
+                print(f"{case:<10} {r['impl']:<11} failed: {r['error'][-300:]}")
+                continue
+            rate = f"{r['steady_steps_per_s']:.1f}" if r.get("steady_steps_per_s") else "-"
+            best = f"{r['best']:.4f}" if isinstance(r.get("best"), float) else "-"
+            ratio = f"{min(hf) / ours['wall_s']:.2f}x" if r is ours and hf else ""
+            print(f"{case:<10} {r['impl']:<11} {r['wall_s']:>8.1f} {rate:>8} {best:>7}  {ratio}")
+
+
+if __name__ == "__main__":
+    main()
