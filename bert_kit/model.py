@@ -33,10 +33,16 @@ import torch.nn.functional as F
 from bert_kit.config import BertConfig
 from bert_kit.dropout import Dropout
 
-try:  # variable-length flash attention (PyTorch >= 2.9, CUDA)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # older PyTorch: the padded SDPA fallback below
-    varlen_attn = None
+
+
+def _varlen_attn():
+    """torch's variable-length flash attention (PyTorch >= 2.9, CUDA), or None. Imported on first
+    use: the module pulls in torch._dynamo, a second of start-up no CPU run needs."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # older PyTorch: the padded SDPA fallback
+        return None
+    return varlen_attn
 
 
 @dataclass
@@ -112,6 +118,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
         cu, L = packed.cu_seqlens, packed.max_seqlen
         if dropout_p > 0.0:
             return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False)[0]
+        varlen_attn = _varlen_attn()
         if varlen_attn is not None:
             return varlen_attn(q, k, v, cu, cu, L, L)
     qp, keep, index = _packed_to_padded(torch.stack((q, k, v)).transpose(0, 1), packed)  # (S, L, 3, nh, hd)

@@ -104,7 +104,7 @@ class FinetuneConfig(RunSettings):
     seed: int = 42  # seeds the head init, data order and dropout
     metric: str | None = None  # validation metric that picks best/ (higher is better); default per task
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
-    save_every: int = 0  # steps between checkpoints (0: with every evaluation)
+    save_every: int = 0  # steps between checkpoints (0: every save_minutes, and at the end)
     keep_last: int = 2  # checkpoints kept (0: all)
 
     def __post_init__(self) -> None:
@@ -199,7 +199,7 @@ class FinetuningJob(Job):
         self.steps_per_epoch = max(1, len(self.loader) // cfg.grad_accum)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.eval_every = cfg.eval_every or self.steps_per_epoch
-        self.save_every = cfg.save_every or self.eval_every
+        self.save_every = cfg.save_every
         self.metric = task.metric if self.eval_items is not None else None
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None

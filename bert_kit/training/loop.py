@@ -279,6 +279,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
     window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
     reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
+    last_save = time.time()
     try:
         with StopSignal() as stop, unchecked_inputs():
             if state is not None:
@@ -324,11 +325,13 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     evaluate(final=False)
                     reserve_s = max(reserve_s, 2 * (time.time() - t_eval) + 5.0)
 
-                # (d) checkpoint every save_every steps, at the end, when out of time or asked to stop
+                # (d) checkpoint every save_every steps or save_minutes, at the end, when out of time or asked to stop
                 stopping = any_rank(stop.signum is not None)
                 out_of_time = any_rank(out_of_time)
-                if stopping or ending or out_of_time or (job.save_every and step % job.save_every == 0):
-                    t_save = time.time()
+                due = (job.save_every and step % job.save_every == 0) or any_rank(
+                    bool(cfg.save_minutes) and time.time() - last_save >= 60 * cfg.save_minutes)
+                if stopping or ending or out_of_time or due:
+                    t_save = last_save = time.time()
                     save(step)
                     reserve_s = max(reserve_s, 3 * (time.time() - t_save) + 5.0)
                 if stopping:

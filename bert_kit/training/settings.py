@@ -23,7 +23,7 @@ from bert_kit.training.distributed import DEFAULT_TIMEOUT_S
 # settings a resumed run may change; every other difference is refused unless force_resume
 RESUMABLE_CHANGES = frozenset({
     "lr", "weight_decay", "clip_grad", "max_steps", "grad_accum", "epochs", "time_budget", "warmup_steps", "schedule",
-    "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "keep_last", "tensorboard",
+    "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "keep_last", "tensorboard",
     "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples", "output_dir",
     "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "n_best",
     "max_answer_length", "parallel", "precision",
@@ -98,6 +98,7 @@ class RunSettings:
     log_every: int = 10  # steps between metrics.jsonl train records
     eval_every: int = 500  # steps between evaluations (0: only at the end)
     save_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    save_minutes: float = 10.0  # also a checkpoint after this many minutes without one (0: steps only)
     keep_last: int = 3  # checkpoints kept (0: all)
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
 
@@ -106,7 +107,7 @@ class RunSettings:
             check_range(self, name, low=1)
         check_range(self, "max_steps", low=1, allow_none=True)
         check_range(self, "warmup_steps", low=0, allow_none=True)
-        for name in ("eval_every", "save_every", "keep_last", "num_workers", "weight_decay", "clip_grad"):
+        for name in ("eval_every", "save_every", "save_minutes", "keep_last", "num_workers", "weight_decay", "clip_grad"):
             check_range(self, name, low=0)
         check_range(self, "lr", low=0, low_open=True)
         check_range(self, "eps", low=0, low_open=True)
