@@ -30,16 +30,16 @@ def decode_error(path: str | Path, data: bytes, err: UnicodeDecodeError, first_l
                       "save the file as UTF-8")
 
 
-def decode_text(data: bytes, path: str | Path) -> str:
-    """UTF-8 bytes of a whole file -> str without a leading byte-order mark. Invalid UTF-8 or a
-    NUL byte (a binary file) raises ValueError naming the file and line."""
+def decode_text(data: bytes, path: str | Path, first_line: int = 1) -> str:
+    """UTF-8 bytes of a file (from line `first_line` on) -> str without a leading byte-order
+    mark. Invalid UTF-8 or a NUL byte (a binary file) raises ValueError naming file and line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise decode_error(path, data, e) from None
+        raise decode_error(path, data, e, first_line) from None
     nul = text.find("\x00")
     if nul >= 0:
-        raise ValueError(f"{path}:{text.count(chr(10), 0, nul) + 1}: NUL byte: this is a binary file, "
+        raise ValueError(f"{path}:{first_line + text.count(chr(10), 0, nul)}: NUL byte: this is a binary file, "
                          "not UTF-8 text")
     return text.removeprefix(BOM)
 
@@ -52,6 +52,16 @@ def read_text(path: str | Path, what: str = "data file") -> str:
         kind = "is a folder, not a file" if path.is_dir() else "not found"
         raise FileNotFoundError(f"{what} {kind}: {path}")
     return decode_text(path.read_bytes(), path)
+
+
+def check_text_file(path: str | Path, chunk_bytes: int = 1 << 23) -> None:
+    """Raise the `decode_text` error if a file of any size (read in chunks of whole lines) is not
+    UTF-8 text; for files handed to the Rust readers, whose errors name no file or line."""
+    with open(path, "rb") as f:
+        line = 1
+        while chunk := f.read(chunk_bytes) + f.readline():  # whole lines: no character is cut
+            decode_text(chunk, path, line)
+            line += chunk.count(b"\n")
 
 
 def split_lines(text: str) -> list[str]:

@@ -109,7 +109,7 @@ def _iter_file(path: Path, mode: str, text_field: str, encoding: str, wikitext_u
                 raise KeyError(f"{path}:{lineno}: record has no text field {text_field!r}")
             text = record[text_field]
             if not isinstance(text, str):
-                raise TypeError(
+                raise ValueError(  # a bad file, not a bad call: the command line reports it in one line
                     f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not str"
                 )
             if text.strip():

@@ -79,11 +79,14 @@ def _delimited(text: str, path: Path, delimiter: str) -> list[tuple[int, list[st
     else:
         # strict: an unclosed quote is an error, not a field that swallows the rest of the file
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+        rows = []
         try:
-            rows = [(reader.line_num, fields) for fields in reader]
-        except csv.Error as e:
-            raise ValueError(f"{path}:{reader.line_num}: bad quoting ({e}); a field with the delimiter, "
-                             "a quote or a line break must be quoted whole, with quotes inside doubled") from None
+            for fields in reader:
+                rows.append((reader.line_num, fields))
+        except csv.Error as e:  # name the line where the bad record starts, not where the reader gave up
+            start = rows[-1][0] + 1 if rows else 1
+            raise ValueError(f"{path}:{start}: bad quoting ({e}); a field with the delimiter, a quote or a "
+                             "line break must be quoted whole, with quotes inside doubled") from None
     return [(i, fields) for i, fields in rows if any(f.strip() for f in fields)]
 
 
@@ -138,8 +141,6 @@ def read_table(path: str | Path, columns: Sequence[Column], header: bool | None 
         head_line, names = lines[0]
         names = [n.strip() for n in names]
         lines = lines[1:]
-        if not lines:
-            raise ValueError(f"{path}: only a header line, no data rows")
         index = []
         for c in wanted:
             if isinstance(c, int):
@@ -149,10 +150,12 @@ def read_table(path: str | Path, columns: Sequence[Column], header: bool | None 
             elif c in names:
                 raise ValueError(f"{path}:{head_line}: the header names column {c!r} twice")
             else:
-                raise KeyError(f"{path}:{head_line}: header has no column {c!r} (columns: {names}); "
+                raise ValueError(f"{path}:{head_line}: header has no column {c!r} (columns: {names}); "
                                f"for a file without a header line set header=false and give columns by "
                                "0-based index")
         width, width_of = len(names), "the header has"
+        if not lines:  # after the column check: a header-less one-line file gets the header hint
+            raise ValueError(f"{path}: only a header line, no data rows")
     else:
         index = list(wanted)
         width, width_of = len(lines[0][1]), f"line {lines[0][0]} has"
@@ -179,7 +182,7 @@ def _json_values(record: Any, wanted: list[Column], at: str) -> list[Any]:
             if isinstance(c, int):
                 raise ValueError(f"{at}: column {c} is an index but the record is a JSON object: name its key")
             if c not in record:
-                raise KeyError(f"{at}: missing key {c!r} (keys: {sorted(record)})")
+                raise ValueError(f"{at}: missing key {c!r} (keys: {sorted(record)})")
             values.append(record[c])
         return values
     if isinstance(record, list):

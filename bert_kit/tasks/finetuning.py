@@ -52,6 +52,7 @@ from bert_kit.training.runconfig import (config_to_dict, save_config)
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
+from bert_kit.tasks.data_settings import check_data_settings
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 
@@ -64,29 +65,37 @@ class FinetuneConfig:
     model: str = ""  # model folder (HF BERT, bert-kit run or checkpoint), preset name (random init) or config file
     tokenizer: str | None = None  # tokenizer folder; default: the model folder's
     # data
-    train_file: str = ""  # training data (classification TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)
+    train_file: str = ""  # training data (classification TSV/CSV/JSONL/TXT, CoNLL, SQuAD JSON, STS-B or pair file)
     validation_file: str | None = None  # evaluated every epoch; QA with squad_train_articles: the rest of train_file
     max_train_examples: int | None = None  # use only the first N training examples (quick runs)
     max_eval_examples: int | None = None  # evaluate on the first N validation examples only
     max_length: int | None = None  # tokens per sequence; default 128 (QA 384)
-    # classification
-    text_column: str = "sentence"  # column (or JSON key) of the text
-    text_pair_column: str | None = None  # column of the second text, for sentence pairs
-    label_column: str = "label"  # column of the label: ints, names, or floats (regression)
+    header: bool | None = None  # TSV/CSV: the first line names the columns (default: when a column is given by name)
+    delimiter: str | None = None  # field separator; by extension: .csv comma, .jsonl/.json JSON, .txt lines, else tab
+    where: dict | None = None  # keep only the train_file rows whose columns hold these values, e.g. {split: train}
+    validation_where: dict | None = None  # the same for validation_file rows, e.g. {split: dev}
+    # classification (columns: a name, or a 0-based index for files without a header)
+    text_column: int | str = "sentence"  # column (or JSON key) of the text; similarity: of the first sentence
+    text_pair_column: int | str | None = None  # column of the second text; similarity: set it to read any pair file
+    label_column: int | str = "label"  # column of the label: ints, names, floats (regression), or the similarity score
+    label_pattern: str | None = None  # regex with label and text groups for labels in the text: (?P<label>\w+) (?P<text>.*)
     num_labels: int | None = None  # default: from the training labels; 1 = regression (MSE)
-    label_names: list[str] | None = None  # names of label ids 0..K-1 (saved as id2label)
+    label_names: list[str] | None = None  # names of label ids 0..K-1 (saved as id2label); labels are these names or ids
     # token classification
-    tag_column: int = -1  # CoNLL column of the tag (default the last)
+    tag_column: int = -1  # CoNLL column of the tag (default the last; negative counts from the end)
+    word_column: int = 0  # CoNLL column of the word
     # question answering
     doc_stride: int = 128  # context tokens shared by consecutive windows of a long context
     max_query_length: int = 64  # questions are cut to this many tokens
     n_best: int = 20  # start/end candidates per window in the span search
     max_answer_length: int = 30  # longest answer span in tokens
     squad_train_articles: int | None = None  # split train_file by article: the first N train, the rest evaluate
+    skip_bad_answers: bool = False  # leave out (and count) answers that do not match their context instead of stopping
     # sentence similarity
     similarity_mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine
     pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
     similarity_loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
+    score_range: list[float] | None = None  # [low, high] of the gold similarity scores (default [0, 5], STS-B)
     # optimisation
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total
@@ -150,6 +159,7 @@ class FinetuneConfig:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers, got {self.betas}")
+        check_data_settings(self)
 
 
 def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torch.device) -> Any:

@@ -70,7 +70,7 @@ def test_jsonl_reader_and_errors(tmp_path):
         read_documents(bad)
     wrong_type = tmp_path / "num.jsonl"
     wrong_type.write_text('{"text": 5}\n', encoding="utf-8")
-    with pytest.raises(TypeError, match=r"num\.jsonl:1: field 'text' is int"):
+    with pytest.raises(ValueError, match=r"num\.jsonl:1: field 'text' is int"):
         read_documents(wrong_type)
 
 

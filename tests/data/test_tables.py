@@ -146,7 +146,7 @@ def test_helpers_split_lines_and_column_ref(tmp_path):
     ("short.jsonl", '["a"]\n', [0, 1], {}, r"short\.jsonl:1: no column 1 in a record of 1 values"),
     ("empty.jsonl", "\n\n", ["t"], {}, r"empty\.jsonl: no records"),
     ("broken.json", '[{"t": "a"},\n {"t": }]', ["t"], {}, r"broken\.json:2: invalid JSON"),
-    ("quote.csv", 'a,b\nx,1\n"open,1\ny,2\n', ["a"], {}, r"quote\.csv:4: bad quoting \(unexpected end of data\)"),
+    ("quote.csv", 'a,b\nx,1\n"open,1\ny,2\n', ["a"], {}, r"quote\.csv:3: bad quoting \(unexpected end of data\)"),
     ("stray.csv", 'a,b\n"x"y,1\n', ["a"], {}, r"stray\.csv:2: bad quoting"),
 ])
 def test_malformed_tables_name_file_and_line(tmp_path, name, text, columns, kwargs, match):
