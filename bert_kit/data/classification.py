@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_kit.data.tables import Column, layout_of, read_table
+from bert_kit.data.tables import Column, layout_of, no_garbage_collection, read_table
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
@@ -65,6 +65,22 @@ def _parse_label(value: Any, at: str) -> tuple[str, Any, str]:
     if not math.isfinite(number):
         raise ValueError(f"{at}: label {text!r} is not a finite number")
     return "float", number, text
+
+
+def _parse_labels(raw: Sequence[Any], where: Sequence[str]) -> list[tuple[str, Any, str]]:
+    """`_parse_label` of every label, each distinct value parsed once (a column holds few); an
+    error names the first line holding the bad value, which is the first bad line."""
+    seen: dict[tuple[type, Any], tuple[str, Any, str]] = {}
+    out = []
+    for value, at in zip(raw, where):
+        key = (type(value), value) if isinstance(value, (str, int, float)) else None
+        if key is None:
+            out.append(_parse_label(value, at))
+            continue
+        if key not in seen:
+            seen[key] = _parse_label(value, at)
+        out.append(seen[key])
+    return out
 
 
 def _file_of(at: str) -> str:
@@ -115,7 +131,7 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
             out.append(int(number))
         return out, list(label_names)
 
-    parsed = [_parse_label(value, at) for value, at in zip(raw, where)]
+    parsed = _parse_labels(raw, where)
     kinds = Counter(kind for kind, _, _ in parsed)
     if num_labels == 1:
         for (kind, _, text), at in zip(parsed, where):
@@ -190,26 +206,25 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
     columns = [text_column] + ([text_pair_column] if text_pair_column is not None else [])
     if labelled and pattern is None:
         columns.append(label_column)
-    rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="classification file")
-    texts, pairs, raw_labels, lines = [], [], [], []
-    for at, values in rows:
-        text = _text(values[0], at, text_column)
-        if pattern is not None:
-            match = pattern.fullmatch(text)
-            if match is None and labelled:
-                raise ValueError(f"{at}: text {text[:60]!r} does not match label_pattern {pattern.pattern!r}")
-            if match is not None:
-                text = match["text"]
-                raw_labels.append(match["label"])
-        elif labelled:
-            raw_labels.append(values[-1])
-        texts.append(text)
-        if text_pair_column is not None:
-            pairs.append(_text(values[1], at, text_pair_column))
-        lines.append(at)
-    labels, names = (None, None)
-    if labelled:
-        labels, names = convert_labels(raw_labels, lines, label_names, num_labels)
+    with no_garbage_collection():  # many small objects, no cycles: see no_garbage_collection
+        rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="classification file")
+        texts, pairs, raw_labels, lines = [], [], [], []
+        for at, values in rows:
+            text = _text(values[0], at, text_column)
+            if pattern is not None:
+                match = pattern.fullmatch(text)
+                if match is None and labelled:
+                    raise ValueError(f"{at}: text {text[:60]!r} does not match label_pattern {pattern.pattern!r}")
+                if match is not None:
+                    text = match["text"]
+                    raw_labels.append(match["label"])
+            elif labelled:
+                raw_labels.append(values[-1])
+            texts.append(text)
+            if text_pair_column is not None:
+                pairs.append(_text(values[1], at, text_pair_column))
+            lines.append(at)
+        labels, names = convert_labels(raw_labels, lines, label_names, num_labels) if labelled else (None, None)
     return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names)
 
 
