@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
 
-from bert_kit.data import parse_jsonl, read_text, split_lines
+from bert_kit.data import parse_jsonl, read_lines, read_text, split_lines
 
 Column = Union[str, int]  # a header name / JSON key, or a 0-based index
 Row = tuple[str, list[Any]]  # ("file:line", values of the asked columns)
@@ -210,3 +210,31 @@ def _json_values(record: Any, wanted: list[Column], at: str) -> list[Any]:
                 raise ValueError(f"{at}: no column {c} in a record of {len(record)} values")
         return [record[c] for c in wanted]
     raise ValueError(f"{at}: expected a JSON object, got {type(record).__name__}")
+
+
+def read_texts(path: str | Path, column: Column | None = None, header: bool | None = None,
+               delimiter: str | None = None, where: Mapping[Any, Any] | None = None) -> list[str]:
+    """Texts to embed or score: every line of the file (blank ones included, so row i is line i),
+    or, with `column` (or `where`), that column of the rows of any layout of `read_table`."""
+    if column is None and where is None:
+        return read_lines(path)
+    texts = []
+    for at, (value,) in read_table(path, [0 if column is None else column], header, delimiter, where, "input file"):
+        if not isinstance(value, str):
+            raise ValueError(f"{at}: column {column!r} holds {type(value).__name__}, expected a text")
+        texts.append(value)
+    return texts
+
+
+def parse_where(items: Sequence[str] | None) -> dict[str, Any] | None:
+    """Command-line filters, `--where COLUMN=VALUE` (repeatable) -> the `where` of `read_table`;
+    a column given twice keeps the rows holding either value."""
+    if not items:
+        return None
+    where: dict[str, list[str]] = {}
+    for item in items:
+        column, sep, value = item.partition("=")
+        if not sep or not column.strip():
+            raise ValueError(f"--where {item!r} is not COLUMN=VALUE (e.g. --where split=test)")
+        where.setdefault(column.strip(), []).append(value)
+    return {column: values[0] if len(values) == 1 else values for column, values in where.items()}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_kit.data import parse_jsonl, read_lines
+from bert_kit.data.tables import parse_where
 from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
@@ -67,19 +68,6 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     return task, settings, meta
 
 
-def parse_where(items: list[str] | None) -> dict[str, Any] | None:
-    """--where COLUMN=VALUE flags -> {column: value}; a column given twice keeps every value."""
-    if not items:
-        return None
-    where: dict[str, list[str]] = {}
-    for item in items:
-        column, sep, value = item.partition("=")
-        if not sep or not column.strip():
-            raise ValueError(f"--where {item!r} is not COLUMN=VALUE (e.g. --where split=test)")
-        where.setdefault(column.strip(), []).append(value)
-    return {column: values[0] if len(values) == 1 else values for column, values in where.items()}
-
-
 def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Task, Any, Any]:
     """(task, model on its device in eval mode, precision) for a model folder and CLI flags."""
     from bert_kit.training.precision import resolve_precision
@@ -94,6 +82,11 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
     model = task.load(folder).to(precision.device).eval()
+    outputs = getattr(model, "num_labels", None)
+    if outputs is not None and task.label_names and outputs != len(task.label_names):
+        # predictions would pair names with the wrong outputs, probabilities would not sum to 1
+        raise ValueError(f"{folder}: the head has {outputs} outputs but config.json names {len(task.label_names)} "
+                         f"labels {task.label_names}; give id2label one name per output")
     return task, model, precision
 
 

@@ -384,6 +384,10 @@ INFERENCE_CASES = {
                     ("in.txt: no lines to read",)),
     "embed-folder-input": ("bi-encoder", ["embed", "--input", ".", "--output", "v.npy"], {},
                            ("input file is a folder, not a file: .",)),
+    "embed-column-missing": ("bi-encoder", ["embed", "--input", "in.csv", "--output", "v.npy", "--text-column", "text"],
+                             {"in.csv": "sentence,id\na,1\n"}, ("in.csv:1: header has no column 'text'",)),
+    "embed-column-number": ("bi-encoder", ["embed", "--input", "in.jsonl", "--output", "v.npy", "--text-column", "t"],
+                            {"in.jsonl": '{"t": "ok"}\n{"t": 12}\n'}, ("in.jsonl:2: column 't' holds int",)),
 }
 
 
@@ -473,3 +477,34 @@ def test_wikitext_unk_is_one_unknown_token(folders, tmp_path):
     cache = tokenize_to_cache(path, tokenizer, tmp_path / "cache", mode="wikitext", progress=False)
     assert cache.document(0).tolist() == tokenizer.encode("the [UNK] of [UNK]")[1:-1]
     assert cache.document(0).tolist().count(tokenizer.unk_token_id) == 2
+
+
+def test_head_and_label_names_disagree(cli, folders, tmp_path, minilm_path):
+    """A folder whose id2label names fewer classes than its head has outputs (written by hand, or
+    by an older version that trained three outputs for two label_names) is refused, not used to
+    report probabilities that sum to 0.67."""
+    folder = tmp_path / "three_outputs"
+    model = BERTForSequenceClassification(TINY, num_labels=3)
+    model.id2label = {"0": "neg", "1": "pos"}
+    model.save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    write_model_metadata(folder, {"task": "classification"})
+    write_files({"in.txt": "fine\n"})
+    out = cli("predict", "--model", str(folder), "--input", "in.txt", "--output", "o.jsonl", "--device", "cpu")
+    out.one_line_error("the head has 3 outputs but config.json names 2 labels ['neg', 'pos']", code=1)
+
+
+def test_embed_a_column_of_a_table(cli, folders, tmp_path):
+    import numpy as np
+
+    write_files({"in.csv": BOM + b"id,text,split\r\n1,a fine film,train\r\n2,so dull,test\r\n3,great,test\r\n"})
+    out = cli("embed", "--model", str(folders["bi-encoder"]), "--input", "in.csv", "--output", "v.npy",
+              "--text-column", "text", "--where", "split=test", "--device", "cpu", "--max-length", "32")
+    assert out.code == 0, out.err
+    vectors = np.load(tmp_path / "v.npy")
+    assert vectors.shape == (2, 32)
+    write_files({"one.txt": "so dull\n"})
+    alone = cli("embed", "--model", str(folders["bi-encoder"]), "--input", "one.txt", "--output", "w.npy",
+                "--device", "cpu", "--max-length", "32")
+    assert alone.code == 0, alone.err
+    np.testing.assert_allclose(vectors[0], np.load(tmp_path / "w.npy")[0], atol=1e-6)

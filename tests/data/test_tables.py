@@ -176,3 +176,19 @@ def test_missing_file_and_folder(tmp_path):
         column_ref(1.5)
     with pytest.raises(ValueError, match="must be a 0-based column index"):
         column_ref(-1)
+
+
+def test_read_texts_lines_or_a_column(tmp_path):
+    from bert_kit.data.tables import parse_where, read_texts
+
+    lines = write(tmp_path, "t.txt", "a\n\nb\n")
+    assert read_texts(lines) == ["a", "", "b"]  # row i is line i, blank lines included
+    table = write(tmp_path, "t.tsv", tsv())
+    assert read_texts(table, "text", where=parse_where(["split=train"])) == ["the film is great", "a delight"]
+    assert read_texts(table, "2", header=True) == ["train", "dev", "train"]
+    assert parse_where(["split=a", "split=b", "lang= en"]) == {"split": ["a", "b"], "lang": " en"}
+    with pytest.raises(ValueError, match="--where 'split' is not COLUMN=VALUE"):
+        parse_where(["split"])
+    jsonl = write(tmp_path, "t.jsonl", '{"text": 3}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:1: column 'text' holds int, expected a text"):
+        read_texts(jsonl, "text")
