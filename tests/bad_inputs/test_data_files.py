@@ -477,6 +477,13 @@ def test_wikitext_unk_is_one_unknown_token(folders, tmp_path):
     cache = tokenize_to_cache(path, tokenizer, tmp_path / "cache", mode="wikitext", progress=False)
     assert cache.document(0).tolist() == tokenizer.encode("the [UNK] of [UNK]")[1:-1]
     assert cache.document(0).tolist().count(tokenizer.unk_token_id) == 2
+    # and the masked LM is never asked to predict it: [UNK] is a special token to the masking
+    from bert_kit.data.masking import DataCollatorForMLM
+
+    ids = [tokenizer.cls_token_id] + [tokenizer.unk_token_id, 1996] * 200 + [tokenizer.sep_token_id]
+    batch = DataCollatorForMLM(tokenizer, mask_probability=0.5, seed=0)([ids] * 4)
+    chosen = batch["labels"] != -100
+    assert chosen.sum() > 300 and not (batch["labels"][chosen] == tokenizer.unk_token_id).any()
 
 
 def test_head_and_label_names_disagree(cli, folders, tmp_path, minilm_path):
