@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -263,7 +265,8 @@ class WordPieceTokenizer:
         _check_str(text, "text")
         if text_pair is not None:
             _check_str(text_pair, "text_pair")
-        with self._configured(max_length, truncation, "longest_first", stride=0):
+        text_pair = text_pair or None  # an empty second text is no pair, as in BertTokenizerFast
+        with self._configured(max_length, truncation, "longest_first", 0, 2 if text_pair is None else 3):
             return self.backend.encode(text, text_pair).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -312,6 +315,8 @@ class WordPieceTokenizer:
         """
         batch_a, single = _as_batch(texts, is_split_into_words, "texts")
         batch_b = None
+        if single and text_pairs is not None and len(text_pairs) == 0:
+            text_pairs = None  # BertTokenizerFast: one example with an empty second text is no pair
         if text_pairs is not None:
             batch_b, single_b = _as_batch(text_pairs, is_split_into_words, "text_pairs")
             if single_b != single:
@@ -323,8 +328,6 @@ class WordPieceTokenizer:
         if return_tensors not in ("pt", "np", None):
             raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
         n_special = 2 if batch_b is None else 3
-        if return_overflowing_tokens and truncation and stride >= (max_length or self.model_max_length) - n_special:
-            raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
         if isinstance(truncation, str):
             strategy = truncation
         elif return_overflowing_tokens and batch_b is not None:
@@ -333,7 +336,11 @@ class WordPieceTokenizer:
             strategy = "longest_first"
 
         inputs = batch_a if batch_b is None else list(zip(batch_a, batch_b))
-        with self._configured(max_length, bool(truncation), strategy, stride):
+        settings = self._configured(max_length, bool(truncation), strategy, stride, n_special)
+        limit = settings.max_length  # None without truncation
+        if return_overflowing_tokens and limit is not None and stride >= limit - n_special:
+            raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
+        with settings:
             encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
 
         rows: list[Encoding] = []
@@ -342,6 +349,8 @@ class WordPieceTokenizer:
             windows = [enc] + (enc.overflowing if return_overflowing_tokens else [])
             rows.extend(windows)
             sample_of_row.extend([i] * len(windows))
+        if limit is not None and any(len(e.ids) > limit for e in rows):  # a guarantee, whatever the backend does
+            raise ValueError(f"the tokenizer returned more than max_length={limit} tokens (truncation {strategy!r})")
 
         if padding in (True, "longest", "max_length"):
             target = max(len(e.ids) for e in rows)
@@ -374,9 +383,17 @@ class WordPieceTokenizer:
         return out
 
     # ----------------------------------------------------------------------------- helpers
-    def _configured(self, max_length: int | None, truncation: bool, strategy: str, stride: int) -> _BackendSettings:
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+    def _configured(self, max_length: int | None, truncation: bool, strategy: str, stride: int,
+                    n_special: int) -> _BackendSettings:
+        """Truncation settings for one call; n_special: the [CLS]/[SEP] tokens each row gets (2, or 3
+        for pairs), which max_length must hold (the Rust backend would silently not truncate)."""
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                       or max_length < 1):
             raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        if truncation and max_length is not None and max_length < n_special:
+            what = "[CLS] a [SEP]" if n_special == 2 else "[CLS] a [SEP] b [SEP]"
+            raise ValueError(f"max_length={max_length} cannot hold the {n_special} special tokens of {what}; "
+                             f"use max_length >= {n_special + 1}")
         if strategy not in _TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation strategy must be one of {_TRUNCATION_STRATEGIES}, got {strategy!r}")
         if stride < 0:
@@ -501,46 +518,96 @@ def train_tokenizer(
     special_tokens: Sequence[str] = tuple(DEFAULT_SPECIAL_TOKENS.values()),
     *,
     texts: Iterable[str] | Iterator[str] | None = None,
-    limit_alphabet: int = 1000,
+    limit_alphabet: int | None = 1000,
     show_progress: bool = False,
     model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
 ) -> WordPieceTokenizer:
-    """Train a BERT WordPiece vocabulary on text files (one or more) or on `texts=` strings.
+    """Train a BERT WordPiece vocabulary on UTF-8 text files (one or more) or on `texts=` strings.
 
     The special tokens take the first ids in the order given (default [PAD]=0, [UNK]=1,
-    [CLS]=2, [SEP]=3, [MASK]=4); they must include all five BERT tokens.
+    [CLS]=2, [SEP]=3, [MASK]=4); they must include all five BERT tokens. Special tokens inside
+    `texts` (such as the [UNK] that WikiText's <unk> becomes) are not learned from: encoding
+    matches them whole. `limit_alphabet` keeps the most frequent characters (ties by code point).
+
+    The same corpus and settings give the same vocabulary, with the same ids, in every process:
+    see `_learn_vocab`.
     """
     if (files is None) == (texts is None):
         raise ValueError("pass exactly one of files=... or texts=...")
     missing = [t for t in DEFAULT_SPECIAL_TOKENS.values() if t not in special_tokens]
     if missing:
         raise ValueError(f"special_tokens {list(special_tokens)} lacks {missing}")
-    backend = Tokenizer(WordPiece(unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100))
-    _bert_pipeline(backend, {}, lowercase=lowercase)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(special_tokens),
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
-        show_progress=show_progress,
-    )
-    if files is not None:
-        paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-        for p in paths:
-            if not Path(p).is_file():
-                raise FileNotFoundError(f"training file not found: {p}")
-        backend.train([str(p) for p in paths], trainer)
-    else:
-        backend.train_from_iterator(texts, trainer)
-    # The trainer orders tokens through hash maps, so ids change from run to run; renumber
-    # canonically (specials, then characters, then "##" characters, then longer pieces, each
-    # sorted) so the same corpus always gives the same ids.
-    trained = [t for t in backend.get_vocab(with_added_tokens=False) if t not in special_tokens]
+    if vocab_size <= len(special_tokens):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the {len(special_tokens)} special tokens")
+    with tempfile.TemporaryDirectory(prefix="bert_kit_tokenizer_") as tmp:
+        if files is not None:
+            paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+            for p in paths:
+                if not Path(p).is_file():
+                    raise FileNotFoundError(f"training file not found: {p}")
+        else:  # the Rust trainer reads files fast and in parallel, and every pass needs the texts again
+            paths = [_write_texts(texts, Path(tmp) / "texts.txt", special_tokens)]
+        vocab = _learn_vocab([str(p) for p in paths], vocab_size, lowercase, min_frequency, list(special_tokens),
+                             limit_alphabet, show_progress)
+    # canonical ids: specials, then characters, then "##" characters, then longer pieces, each sorted
+    trained = [t for t in vocab if t not in special_tokens]
     order = sorted(trained, key=lambda t: (len(t.removeprefix("##")) > 1, t.startswith("##"), t))
-    vocab = {t: i for i, t in enumerate(list(special_tokens) + order)}
-    backend.model = WordPiece(vocab, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100)
-    # register the specials as added tokens now that they have ids, so raw "[MASK]" is matched
+    ids = {t: i for i, t in enumerate(list(special_tokens) + order)}
+    backend = Tokenizer(WordPiece(ids, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100))
+    _bert_pipeline(backend, {}, lowercase=lowercase)
+    # the specials are added tokens, so raw "[MASK]" is matched whole
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     backend.post_processor = _template(backend, DEFAULT_SPECIAL_TOKENS["cls"], DEFAULT_SPECIAL_TOKENS["sep"])
     return WordPieceTokenizer(backend, model_max_length, source="train_tokenizer()")
+
+
+def _write_texts(texts: Iterable[str], path: Path, special_tokens: Sequence[str]) -> Path:
+    """The texts into one UTF-8 file for the trainer, special tokens blanked out."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
+            for token in special_tokens:
+                text = text.replace(token, " ")
+            f.write(text + "\n")  # a document may span lines: words never do
+    return path
+
+
+def _learn_vocab(paths: list[str], vocab_size: int, lowercase: bool, min_frequency: int, special_tokens: list[str],
+                 limit_alphabet: int | None, show_progress: bool) -> dict[str, int]:
+    """The WordPiece vocabulary of `paths` (token -> trainer id), the same in every process.
+
+    The `tokenizers` trainer numbers the "##x" pieces in the order it meets them in a hash map,
+    which differs from process to process, and breaks ties between equally frequent merges by
+    those numbers; its limit_alphabet also drops equally rare characters in hash order. So a
+    first pass (no merges) finds the alphabet and its "##x" pieces, and the second one gets them
+    all as initial tokens in sorted order: every id the merges compare is then fixed.
+    """
+    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                            lowercase=lowercase)
+
+    def learn(size: int, initial: list[str], limit: int | None, alphabet: list[str]) -> dict[str, int]:
+        backend = _bert_pipeline(Tokenizer(WordPiece(unk_token=DEFAULT_SPECIAL_TOKENS["unk"],
+                                                     max_input_chars_per_word=100)), {}, lowercase=lowercase)
+        trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=initial,
+                                            initial_alphabet=alphabet, continuing_subword_prefix="##",
+                                            show_progress=show_progress,
+                                            **({} if limit is None else {"limit_alphabet": limit}))
+        try:
+            backend.train(paths, trainer)
+        except Exception as e:  # the Rust reader raises a bare Exception, e.g. on bytes that are not UTF-8
+            raise ValueError(f"cannot train a tokenizer on {paths}: {e} (the files must be UTF-8 text)") from None
+        return backend.get_vocab(with_added_tokens=False)
+
+    pieces = [t for t in learn(1, special_tokens, None, []) if t not in special_tokens]
+    alphabet = sorted(t for t in pieces if not (len(t) > 1 and t.startswith("##")))
+    if limit_alphabet is not None and len(alphabet) > limit_alphabet:
+        counts: Counter[str] = Counter()
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    counts.update(normalizer.normalize_str(line))
+        alphabet = sorted(sorted(alphabet, key=lambda c: (-counts[c], c))[:limit_alphabet])
+    kept = set(alphabet)
+    continuing = sorted(t for t in pieces if len(t) > 1 and t.startswith("##") and t[2:] in kept)
+    return learn(vocab_size, special_tokens + alphabet + continuing, len(alphabet), alphabet)

@@ -344,3 +344,93 @@ def test_error_bad_arguments(tok):
         train_tokenizer(["nope.txt"])
     with pytest.raises(ValueError, match=r"lacks \['\[MASK\]'\]"):
         train_tokenizer(texts=["a"], special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+
+
+# ------------------------------------------------------------------------------ truncation, pairs, determinism
+@settings(max_examples=60, deadline=None)
+@given(a=TEXT, b=st.one_of(st.none(), TEXT), max_length=st.integers(1, 12), words=st.booleans())
+def test_property_truncation_always_honours_max_length(tok, a, b, max_length, words):
+    """Every output fits max_length, or the call says it cannot hold the special tokens."""
+    texts = a.split() if words else a
+    pair = (b.split() if words else b) if b is not None else None
+    assume(not words or (texts and (pair is None or pair)))
+    pair = None if pair is not None and len(pair) == 0 else pair  # an empty second text is no pair
+    n_special = 2 if pair is None else 3
+    if max_length < n_special:
+        with pytest.raises(ValueError, match=f"max_length={max_length} cannot hold the {n_special} special tokens"):
+            tok(texts, pair, max_length=max_length, is_split_into_words=words, return_tensors=None)
+        return
+    out = tok(texts, pair, max_length=max_length, is_split_into_words=words, return_tensors=None, padding=False)
+    assert len(out["input_ids"][0]) <= max_length
+    if not words:
+        assert len(tok.encode(a, b or None, max_length=max_length)) <= max_length
+
+
+def test_max_length_below_the_special_tokens_is_an_error(tok):
+    for max_length, pair in ((1, None), (2, "b c")):
+        with pytest.raises(ValueError, match=rf"max_length={max_length} cannot hold the"):
+            tok("a b c d", pair, max_length=max_length)
+        with pytest.raises(ValueError, match=rf"max_length={max_length} cannot hold the"):
+            tok.encode("a b c d", pair, max_length=max_length)
+    assert tok.encode("a b c", max_length=2) == [101, 102]  # room for the specials only: honoured
+    assert tok.encode("a b c", "d", max_length=3) == [101, 102, 102]
+    assert len(tok.encode("a b c", max_length=1, truncation=False)) == 5  # no truncation asked: no limit
+
+
+def test_empty_second_text_matches_bert_tokenizer_fast(tok, minilm_path):
+    from transformers import BertTokenizerFast
+
+    hf = BertTokenizerFast.from_pretrained(minilm_path)
+    for a, b in [("hello world", ""), ("hello world", " "), ("a", "b")]:
+        assert tok(a, b, return_tensors=None)["input_ids"][0] == hf(a, b)["input_ids"], (a, b)
+        assert tok(a, b, return_tensors=None)["token_type_ids"][0] == hf(a, b)["token_type_ids"]
+        assert tok.encode(a, b) == hf.encode(a, b)
+    # in a batch HF keeps the empty second text as a pair: [CLS] a [SEP] [SEP]
+    batch_a, batch_b = ["hello world", "a"], ["", "b"]
+    assert tok(batch_a, batch_b, return_tensors=None, padding=False)["input_ids"] == hf(batch_a, batch_b)["input_ids"]
+
+
+TIE_CORPUS = """
+import random, sys, json
+sys.path.insert(0, {repo!r})
+from bert_kit.tokenizer import train_tokenizer
+rng = random.Random(0)
+words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(4)) for _ in range(400)]
+texts = [" ".join(words[i:i + 20]) for i in range(0, 400, 20)] * 2   # every word twice: many tied merges
+print(json.dumps(train_tokenizer(texts=texts, vocab_size=150, min_frequency=2).get_vocab(), sort_keys=True))
+"""
+
+
+def test_train_tokenizer_is_the_same_in_every_process():
+    """The `tokenizers` trainer numbers pieces in hash-map order, which changes from process to
+    process; on a corpus full of tied merges it gave a different vocabulary in each of 4 runs."""
+    code = TIE_CORPUS.format(repo=str(Path(__file__).parents[1]))
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(3)]
+    vocabs = [json.loads(r) for r in runs]
+    assert len(vocabs[0]) == 150 and vocabs[0] == vocabs[1] == vocabs[2]
+
+
+def test_train_tokenizer_limit_alphabet_keeps_the_most_frequent_characters():
+    texts = ["aaaa bbb cc d é"] * 5 + ["ü"]
+    tok = train_tokenizer(texts=texts, vocab_size=40, min_frequency=1, limit_alphabet=3)
+    singles = {t for t in tok.get_vocab() if len(t) == 1}
+    assert singles == {"a", "b", "c"}  # d, e (é without its accent) and u are rarer
+    assert tok.tokenize("ü d") == ["[UNK]", "[UNK]"]
+
+
+def test_train_tokenizer_does_not_learn_special_tokens_in_texts():
+    tok = train_tokenizer(texts=["the [UNK] sat on the [UNK] mat [MASK]"] * 20, vocab_size=60, min_frequency=1)
+    assert not any(piece in tok.get_vocab() for piece in ("unk", "##unk", "mask", "##k", "[", "]"))
+    assert tok.tokenize("the [UNK] mat") == ["the", "[UNK]", "mat"]
+
+
+def test_train_tokenizer_on_a_binary_file(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"cannot train a tokenizer on .*weights\.bin.*UTF-8"):
+        train_tokenizer([path], vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size 5 leaves no room beyond the 5 special tokens"):
+        train_tokenizer(texts=["a"], vocab_size=5)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got bytes"):
+        train_tokenizer(texts=["a", b"b"], vocab_size=50)

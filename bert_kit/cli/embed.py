@@ -8,14 +8,19 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_kit.data import read_lines
+from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
-    parser.add_argument("--input", required=True, help="text file, one text per line")
+    parser.add_argument("--input", required=True, help="text file, one text per line (or a table: --text-column)")
+    parser.add_argument("--text-column", default=None, help="TSV/CSV/JSONL input: the text column, name or 0-based index")
+    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                        help="TSV/CSV: the first line names the columns (default: when the column is a name)")
+    parser.add_argument("--delimiter", default=None, help="field separator (default by extension)")
+    parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help="embed only rows with this value")
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
     parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
@@ -27,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    texts = read_lines(args.input)
+    texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
     encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
     t0 = time.perf_counter()

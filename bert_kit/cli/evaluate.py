@@ -22,8 +22,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--similarity-mode", choices=("bi-encoder", "cross-encoder"), default=None,
                         help="similarity: cosine of pooled vectors or the regression head (default: from the folder)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="bi-encoder pooling (default mean)")
-    parser.add_argument("--text-column", default="sentence", help="classification: text column of TSV/CSV/JSONL")
-    parser.add_argument("--text-pair-column", default=None, help="classification: second text column")
+    parser.add_argument("--text-column", default="sentence", help="text column of TSV/CSV/JSONL: name or 0-based index")
+    parser.add_argument("--text-pair-column", default=None, help="second text column (similarity: read any pair file)")
+    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                        help="TSV/CSV: the first line names the columns (default: when a column is given by name)")
+    parser.add_argument("--delimiter", default=None, help="field separator (default by extension; tab, comma, ...)")
+    parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help="keep only rows with this value")
+    parser.add_argument("--label-pattern", default=None, help="regex with label and text groups splitting the text")
+    parser.add_argument("--word-column", type=int, default=0, help="token-classification: CoNLL column of the word")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
     parser.add_argument("--output", default=None, help="metrics JSON (default: MODEL/eval_{task}_{data}.json)")
     parser.add_argument("--max-examples", type=int, default=None, help="evaluate on the first N examples only")
-    parser.add_argument("--label-column", default="label", help="classification: label column")
+    parser.add_argument("--label-column", default="label", help="classification: label column; similarity: score")
+    parser.add_argument("--tag-column", type=int, default=-1, help="token-classification: CoNLL column of the tag")
+    parser.add_argument("--score-range", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
+                        help="similarity: range of the gold scores (default: the model's, else 0 5)")
+    parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
     parser.add_argument("--split-articles", type=int, default=None,
                         help="qa: evaluate on the articles after the first N (the held-out part of a "
                              "fine-tuning split)")

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from bert_kit.data import check_text_file
     from bert_kit.data.corpus import iter_documents, resolve_files
     from bert_kit.tokenizer import train_tokenizer
 
@@ -43,6 +44,8 @@ def _train(args: argparse.Namespace) -> int:
     start = time.time()
     opts = dict(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)
     if args.format in ("text", "lines"):
+        for f in files:  # the Rust reader's errors name no file: a binary or non-UTF-8 file, by line
+            check_text_file(f)
         tokenizer = train_tokenizer([str(f) for f in files], **opts)  # the Rust reader: fast, parallel
     else:
         tokenizer = train_tokenizer(texts=iter_documents(files, FORMATS[args.format], args.text_field), **opts)

@@ -1,25 +1,33 @@
-"""Sequence classification data: file reader, dataset and a dynamically padded loader.
+"""Sequence classification data: file reader, label checks, dataset and a dynamically padded loader.
 
-A file (TSV/CSV with a header, or JSON Lines) becomes texts, optional second texts and
-labels; :class:`ClassificationDataset` tokenizes them once up front ([CLS] a [SEP] (b [SEP])),
-and :func:`pad_collate` pads each batch only to its own longest row, which keeps short-sentence
-tasks such as SST-2 cheap. Labels are ints for classification and floats for regression
-(STS-B); the collate turns them into int64 / float32 tensors accordingly.
+A file in any layout of `bert_kit.data.tables` (TSV/CSV with or without a header, JSON Lines, one
+text per line) becomes texts, optional second texts and labels; :class:`ClassificationDataset`
+tokenizes them once up front ([CLS] a [SEP] (b [SEP])), and :func:`pad_collate` pads each batch
+only to its own longest row, which keeps short-sentence tasks such as SST-2 cheap. Labels are
+ints for classification and floats for regression (STS-B); the collate turns them into int64 /
+float32 tensors accordingly.
+
+Labels are checked, not guessed (:func:`convert_labels`): given `label_names` or `num_labels`
+win; a fractional label among integer classes, a non-finite, null or boolean label, a class
+outside the names or ids, or a mix of numbers and names is an error naming the file and line.
 """
 
 from __future__ import annotations
 
-import csv
+import math
+import re
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_kit.data import parse_jsonl
+from bert_kit.data.tables import Column, layout_of, no_garbage_collection, read_table
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 class ClassificationData(NamedTuple):
@@ -31,110 +39,192 @@ class ClassificationData(NamedTuple):
     label_names: list[str] | None  # names of label ids 0..K-1 when the file has string labels
 
 
-def _convert_labels(raw: list[Any], where: list[str], label_names: Sequence[str] | None):
-    """Turn raw label values into ints (all integral), floats, or ids of string names."""
-    if label_names is not None:
-        index = {name: i for i, name in enumerate(label_names)}
-        out = []
-        for value, loc in zip(raw, where):
-            if str(value) not in index:
-                raise ValueError(f"{loc}: label {value!r} is not one of {list(label_names)}")
-            out.append(index[str(value)])
-        return out, list(label_names)
-    numbers = []
-    for value in raw:
-        if isinstance(value, bool) or value is None:
-            numbers = None
-            break
+def _parse_label(value: Any, at: str) -> tuple[str, Any, str]:
+    """(kind, value, as written): kind "int" (written as an integer), "float" (with a point or an
+    exponent) or "name". Null, boolean, non-finite and empty labels raise ValueError."""
+    if value is None:
+        raise ValueError(f"{at}: label is null (missing); every example needs a label")
+    if isinstance(value, bool):
+        raise ValueError(f"{at}: label {str(value).lower()} is a boolean; write 0/1 or a class name")
+    if isinstance(value, int):
+        return "int", value, str(value)
+    if isinstance(value, float):
+        number, text = value, repr(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError(f"{at}: empty label")
+        if _INTEGER.fullmatch(text):
+            return "int", int(text), text
         try:
-            numbers.append(float(value))
-        except (TypeError, ValueError):
-            numbers = None  # at least one non-numeric label: treat all as names
-            break
-    if numbers is not None:
-        if all(x.is_integer() for x in numbers):
-            return [int(x) for x in numbers], None
-        return numbers, None
-    # sorted names give the same ids for every split of a data set
-    names = sorted({str(v) for v in raw})
-    return _convert_labels(raw, where, names)
+            number = float(text)
+        except ValueError:
+            return "name", text, text
+    else:
+        raise ValueError(f"{at}: label {value!r} is a JSON {type(value).__name__}, expected a number or a class name")
+    if not math.isfinite(number):
+        raise ValueError(f"{at}: label {text!r} is not a finite number")
+    return "float", number, text
 
 
-def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and (line number, fields) rows of a TSV or CSV file."""
-    with open(path, encoding="utf-8", newline="") as f:
-        if delimiter == "\t":
-            # GLUE-style TSV: quotes are literal characters, so split on tabs only
-            lines = [(i, line.rstrip("\r\n").split("\t")) for i, line in enumerate(f, start=1)]
-        else:
-            reader = csv.reader(f, delimiter=delimiter)
-            lines = []
-            for fields in reader:
-                lines.append((reader.line_num, fields))
-    lines = [(i, fields) for i, fields in lines if fields and fields != [""]]  # skip blank lines
-    if not lines:
-        raise ValueError(f"{path}: file is empty (expected a header line)")
-    header = lines[0][1]
-    for i, fields in lines[1:]:
-        if len(fields) != len(header):
-            raise ValueError(f"{path}:{i}: row has {len(fields)} fields but the header has "
-                             f"{len(header)} ({header})")
-    return header, lines[1:]
+def _parse_labels(raw: Sequence[Any], where: Sequence[str]) -> list[tuple[str, Any, str]]:
+    """`_parse_label` of every label, each distinct value parsed once (a column holds few); an
+    error names the first line holding the bad value, which is the first bad line."""
+    seen: dict[tuple[type, Any], tuple[str, Any, str]] = {}
+    out = []
+    for value, at in zip(raw, where):
+        key = (type(value), value) if isinstance(value, (str, int, float)) else None
+        if key is None:
+            out.append(_parse_label(value, at))
+            continue
+        if key not in seen:
+            seen[key] = _parse_label(value, at)
+        out.append(seen[key])
+    return out
 
 
-def read_classification_file(path: str | Path, text_column: str = "sentence",
-                             label_column: str | None = "label",
-                             text_pair_column: str | None = None, delimiter: str | None = None,
-                             label_names: Sequence[str] | None = None) -> ClassificationData:
+def _file_of(at: str) -> str:
+    """The file part of a "file:line" location."""
+    return at.rsplit(":", 1)[0]
+
+
+def _class_ids(parsed: list[tuple[str, Any, str]], where: list[str], num_labels: int | None) -> list[int]:
+    """Integral labels as class ids, checked to lie in 0..num_labels-1."""
+    ids = []
+    for (kind, value, text), at in zip(parsed, where):
+        if value < 0:
+            raise ValueError(f"{at}: label {text} is negative; class ids run from 0 (for regression set num_labels=1)")
+        if num_labels is not None and value >= num_labels:
+            raise ValueError(f"{at}: label {text} is outside the num_labels={num_labels} classes 0..{num_labels - 1}")
+        ids.append(int(value))
+    return ids
+
+
+def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequence[str] | None = None,
+                   num_labels: int | None = None) -> tuple[list[int] | list[float], list[str] | None]:
+    """Raw label values (strings of a TSV, JSON values) -> (class ids or float scores, names).
+
+    where[i] is "file:line" of raw[i], for errors. Rules, first match wins:
+    - num_labels=1: regression; every label must be a finite number -> floats.
+    - label_names given: a label is one of the names (by text), or a class id 0..K-1 -> ids.
+    - all class names: ids of the sorted names (the same ids for every split); with num_labels,
+      exactly that many names.
+    - all integral numbers: class ids >= 0 (and < num_labels when given).
+    - numbers with fractions, none written as an integer ("0.5", "3.800"): regression -> floats.
+    Errors name the line: a fractional label among integer classes or with num_labels > 1, a
+    number among names (or a name among numbers), null, boolean, non-finite or empty labels.
+    """
+    where = list(where)
+    if label_names is not None and num_labels != 1:
+        index = {str(name): i for i, name in enumerate(label_names)}
+        out = []
+        for value, at in zip(raw, where):
+            text = value.strip() if isinstance(value, str) else value
+            if isinstance(text, (str, int)) and not isinstance(text, bool) and str(text) in index:
+                out.append(index[str(text)])
+                continue
+            kind, number, text = _parse_label(value, at)
+            if kind == "name" or (kind == "float" and not float(number).is_integer()) \
+                    or not 0 <= number < len(index):
+                raise ValueError(f"{at}: label {text!r} is not one of label_names {list(label_names)} "
+                                 f"nor a class id 0..{len(index) - 1}")
+            out.append(int(number))
+        return out, list(label_names)
+
+    parsed = _parse_labels(raw, where)
+    kinds = Counter(kind for kind, _, _ in parsed)
+    if num_labels == 1:
+        for (kind, _, text), at in zip(parsed, where):
+            if kind == "name":
+                raise ValueError(f"{at}: label {text!r} is not a number; num_labels=1 means regression on scores")
+        return [float(value) for _, value, _ in parsed], None
+    if kinds["name"] and len(kinds) > 1:  # the rarer kind is the odd one out
+        names_rare = kinds["name"] <= len(parsed) - kinds["name"]
+        at, text = next((at, text) for (kind, _, text), at in zip(parsed, where) if (kind == "name") == names_rare)
+        if names_rare:
+            raise ValueError(f"{at}: label {text!r} is not a number but the other labels are numbers "
+                             "(a header line? set header=true); to use class names give label_names")
+        raise ValueError(f"{at}: label {text!r} is a number but the other labels are class names; "
+                         "give label_names to list every class")
+    if kinds["name"]:
+        names = sorted({text for _, _, text in parsed})  # sorted: the same ids for every split
+        if len(names) < 2 and num_labels is None:
+            raise ValueError(f"{_file_of(where[0])}: every label is {names[0]!r}: a classifier needs two or "
+                             "more classes; give label_names or num_labels")
+        if num_labels is not None and len(names) != num_labels:
+            raise ValueError(f"{_file_of(where[0])}: {len(names)} class names {names[:10]} but "
+                             f"num_labels={num_labels}; give label_names (in id order) to fix the classes")
+        index = {name: i for i, name in enumerate(names)}
+        return [index[text] for _, _, text in parsed], names
+    fractional = [(at, text) for (kind, value, text), at in zip(parsed, where) if not float(value).is_integer()]
+    if not fractional:
+        return _class_ids(parsed, where, num_labels), None
+    at, text = fractional[0]
+    if num_labels is not None:
+        raise ValueError(f"{at}: label {text!r} is fractional but num_labels={num_labels} asks for class ids; "
+                         "set num_labels=1 for regression")
+    if kinds["int"]:
+        example = next(text for kind, _, text in parsed if kind == "int")
+        raise ValueError(f"{at}: label {text!r} is fractional but the other labels are integer classes "
+                         f"(such as {example}); set num_labels=1 for regression")
+    return [float(value) for _, value, _ in parsed], None
+
+
+def _text(value: Any, at: str, column: Column) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{at}: column {column!r} holds {'null' if value is None else type(value).__name__}, "
+                         "expected a text")
+    return value
+
+
+def read_classification_file(path: str | Path, text_column: Column = "sentence",
+                             label_column: Column | None = "label",
+                             text_pair_column: Column | None = None, delimiter: str | None = None,
+                             label_names: Sequence[str] | None = None, *, num_labels: int | None = None,
+                             header: bool | None = None, where: Mapping[Any, Any] | None = None,
+                             label_pattern: str | re.Pattern | None = None) -> ClassificationData:
     """Read a classification / regression file into a :class:`ClassificationData` tuple.
 
-    Format by extension: ``.jsonl``/``.json`` -> JSON Lines (one object per line), ``.csv`` ->
-    comma separated, anything else -> tab separated; ``delimiter`` overrides (TSV/CSV need a
-    header line). Labels become ints when all are integral numbers, floats when numeric, and
-    ids of ``label_names`` otherwise (names sorted unless given; pass the training split's
-    names to read other splits with the same ids). ``label_column=None`` reads texts only.
-    Errors name the file and line of a missing column, a bad row or bad JSON.
+    Any layout of :func:`bert_kit.data.tables.read_table` (``header``, ``delimiter``, ``where``;
+    columns by name or 0-based index). Labels follow :func:`convert_labels` (``label_names``,
+    ``num_labels``); pass the training split's names to read other splits with the same ids.
+    ``label_pattern``: a regular expression with ``label`` and ``text`` groups that must match
+    the whole text column, for labels written into the text (``__label__pos great film``); the
+    label column is then not read. ``label_column=None`` reads texts only (a text that does not
+    match ``label_pattern`` is then kept whole). Errors name the file and line.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"classification file not found: {path}")
-    columns = [c for c in (text_column, label_column, text_pair_column) if c is not None]
-    texts, pairs, raw_labels, where = [], [], [], []
-    if delimiter is None and path.suffix.lower() in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as f:
-            for i, row in parse_jsonl(f, path):
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
-                for c in columns:
-                    if c not in row:
-                        raise KeyError(f"{path}:{i}: missing key {c!r} (keys: {sorted(row)})")
-                texts.append(str(row[text_column]))
-                if text_pair_column is not None:
-                    pairs.append(str(row[text_pair_column]))
-                if label_column is not None:
-                    raw_labels.append(row[label_column])
-                    where.append(f"{path}:{i}")
-    else:
-        if delimiter is None:
-            delimiter = "," if path.suffix.lower() == ".csv" else "\t"
-        header, rows = _read_delimited(path, delimiter)
-        for c in columns:
-            if c not in header:
-                raise KeyError(f"{path}:1: header has no column {c!r} (columns: {header})")
-        col = {name: header.index(name) for name in columns}
-        for i, fields in rows:
-            texts.append(fields[col[text_column]])
+    pattern = re.compile(label_pattern) if isinstance(label_pattern, str) else label_pattern
+    labelled = label_column is not None
+    if layout_of(path, delimiter) == "lines":  # a .txt file: the whole line is the text
+        if text_pair_column is not None:
+            raise ValueError(f"{path}: a .txt file holds one text per line, no second text; "
+                             "use a TSV/CSV/JSONL file for pairs")
+        if labelled and pattern is None:
+            raise ValueError(f"{path}: a .txt file holds one text per line and no label column; set label_pattern "
+                             "to read labels written into the text, or use a TSV/CSV/JSONL file")
+        text_column = 0
+    columns = [text_column] + ([text_pair_column] if text_pair_column is not None else [])
+    if labelled and pattern is None:
+        columns.append(label_column)
+    with no_garbage_collection():  # many small objects, no cycles: see no_garbage_collection
+        rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="classification file")
+        texts, pairs, raw_labels, lines = [], [], [], []
+        for at, values in rows:
+            text = _text(values[0], at, text_column)
+            if pattern is not None:
+                match = pattern.fullmatch(text)
+                if match is None and labelled:
+                    raise ValueError(f"{at}: text {text[:60]!r} does not match label_pattern {pattern.pattern!r}")
+                if match is not None:
+                    text = match["text"]
+                    raw_labels.append(match["label"])
+            elif labelled:
+                raw_labels.append(values[-1])
+            texts.append(text)
             if text_pair_column is not None:
-                pairs.append(fields[col[text_pair_column]])
-            if label_column is not None:
-                value = fields[col[label_column]].strip()
-                if not value:
-                    raise ValueError(f"{path}:{i}: empty label in column {label_column!r}")
-                raw_labels.append(value)
-                where.append(f"{path}:{i}")
-    labels, names = (None, None)
-    if label_column is not None:
-        labels, names = _convert_labels(raw_labels, where, label_names)
+                pairs.append(_text(values[1], at, text_pair_column))
+            lines.append(at)
+        labels, names = convert_labels(raw_labels, lines, label_names, num_labels) if labelled else (None, None)
     return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names)
 
 

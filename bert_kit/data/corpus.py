@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bert_kit.data import parse_jsonl
+from bert_kit.data import BOM, decode_error, parse_jsonl
 
 __all__ = [
     "MODES",
@@ -48,7 +48,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 MODES = ("auto", "blank_line", "line", "wikitext", "jsonl")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: WikiText's <unk> is the tokenizer's unknown token
 
 
 def resolve_files(path: PathLike | Sequence[PathLike]) -> list[Path]:
@@ -85,41 +85,54 @@ def _is_heading(line: str) -> bool:
     return len(line) >= 3 and line.startswith("= ") and line.endswith(" =")
 
 
-def _iter_file(path: Path, mode: str, text_field: str, encoding: str) -> Iterator[str]:
-    with open(path, encoding=encoding) as f:
-        if mode == "line":
-            for line in f:
-                if line.strip():
-                    yield line.strip()
-        elif mode == "jsonl":
-            for lineno, record in parse_jsonl(f, path):
-                if not isinstance(record, dict) or text_field not in record:
-                    raise KeyError(f"{path}:{lineno}: record has no text field {text_field!r}")
-                text = record[text_field]
-                if not isinstance(text, str):
-                    raise TypeError(
-                        f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not str"
-                    )
-                if text.strip():
-                    yield text.strip()
-        else:
-            wikitext = mode == "wikitext"
-            block: list[str] = []
-            for line in f:
-                line = line.strip()
-                # WikiText: only a new article title ends a document; blank lines are paragraph
-                # breaks and headings are dropped. Plain text: a blank line ends a document.
-                if wikitext and _is_heading(line):
-                    if not line.startswith("= =") and block:
-                        yield "\n".join(block)
-                        block = []
-                elif line:
-                    block.append(line)
-                elif not wikitext and block:
+def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file read lazily; a byte-order mark is dropped and bytes that
+    do not decode are a ValueError naming the file and line (a corpus may be too big to read whole)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode(encoding)
+            except UnicodeDecodeError as e:
+                raise decode_error(path, raw, e, lineno) from None
+            yield lineno, line.removeprefix(BOM) if lineno == 1 else line
+
+
+def _iter_file(path: Path, mode: str, text_field: str, encoding: str, wikitext_unk: str = "[UNK]") -> Iterator[str]:
+    lines = _lines(path, encoding)
+    if mode == "line":
+        for _, line in lines:
+            if line.strip():
+                yield line.strip()
+    elif mode == "jsonl":
+        for lineno, record in parse_jsonl((line for _, line in lines), path):
+            if not isinstance(record, dict) or text_field not in record:
+                raise KeyError(f"{path}:{lineno}: record has no text field {text_field!r}")
+            text = record[text_field]
+            if not isinstance(text, str):
+                raise ValueError(  # a bad file, not a bad call: the command line reports it in one line
+                    f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not str"
+                )
+            if text.strip():
+                yield text.strip()
+    else:
+        wikitext = mode == "wikitext"
+        block: list[str] = []
+        for _, line in lines:
+            line = line.strip()
+            # WikiText: only a new article title ends a document; blank lines are paragraph
+            # breaks and headings are dropped. Plain text: a blank line ends a document.
+            if wikitext and _is_heading(line):
+                if not line.startswith("= =") and block:
                     yield "\n".join(block)
                     block = []
-            if block:
+            elif line:
+                # WikiText writes every out-of-vocabulary word as <unk>: the tokenizer's unknown token
+                block.append(line.replace("<unk>", wikitext_unk) if wikitext else line)
+            elif not wikitext and block:
                 yield "\n".join(block)
+                block = []
+        if block:
+            yield "\n".join(block)
 
 
 def iter_documents(
@@ -127,16 +140,19 @@ def iter_documents(
     mode: str = "auto",
     text_field: str = "text",
     encoding: str = "utf-8",
+    wikitext_unk: str = "[UNK]",
 ) -> Iterator[str]:
     """Lazily yield the documents of a corpus, each a string whose lines are its paragraphs.
 
     Modes: "blank_line" (a blank line ends a document), "line" (one document per line),
-    "wikitext" (a ' = Title = ' line starts an article; headings dropped), "jsonl" (one JSON
-    object per line, text under `text_field`), "auto" (jsonl for .jsonl/.json, else blank_line).
-    Empty documents are skipped.
+    "wikitext" (a ' = Title = ' line starts an article; headings dropped; every `<unk>` becomes
+    `wikitext_unk`, the tokenizer's unknown token, so it is one [UNK] and not `<`, `unk`, `>`),
+    "jsonl" (one JSON object per line, text under `text_field`), "auto" (jsonl for .jsonl/.json,
+    else blank_line). Empty documents are skipped. A byte-order mark is ignored; a line that is
+    not `encoding` text raises ValueError naming the file and line.
     """
     for file in resolve_files(path):
-        yield from _iter_file(file, _mode_for(file, mode), text_field, encoding)
+        yield from _iter_file(file, _mode_for(file, mode), text_field, encoding, wikitext_unk)
 
 
 def read_documents(
@@ -144,9 +160,10 @@ def read_documents(
     mode: str = "auto",
     text_field: str = "text",
     encoding: str = "utf-8",
+    wikitext_unk: str = "[UNK]",
 ) -> list[str]:
     """All documents of a corpus as a list of strings (see `iter_documents` for the modes)."""
-    return list(iter_documents(path, mode, text_field, encoding))
+    return list(iter_documents(path, mode, text_field, encoding, wikitext_unk))
 
 
 def read_hf_documents(path: PathLike, split: str = "train", text_field: str = "text") -> list[str]:
@@ -263,14 +280,12 @@ class StreamingTextDataset(IterableDataset):
 
     def _shard_items(self, shard: int, num_shards: int) -> Iterator[str]:
         k = 0
+        unk = getattr(self.tokenizer, "unk_token", "[UNK]")
         for file in self.files:
-            try:
-                for text in _iter_file(file, _mode_for(file, self.mode), self.text_field, "utf-8"):
-                    if k % num_shards == shard:
-                        yield text
-                    k += 1
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{file}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+            for text in _iter_file(file, _mode_for(file, self.mode), self.text_field, "utf-8", unk):
+                if k % num_shards == shard:
+                    yield text
+                k += 1
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -506,7 +521,7 @@ def tokenize_to_cache(
             bar.update(len(batch))
             batch.clear()
 
-        for doc in iter_documents(paths, mode, text_field):
+        for doc in iter_documents(paths, mode, text_field, wikitext_unk=getattr(tokenizer, "unk_token", "[UNK]")):
             parts = split_sentences(doc) if sentences else [doc]
             batch.extend(parts)
             groups.append(groups[-1] + len(parts))

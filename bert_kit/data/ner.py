@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bert_kit.data import read_text, split_lines
 from bert_kit.data.classification import pad_collate
 
 IGNORE_INDEX = -100
@@ -22,20 +23,23 @@ IGNORE_INDEX = -100
 Sentence = tuple[list[str], list[str]]  # (words, tags), same length
 
 
-def read_conll(path: str | Path, tag_column: int = -1) -> list[Sentence]:
-    """Read a CoNLL-style file (one token per line, columns split by whitespace).
+def read_conll(path: str | Path, tag_column: int = -1, word_column: int = 0,
+               label_names: Sequence[str] | None = None) -> list[Sentence]:
+    """Read a CoNLL-style file: one token per line, columns split by any run of whitespace.
 
-    The first column is the word and ``tag_column`` (default: the last) the tag. Blank lines
-    end sentences and ``-DOCSTART-`` lines are document separators: they end the current
-    sentence and are skipped. Returns a list of (words, tags). A line with a single column, or
-    without ``tag_column``, raises ValueError naming the file and line.
+    ``word_column`` (default the first) holds the word and ``tag_column`` (default the last) the
+    tag; indices are 0-based, negative ones count from the end. Blank lines end sentences and
+    ``-DOCSTART-`` lines are document separators: they end the current sentence and are skipped.
+    Every token line must have the column count of the first one (a short line would otherwise
+    shift the tag column onto another field). With ``label_names`` every tag must be one of them.
+    Returns a list of (words, tags); errors name the file and line.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"CoNLL file not found: {path}")
     sentences: list[Sentence] = []
     words: list[str] = []
     tags: list[str] = []
+    width = first = None  # column count of the first token line, and that line's number
+    allowed = None if label_names is None else set(label_names)
 
     def flush() -> None:
         if words:
@@ -43,28 +47,35 @@ def read_conll(path: str | Path, tag_column: int = -1) -> list[Sentence]:
             words.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields:
-                flush()
-                continue
-            if fields[0] == "-DOCSTART-":
-                # a document marker is not a sentence; some files omit the blank line after it
-                flush()
-                continue
-            if len(fields) < 2:
-                raise ValueError(f"{path}:{i}: expected a word and a tag, got {line.strip()!r}")
-            try:
-                tag = fields[tag_column]
-            except IndexError:
-                raise ValueError(f"{path}:{i}: no tag column {tag_column} in {line.strip()!r} "
-                                 f"({len(fields)} columns)") from None
-            if tag_column in (0, -len(fields)):
+    for i, line in enumerate(split_lines(read_text(path, "CoNLL file")), start=1):
+        fields = line.split()
+        if not fields:
+            flush()
+            continue
+        if fields[0] == "-DOCSTART-":
+            # a document marker is not a sentence; some files omit the blank line after it
+            flush()
+            continue
+        if len(fields) < 2:
+            raise ValueError(f"{path}:{i}: expected a word and a tag, got {line.strip()!r}")
+        if width is None:
+            width, first = len(fields), i
+            for name, column in (("word_column", word_column), ("tag_column", tag_column)):
+                if not -width <= column < width:
+                    raise ValueError(f"{path}:{i}: no {name} {column} in {line.strip()!r} ({width} columns)")
+            if word_column % width == tag_column % width:
                 raise ValueError(f"{path}:{i}: tag column {tag_column} is the word column")
-            words.append(fields[0])
-            tags.append(tag)
+        elif len(fields) != width:
+            raise ValueError(f"{path}:{i}: {len(fields)} columns but line {first} has {width}: "
+                             f"{line.strip()!r} (a word with a space in it?)")
+        tag = fields[tag_column]
+        if allowed is not None and tag not in allowed:
+            raise ValueError(f"{path}:{i}: tag {tag!r} is not one of label_names {list(label_names)}")
+        words.append(fields[word_column])
+        tags.append(tag)
     flush()
+    if not sentences:
+        raise ValueError(f"{path}: no sentences (expected one 'word ... tag' per line, blank lines between sentences)")
     return sentences
 
 

@@ -16,6 +16,7 @@ windows of a pair encoding with ``truncation="only_second"`` and overflowing tok
 from __future__ import annotations
 
 import json
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,48 +24,97 @@ from typing import Any, Sequence
 import numpy as np
 from torch.utils.data import DataLoader
 
+from bert_kit.data import read_text
 from bert_kit.data.classification import pad_collate
 
 
-def read_squad(path: str | Path) -> list[dict[str, Any]]:
-    """Flatten a SQuAD JSON file into one example per question.
+def read_squad(path: str | Path, skip_bad_answers: bool = False) -> list[dict[str, Any]]:
+    """Flatten a SQuAD JSON file into one example per question, every field checked.
 
     Each example: {"id", "title", "context", "question", "answers": [{"text",
-    "answer_start"}]}. Malformed JSON or a missing key raises ValueError / KeyError naming the
-    file and the place, e.g. ``data[3].paragraphs[0].qas[2]`` has no key 'id'.
+    "answer_start"}]}. Errors (ValueError / KeyError) name the file and the place, e.g.
+    ``data[3].paragraphs[0].qas[2] has no key 'id'``: malformed JSON, a missing key, a field of
+    the wrong type, a duplicate question id. Every answer is checked against its context: an
+    integer ``answer_start`` inside it, and a non-empty ``text`` equal to the context there. A bad
+    answer is an error naming its question id, or with ``skip_bad_answers`` it is left out and
+    counted (one line on stderr); a question left without answers is then dropped, since it
+    would train as "no answer".
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SQuAD file not found: {path}")
     try:
-        with open(path, encoding="utf-8") as f:
-            root = json.load(f)
+        root = json.loads(read_text(path, "SQuAD file"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: invalid JSON at column {e.colno} ({e.msg})") from None
 
-    def get(obj: Any, key: str, where: str) -> Any:
+    def get(obj: Any, key: str, where: str, kind: type | tuple[type, ...]) -> Any:
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}: {where} should be a JSON object, got {type(obj).__name__}")
+            raise ValueError(f"{path}: {where} should be a JSON object, got {_json_type(obj)}")
         if key not in obj:
             raise KeyError(f"{path}: {where} has no key {key!r} (keys: {sorted(obj)})")
-        return obj[key]
+        value = obj[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            names = " or ".join(_json_type(k()) for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ValueError(f"{path}: {where}.{key} should be {names}, got {_json_type(value)} {value!r:.40}")
+        return value
 
-    examples = []
-    for a, article in enumerate(get(root, "data", "top level")):
+    examples, seen, skipped, dropped = [], {}, 0, 0
+    for a, article in enumerate(get(root, "data", "top level", list)):
         title = article.get("title", "") if isinstance(article, dict) else ""
-        for p, paragraph in enumerate(get(article, "paragraphs", f"data[{a}]")):
+        for p, paragraph in enumerate(get(article, "paragraphs", f"data[{a}]", list)):
             where_p = f"data[{a}].paragraphs[{p}]"
-            context = get(paragraph, "context", where_p)
-            for q, qa in enumerate(get(paragraph, "qas", where_p)):
+            context = get(paragraph, "context", where_p, str)
+            for q, qa in enumerate(get(paragraph, "qas", where_p, list)):
                 where_q = f"{where_p}.qas[{q}]"
+                qid = str(get(qa, "id", where_q, (str, int)))
+                if qid in seen:
+                    raise ValueError(f"{path}: question id {qid!r} appears twice ({seen[qid]} and {where_q}); "
+                                     "ids must be unique")
+                seen[qid] = where_q
+                question = get(qa, "question", where_q, str)
                 answers = []
-                for n, ans in enumerate(get(qa, "answers", where_q)):
-                    start = get(ans, "answer_start", f"{where_q}.answers[{n}]")
-                    text = get(ans, "text", f"{where_q}.answers[{n}]")
-                    answers.append({"text": text, "answer_start": int(start)})
-                examples.append({"id": get(qa, "id", where_q), "title": title, "context": context,
-                                 "question": get(qa, "question", where_q), "answers": answers})
+                for n, ans in enumerate(get(qa, "answers", where_q, list)):
+                    where_a = f"{where_q}.answers[{n}]"
+                    answer = _checked_answer(ans, context, get, where_a)
+                    if isinstance(answer, str):  # what is wrong with it
+                        if not skip_bad_answers:
+                            raise ValueError(f"{path}: question {qid!r} ({where_a}): {answer}; fix the answer "
+                                             "or set skip_bad_answers=true to leave such answers out")
+                        skipped += 1
+                        continue
+                    answers.append(answer)
+                if not answers and qa["answers"]:
+                    dropped += 1  # every answer was bad: keeping it would train "no answer"
+                    continue
+                examples.append({"id": qid, "title": title, "context": context, "question": question,
+                                 "answers": answers})
+    if skipped:
+        print(f"{path}: skipped {skipped} answer(s) that do not match their context; dropped {dropped} "
+              "question(s) left without an answer", file=sys.stderr)
     return examples
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _checked_answer(ans: Any, context: str, get: Any, where: str) -> dict[str, Any] | str:
+    """{"text", "answer_start"} of a good answer, or a sentence saying what is wrong with it.
+    Fields of the wrong type raise at once: that is a malformed file, not a bad answer."""
+    text = get(ans, "text", where, str)
+    start = get(ans, "answer_start", where, (int, float))
+    if isinstance(start, float):
+        if not start.is_integer():
+            return f"answer_start {start} is not a whole character offset"
+        start = int(start)
+    if not text.strip():
+        return "the answer text is empty"
+    if not 0 <= start < len(context):
+        return f"answer_start {start} is outside the context ({len(context)} characters)"
+    found = context[start: start + len(text)]
+    if found != text:
+        return f"answer {text[:40]!r} does not match the context at answer_start {start} ({found[:40]!r})"
+    return {"text": text, "answer_start": start}
 
 
 def split_by_article(examples: Sequence[dict], n_train_articles: int

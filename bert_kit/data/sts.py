@@ -1,9 +1,13 @@
-"""Semantic textual similarity (STS Benchmark) data: reader, regression loader, scoring.
+"""Semantic textual similarity data: STS-B and any pair file, regression loader, scoring.
 
 The STS-B release files (``sts-{train,dev,test}.csv``) are tab separated without a header:
 ``genre  filename  year  id  score  sentence1  sentence2`` and, on some rows, two trailing
 source notes. Sentences contain literal ``"`` characters, so lines are split on tabs only (a
 CSV parser would treat those quotes as field delimiters and merge rows). Scores are in [0, 5].
+:func:`read_sts` reads that layout (and GLUE's copy with a header); :func:`read_pair_file`
+reads any other pair file, in any layout of `bert_kit.data.tables`, with named (or numbered)
+columns and a declared score range, e.g. [1, 5]. A score outside its range is an error naming
+the file and line, not a silently stretched target.
 
 Fine-tuning STS-B is regression on sentence pairs: :func:`create_sts_dataloader` reuses the
 classification pipeline with float labels, and the model is scored by Pearson / Spearman
@@ -12,57 +16,96 @@ correlation between predicted and gold scores.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from torch.utils.data import DataLoader
 
+from bert_kit.data import read_text, split_lines
 from bert_kit.data.classification import create_classification_dataloader
+from bert_kit.data.tables import Column, read_table
 from bert_kit.metrics import pearson, spearman
 
 SCORE_COLUMN, SENTENCE1_COLUMN, SENTENCE2_COLUMN = 4, 5, 6  # 0-based field indices
 MAX_SCORE = 5.0
+STS_RANGE = (0.0, 5.0)
 
 
-def read_sts(path: str | Path) -> tuple[list[str], list[str], list[float]]:
+def check_score(value: Any, at: str, score_range: Sequence[float] = STS_RANGE) -> float:
+    """A gold similarity score as a float: a finite number inside `score_range` ([low, high])."""
+    if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{at}: score {value!r} is not a number")
+    try:
+        score = float(value)
+    except ValueError:
+        raise ValueError(f"{at}: score {value!r} is not a number") from None
+    if not math.isfinite(score):
+        raise ValueError(f"{at}: score {value!r} is not finite")
+    low, high = score_range
+    if not low <= score <= high:
+        raise ValueError(f"{at}: score {value!r} is outside the score range [{low:g}, {high:g}]; "
+                         "declare the file's range with score_range=[LOW, HIGH]")
+    return score
+
+
+def read_sts(path: str | Path, score_range: Sequence[float] = STS_RANGE) -> tuple[list[str], list[str], list[float]]:
     """Read an STS-B file into (sentences1, sentences2, scores).
 
     Reads the original release (no header, fields after the 7th ignored) and, when the first
     line is a header naming ``sentence1``, ``sentence2`` and ``score``, the GLUE copy of STS-B.
-    A row with too few fields or a score that is not a finite number raises ValueError naming
-    the file and the line.
+    A row with too few fields or a score that is not a finite number in ``score_range`` raises
+    ValueError naming the file and the line.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"STS file not found: {path}")
     columns = (SCORE_COLUMN, SENTENCE1_COLUMN, SENTENCE2_COLUMN)
     sentences1, sentences2, scores = [], [], []
-    with open(path, encoding="utf-8", newline="") as f:
-        for i, line in enumerate(f, start=1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if i == 1 and {"sentence1", "sentence2", "score"} <= set(fields):
-                # GLUE layout: index genre filename year old_index source1 source2 sentence1 ...
-                columns = tuple(fields.index(c) for c in ("score", "sentence1", "sentence2"))
-                continue
-            score_col, s1_col, s2_col = columns
-            if len(fields) <= max(columns):
-                raise ValueError(f"{path}:{i}: expected at least {max(columns) + 1} "
-                                 f"tab-separated fields, got {len(fields)}")
-            try:
-                score = float(fields[score_col])
-            except ValueError:
-                raise ValueError(f"{path}:{i}: score {fields[score_col]!r} (field "
-                                 f"{score_col + 1}) is not a number") from None
-            if not np.isfinite(score):
-                raise ValueError(f"{path}:{i}: score {fields[score_col]!r} is not finite")
-            sentences1.append(fields[s1_col])
-            sentences2.append(fields[s2_col])
-            scores.append(score)
+    for i, line in enumerate(split_lines(read_text(path, "STS file")), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if i == 1 and {"sentence1", "sentence2", "score"} <= set(fields):
+            # GLUE layout: index genre filename year old_index source1 source2 sentence1 ...
+            columns = tuple(fields.index(c) for c in ("score", "sentence1", "sentence2"))
+            continue
+        score_col, s1_col, s2_col = columns
+        if len(fields) <= max(columns):
+            raise ValueError(f"{path}:{i}: expected at least {max(columns) + 1} "
+                             f"tab-separated fields, got {len(fields)}")
+        try:
+            float(fields[score_col])
+        except ValueError:
+            raise ValueError(f"{path}:{i}: score {fields[score_col]!r} (field {score_col + 1}) is not a number") from None
+        scores.append(check_score(fields[score_col], f"{path}:{i}", score_range))
+        sentences1.append(fields[s1_col])
+        sentences2.append(fields[s2_col])
+    if not scores:
+        raise ValueError(f"{path}: no sentence pairs (the file is empty)")
     return sentences1, sentences2, scores
+
+
+def read_pair_file(path: str | Path, sentence1_column: Column, sentence2_column: Column,
+                   score_column: Column | None, score_range: Sequence[float] = STS_RANGE,
+                   header: bool | None = None, delimiter: str | None = None,
+                   where: Mapping[Any, Any] | None = None) -> tuple[list[str], list[str], list[float] | None]:
+    """(sentences1, sentences2, scores) of any pair file (see `bert_kit.data.tables.read_table`).
+
+    Columns by name or 0-based index; ``score_column=None`` reads the pairs only (scores None).
+    Every score must be a finite number in ``score_range``; errors name the file and line.
+    """
+    columns = [sentence1_column, sentence2_column] + ([score_column] if score_column is not None else [])
+    rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="sentence-pair file")
+    s1, s2, scores = [], [], []
+    for at, values in rows:
+        for value, column in zip(values[:2], columns):
+            if not isinstance(value, str):
+                raise ValueError(f"{at}: column {column!r} holds {type(value).__name__}, expected a sentence")
+        s1.append(values[0])
+        s2.append(values[1])
+        if score_column is not None:
+            scores.append(check_score(values[2], at, score_range))
+    return s1, s2, scores if score_column is not None else None
 
 
 def create_sts_dataloader(path_or_data, tokenizer, batch_size: int = 32, max_length: int = 128,

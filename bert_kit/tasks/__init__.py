@@ -1,12 +1,15 @@
 """Jobs: pretraining, and fine-tuning on four tasks, each plugging what differs into the one loop.
 
-| task                 | files                     | model                          | best/ kept by |
-| -------------------- | ------------------------- | ------------------------------ | ------------- |
-| classification       | TSV/CSV/JSONL text, label | BERTForSequenceClassification  | accuracy (pearson if num_labels=1) |
-| token-classification | CoNLL (word ... tag)      | BERTForTokenClassification     | entity f1     |
-| qa                   | SQuAD v1.1 JSON           | BERTForQuestionAnswering       | f1            |
-| similarity           | STS-B (score, s1, s2)     | cross-encoder: regression head | spearman      |
-|                      |                           | bi-encoder: BERTModel, cosine  |               |
+| task                 | files                          | model                          | best/ kept by |
+| -------------------- | ------------------------------ | ------------------------------ | ------------- |
+| classification       | TSV/CSV/JSONL/TXT text, label  | BERTForSequenceClassification  | accuracy (pearson if num_labels=1) |
+| token-classification | CoNLL (word ... tag)           | BERTForTokenClassification     | entity f1     |
+| qa                   | SQuAD v1.1 JSON                | BERTForQuestionAnswering       | f1            |
+| similarity           | STS-B, or any pair file + score | cross-encoder: regression head | spearman      |
+|                      |                                | bi-encoder: BERTModel, cosine  |               |
+
+Tables are read in any layout of `bert_kit.data.tables` (header or not, columns by name or
+index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.
 
 `pretraining.py` is the MLM (+ NSP) job; `finetuning.py` runs any of the four tasks above;
 `inference.py` loads a fine-tuned folder for `evaluate` and `predict`.

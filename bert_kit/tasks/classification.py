@@ -1,4 +1,5 @@
-"""Sequence classification (and regression with one output): TSV/CSV/JSONL text and label columns."""
+"""Sequence classification (and regression with one output): text and label columns of a TSV/CSV/JSONL/TXT
+file in any layout of `bert_kit.data.tables`, or labels written into the text (`label_pattern`)."""
 
 from __future__ import annotations
 
@@ -28,36 +29,33 @@ class ClassificationTask(Task):
     def metric(self) -> str:
         return getattr(self.s, "metric", None) or ("pearson" if self.regression else "accuracy")
 
-    def _read(self, path: str | Path, labelled: bool = True):
+    def _read(self, path: str | Path, labelled: bool = True, where: dict | None = None, names: list[str] | None = None,
+              num_labels: int | None = None):
         s = self.s
-        data = read_classification_file(path, s.text_column, s.label_column if labelled else None, s.text_pair_column)
-        if labelled and data.label_names is not None and self.label_names:  # string labels: ids of our names
-            data = read_classification_file(path, s.text_column, s.label_column, s.text_pair_column,
-                                            label_names=self.label_names)
-        return data
+        return read_classification_file(
+            path, s.text_column, s.label_column if labelled else None, s.text_pair_column, s.delimiter, names,
+            num_labels=num_labels, header=s.header, where=where, label_pattern=s.label_pattern)
 
     def read_train(self, path: str | Path) -> list[dict]:
-        self.label_names = list(self.s.label_names) if self.s.label_names else None
-        data = self._read(path)
-        floats = any(isinstance(y, float) for y in data.labels)
-        if self.s.num_labels == 1 or floats:  # scores, not classes: one output, MSE loss
+        # given label_names / num_labels win over what the labels look like (convert_labels)
+        names = list(self.s.label_names) if self.s.label_names else None
+        data = self._read(path, where=self.s.where, names=names, num_labels=self.s.num_labels)
+        if self.s.num_labels == 1 or any(isinstance(y, float) for y in data.labels):  # scores: one output, MSE
             self.num_labels, self.label_names = 1, ["score"]
-        else:
-            self.num_labels = self.s.num_labels or len(data.label_names or []) or max(data.labels) + 1
-            self.label_names = _label_names(self.label_names or data.label_names, self.num_labels)
-        return self._dataset(data, path)
+        else:  # a classifier has two outputs or more, even if the training slice shows one class
+            self.num_labels = self.s.num_labels or len(data.label_names or []) or max(2, max(data.labels) + 1)
+            self.label_names = _label_names(data.label_names, self.num_labels)
+        return self._dataset(data)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
-        return self._dataset(self._read(path), path, limit)
+        # the training classes: the same names and ids, and no label the head has no output for
+        names = None if self.regression else self.label_names
+        return self._dataset(self._read(path, where=self.s.validation_where, names=names, num_labels=self.num_labels),
+                             limit)
 
-    def _dataset(self, data, path, limit: int | None = None) -> list[dict]:
+    def _dataset(self, data, limit: int | None = None) -> list[dict]:
         n = len(data.texts) if limit is None else min(limit, len(data.texts))
         labels = [float(y) for y in data.labels[:n]] if self.regression else list(data.labels[:n])
-        if not self.regression:
-            # a label the head has no output for would index out of range inside cross-entropy
-            bad = [y for y in labels if not 0 <= y < self.num_labels]
-            if bad:
-                raise ValueError(f"{path}: label {bad[0]} outside the model's {self.num_labels} classes")
         pairs = None if data.text_pairs is None else data.text_pairs[:n]
         ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs)
         return [ds[i] for i in range(len(ds))]

@@ -40,6 +40,7 @@ from bert_kit.model import Packed
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
+from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import collective_errors, init_distributed, is_main, rank, world_size
@@ -60,29 +61,37 @@ class FinetuneConfig(RunSettings):
     model: str = ""  # model folder (HF BERT, bert-kit run or checkpoint), preset name (random init) or config file
     tokenizer: str | None = None  # tokenizer folder; default: the model folder's
     # data
-    train_file: str = ""  # training data (classification TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)
+    train_file: str = ""  # training data (classification TSV/CSV/JSONL/TXT, CoNLL, SQuAD JSON, STS-B or pair file)
     validation_file: str | None = None  # evaluated every epoch; QA with squad_train_articles: the rest of train_file
     max_train_examples: int | None = None  # use only the first N training examples (quick runs)
     max_eval_examples: int | None = None  # evaluate on the first N validation examples only
     max_length: int | None = None  # tokens per sequence; default 128 (QA 384)
-    # classification
-    text_column: str = "sentence"  # column (or JSON key) of the text
-    text_pair_column: str | None = None  # column of the second text, for sentence pairs
-    label_column: str = "label"  # column of the label: ints, names, or floats (regression)
+    header: bool | None = None  # TSV/CSV: the first line names the columns (default: when a column is given by name)
+    delimiter: str | None = None  # field separator; by extension: .csv comma, .jsonl/.json JSON, .txt lines, else tab
+    where: dict | None = None  # keep only the train_file rows whose columns hold these values, e.g. {split: train}
+    validation_where: dict | None = None  # the same for validation_file rows, e.g. {split: dev}
+    # classification (columns: a name, or a 0-based index for files without a header)
+    text_column: int | str = "sentence"  # column (or JSON key) of the text; similarity: of the first sentence
+    text_pair_column: int | str | None = None  # column of the second text; similarity: set it to read any pair file
+    label_column: int | str = "label"  # column of the label: ints, names, floats (regression), or the similarity score
+    label_pattern: str | None = None  # regex with label and text groups for labels in the text: (?P<label>\w+) (?P<text>.*)
     num_labels: int | None = None  # default: from the training labels; 1 = regression (MSE)
-    label_names: list[str] | None = None  # names of label ids 0..K-1 (saved as id2label)
+    label_names: list[str] | None = None  # names of label ids 0..K-1 (saved as id2label); labels are these names or ids
     # token classification
-    tag_column: int = -1  # CoNLL column of the tag (default the last)
+    tag_column: int = -1  # CoNLL column of the tag (default the last; negative counts from the end)
+    word_column: int = 0  # CoNLL column of the word
     # question answering
     doc_stride: int = 128  # context tokens shared by consecutive windows of a long context
     max_query_length: int = 64  # questions are cut to this many tokens
     n_best: int = 20  # start/end candidates per window in the span search
     max_answer_length: int = 30  # longest answer span in tokens
     squad_train_articles: int | None = None  # split train_file by article: the first N train, the rest evaluate
+    skip_bad_answers: bool = False  # leave out (and count) answers that do not match their context instead of stopping
     # sentence similarity
     similarity_mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine
     pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
     similarity_loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
+    score_range: list[float] | None = None  # [low, high] of the gold similarity scores (default [0, 5], STS-B)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
@@ -121,6 +130,7 @@ class FinetuneConfig(RunSettings):
         check_range(self, "max_length", low=1)
         check_range(self, "eval_batch_size", low=1)
         check_range(self, "epochs", low=0, low_open=True)
+        check_data_settings(self)
 
 
 def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torch.device) -> Any:

@@ -12,12 +12,14 @@ MCC, per-class scores. token-classification: entity-level P/R/F1 (CoNLL); qa: SQ
 
 predict, input files per task:
 - classification: .txt with one text per line (a tab separates a pair), or TSV/CSV/JSONL with
-  the text column(s) -> text, label, label_id, probabilities (score for a regression head);
+  the text column(s) (--header, --delimiter, --where, --label-pattern as for fine-tuning) ->
+  text, label, label_id, probabilities (score for a regression head);
 - token-classification: .txt with one sentence per line, or a CoNLL file -> words, tags,
   entities (type, start, end, text);
 - qa: JSON Lines {"question", "context"[, "id"]} or SQuAD JSON -> id, question, answer;
-- similarity: two tab-separated sentences per line, an STS-B file, or JSON Lines
-  {"sentence1", "sentence2"} -> sentence1, sentence2, score.
+- similarity: two tab-separated sentences per line, an STS-B file, JSON Lines
+  {"sentence1", "sentence2"}, or any pair file with --text-column and --text-pair-column
+  -> sentence1, sentence2, score.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_kit.data import parse_jsonl, read_lines
+from bert_kit.data.tables import parse_where
 from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
@@ -50,12 +53,17 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
         heads = meta["architectures"] == ["BertForSequenceClassification"]
         mode = "cross-encoder" if heads and len(meta.get("label_names") or []) == 1 else "bi-encoder"
     max_length = args.max_length or meta.get("max_length") or st.get("max_length") or DEFAULT_MAX_LENGTH.get(task, 128)
+    where = parse_where(getattr(args, "where", None))
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
         pooling=getattr(args, "pooling", None) or meta.get("pooling") or st.get("pooling") or "mean",
         doc_stride=meta.get("doc_stride", 128), max_query_length=meta.get("max_query_length", 64),
         squad_train_articles=getattr(args, "split_articles", None), text_column=args.text_column,
         text_pair_column=args.text_pair_column, label_column=getattr(args, "label_column", "label"),
+        header=getattr(args, "header", None), delimiter=getattr(args, "delimiter", None), validation_where=where,
+        label_pattern=getattr(args, "label_pattern", None), word_column=getattr(args, "word_column", 0),
+        tag_column=getattr(args, "tag_column", -1), skip_bad_answers=getattr(args, "skip_bad_answers", False),
+        score_range=getattr(args, "score_range", None) or meta.get("score_range"),
         eval_batch_size=args.batch_size, unpadded=True, device=args.device or "auto")
     return task, settings, meta
 
@@ -74,6 +82,11 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
     model = task.load(folder).to(precision.device).eval()
+    outputs = getattr(model, "num_labels", None)
+    if outputs is not None and task.label_names and outputs != len(task.label_names):
+        # predictions would pair names with the wrong outputs, probabilities would not sum to 1
+        raise ValueError(f"{folder}: the head has {outputs} outputs but config.json names {len(task.label_names)} "
+                         f"labels {task.label_names}; give id2label one name per output")
     return task, model, precision
 
 
@@ -88,20 +101,21 @@ def summary_line(task: str, metrics: dict[str, Any]) -> str:
 # ---- inputs -------------------------------------------------------------------------------------
 
 def read_classification_inputs(task: Any, path: str | Path) -> tuple[list[str], list[str] | None]:
-    """Texts (and second texts): .txt has one per line, a tab separating a pair; else the text columns."""
+    """Texts (and second texts): a .txt file has one per line, a tab separating a pair (unless
+    label_pattern or a delimiter is set); other files are read by their text column(s)."""
     path = Path(path)
-    if path.suffix == ".txt":
+    if path.suffix == ".txt" and task.s.label_pattern is None and task.s.delimiter is None:
         rows = [line.split("\t", 1) for line in read_lines(path)]
         if all(len(r) == 2 for r in rows):
             return [r[0] for r in rows], [r[1] for r in rows]
         return ["\t".join(r) for r in rows], None
-    data = task._read(path, labelled=False)
+    data = task._read(path, labelled=False, where=task.s.validation_where)
     return data.texts, data.text_pairs
 
 
-def read_sentences(path: str | Path, fmt: str = "auto") -> list[list[str]]:
-    """Word lists: a CoNLL file (first column; -DOCSTART- or a fixed column count gives it away)
-    or one whitespace-split sentence per line."""
+def read_sentences(path: str | Path, fmt: str = "auto", word_column: int = 0) -> list[list[str]]:
+    """Word lists: a CoNLL file (words in `word_column`; -DOCSTART- or a fixed column count gives
+    it away) or one whitespace-split sentence per line."""
     from bert_kit.data.ner import read_conll
 
     lines = read_lines(path)
@@ -112,35 +126,49 @@ def read_sentences(path: str | Path, fmt: str = "auto") -> list[list[str]]:
                                 (len(columns) == 1 and min(columns) >= 2 and "" in lines[:200]))
         fmt = "conll" if conll else "lines"
     if fmt == "conll":
-        return [words for words, _ in read_conll(path)]
+        # the tags (if any) are not read; the tag column only has to differ from the word column
+        return [words for words, _ in read_conll(path, tag_column=0 if word_column == -1 else -1,
+                                                 word_column=word_column)]
     return [ln.split() for ln in lines if ln.strip()]
 
 
-def read_questions(path: str | Path) -> list[dict]:
-    """SQuAD JSON, or JSON Lines of {"question", "context"[, "id"]}."""
+def read_questions(path: str | Path, skip_bad_answers: bool = False) -> list[dict]:
+    """SQuAD JSON, or JSON Lines of {"question", "context"[, "id"]} (texts, unique ids)."""
     from bert_kit.data.squad import read_squad
 
     path = Path(path)
     if path.suffix == ".json":
-        return read_squad(path)
-    examples = []
+        return read_squad(path, skip_bad_answers)
+    examples, seen = [], {}
     for i, row in parse_jsonl(read_lines(path), path):
         if not isinstance(row, dict) or "question" not in row or "context" not in row:
             raise KeyError(f"{path}:{i}: needs keys 'question' and 'context'")
-        examples.append({"id": str(row.get("id", i)), "question": row["question"], "context": row["context"],
-                         "answers": []})
+        for key in ("question", "context"):
+            if not isinstance(row[key], str):
+                raise ValueError(f"{path}:{i}: {key!r} is {type(row[key]).__name__}, expected a text")
+        qid = str(row.get("id", i))
+        if qid in seen:
+            raise ValueError(f"{path}:{i}: id {qid!r} is already used on line {seen[qid]}; ids must be unique")
+        seen[qid] = i
+        examples.append({"id": qid, "question": row["question"], "context": row["context"], "answers": []})
     return examples
 
 
 def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
-    """Sentence pairs: an STS-B file, JSON Lines {"sentence1", "sentence2"}, or two tab-separated columns."""
+    """Sentence pairs: the columns of any pair file when text_pair_column is set; else an STS-B
+    file, JSON Lines {"sentence1", "sentence2"}, or two tab-separated columns."""
     path = Path(path)
+    if task is not None and task.s.text_pair_column is not None:
+        s1, s2, _ = task._read(path, where=task.s.validation_where, scored=False)
+        return s1, s2
     lines = read_lines(path)
     if path.suffix == ".jsonl":
         s1, s2 = [], []
         for i, row in parse_jsonl(lines, path):
             if not isinstance(row, dict) or "sentence1" not in row or "sentence2" not in row:
                 raise KeyError(f"{path}:{i}: needs keys 'sentence1' and 'sentence2'")
+            if not (isinstance(row["sentence1"], str) and isinstance(row["sentence2"], str)):
+                raise ValueError(f"{path}:{i}: 'sentence1' and 'sentence2' must be texts")
             s1.append(row["sentence1"])
             s2.append(row["sentence2"])
         return s1, s2
@@ -151,7 +179,8 @@ def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
     for i, line in enumerate(lines, start=1):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise ValueError(f"{path}:{i}: expected 2 tab-separated sentences, got {len(fields)} fields")
+            raise ValueError(f"{path}:{i}: expected 2 tab-separated sentences, got {len(fields)} fields "
+                             "(for a file with named columns pass --text-column and --text-pair-column)")
         s1.append(fields[0])
         s2.append(fields[1])
     return s1, s2
@@ -183,7 +212,7 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
 def predict_tokens(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     from bert_kit.metrics import get_entities
 
-    sentences = read_sentences(path, fmt)
+    sentences = read_sentences(path, fmt, task.s.word_column)
     dataset = task._dataset([(words, None) for words in sentences])
     records = []
     for words, tags in zip(sentences, task.tag(model, dataset, precision)):
@@ -196,7 +225,7 @@ def predict_tokens(task: Any, model: Any, path: str | Path, precision: Any, fmt:
 def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     from bert_kit.data.squad import prepare_eval_features
 
-    examples = read_questions(path)
+    examples = read_questions(path, task.s.skip_bad_answers)
     features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.doc_stride,
                                      task.s.max_query_length)
     answers = task.answers(model, examples, features, precision)

@@ -1,4 +1,5 @@
-"""Extractive question answering: SQuAD v1.1 JSON, windows over long contexts, EM/F1."""
+"""Extractive question answering: SQuAD v1.1 JSON (every answer checked against its context), windows
+over long contexts, EM/F1."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class QATask(Task):
         """SQuAD examples; with `squad_train_articles` N, train on the first N articles, evaluate on the rest."""
         from bert_kit.data.squad import read_squad, split_by_article
 
-        examples = read_squad(path)
+        examples = read_squad(path, getattr(self.s, "skip_bad_answers", False))
         n = self.s.squad_train_articles
         if n:
             train, held_out = split_by_article(examples, n)

@@ -19,22 +19,37 @@ from bert_kit.training.losses import compute_classification_loss, compute_cosent
 
 
 class SimilarityTask(Task):
-    """STS: a cross-encoder (regression head on "[CLS] a [SEP] b [SEP]", MSE on the 0-5 score) or
-    a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), score / 5),
-    or with similarity_loss=cosent the CoSENT ranking loss on cos(u, v))."""
+    """STS: a cross-encoder (regression head on "[CLS] a [SEP] b [SEP]", MSE on the gold score) or
+    a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), the score
+    mapped from score_range to [0, 1]), or with similarity_loss=cosent the CoSENT ranking loss on cos(u, v)).
+
+    Files: the STS-B release layout (a preset), or, with text_pair_column set, any pair file with
+    the sentences in text_column / text_pair_column and the score in label_column (names or 0-based
+    indices), rows filtered by where / validation_where; scores must lie in score_range."""
 
     name, default_metric = "similarity", "spearman"
-    MAX_SCORE = 5.0
 
     @property
     def bi_encoder(self) -> bool:
         return self.s.similarity_mode == "bi-encoder"
 
-    def _read(self, path: str | Path, limit: int | None = None) -> tuple[list[str], list[str], list[float]]:
-        from bert_kit.data.sts import read_sts
+    @property
+    def score_range(self) -> tuple[float, float]:
+        from bert_kit.data.sts import STS_RANGE
 
-        s1, s2, scores = read_sts(path)
-        return s1[:limit], s2[:limit], scores[:limit]
+        return tuple(getattr(self.s, "score_range", None) or STS_RANGE)
+
+    def _read(self, path: str | Path, limit: int | None = None, where: dict | None = None, scored: bool = True
+              ) -> tuple[list[str], list[str], list[float] | None]:
+        from bert_kit.data.sts import read_pair_file, read_sts
+
+        s = self.s
+        if s.text_pair_column is None:  # the STS-B release (or GLUE) layout
+            s1, s2, scores = read_sts(path, self.score_range)
+        else:
+            s1, s2, scores = read_pair_file(path, s.text_column, s.text_pair_column, s.label_column if scored else None,
+                                            self.score_range, s.header, s.delimiter, where)
+        return s1[:limit], s2[:limit], None if scores is None else scores[:limit]
 
     def _items(self, s1: list[str], s2: list[str], scores: list[float] | None) -> list[dict]:
         if not self.bi_encoder:  # one "[CLS] s1 [SEP] s2 [SEP]" sequence per pair, the score as label
@@ -42,20 +57,20 @@ class SimilarityTask(Task):
             return [ds[i] for i in range(len(ds))]
         enc = {key: self.tokenizer(texts, max_length=self.s.max_length, padding=False, return_tensors=None)
                for key, texts in (("a", s1), ("b", s2))}
-        items = []
+        items, (low, high) = [], self.score_range
         for i in range(len(s1)):
             item = {f"{k}_{side}": enc[side][k][i] for side in "ab" for k in ("input_ids", "attention_mask")}
-            if scores is not None:
-                item["labels"] = float(scores[i]) / self.MAX_SCORE  # cosine targets in [0, 1]
+            if scores is not None:  # cosine targets in [0, 1]
+                item["labels"] = (float(scores[i]) - low) / (high - low)
             items.append(item)
         return items
 
     def read_train(self, path: str | Path) -> list[dict]:
         self.label_names = ["score"]
-        return self._items(*self._read(path))
+        return self._items(*self._read(path, where=self.s.where))
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
-        self.eval_pairs = self._read(path, limit)
+        self.eval_pairs = self._read(path, limit, self.s.validation_where)
         return self._items(*self.eval_pairs)
 
     def collate(self, items: list[dict]) -> dict:
@@ -72,7 +87,8 @@ class SimilarityTask(Task):
         return out
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "similarity_mode": self.s.similarity_mode, "pooling": self.s.pooling}
+        return {**super().metadata(), "similarity_mode": self.s.similarity_mode, "pooling": self.s.pooling,
+                "score_range": list(self.score_range)}
 
     def model_class(self) -> type:
         return BERTModel if self.bi_encoder else BERTForSequenceClassification

@@ -1,4 +1,5 @@
-"""Token classification (NER): CoNLL files, one tag per word, entity-level F1."""
+"""Token classification (NER): CoNLL files (any whitespace, any word and tag column), one tag per word,
+entity-level F1."""
 
 from __future__ import annotations
 
@@ -28,20 +29,26 @@ class TokenClassificationTask(Task):
         super().load_metadata(meta)
         self.fixed_labels = True
 
-    def read_train(self, path: str | Path) -> list[dict]:
-        from bert_kit.data.ner import get_label_list, read_conll
+    def _read(self, path: str | Path, names: list[str] | None = None) -> list:
+        from bert_kit.data.ner import read_conll
 
-        sentences = read_conll(path, self.s.tag_column)
-        self.label_names = list(self.s.label_names) if self.s.label_names else get_label_list(sentences)
+        return read_conll(path, self.s.tag_column, getattr(self.s, "word_column", 0), names)
+
+    def read_train(self, path: str | Path) -> list[dict]:
+        from bert_kit.data.ner import get_label_list
+
+        names = list(self.s.label_names) if self.s.label_names else None
+        sentences = self._read(path, names)  # given label_names: every tag must be one of them (file:line)
+        self.label_names = names or get_label_list(sentences)
         ds = self._dataset(sentences)
         return [ds[i] for i in range(len(ds))]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> Any:
-        from bert_kit.data.ner import read_conll
-
-        sentences = read_conll(path, self.s.tag_column)[:limit]
+        # the tags are fixed by a saved head or by given label_names: an unknown one is an error naming its line
+        fixed = self.fixed_labels or bool(self.s.label_names)
+        sentences = self._read(path, self.label_names if fixed else None)[:limit]
         unseen = sorted({t for _, tags in sentences for t in tags} - set(self.label_names))
-        if unseen and not self.fixed_labels:  # before the head exists, a validation-only tag joins the set
+        if unseen:  # before the head exists, a validation-only tag joins the set
             self.label_names += unseen
         self.eval_dataset = self._dataset(sentences)
         return [self.eval_dataset[i] for i in range(len(self.eval_dataset))]

@@ -50,12 +50,17 @@ def test_tsv_keeps_quotes_and_reads_pairs(tmp_path):
 
 
 def test_csv_quoting_and_float_labels(tmp_path):
-    path = write(tmp_path, "scores.csv", 'sentence,label\n"hello, world",0.5\nbye,2\n')
+    path = write(tmp_path, "scores.csv", 'sentence,label\n"hello, world",0.5\nbye,2.25\n')
     data = read_classification_file(path)
     assert data.texts == ["hello, world", "bye"]
-    assert data.labels == [0.5, 2.0] and all(type(y) is float for y in data.labels)
+    assert data.labels == [0.5, 2.25] and all(type(y) is float for y in data.labels)
     path = write(tmp_path, "ints.csv", "sentence,label\na,1.0\nb,0\n")
     assert read_classification_file(path).labels == [1, 0]  # integral floats become ints
+    # a fraction among integer classes is a mistake, unless regression is asked for
+    path = write(tmp_path, "mixed.csv", "sentence,label\na,0\nb,0.5\nc,2\n")
+    with pytest.raises(ValueError, match=r"mixed\.csv:3: label '0\.5' is fractional but the other labels are integer"):
+        read_classification_file(path)
+    assert read_classification_file(path, num_labels=1).labels == [0.0, 0.5, 2.0]
 
 
 def test_jsonl_with_string_labels(tmp_path):
@@ -81,7 +86,8 @@ def test_jsonl_with_string_labels(tmp_path):
      r"bad\.jsonl:2: invalid JSON"),
     ("missing.jsonl", '{"sentence": "a", "label": 1}\n{"sentence": "b"}\n', {},
      r"missing\.jsonl:2: missing key 'label'"),
-    ("list.jsonl", '[1, 2]\n', {}, r"list\.jsonl:1: expected a JSON object"),
+    ("list.jsonl", '[1, 2]\n', {}, r"list\.jsonl:1: column 'sentence' is a name but the record is a JSON array"),
+    ("scalar.jsonl", '"text"\n', {}, r"scalar\.jsonl:1: expected a JSON object"),
     ("multi.csv", 'sentence,label\n"two\nlines",1\nc,1,extra\n', {}, r"multi\.csv:4: row has 3"),
 ])
 def test_malformed_files_name_file_and_line(tmp_path, name, text, kwargs, match):
@@ -171,3 +177,87 @@ def test_pad_collate_rounds_length_up_to_a_multiple():
     assert batch["input_ids"].shape == (2, 16)
     assert batch["attention_mask"].sum().item() == 7
     assert pad_collate(items, pad_token_id=0)["input_ids"].shape == (2, 4)
+
+
+# ------------------------------------------------------------------------------ layouts and labels
+
+
+def test_headerless_bom_crlf_tsv_by_index(tmp_path):
+    path = tmp_path / "plain.tsv"
+    path.write_bytes(b"\xef\xbb\xbf1\tgreat fun\r\n0\tdull\r\n")
+    data = read_classification_file(path, text_column=1, label_column=0)
+    assert data.texts == ["great fun", "dull"] and data.labels == [1, 0]
+
+
+def test_label_pattern_reads_labels_written_into_the_text(tmp_path):
+    path = write(tmp_path, "fasttext.txt", "__label__pos a fine film\n\n__label__neg so dull\n")
+    data = read_classification_file(path, label_pattern=r"__label__(?P<label>\S+) (?P<text>.*)")
+    assert data.texts == ["a fine film", "so dull"] and data.labels == [1, 0] and data.label_names == ["neg", "pos"]
+    tsv = write(tmp_path, "prefixed.tsv", "id\ttext\n1\tLABEL:fine rest of the line\n2\tLABEL:bad other\n")
+    data = read_classification_file(tsv, text_column="text", label_pattern=r"LABEL:(?P<label>\w+) (?P<text>.*)")
+    assert data.texts == ["rest of the line", "other"] and data.label_names == ["bad", "fine"]
+    # unlabelled reading (predict) keeps a text that does not match whole, and strips one that does
+    unlabelled = read_classification_file(path, label_column=None, label_pattern=r"__label__(?P<label>\S+) (?P<text>.*)")
+    assert unlabelled.texts == ["a fine film", "so dull"]
+    bad = write(tmp_path, "bad.txt", "__label__pos ok\nno label here\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: text 'no label here' does not match label_pattern"):
+        read_classification_file(bad, label_pattern=r"__label__(?P<label>\S+) (?P<text>.*)")
+    with pytest.raises(ValueError, match=r"a \.txt file holds one text per line and no label column"):
+        read_classification_file(bad)
+
+
+def test_where_splits_one_file(tmp_path):
+    path = write(tmp_path, "all.csv", "sentence,label,split\na,1,train\nb,0,dev\nc,0,train\n")
+    train = read_classification_file(path, where={"split": "train"})
+    dev = read_classification_file(path, where={"split": "dev"})
+    assert (train.texts, train.labels, dev.texts, dev.labels) == (["a", "c"], [1, 0], ["b"], [0])
+
+
+LOC = [f"f.tsv:{i}" for i in range(2, 8)]
+
+
+@pytest.mark.parametrize("raw,kwargs,expected", [
+    (["0", "1", "1"], {}, ([0, 1, 1], None)),
+    ([0, 1, 2], {}, ([0, 1, 2], None)),  # JSON ints
+    (["1.0", "0"], {}, ([1, 0], None)),  # integral decimals are classes
+    (["3.800", "5.000", "0.5"], {}, ([3.8, 5.0, 0.5], None)),  # decimals with fractions: regression
+    (["1", "0"], {"num_labels": 1}, ([1.0, 0.0], None)),  # explicit regression
+    (["pos", "neg", "pos"], {}, ([1, 0, 1], ["neg", "pos"])),  # names, sorted
+    (["pos", "neg"], {"label_names": ["pos", "neg"]}, ([0, 1], ["pos", "neg"])),  # given order wins
+    (["1", "0"], {"label_names": ["negative", "positive"]}, ([1, 0], ["negative", "positive"])),  # ids
+    (["1", "0"], {"label_names": ["1", "0"]}, ([0, 1], ["1", "0"])),  # names win over ids
+    (["0", "0"], {"num_labels": 3}, ([0, 0], None)),
+    (["nan"], {"label_names": ["nan", "ok"]}, ([0], ["nan", "ok"])),  # a given name is a name
+])
+def test_convert_labels_rules(raw, kwargs, expected):
+    from bert_kit.data.classification import convert_labels
+
+    labels, names = convert_labels(raw, LOC[: len(raw)], **kwargs)
+    assert (labels, names) == expected
+    assert [type(y) for y in labels] == [type(y) for y in expected[0]]
+
+
+@pytest.mark.parametrize("raw,kwargs,match", [
+    (["0", "1", "0.5"], {}, r"f\.tsv:4: label '0\.5' is fractional but the other labels are integer classes"),
+    (["0", "0.5"], {"num_labels": 2}, r"f\.tsv:3: label '0\.5' is fractional but num_labels=2 asks for class ids"),
+    (["0", "0.5"], {"label_names": ["a", "b"]}, r"f\.tsv:3: label '0\.5' is not one of label_names"),
+    (["0", "1", "2"], {"label_names": ["a", "b"]}, r"f\.tsv:4: label '2' is not one of label_names \['a', 'b'\] nor a class id 0\.\.1"),
+    (["0", "nan"], {}, r"f\.tsv:3: label 'nan' is not a finite number"),
+    (["1", "inf"], {"num_labels": 1}, r"f\.tsv:3: label 'inf' is not a finite number"),
+    ([0, None], {}, r"f\.tsv:3: label is null"),
+    ([True, 0], {}, r"f\.tsv:2: label true is a boolean"),
+    ([[1], 0], {}, r"f\.tsv:2: label \[1\] is a JSON list"),
+    (["0", " "], {}, r"f\.tsv:3: empty label"),
+    (["0", "-1"], {}, r"f\.tsv:3: label -1 is negative"),
+    (["0", "3"], {"num_labels": 3}, r"f\.tsv:3: label 3 is outside the num_labels=3 classes 0\.\.2"),
+    (["label", "0", "1"], {}, r"f\.tsv:2: label 'label' is not a number but the other labels are numbers \(a header line"),
+    (["pos", "neg", "1"], {}, r"f\.tsv:4: label '1' is a number but the other labels are class names"),
+    (["pos", "x"], {"num_labels": 1}, r"f\.tsv:2: label 'pos' is not a number; num_labels=1 means regression"),
+    (["pos", "pos"], {}, r"f\.tsv: every label is 'pos': a classifier needs two or more classes"),
+    (["a", "b", "c"], {"num_labels": 2}, r"f\.tsv: 3 class names \['a', 'b', 'c'\] but num_labels=2"),
+])
+def test_convert_labels_errors_name_the_line(raw, kwargs, match):
+    from bert_kit.data.classification import convert_labels
+
+    with pytest.raises(ValueError, match=match):
+        convert_labels(raw, LOC[: len(raw)], **kwargs)

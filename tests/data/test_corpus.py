@@ -70,7 +70,7 @@ def test_jsonl_reader_and_errors(tmp_path):
         read_documents(bad)
     wrong_type = tmp_path / "num.jsonl"
     wrong_type.write_text('{"text": 5}\n', encoding="utf-8")
-    with pytest.raises(TypeError, match=r"num\.jsonl:1: field 'text' is int"):
+    with pytest.raises(ValueError, match=r"num\.jsonl:1: field 'text' is int"):
         read_documents(wrong_type)
 
 
@@ -228,3 +228,47 @@ def test_sentence_cache_keeps_document_and_sentence_boundaries(small_corpus, tmp
     assert plain.groups is None and plain.num_documents == len(docs)
     with pytest.raises(ValueError, match="sentences=True"):
         plain.sentence_documents()
+
+
+# ------------------------------------------------------------------------------ WikiText <unk>, encodings
+
+
+def test_wikitext_unk_is_the_tokenizers_unknown_token(wikitext_valid, tokenizer, tmp_path):
+    lines = wikitext_valid.read_text(encoding="utf-8").splitlines()
+    raw = "\n".join(ln for ln in lines if not corpus._is_heading(ln.strip()))  # headings are dropped
+    docs = read_documents(wikitext_valid, mode="wikitext")
+    text = "\n".join(docs)
+    assert "<unk>" not in text and text.count("[UNK]") == raw.count("<unk>") > 500
+    assert "<unk>" in read_documents(wikitext_valid, mode="blank_line")[1]  # other formats keep the text as is
+    cache = tokenize_to_cache(wikitext_valid, tokenizer, tmp_path / "cache", mode="wikitext", progress=False)
+    ids = np.asarray(cache.tokens)
+    lt, gt = tokenizer.convert_tokens_to_ids(["<", ">"])
+    assert int((ids == tokenizer.unk_token_id).sum()) == raw.count("<unk>")  # one [UNK] per <unk>
+    # the only "<" and ">" left are the ones the articles really contain
+    assert int((ids == lt).sum()) == raw.count("<") - raw.count("<unk>")
+    assert int((ids == gt).sum()) == raw.count(">") - raw.count("<unk>")
+
+
+def test_wikitext_unk_in_a_stream_and_with_another_unknown_token(tmp_path, tokenizer):
+    path = tmp_path / "wiki.txt"
+    path.write_text(" = Title = \n the <unk> sat on the <unk> \n", encoding="utf-8")
+    stream = StreamingTextDataset(path, tokenizer, max_length=16, mode="wikitext", shuffle=False)
+    ids = next(iter(stream))["input_ids"]
+    assert ids == tokenizer.encode("the [UNK] sat on the [UNK]")
+    assert ids.count(tokenizer.unk_token_id) == 2
+    assert read_documents(path, mode="wikitext", wikitext_unk="<UNKNOWN>") == ["the <UNKNOWN> sat on the <UNKNOWN>"]
+
+
+def test_corpus_byte_order_mark_crlf_and_bad_bytes(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"\xef\xbb\xbffirst doc\r\n\r\nsecond doc\r\n")
+    assert read_documents(path) == ["first doc", "second doc"]
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n{"text": "b"}\r\n')
+    assert read_documents(jsonl) == ["a", "b"]
+    path.write_bytes(b"good line\n\nbad \xff line\n")
+    with pytest.raises(ValueError, match=r"corpus\.txt:3: not UTF-8 text \(byte 0xff at column 5\)"):
+        read_documents(path)
+    stream = StreamingTextDataset(path, mode="line", shuffle=False)
+    with pytest.raises(ValueError, match=r"corpus\.txt:3: not UTF-8 text"):
+        list(stream)

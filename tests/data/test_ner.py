@@ -71,7 +71,8 @@ def test_docstart_separates_sentences(tmp_path):
 
 @pytest.mark.parametrize("text,kwargs,match", [
     ("EU NNP B-ORG\nrejects\n", {}, r"bad\.txt:2: expected a word and a tag"),
-    ("EU NNP B-ORG\n\nx B-PER\n", {"tag_column": 2}, r"bad\.txt:3: no tag column 2"),
+    ("EU B-ORG\n\nx B-PER\n", {"tag_column": 2}, r"bad\.txt:1: no tag_column 2"),
+    ("EU NNP B-ORG\n\nx B-PER\n", {}, r"bad\.txt:3: 2 columns but line 1 has 3"),
     ("EU NNP B-ORG\n", {"tag_column": 0}, r"bad\.txt:1: tag column 0 is the word"),
 ])
 def test_malformed_conll_names_file_and_line(tmp_path, text, kwargs, match):
@@ -188,3 +189,44 @@ def test_dataset_errors_and_unlabelled_text(tokenizer):
         NERDataset([(["a", "b"], ["O"])], tokenizer, LABELS)
     ds = NERDataset([(["Hello", "Berlin"], None)], tokenizer, LABELS)
     assert set(ds[0]["labels"]) == {IGNORE_INDEX} and ds.word_ids[0] == [None, 0, 1, None]
+
+
+# ------------------------------------------------------------------------------ layouts
+
+
+@pytest.mark.parametrize("text", [
+    "EU NNP B-ORG\nrejects VBZ O\n\nPeter NNP B-PER\n",  # CoNLL-2003: single spaces
+    "EU\tNNP\tB-ORG\nrejects\tVBZ\tO\n\nPeter\tNNP\tB-PER\n",  # tabs
+    "EU    NNP  B-ORG\n rejects VBZ\t O \n  \nPeter NNP B-PER",  # runs of spaces, blank line of spaces, no final LF
+    "\ufeffEU NNP B-ORG\r\nrejects VBZ O\r\n\r\nPeter NNP B-PER\r\n",  # byte-order mark and CRLF
+    "\ufeff-DOCSTART- -X- -X- O\n\nEU NNP B-ORG\nrejects VBZ O\n\nPeter NNP B-PER\n",  # BOM before -DOCSTART-
+])
+def test_conll_any_whitespace_bom_and_crlf(tmp_path, text):
+    assert read_conll(write(tmp_path, "x.conll", text)) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter"], ["B-PER"])]
+
+
+def test_conll_word_and_tag_columns(tmp_path):
+    path = write(tmp_path, "cols.tsv", "1\tEU\tB-ORG\tNNP\n2\trejects\tO\tVBZ\n")
+    assert read_conll(path, tag_column=2, word_column=1) == [(["EU", "rejects"], ["B-ORG", "O"])]
+    assert read_conll(path, tag_column=-2, word_column=-3) == [(["EU", "rejects"], ["B-ORG", "O"])]
+    with pytest.raises(ValueError, match=r"cols\.tsv:1: no word_column 4"):
+        read_conll(path, word_column=4)
+
+
+def test_conll_tags_checked_against_label_names(tmp_path):
+    path = write(tmp_path, "tags.txt", "EU B-ORG\nrejects O\n\nPeter B-PERSON\n")
+    assert len(read_conll(path, label_names=["O", "B-ORG", "B-PERSON"])) == 2
+    with pytest.raises(ValueError, match=r"tags\.txt:4: tag 'B-PERSON' is not one of label_names \['O', 'B-ORG'\]"):
+        read_conll(path, label_names=["O", "B-ORG"])
+
+
+@pytest.mark.parametrize("data,match", [
+    (b"", r"empty\.txt: no sentences"),
+    (b"-DOCSTART- -X- O\n\n", r"empty\.txt: no sentences"),
+    (b"EU NNP B-ORG\nna\xefve JJ O\n", r"empty\.txt:2: not UTF-8 text \(byte 0xef at column 3\)"),
+])
+def test_conll_empty_and_non_utf8(tmp_path, data, match):
+    path = tmp_path / "empty.txt"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=match):
+        read_conll(path)

@@ -215,3 +215,79 @@ def test_feature_errors_and_loader(sample, tokenizer):
     eval_batch = next(iter(create_squad_dataloader(
         prepare_eval_features(sample[:4], tokenizer), batch_size=4, shuffle=False)))
     assert set(eval_batch) == {"input_ids", "token_type_ids", "attention_mask"}
+
+
+# ------------------------------------------------------------------------------ answer checks
+
+CONTEXT = "The Normans were a people in Normandy, France."
+
+
+def squad_file(tmp_path, qas, context=CONTEXT, name="qa.json", raw=None):
+    doc = {"version": "1.1", "data": [{"title": "Normans", "paragraphs": [{"context": context, "qas": qas}]}]}
+    path = tmp_path / name
+    path.write_text(raw if raw is not None else json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def qa(qid, text="Normans", start=4, **extra):
+    return {"id": qid, "question": "Who?", "answers": [{"text": text, "answer_start": start}], **extra}
+
+
+def test_good_answers_bom_and_integral_float_offsets(tmp_path):
+    path = squad_file(tmp_path, [qa("a"), qa("b", "Normandy", 29.0)])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    examples = read_squad(path)
+    assert [ex["answers"] for ex in examples] == [[{"text": "Normans", "answer_start": 4}],
+                                                 [{"text": "Normandy", "answer_start": 29}]]
+    assert type(examples[1]["answers"][0]["answer_start"]) is int
+
+
+@pytest.mark.parametrize("bad,match", [
+    (qa("q1", start=60), r"question 'q1' \(data\[0\]\.paragraphs\[0\]\.qas\[0\]\.answers\[0\]\): answer_start 60 "
+                         r"is outside the context \(46 characters\)"),
+    (qa("q1", start=-1), r"question 'q1' .*answer_start -1 is outside the context"),
+    (qa("q1", start=5), r"question 'q1' .*answer 'Normans' does not match the context at answer_start 5 \('ormans "),
+    (qa("q1", "normans"), r"answer 'normans' does not match the context at answer_start 4 \('Normans'\)"),
+    (qa("q1", start=4.5), r"question 'q1' .*answer_start 4\.5 is not a whole character offset"),
+    (qa("q1", " "), r"question 'q1' .*the answer text is empty"),
+])
+def test_bad_answers_are_errors_naming_the_question(tmp_path, bad, match):
+    path = squad_file(tmp_path, [bad])
+    with pytest.raises(ValueError, match=r"qa\.json: .*" + match + r".*skip_bad_answers=true"):
+        read_squad(path)
+
+
+def test_skip_bad_answers_counts_and_drops(tmp_path, capsys):
+    two = {"id": "two", "question": "Where?", "answers": [{"text": "France", "answer_start": 0},
+                                                          {"text": "France", "answer_start": 39}]}
+    path = squad_file(tmp_path, [qa("good"), qa("bad", start=9), two, {"id": "none", "question": "?", "answers": []}])
+    examples = read_squad(path, skip_bad_answers=True)
+    assert [ex["id"] for ex in examples] == ["good", "two", "none"]  # "bad" lost its only answer
+    assert examples[1]["answers"] == [{"text": "France", "answer_start": 39}]
+    assert "qa.json: skipped 2 answer(s) that do not match their context; dropped 1 question(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("qas,match", [
+    ([qa("d"), qa("d")], r"question id 'd' appears twice \(data\[0\]\.paragraphs\[0\]\.qas\[0\] and .*qas\[1\]\)"),
+    ([qa("a", start="4")], r"qas\[0\]\.answers\[0\]\.answer_start should be an integer or a number, got a string"),
+    ([qa("a", start=True)], r"answer_start should be an integer or a number, got a boolean"),
+    ([qa("a", text=7)], r"answers\[0\]\.text should be a string, got an integer"),
+    ([{"id": "a", "question": None, "answers": []}], r"qas\[0\]\.question should be a string, got null"),
+    ([{"id": ["a"], "question": "q", "answers": []}], r"qas\[0\]\.id should be a string or an integer, got an array"),
+    ([{"id": "a", "question": "q", "answers": {"text": "x"}}], r"qas\[0\]\.answers should be an array, got an object"),
+    (["not a question"], r"qas\[0\] should be a JSON object, got a string"),
+])
+def test_fields_of_the_wrong_type(tmp_path, qas, match):
+    with pytest.raises(ValueError, match=r"qa\.json: .*" + match):
+        read_squad(squad_file(tmp_path, qas))
+
+
+def test_wrong_types_higher_up(tmp_path):
+    with pytest.raises(ValueError, match=r"top level\.data should be an array, got an object"):
+        read_squad(squad_file(tmp_path, [], raw='{"data": {}}'))
+    with pytest.raises(ValueError, match=r"data\[0\]\.paragraphs\[0\]\.context should be a string, got an integer"):
+        read_squad(squad_file(tmp_path, [], context=5))
+    path = tmp_path / "latin1.json"
+    path.write_bytes('{"data": [{"title": "Caf\u00e9"}]}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.json:1: not UTF-8 text \(byte 0xe9 at column 25\)"):
+        read_squad(path)

@@ -13,6 +13,7 @@ from bert_kit.data.sts import (
     cosine_similarity_scores,
     create_sts_dataloader,
     evaluate_sts_predictions,
+    read_pair_file,
     read_sts,
 )
 
@@ -58,6 +59,8 @@ GOOD = "g\tf\t2012\t0001\t4.0\tA cat.\tA dog.\n"
     ("g\tf\t2012\t0002\t3.5\tonly one sentence\n", r"sts-bad\.csv:2: expected at least 7"),
     ("g\tf\t2012\t0002\tabc\ts1\ts2\n", r"sts-bad\.csv:2: score 'abc' \(field 5\) is not a number"),
     ("g\tf\t2012\t0002\tnan\ts1\ts2\n", r"sts-bad\.csv:2: score 'nan' is not finite"),
+    ("g\tf\t2012\t0002\t5.2\ts1\ts2\n", r"sts-bad\.csv:2: score '5\.2' is outside the score range \[0, 5\]"),
+    ("g\tf\t2012\t0002\t-0.1\ts1\ts2\n", r"sts-bad\.csv:2: score '-0\.1' is outside the score range"),
 ])
 def test_malformed_sts_names_file_and_line(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -107,3 +110,51 @@ def test_cosine_similarity_scores():
     torch.testing.assert_close(torch.from_numpy(cosine_similarity_scores(a, b)), ref,
                                rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(cosine_similarity_scores(a, a), np.ones(6), rtol=1e-12)
+
+
+def test_sts_file_with_bom_crlf_and_a_declared_range(tmp_path):
+    path = tmp_path / "sts.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.replace("4.0", "4.5").replace("\n", "\r\n").encode())
+    assert read_sts(path) == (["A cat."], ["A dog."], [4.5])
+    with pytest.raises(ValueError, match=r"sts\.csv:1: score '4\.5' is outside the score range \[1, 4\]"):
+        read_sts(path, score_range=(1, 4))
+
+
+PAIRS = "id,left,right,similarity,fold\n1,a cat sits,a cat is sitting,4.5,train\n2,a man runs,rain falls,1,test\n" \
+        "3,two dogs,dogs play,3.25,train\n"
+
+
+def test_pair_file_with_named_columns_range_and_split_column(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text(PAIRS, encoding="utf-8")
+    s1, s2, scores = read_pair_file(path, "left", "right", "similarity", (1, 5), where={"fold": "train"})
+    assert (s1, s2, scores) == (["a cat sits", "two dogs"], ["a cat is sitting", "dogs play"], [4.5, 3.25])
+    s1, s2, scores = read_pair_file(path, 1, 2, None, header=True, where={4: "test"})  # by index, unscored
+    assert (s1, s2, scores) == (["a man runs"], ["rain falls"], None)
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"a": "x", "b": "y", "s": 5}\n{"a": "p", "b": "q", "s": 1.5}\n', encoding="utf-8")
+    assert read_pair_file(jsonl, "a", "b", "s", (1, 5)) == (["x", "p"], ["y", "q"], [5.0, 1.5])
+
+
+@pytest.mark.parametrize("row,match", [
+    ("4,a,b,0.5,train", r"pairs\.csv:5: score '0\.5' is outside the score range \[1, 5\]"),
+    ("4,a,b,5.5,train", r"pairs\.csv:5: score '5\.5' is outside the score range \[1, 5\]"),
+    ("4,a,b,high,train", r"pairs\.csv:5: score 'high' is not a number"),
+    ("4,a,b,,train", r"pairs\.csv:5: score '' is not a number"),
+    ("4,a,b,inf,train", r"pairs\.csv:5: score 'inf' is not finite"),
+])
+def test_pair_file_bad_scores_name_the_line(tmp_path, row, match):
+    path = tmp_path / "pairs.csv"
+    path.write_text(PAIRS + row + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=match):
+        read_pair_file(path, "left", "right", "similarity", (1, 5))
+
+
+def test_pair_file_json_types(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"a": "x", "b": "y", "s": true}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p\.jsonl:1: score True is not a number"):
+        read_pair_file(path, "a", "b", "s")
+    path.write_text('{"a": "x", "b": 3, "s": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p\.jsonl:1: column 'b' holds int, expected a sentence"):
+        read_pair_file(path, "a", "b", "s")

@@ -103,7 +103,7 @@ def test_streaming_config_errors(tmp_path, capsys):
     # a file that is not text fails with its name when the stream reaches it
     bad = tmp_path / "binary.txt"
     bad.write_bytes(b"\xff\xfe\x00bad" * 10)
-    with pytest.raises(ValueError, match=r"binary\.txt: not UTF-8"):
+    with pytest.raises(ValueError, match=r"binary\.txt:1: not UTF-8 text \(byte 0xff at column 1\)"):
         list(StreamingTextDataset(bad))
 
 
