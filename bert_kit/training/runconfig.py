@@ -242,7 +242,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
     data = apply_overrides(data, list(overrides or []), cls)
-    return config_from_dict(cls, data, source if not overrides else f"{source} (+ overrides)")
+    return config_from_dict(cls, data, source if not overrides or path is None else f"{source} (+ overrides)")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

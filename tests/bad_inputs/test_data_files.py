@@ -313,7 +313,7 @@ SETTING_CASES = {
     "label_pattern=(?P<label>\\w+) (?P<txt>.*)": ["has no group named 'text'"],
     "label_pattern=(?P<label>.) (?P<text>.*)|task=token-classification": ["label_pattern reads labels of classification"],
     "delimiter=;;": ["delimiter must be one character (or tab, comma, semicolon, pipe), got ';;'"],
-    "where=train": ["where: expected dict | null, got 'train'"],
+    "where=train": ["where: expected a mapping (key: value), got 'train'"],
     "where={split: {a: 1}}": ["where: the value of 'split' must be a value or a list of values"],
     "validation_where={}": ["validation_where must be a mapping of column to value"],
     "where={split: train}|task=qa": ["where / validation_where filter the rows of TSV/CSV/JSONL files", "task qa"],
@@ -455,7 +455,7 @@ def test_skip_bad_answers_trains_on_the_good_ones(cli, folders, tmp_path):
               "--output", "r.json")
     assert out.code == 0, out.err
     assert "train.json: skipped 1 answer(s) that do not match their context; dropped 1 question(s)" in out.err
-    assert json.loads((tmp_path / "r.json").read_text())["train_features"] == 2
+    assert json.loads((tmp_path / "r.json").read_text())["num_train_features"] == 2
 
 
 def test_unicode_line_separator_inside_a_line_is_one_prediction(cli, folders, tmp_path):

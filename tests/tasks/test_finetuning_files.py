@@ -67,7 +67,7 @@ def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_mo
     path, rows = pair_file
     results = finetune(run_config(tiny_model, tmp_path, train_file=str(path), validation_file=str(path), max_steps=4,
                                   **PAIR_SETTINGS))
-    assert (results["train_examples"], results["eval_examples"]) == (64, 32)  # the split column, read
+    assert (results["num_train_examples"], results["num_eval_examples"]) == (64, 32)  # the split column, read
     assert results["steps"] == 4 and set(results["best_metrics"]) >= {"pearson", "spearman", "mse"}
     best = tmp_path / "run" / "best"
     assert read_model_metadata(best)["score_range"] == [1.0, 5.0]
@@ -121,7 +121,7 @@ def test_classification_from_a_headerless_bom_crlf_tsv_and_labels_in_the_text(ti
     pattern = r"__label__(?P<label>\w+) (?P<text>.*)"
     results = finetune(run_config(tiny_model, tmp_path, train_file=str(train), text_column=1, label_column=0,
                                   max_steps=3))
-    assert results["train_examples"] == 40
+    assert results["num_train_examples"] == 40
     best = tmp_path / "run" / "best"
     assert read_model_metadata(best)["label_names"] == ["neg", "pos"]
 
