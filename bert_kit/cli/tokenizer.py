@@ -43,7 +43,8 @@ def _train(args: argparse.Namespace) -> int:
     files = resolve_files(args.files)  # names a missing file before any work
     start = time.time()
     opts = dict(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)
-    if args.format in ("text", "lines"):
+    compressed = any(f.suffix.lower() in (".xz", ".lzma", ".gz", ".bz2") for f in files)
+    if args.format in ("text", "lines") and not compressed:
         for f in files:  # the Rust reader's errors name no file: a binary or non-UTF-8 file, by line
             check_text_file(f)
         tokenizer = train_tokenizer([str(f) for f in files], **opts)  # the Rust reader: fast, parallel

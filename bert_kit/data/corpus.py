@@ -72,11 +72,26 @@ def resolve_files(path: PathLike | Sequence[PathLike]) -> list[Path]:
     return [p]
 
 
+# compressed corpus files are read through these, by their last suffix
+_OPENERS = {".xz": "lzma", ".lzma": "lzma", ".gz": "gzip", ".bz2": "bz2"}
+
+
+def _open_binary(path: Path) -> Any:
+    """A file opened for reading bytes; .xz, .gz and .bz2 files are decompressed on the fly."""
+    opener = _OPENERS.get(path.suffix.lower())
+    if opener is None:
+        return open(path, "rb")
+    import importlib
+
+    return importlib.import_module(opener).open(path, "rb")
+
+
 def _mode_for(path: Path, mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown corpus mode {mode!r}; expected one of {MODES}")
     if mode == "auto":
-        return "jsonl" if path.suffix.lower() in (".jsonl", ".json") else "blank_line"
+        suffixes = [s.lower() for s in path.suffixes if s.lower() not in _OPENERS]
+        return "jsonl" if suffixes and suffixes[-1] in (".jsonl", ".json") else "blank_line"
     return mode
 
 
@@ -88,7 +103,7 @@ def _is_heading(line: str) -> bool:
 def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a text file read lazily; a byte-order mark is dropped and bytes that
     do not decode are a ValueError naming the file and line (a corpus may be too big to read whole)."""
-    with open(path, "rb") as f:
+    with _open_binary(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 line = raw.decode(encoding)
@@ -148,7 +163,8 @@ def iter_documents(
     "wikitext" (a ' = Title = ' line starts an article; headings dropped; every `<unk>` becomes
     `wikitext_unk`, the tokenizer's unknown token, so it is one [UNK] and not `<`, `unk`, `>`),
     "jsonl" (one JSON object per line, text under `text_field`), "auto" (jsonl for .jsonl/.json,
-    else blank_line). Empty documents are skipped. A byte-order mark is ignored; a line that is
+    else blank_line). Files ending in .xz, .gz or .bz2 are decompressed as they are read (the
+    mode looks at the suffix before it). Empty documents are skipped. A byte-order mark is ignored; a line that is
     not `encoding` text raises ValueError naming the file and line.
     """
     for file in resolve_files(path):

@@ -110,7 +110,8 @@ class PretrainingJob(Job):
         whole_model = cfg.compile and not sharded
         if cfg.compile:
             compile_model(model if whole_model else model.bert, cfg, self.device)  # in place: same state-dict keys
-        self.slots = 0.2 if whole_model else None
+        # a few more slots than the masking rate fills: in practice never exceeded, so never a new shape
+        self.slots = cfg.mask_probability + 0.05 if whole_model else None
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every

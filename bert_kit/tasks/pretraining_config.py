@@ -53,7 +53,7 @@ class PretrainConfig(RunSettings):
     # hardware
     compile: bool = False
     """torch.compile the model with static shapes: batches padded to max_length, masked positions
-    gathered into fixed prediction slots (20% of the tokens), the MLM loss compiled too (with
+    gathered into fixed prediction slots (mask_probability + 5% of the tokens), the MLM loss compiled too (with
     parallel=fsdp on several ranks: the encoder only)"""
     cuda_graphs: bool = False  # with compile on one GPU: replay the compiled steps as CUDA graphs (grad_accum 1)
     compile_tuning: bool = False  # with compile: Triton kernels tuned by benchmarking (+2-3%, minutes to compile)

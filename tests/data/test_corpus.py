@@ -272,3 +272,22 @@ def test_corpus_byte_order_mark_crlf_and_bad_bytes(tmp_path):
     stream = StreamingTextDataset(path, mode="line", shuffle=False)
     with pytest.raises(ValueError, match=r"corpus\.txt:3: not UTF-8 text"):
         list(stream)
+
+
+def test_compressed_corpus_files_are_read_as_they_are_distributed(tmp_path):
+    """JSON Lines compressed with xz (as ../shared/corpus ships it), gzip and bz2 text: read lazily,
+    the mode taken from the suffix before the compression one."""
+    import bz2
+    import gzip
+    import lzma
+
+    docs = ["First document.\nIts second paragraph.", "Second document."]
+    with lzma.open(tmp_path / "part.jsonl.xz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": d, "title": str(i)}) + "\n" for i, d in enumerate(docs))
+    (tmp_path / "notes.txt.gz").write_bytes(gzip.compress("\n\n".join(docs).encode()))
+    (tmp_path / "notes.txt.bz2").write_bytes(bz2.compress(("\ufeff" + "\n\n".join(docs)).encode()))
+    for name in ("part.jsonl.xz", "notes.txt.gz", "notes.txt.bz2"):
+        assert read_documents(tmp_path / name) == docs, name
+    (tmp_path / "bad.txt.gz").write_bytes(gzip.compress(b"ok line\n\xff\xfe bad\n"))
+    with pytest.raises(ValueError, match=r"bad.txt.gz:2: not UTF-8"):
+        read_documents(tmp_path / "bad.txt.gz")

@@ -1,0 +1,148 @@
+"""Does pretraining with bert-kit pay off downstream? A budgeted run, then fine-tuning, beside a control.
+
+In one GPU session:
+1. `bert-kit tokenizer train` on a sample of the corpus (a one-off step, timed apart);
+2. `bert-kit pretrain --config configs/pretrain_cram.yaml` (time_budget, default 6 minutes of wall
+   time, start-up and compilation included);
+3. held-out MLM loss of final/ on the corpus's held-out parts and on WikiText-2 test (the same
+   masking rate as training, fixed seed);
+4. final/ loads in `transformers.BertModel` with the same hidden states (max abs difference);
+5. `bert-kit finetune` with the shipped configs (SST-2, STS-B cross-encoder, CoNLL-2003) on the
+   pretrained model and, as the control, on the same architecture from random initialisation
+   (`model=bert-medium tokenizer=<the run's tokenizer>`), each as its own process.
+One table at the end: pretrained vs control, with the time of every step.
+
+    python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
+    python benchmarks/pretrain_transfer.py ... --only control      # the control runs alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TASKS = {  # task -> (config, train, validation, metric file for a test split or None)
+    "sst2": ("finetune_sst2.yaml", "sst2/train.tsv", "sst2/dev.tsv"),
+    "stsb": ("finetune_stsb.yaml", "stsb/sts-train.csv", "stsb/sts-dev.csv"),
+    "conll": ("finetune_conll.yaml", "conll2003/train.txt", "conll2003/valid.txt"),
+}
+
+
+def command(cmd: list[str], log: Path) -> float:
+    """Run a command as its own process; its wall time. A failure stops the benchmark with its log."""
+    t0 = time.time()
+    with open(log, "w") as f:
+        code = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        sys.exit(f"{' '.join(map(str, cmd))} failed ({code}):\n{log.read_text()[-3000:]}")
+    return time.time() - t0
+
+
+def heldout_mlm(folder: Path, files: list[Path], mode: str, mask_probability: float, cache: Path) -> dict:
+    """MLM loss / accuracy of `folder` on `files` (documents packed into 128-token blocks)."""
+    import torch
+
+    from bert_kit.data.corpus import tokenize_to_cache
+    from bert_kit.data.masking import DataCollatorForMLM
+    from bert_kit.data.pretraining import PackedDataset
+    from bert_kit.heads import BERTForMaskedLM
+    from bert_kit.tokenizer import get_tokenizer
+    from bert_kit.training.losses import compute_mlm_loader_loss
+
+    tokenizer = get_tokenizer(folder)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = BERTForMaskedLM.from_pretrained(folder).to(device)
+    data = PackedDataset(tokenize_to_cache(files, tokenizer, cache, mode, progress=False), 128, tokenizer=tokenizer)
+    collator = DataCollatorForMLM(tokenizer, mask_probability, seed=1234)
+    loader = torch.utils.data.DataLoader(data, batch_size=128, collate_fn=collator)
+    return compute_mlm_loader_loss(model, loader, device, autocast_dtype=torch.bfloat16 if device == "cuda" else None)
+
+
+def transformers_parity(folder: Path) -> float:
+    """Max abs difference of the last hidden states, bert-kit vs transformers.BertModel, fp32."""
+    import torch
+    import transformers
+
+    from bert_kit import BERTModel, get_tokenizer
+
+    tokenizer = get_tokenizer(folder)
+    batch = tokenizer(["The cat sat on the mat.", "A longer second sentence, to give the batch some padding."],
+                      return_tensors="pt")
+    ours = BERTModel.from_pretrained(folder).eval()
+    theirs = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        a = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        b = theirs(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    return float((a[mask] - b[mask]).abs().max())
+
+
+def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) -> dict:
+    config, train, dev = TASKS[task]
+    out = args.work / f"{tag}-{task}"
+    wall = command([sys.executable, "-m", "bert_kit", "finetune", "--config", ROOT / "configs" / config, *model,
+                    f"train_file={args.data_dir / train}", f"validation_file={args.data_dir / dev}",
+                    f"output_dir={out}", "overwrite=true", *args.finetune_set, "--output",
+                    args.work / f"{tag}-{task}.json"],
+                   args.work / f"{tag}-{task}.log")
+    results = json.loads((args.work / f"{tag}-{task}.json").read_text())
+    return {"metric": results["metric"], "best": results["best_value"], "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, required=True, help="the shared corpus folder (wiki/, gutenberg/, heldout/)")
+    p.add_argument("--data-dir", type=Path, required=True, help="sst2/, stsb/, conll2003/, wikitext-2/")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "transfer")
+    p.add_argument("--budget", default="6m")
+    p.add_argument("--tasks", default="sst2,stsb,conll")
+    p.add_argument("--only", choices=("all", "pretrained", "control"), default="all")
+    p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
+    p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
+    args = p.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    tokenizer, run = args.work / "tokenizer", args.work / "pretrain"
+    report: dict = {"budget": args.budget}
+    if args.only in ("all", "pretrained"):
+        sample = [args.corpus / "wiki" / f"part-00{i}.jsonl.xz" for i in (0, 1)] + \
+                 [args.corpus / "gutenberg" / f"part-00{i}.jsonl.xz" for i in (0, 1)]
+        report["tokenizer_s"] = round(command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
+                                               "--format", "jsonl", "--vocab-size", "32768", "--output", tokenizer],
+                                              args.work / "tokenizer.log"), 1)
+        report["pretrain_wall_s"] = round(command(
+            [sys.executable, "-m", "bert_kit", "pretrain", "--config", ROOT / "configs" / "pretrain_cram.yaml",
+             f"tokenizer={tokenizer}", f"train_files=[{args.corpus / 'wiki'}, {args.corpus / 'gutenberg'}]",
+             f"eval_files=[{args.corpus / 'heldout'}]", f"time_budget={args.budget}", f"output_dir={run}",
+             "overwrite=true", *args.set, "--output", args.work / "pretrain.json"], args.work / "pretrain.log"), 1)
+        pre = json.loads((args.work / "pretrain.json").read_text())
+        report["pretrain"] = {k: pre.get(k) for k in ("steps", "train_tokens", "tokens_per_second", "train_mlm_loss",
+                                                       "test_mlm_loss", "test_mlm_accuracy", "wall_time_s")}
+        final = run / "final"
+        mask = float(next(ln.split(":")[1] for ln in (ROOT / "configs" / "pretrain_cram.yaml").read_text().splitlines()
+                          if ln.startswith("mask_probability")).split("#")[0])
+        cache = args.work / "eval_cache"
+        report["heldout_corpus"] = heldout_mlm(final, [args.corpus / "heldout"], "jsonl", mask, cache)
+        report["wikitext2_test"] = heldout_mlm(final, [args.data_dir / "wikitext-2" / "test.txt"], "wikitext", mask,
+                                               cache)
+        report["transformers_max_abs_diff"] = transformers_parity(final)
+        report["pretrained"] = {t: finetune(t, [f"model={final}"], args, "pretrained") for t in args.tasks.split(",")}
+    if args.only in ("all", "control"):
+        report["control"] = {t: finetune(t, ["model=bert-medium", f"tokenizer={tokenizer}"], args, "control")
+                             for t in args.tasks.split(",")}
+    (args.work / "transfer.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    print(f"\n{'task':<7} {'metric':<9} {'pretrained':>10} {'control':>8}")
+    for t in args.tasks.split(","):
+        a, b = report.get("pretrained", {}).get(t, {}), report.get("control", {}).get(t, {})
+        print(f"{t:<7} {(a or b).get('metric', ''):<9} {a.get('best', float('nan')):>10.4f} {b.get('best', float('nan')):>8.4f}")
+
+
+if __name__ == "__main__":
+    main()
