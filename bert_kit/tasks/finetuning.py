@@ -48,8 +48,9 @@ from bert_kit.training.distributed import (DEFAULT_TIMEOUT_S, all_reduce_mean, a
 from bert_kit.training.optim import create_optimizer, create_scheduler
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.progress import ProgressLogger, plot_losses, truncate_metrics
-from bert_kit.training.runconfig import (config_to_dict, save_config)
-from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
+from bert_kit.training.runconfig import check_run_settings, config_to_dict, save_config
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.model_folder import locate_model, model_config, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
 
@@ -134,22 +135,46 @@ class FinetuneConfig:
             self.unpadded = False
         if self.betas is None:
             self.betas = [0.9, 0.999]
-        for name in ("batch_size", "eval_batch_size", "grad_accum", "max_length", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "keep_last", "num_workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.epochs <= 0 or self.lr <= 0:
-            raise ValueError(f"epochs and lr must be positive, got epochs={self.epochs}, lr={self.lr}")
-        if self.dist_timeout_s <= 0:
-            raise ValueError(f"dist_timeout_s must be positive, got {self.dist_timeout_s}")
-        if not 0 <= self.warmup_fraction < 1:
-            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
-        if len(self.betas) != 2:
-            raise ValueError(f"betas must be two numbers, got {self.betas}")
+        # what each setting may be; the errors name key, value and range (bert_kit/checks.py)
+        check_run_settings(self, {
+            "max_steps": positive(integer=True, optional=True, hint="null: from epochs"),
+            "epochs": positive(),
+            "eval_batch_size": positive(integer=True),
+            "max_length": Range(3, integer=True, hint="room for [CLS] text [SEP]"),
+            "max_train_examples": positive(integer=True, optional=True),
+            "max_eval_examples": positive(integer=True, optional=True),
+            "num_labels": positive(integer=True, optional=True, hint="1 = regression"),
+            "tag_column": Range(integer=True),
+            "doc_stride": non_negative(integer=True),
+            "max_query_length": positive(integer=True),
+            "n_best": positive(integer=True),
+            "max_answer_length": positive(integer=True),
+            "squad_train_articles": positive(integer=True, optional=True),
+            "classifier_dropout": fraction(high_open=True, optional=True),
+        })
+        if self.label_names is not None:
+            names = self.label_names
+            if not names or len(set(map(str, names))) != len(names):
+                raise ConfigError(f"label_names={names!r} must be distinct names, one per label id")
+            if self.num_labels is not None and self.num_labels != len(names):
+                raise ConfigError(f"num_labels={self.num_labels} contradicts the {len(names)} label_names {names}")
+        room = self.max_length - self.max_query_length - 3  # context tokens of a QA window
+        if self.task == "qa" and room < 2:
+            raise ConfigError(f"max_query_length={self.max_query_length} is out of range: a window of max_length "
+                              f"{self.max_length} must also hold [CLS], 2 [SEP] and context tokens: expected an "
+                              f"integer < {self.max_length - 4}")
+        if self.task == "qa" and self.doc_stride >= room:
+            raise ConfigError(f"doc_stride={self.doc_stride} is out of range: expected an integer < {room} "
+                              f"(max_length {self.max_length} - max_query_length {self.max_query_length} - 3 "
+                              "special tokens: the context tokens of a window)")
+        # the sequences must fit the model's position table, when the model is known here
+        try:
+            config = model_config(self.model) if self.model else None
+        except ConfigError:
+            config = None  # an unknown model name: `finetune` names it before reading any data
+        if config is not None and self.max_length > config.max_position_embeddings:
+            raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
+                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
 
 
 def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torch.device) -> Any:

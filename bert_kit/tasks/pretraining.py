@@ -51,11 +51,15 @@ from bert_kit.training.optim import create_optimizer, create_scheduler
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state, make_datasets,  # noqa: F401
                                     make_loader, phase_loaders, prepare_tokenizer)
 from bert_kit.training.progress import ProgressLogger, plot_losses, read_metrics, truncate_metrics
-from bert_kit.training.runconfig import config_to_dict, save_config
+from bert_kit.training.runconfig import check_run_settings, config_to_dict, save_config
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.model_folder import model_config
 from bert_kit.training.losses import compute_mlm_loader_loss, compute_mlm_loss
 
 PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
 TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
+TOKENIZER_TRAIN_RULES = {"vocab_size": Range(6, integer=True, hint="the 5 special tokens and more"),
+                         "min_frequency": non_negative(integer=True), "limit_alphabet": positive(integer=True)}
 
 
 @dataclass
@@ -129,46 +133,60 @@ class PretrainConfig:
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
-        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
-            raise ValueError("cuda_graphs and compile_tuning need compile: true")
-        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
-            raise ValueError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
-                             "overwritten by its next replay, before they could be accumulated")
-        for name in ("batch_size", "grad_accum", "max_steps", "max_length", "log_every", "shuffle_buffer"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "eval_batches", "save_every", "keep_last", "num_workers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.dist_timeout_s <= 0:
-            raise ValueError(f"dist_timeout_s must be positive, got {self.dist_timeout_s}")
-        if not 0 < self.mask_probability < 1:
-            raise ValueError(f"mask_probability must be in (0, 1), got {self.mask_probability}")
-        if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
-            raise ValueError("eval_fraction and warmup_fraction must be in [0, 1)")
-        if len(self.betas) != 2:
-            raise ValueError(f"betas must be two numbers, got {self.betas}")
+        if isinstance(self.output_dir, Path):  # Path objects from Python callers; YAML wants str
+            self.output_dir = str(self.output_dir)
+        # what each setting may be; the errors name key, value and range (bert_kit/checks.py)
+        pairs = "[CLS] A [SEP] B [SEP]" if self.nsp else "[CLS] text [SEP]"
+        check_run_settings(self, {
+            "max_steps": positive(integer=True),
+            "warmup_steps": Range(0, self.max_steps, integer=True, optional=True, hint="at most max_steps"),
+            "max_length": Range(5 if self.nsp else 3, integer=True, hint=f"room for {pairs}"),
+            "eval_fraction": fraction(high_open=True),
+            "shuffle_buffer": positive(integer=True),
+            "mask_probability": fraction(low_open=True, high_open=True),
+            "short_seq_prob": fraction(),
+            "min_lr_ratio": fraction(),
+            "eval_batches": positive(integer=True),
+        })
         for i, phase in enumerate(self.phases):
+            if not isinstance(phase, dict):
+                raise ConfigError(f"phases[{i}]={phase!r} must be a mapping, e.g. {{max_length: 512, fraction: 0.1}}")
             unknown = sorted(set(phase) - set(PHASE_KEYS))
             if unknown:
-                raise ValueError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
-            if not 0 < float(phase.get("fraction", -1)) <= 1:
-                raise ValueError(f"phases[{i}]: needs a fraction in (0, 1], got {phase.get('fraction')!r}")
+                raise ConfigError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
+            fraction(low_open=True).check(f"phases[{i}].fraction", phase.get("fraction"))
+            for key in ("max_length", "batch_size", "grad_accum"):
+                if key in phase:
+                    low = 5 if self.nsp and key == "max_length" else 3 if key == "max_length" else 1
+                    Range(low, integer=True).check(f"phases[{i}].{key}", phase[key])
         if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
-            raise ValueError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+            raise ConfigError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
+            raise ConfigError("cuda_graphs and compile_tuning need compile: true")
+        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+            raise ConfigError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
+                              "overwritten by its next replay, before they could be accumulated")
         if self.streaming and self.nsp:
-            raise ValueError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
-                             "set nsp: false")
+            raise ConfigError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
+                              "set nsp: false")
         if self.streaming and not self.eval_files:
-            raise ValueError("streaming: true needs eval_files (a stream has no tail to hold out with "
-                             "eval_fraction): name held-out text files")
+            raise ConfigError("streaming: true needs eval_files (a stream has no tail to hold out with "
+                              "eval_fraction): name held-out text files")
         if self.train_tokenizer is not None:
             unknown = sorted(set(self.train_tokenizer) - set(TOKENIZER_TRAIN_KEYS))
             if unknown:
-                raise ValueError(f"train_tokenizer: unknown key(s) {unknown}; "
-                                 f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+                raise ConfigError(f"train_tokenizer: unknown key(s) {unknown}; "
+                                  f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+            for key, rule in TOKENIZER_TRAIN_RULES.items():
+                if key in self.train_tokenizer:
+                    rule.check(f"train_tokenizer.{key}", self.train_tokenizer[key])
+        # the longest sequence must fit the model's position table, when the model is known here
+        # (a folder not written yet is checked when the model is built)
+        config = model_config(self.model)
+        longest = max([self.max_length] + [p.get("max_length", self.max_length) for p in self.phases])
+        if config is not None and longest > config.max_position_embeddings:
+            raise ConfigError(f"max_length={longest} is out of range: the model holds "
+                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
 
 
 @dataclass
