@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_kit.cli.errors import check_output_file
 from bert_kit.data import read_lines
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, "--output")
     texts = read_lines(args.input)
     encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)

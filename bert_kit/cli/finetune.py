@@ -9,6 +9,8 @@ from pathlib import Path
 
 import signal
 
+from bert_kit.checks import ConfigError
+from bert_kit.cli.errors import check_output_dir, check_output_file
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
@@ -35,18 +37,20 @@ def load_run_config(args: argparse.Namespace) -> FinetuneConfig:
         data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
         return config_from_dict(FinetuneConfig, apply_overrides(data, overrides, FinetuneConfig), str(args.resume))
     if args.config is None and not args.overrides:
-        raise ValueError("pass --config FILE (and optional key=value overrides); see bert-kit finetune --help")
+        raise ConfigError("pass --config FILE (and optional key=value overrides); see bert-kit finetune --help")
     if args.config is not None and args.task is not None:
         from bert_kit.training.runconfig import read_yaml
 
         in_file = read_yaml(args.config).get("task")
         if in_file is not None and in_file != args.task:
-            raise ValueError(f"--task {args.task} contradicts task: {in_file} in {args.config}")
+            raise ConfigError(f"--task {args.task} contradicts task: {in_file} in {args.config}")
     return load_config(FinetuneConfig, args.config, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args)
+    check_output_dir(cfg.output_dir, "output_dir")  # before any work, not when the results are written
+    check_output_file(args.output, "--output")
     main = True
     try:
         results = finetune(cfg, resume=args.resume)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import signal
 
+from bert_kit.checks import ConfigError
+from bert_kit.cli.errors import check_output_dir, check_output_file
 from bert_kit.tasks.pretraining import PretrainConfig, pretrain
 from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
 from bert_kit.training.distributed import DistributedError, cleanup, is_main
@@ -32,9 +34,11 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = config_from_dict(PretrainConfig, apply_overrides(data, args.overrides, PretrainConfig), str(args.resume))
     elif args.config is None and not args.overrides:
-        raise ValueError("pass --config FILE (and optional key=value overrides); see bert-kit pretrain --help")
+        raise ConfigError("pass --config FILE (and optional key=value overrides); see bert-kit pretrain --help")
     else:
         cfg = load_config(PretrainConfig, args.config, args.overrides)
+    check_output_dir(cfg.output_dir, "output_dir")  # before any work, not when the results are written
+    check_output_file(args.output, "--output")
     main = True
     try:
         results = pretrain(cfg, resume=args.resume)
