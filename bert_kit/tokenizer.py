@@ -29,7 +29,7 @@ from typing import Any
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordPiece
 
-from bert_kit.checks import read_json, read_text
+from bert_kit.checks import read_json, read_text, writing
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -196,7 +196,8 @@ class WordPieceTokenizer:
         """Write tokenizer.json, vocab.txt and tokenizer_config.json (loadable by HF too)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(folder / "tokenizer.json"))
+        with writing(folder / "tokenizer.json"):  # the Rust writer reports a full disk without the file
+            self.backend.save(str(folder / "tokenizer.json"))
         by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
         if [i for _, i in by_id] != list(range(len(by_id))):
             raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import tempfile
 from pathlib import Path, PurePath
 from typing import Any
@@ -34,6 +35,9 @@ def describe(exc: BaseException) -> tuple[int, str]:
         return FAILURE, describe_os_error(exc)
     if isinstance(exc, OSError):  # raised with a message of ours (e.g. "config file not found: ...")
         return FAILURE, one_line(str(exc))
+    code = re.search(r"\(os error (\d+)\)", str(exc))  # an I/O error from Rust (tokenizers, safetensors)
+    if code:
+        return FAILURE, describe_os_error(OSError(int(code.group(1)), str(exc), _path_in_traceback(exc)))
     if isinstance(exc, UnicodeDecodeError):
         where = _path_in_traceback(exc)
         return FAILURE, (f"{where or 'an input file'} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
@@ -83,8 +87,9 @@ def one_line(message: str) -> str:
 
 def _path_in_traceback(exc: BaseException) -> str | None:
     """The file a failed read or write was working on, when the error does not say: Python
-    reports a full disk as OSError(ENOSPC) and a decode error without the file name. Looks for an
-    open file object, or the Path of a pathlib method, in the innermost frames first."""
+    reports a full disk as OSError(ENOSPC) and a decode error without the file name. Looks, in
+    the innermost frames first, for an open file object among the locals or held by `self`
+    (e.g. a logger's file), or the Path whose pathlib method failed."""
     frames = []
     tb = exc.__traceback__
     while tb is not None:
@@ -92,10 +97,12 @@ def _path_in_traceback(exc: BaseException) -> str | None:
         tb = tb.tb_next
     for frame in reversed(frames):
         for name, value in frame.f_locals.items():
-            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
-                return value.name
             if name == "self" and isinstance(value, PurePath):
                 return str(value)
+            held = list(vars(value).values()) if name == "self" and hasattr(value, "__dict__") else []
+            for candidate in [value, *held]:
+                if isinstance(candidate, io.IOBase) and isinstance(getattr(candidate, "name", None), str):
+                    return candidate.name
     return None
 
 
