@@ -306,8 +306,8 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: to
     if token_type_ids is not None:
         stats += [token_type_ids.min(), token_type_ids.max()]
     if attention_mask is not None:
-        m = attention_mask
-        stats += [((m != 0) & (m != 1)).any(), (m != 0).sum(dim=1).min()]  # non-0/1 values; emptiest row
+        nonzero = attention_mask != 0
+        stats += [(nonzero & (attention_mask != 1)).any(), nonzero.sum(dim=1).min()]  # not 0/1; emptiest row
     values = torch.stack([s.long() for s in stats]).tolist()
     lo, hi = values[0], values[1]
     if lo < 0 or hi >= config.vocab_size:

@@ -274,3 +274,21 @@ def test_bert_config_numbers_written_as_text_in_a_file(tmp_path):
     path.write_text("preset: bert-tiny\nlayer_norm_eps: 1e-5\nmax_position_embeddings: '128'\n")
     config = BertConfig.from_file(path)
     assert config.layer_norm_eps == 1e-5 and config.max_position_embeddings == 128
+
+
+def test_input_checks_read_the_device_once(model, monkeypatch):
+    """check_inputs stays cheap: on a valid batch it reads values back from the device once (each
+    read waits for a GPU), whatever it checks; only a failing check reads more, to name the culprit."""
+    from bert_kit.model import check_inputs
+
+    reads = []
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            reads.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    check_inputs(model.config, IDS, MASK, torch.zeros_like(IDS))
+    assert reads == ["tolist"]
