@@ -198,8 +198,10 @@ def load_torch_file(file: str | Path, mmap: bool = False) -> Any:
         raise CorruptFileError(f"{file} is empty: it was not written completely")
     is_zip = zipfile.is_zipfile(file)
     with open(file, "rb") as f:
-        head = f.read(1)
-    if not is_zip and head != b"\x80":  # torch.save writes a zip; legacy files start with a pickle opcode
+        head = f.read(4)
+    if not is_zip and head == b"PK\x03\x04":  # torch.save writes a zip, whose index comes last
+        raise CorruptFileError(f"{file} is truncated: its zip archive has no end (it was not written completely)")
+    if not is_zip and head[:1] != b"\x80":  # legacy files start with a pickle opcode
         raise CorruptFileError(f"{file} is truncated or corrupt: it is neither a PyTorch (zip) file nor a pickle")
     mmap = mmap and is_zip  # a legacy (pickle) file cannot be mapped: read it
     try:
