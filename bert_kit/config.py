@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bert_kit.checks import ConfigError, CorruptFileError, check_settings, fraction, non_negative, positive, read_json, read_text
+
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import.
 _HF_IGNORED_KEYS = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "gradient_checkpointing",
@@ -23,6 +25,17 @@ _HF_IGNORED_KEYS = {
 }
 _ACTIVATIONS = ("gelu", "relu")
 _POSITION_TYPES = ("learned", "sinusoidal")
+# what each numeric field may be (checked in __post_init__; see bert_kit/checks.py)
+_RULES = {
+    **{name: positive(integer=True) for name in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "max_position_embeddings", "type_vocab_size")},
+    "hidden_dropout_prob": fraction(high_open=True),
+    "attention_probs_dropout_prob": fraction(high_open=True),
+    "layer_norm_eps": positive(),
+    "initializer_range": positive(),
+    "pad_token_id": non_negative(integer=True),
+}
 
 
 @dataclass
@@ -45,30 +58,20 @@ class BertConfig:
     position_embedding_type: str = "learned"  # "learned" table or fixed "sinusoidal"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})")
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act must be one of {_ACTIVATIONS}, got {self.hidden_act!r}")
         if self.position_embedding_type == "absolute":  # HF's name for the learned table
             self.position_embedding_type = "learned"
+        check_settings(self, _RULES)
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                              f"({self.num_attention_heads})")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ConfigError(f"hidden_act={self.hidden_act!r} is not a valid choice: expected one of {_ACTIVATIONS}")
         if self.position_embedding_type not in _POSITION_TYPES:
-            raise ValueError(f"position_embedding_type must be one of {_POSITION_TYPES}, "
-                             f"got {self.position_embedding_type!r}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            p = getattr(self, name)
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {p!r}")
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+            raise ConfigError(f"position_embedding_type={self.position_embedding_type!r} is not a valid choice: "
+                              f"expected one of {_POSITION_TYPES}")
+        if self.pad_token_id >= self.vocab_size:
+            raise ConfigError(f"pad_token_id={self.pad_token_id} is out of range: expected an integer in "
+                              f"[0, vocab_size={self.vocab_size})")
 
     @property
     def head_dim(self) -> int:
@@ -82,8 +85,14 @@ class BertConfig:
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - valid)
         if unknown:
-            raise ValueError(f"{source}: unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
-        return cls(**d)
+            raise ConfigError(f"{source}: unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
+        # YAML reads 1e-5 (no dot) and nan as strings: numbers written as text become numbers
+        numeric = {f.name: f.type for f in fields(cls) if f.type in ("int", "float")}
+        d = {k: _number_from_text(v, numeric[k]) if k in numeric and isinstance(v, str) else v for k, v in d.items()}
+        try:
+            return cls(**d)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
@@ -102,7 +111,7 @@ class BertConfig:
         """A preset by name (see `PRESETS`), with optional field overrides."""
         key = name.strip()
         if key not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; known presets: {list(PRESETS)}")
+            raise ConfigError(f"unknown model preset {name!r}; known presets: {list(PRESETS)}")
         return cls.from_dict({**PRESETS[key], **overrides}, source=f"preset {name!r}")
 
     @classmethod
@@ -113,27 +122,28 @@ class BertConfig:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
             try:
-                d = yaml.safe_load(text) or {}
+                d = yaml.safe_load(read_text(path)) or {}
             except yaml.YAMLError as e:
-                raise ValueError(f"{path}: invalid YAML: {e}") from None
+                mark = getattr(e, "problem_mark", None)
+                line = f"{mark.line + 1}:" if mark is not None else ""
+                raise ConfigError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', None) or e}") from None
         else:
-            try:
-                d = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+            d = read_json(path)
         if not isinstance(d, dict):
-            raise ValueError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
-        if "preset" in d:  # YAML may start from a preset and override fields
-            preset = d.pop("preset")
-            return cls.from_name(preset, **d)
-        if "model_type" in d or "architectures" in d:
-            return cls.from_hf_dict(d, source=str(path))
-        return cls.from_dict(d, source=str(path))
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
+        try:
+            if "preset" in d:  # YAML may start from a preset and override fields
+                preset = d.pop("preset")
+                return cls.from_name(preset, **d)
+            if "model_type" in d or "architectures" in d:
+                return cls.from_hf_dict(d, source=str(path))
+            return cls.from_dict(d, source=str(path))
+        except ConfigError as e:
+            raise ConfigError(e if str(path) in str(e) else f"{path}: {e}") from None
 
     # ---- export -------------------------------------------------------------------------------
 
@@ -166,6 +176,15 @@ class BertConfig:
         return path
 
 
+def _number_from_text(text: str, kind: str) -> Any:
+    """"1e-5" -> 1e-05 (float fields), "12" or "1.2e1" -> 12 (int fields); other text is left for the checks."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if kind == "int" and number.is_integer() else number if kind == "float" else text
+
+
 def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:
     return {"num_hidden_layers": layers, "hidden_size": hidden,
             "num_attention_heads": heads or max(1, hidden // 64), "intermediate_size": 4 * hidden}
@@ -196,8 +215,10 @@ def load_hf_config(folder: str | Path) -> BertConfig:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in model folder {folder}")
+    d = read_json(path)
+    if not isinstance(d, dict):
+        raise CorruptFileError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
     try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    return BertConfig.from_hf_dict(d, source=str(path))
+        return BertConfig.from_hf_dict(d, source=str(path))
+    except ConfigError as e:  # a broken model folder, not a bad command: the run fails (exit code 1)
+        raise CorruptFileError(str(e)) from None

@@ -15,6 +15,7 @@ functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks.similarity`) trai
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Sequence
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bert_kit.checks import ConfigError, Range, positive, resolve_device
 from bert_kit.model import BERTModel
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
 
@@ -30,6 +32,9 @@ POOLING_MODES = ("mean", "cls")
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Average of the real tokens' states: hidden (B, T, H), mask (B, T) -> (B, H)."""
+    if hidden.dim() != 3 or attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(f"mean_pool takes hidden (B, T, H) and attention_mask (B, T), got {tuple(hidden.shape)} "
+                         f"and {tuple(attention_mask.shape)}")
     hidden = hidden.float()  # 16-bit states under autocast: sum in float32
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
     # the clamp keeps an all-padding row at 0 instead of NaN (sentence-transformers does the same)
@@ -49,18 +54,14 @@ def cosine_similarity(a, b) -> np.ndarray:
     """Cosine similarity matrix: a (n, H) and b (m, H) (numpy or torch; 1-D means one row) -> (n, m)."""
     a = np.atleast_2d(a.detach().cpu().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=np.float64))
     b = np.atleast_2d(b.detach().cpu().numpy() if torch.is_tensor(b) else np.asarray(b, dtype=np.float64))
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be (n, H) embeddings (or one (H,) vector), got shape {x.shape}")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"embedding widths differ: {a.shape} vs {b.shape}")
     a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
     b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
     return a @ b.T
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """None -> CUDA when available, else CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class SentenceEncoder:
@@ -79,11 +80,16 @@ class SentenceEncoder:
     def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
                  unpadded: bool = True, compile: bool = False):
+        if not isinstance(model, BERTModel):
+            hint = ": pass its encoder, model.bert" if isinstance(getattr(model, "bert", None), BERTModel) else ""
+            raise TypeError(f"model must be a BERTModel, got {type(model).__name__}{hint}")
+        if not (callable(tokenizer) and hasattr(tokenizer, "pad_token_id")):
+            raise TypeError(f"tokenizer must be a WordPieceTokenizer (get_tokenizer(folder)), got {type(tokenizer).__name__}")
         if pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
-        if max_length > model.config.max_position_embeddings:
-            raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
-                             f"({model.config.max_position_embeddings})")
+            raise ConfigError(f"pooling={pooling!r} is not a valid choice: expected one of {POOLING_MODES}")
+        # [CLS] and [SEP] plus at least one token, and no more than the model has positions
+        Range(3, model.config.max_position_embeddings, integer=True,
+              hint="max_position_embeddings of the model").check("max_length", max_length)
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -134,6 +140,11 @@ class SentenceEncoder:
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32."""
+        if not len(ids):
+            return torch.zeros(0, self.dim, device=self.device)
+        empty = [i for i, row in enumerate(ids) if not len(row)]
+        if empty:
+            raise ValueError(f"ids[{empty[0]}] is empty: each text needs at least [CLS] and [SEP]")
         lengths = torch.tensor([len(row) for row in ids])
         input_ids = torch.full((len(ids), int(lengths.max())), self.tokenizer.pad_token_id, dtype=torch.long)
         for i, row in enumerate(ids):
@@ -147,12 +158,13 @@ class SentenceEncoder:
     def encode(self, texts: str | Sequence[str], batch_size: int = 32, show_progress: bool = False) -> np.ndarray:
         """Embed texts in the order given: (n, hidden) float32 array ((hidden,) for one str)."""
         single = isinstance(texts, str)
+        if not single and (not isinstance(texts, Iterable) or isinstance(texts, (bytes, dict))):
+            raise TypeError(f"texts must be a str or a list of str, got {type(texts).__name__}")
         texts = [texts] if single else list(texts)
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        positive(integer=True).check("batch_size", batch_size)
         ids = self.tokenize(texts)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: OOM shows at once
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -173,7 +185,9 @@ class SentenceEncoder:
     __call__ = embed
 
     def similarity(self, texts_a: Sequence[str], texts_b: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        """Row-wise cosine similarity (n,) of two equally long lists of texts."""
+        """Row-wise cosine similarity (n,) of two equally long lists of texts (or two texts: (1,))."""
+        texts_a = [texts_a] if isinstance(texts_a, str) else texts_a
+        texts_b = [texts_b] if isinstance(texts_b, str) else texts_b
         if len(texts_a) != len(texts_b):
             raise ValueError(f"{len(texts_a)} first texts but {len(texts_b)} second texts")
         a, b = self.encode(texts_a, batch_size), self.encode(texts_b, batch_size)

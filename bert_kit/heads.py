@@ -75,6 +75,11 @@ def select_masked(hidden: torch.Tensor, labels: torch.Tensor | None,
     """(B, T, H) -> (N, H) at the labelled positions; unchanged when neither is given."""
     if index is None and labels is None:
         return hidden
+    if labels is not None and not torch.compiler.is_compiling():
+        if labels.shape != hidden.shape[:2]:
+            raise ValueError(f"labels shape {tuple(labels.shape)} does not match input_ids {tuple(hidden.shape[:2])}")
+        if labels.is_floating_point() or labels.dtype == torch.bool:
+            raise TypeError(f"labels must be token ids (torch.long, -100 = not predicted), got {labels.dtype}")
     if index is None:
         index = masked_index(labels)
     return hidden.flatten(0, 1).index_select(0, index)

@@ -12,10 +12,12 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 
+from bert_kit.checks import CorruptFileError, read_json, writing
 from bert_kit.config import load_hf_config
 
 log = logging.getLogger(__name__)
@@ -136,18 +138,91 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool) -> tuple[dic
 
 
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`."""
+    """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`.
+
+    A truncated, empty or garbage file raises CorruptFileError naming it; a pickle that holds
+    anything but tensors and plain data is refused (never unpickled)."""
+    file = weights_file(folder)
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file))
+        except SafetensorError as e:  # a bad header, or a file shorter than its header says
+            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
+                                   "or corrupt; copy or save the model again") from None
+    return load_torch_file(file)
+
+
+def weights_file(folder: str | Path) -> Path:
+    """`model.safetensors` (preferred) or `pytorch_model.bin` of a model folder."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {folder}")
-    st, pt = folder / "model.safetensors", folder / "pytorch_model.bin"
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
+
+
+def check_weights_file(folder: str | Path) -> None:
+    """Cheap check that a folder's weights can be read: the safetensors header (which must cover
+    the whole file) or a memory-mapped torch load. Raises CorruptFileError naming the file."""
+    file = weights_file(folder)
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as e:
+            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
+                                   "or corrupt") from None
+    else:
+        load_torch_file(file, mmap=True)
+
+
+def load_torch_file(file: str | Path, mmap: bool = False) -> Any:
+    """`torch.load(file, weights_only=True)` on the CPU, with errors that name the file.
+
+    weights_only refuses pickles that would build arbitrary Python objects (and so could run
+    code); such a file is reported as not a safe checkpoint. mmap: map tensor data instead of
+    reading it (a cheap check that the file is whole)."""
+    import pickle
+
+    import zipfile
+
+    file = Path(file)
+    if file.stat().st_size == 0:
+        raise CorruptFileError(f"{file} is empty: it was not written completely")
+    is_zip = zipfile.is_zipfile(file)
+    with open(file, "rb") as f:
+        head = f.read(4)
+    if not is_zip and head == b"PK\x03\x04":  # torch.save writes a zip, whose index comes last
+        raise CorruptFileError(f"{file} is truncated: its zip archive has no end (it was not written completely)")
+    if not is_zip and head[:1] != b"\x80":  # legacy files start with a pickle opcode
+        raise CorruptFileError(f"{file} is truncated or corrupt: it is neither a PyTorch (zip) file nor a pickle")
+    mmap = mmap and is_zip  # a legacy (pickle) file cannot be mapped: read it
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        # torch's message is paragraphs of advice around the reason ("Unsupported GLOBAL posix.system")
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", str(e)) if p.strip()]
+        reasons = [p for p in paragraphs[1:] if not p.startswith(("Check the documentation", "Please file"))]
+        detail = reasons[0].splitlines()[0] if reasons else _first_line(e)
+        raise CorruptFileError(f"{file} is not a safe checkpoint: it holds Python objects other than tensors and "
+                               f"plain data, which bert-kit refuses to unpickle ({detail})") from None
+    except (RuntimeError, EOFError, ValueError, OSError, IndexError, KeyError) as e:
+        raise CorruptFileError(f"{file} is truncated or corrupt: it cannot be read as a PyTorch file "
+                               f"({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first sentence of an error message (torch's go on for lines of advice)."""
+    text = str(e).strip()
+    first = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(e).__name__
+    return first if len(first) <= 160 else first[:157] + "..."
 
 
 def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint",
@@ -208,7 +283,7 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
     folder = Path(folder)
     config = load_hf_config(folder)
     hf_state = read_state_dict(folder)
-    config_dict = json.loads((folder / "config.json").read_text())
+    config_dict = read_json(folder / "config.json")
     head_args = {**_infer_head_args(cls, hf_state, config_dict), **head_args}
     model = cls(config, **head_args)
     if dtype is not None:
@@ -229,6 +304,8 @@ def save_pretrained(model: nn.Module, folder: str | Path) -> None:
         config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
     tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model).items()}
     tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    with writing(tmp):  # a full disk names the file
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(folder / "model.safetensors")  # rename is atomic: a crash leaves the old file
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with writing(folder / "config.json"):
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")

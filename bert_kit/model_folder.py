@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bert_kit.checks import CorruptFileError, read_json
+
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
 
 
@@ -63,9 +65,48 @@ def locate_model(source: str | Path) -> tuple[str, Path | str]:
 
 
 
+def model_config(spec: Any) -> Any:
+    """The `BertConfig` a run's `model` setting stands for, when it can be known without torch:
+    a preset name, a mapping of fields (with an optional `preset`), a config file, or a model
+    folder. Returns None for a path that does not exist (yet) or a folder that cannot be read
+    (loading it reports why). A bad preset name or bad field values raise ConfigError."""
+    from bert_kit.checks import ConfigError
+    from bert_kit.config import BertConfig, load_hf_config
+
+    if isinstance(spec, dict):
+        fields = dict(spec)
+        preset = fields.pop("preset", None)
+        try:
+            return BertConfig.from_name(preset, **fields) if preset else BertConfig.from_dict(fields, source="model")
+        except ConfigError as e:
+            raise ConfigError(e if str(e).startswith("model") else f"model: {e}") from None
+    if not isinstance(spec, (str, Path)):
+        raise ConfigError(f"model={spec!r} must be a preset name, a model folder, a config file or a mapping")
+    path = Path(spec)
+    try:
+        folder = resolve_model_folder(path)
+        if folder is not None:
+            return load_hf_config(folder)
+        if path.is_file():
+            return BertConfig.from_file(path)
+    except (OSError, ValueError):
+        return None  # loading the model names the problem with the folder
+    if "/" in str(spec) or path.suffix in (".json", ".yaml", ".yml") or not str(spec).strip():
+        return None  # a path that does not exist yet
+    from bert_kit.config import PRESETS
+
+    if str(spec).strip() not in PRESETS:
+        raise ConfigError(f"model={str(spec)!r} is neither a model folder, a config file nor a preset "
+                          f"({', '.join(sorted(PRESETS))})")
+    return BertConfig.from_name(str(spec))
+
+
 def read_model_metadata(folder: str | Path) -> dict[str, Any]:
     """What a fine-tuned folder's config.json says: the `bert_kit` dict plus label names."""
-    d = json.loads((Path(folder) / "config.json").read_text())
+    d = read_json(Path(folder) / "config.json")
+    if not isinstance(d, dict):
+        raise CorruptFileError(f"{Path(folder) / 'config.json'}: expected a mapping of config keys, got "
+                               f"{type(d).__name__}")
     meta = dict(d.get("bert_kit") or {})
     meta["architectures"] = d.get("architectures") or []
     if "id2label" in d:
@@ -109,8 +150,8 @@ def sentence_transformers_settings(folder: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     sbert = folder / "sentence_bert_config.json"
     if sbert.is_file():
-        found["max_length"] = json.loads(sbert.read_text()).get("max_seq_length")
+        found["max_length"] = read_json(sbert).get("max_seq_length")
     pooling = folder / "1_Pooling" / "config.json"
     if pooling.is_file():
-        found["pooling"] = "cls" if json.loads(pooling.read_text()).get("pooling_mode_cls_token") else "mean"
+        found["pooling"] = "cls" if read_json(pooling).get("pooling_mode_cls_token") else "mean"
     return found

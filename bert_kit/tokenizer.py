@@ -20,6 +20,7 @@ tokenizer should not be shared by threads encoding at once; DataLoader workers e
 from __future__ import annotations
 
 import json
+import operator
 import os
 import tempfile
 from collections import Counter
@@ -29,6 +30,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordPiece
+
+from bert_kit.checks import read_json, read_text, writing
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -40,12 +43,13 @@ _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 def _read_vocab(path: Path) -> dict[str, int]:
     """vocab.txt -> {token: line index}, exactly as BERT reads it (one token per line)."""
     vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            token = line.rstrip("\n")
-            if token in vocab:
-                raise ValueError(f"{path}:{index + 1}: token {token!r} already appears on line {vocab[token] + 1}")
-            vocab[token] = index
+    lines = read_text(path).split("\n")  # a decode error names the file and line
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last token
+    for index, token in enumerate(lines):
+        if token in vocab:
+            raise ValueError(f"{path}:{index + 1}: token {token!r} already appears on line {vocab[token] + 1}")
+        vocab[token] = index
     if not vocab:
         raise ValueError(f"vocab file {path} is empty")
     return vocab
@@ -136,10 +140,9 @@ class WordPieceTokenizer:
         config: dict[str, Any] = {}
         config_file = folder / "tokenizer_config.json"
         if config_file.is_file():
-            try:
-                config = json.loads(config_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{config_file} is not valid JSON: {err}") from err
+            config = read_json(config_file)  # errors name the file and line
+            if not isinstance(config, dict):
+                raise ValueError(f"{config_file}: expected a mapping of settings, got {type(config).__name__}")
         specials = _special_tokens_from_config(config)
         max_len = config.get("model_max_length")
         # HF writes a huge sentinel when unknown; keep BERT's 512 then
@@ -195,7 +198,8 @@ class WordPieceTokenizer:
         """Write tokenizer.json, vocab.txt and tokenizer_config.json (loadable by HF too)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(folder / "tokenizer.json"))
+        with writing(folder / "tokenizer.json"):  # the Rust writer reports a full disk without the file
+            self.backend.save(str(folder / "tokenizer.json"))
         by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
         if [i for _, i in by_id] != list(range(len(by_id))):
             raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")
@@ -247,6 +251,8 @@ class WordPieceTokenizer:
         if isinstance(tokens, str):
             tid = self.backend.token_to_id(tokens)
             return self.unk_token_id if tid is None else tid
+        if not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"tokens must be a str or a list of str, got {type(tokens).__name__}")
         return [self.convert_tokens_to_ids(t) for t in tokens]
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
@@ -272,10 +278,15 @@ class WordPieceTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of a 1-D id sequence: "##" pieces glued to the previous token, spaces before
         punctuation removed, as BERT's tokenizer does. Accepts lists, numpy arrays and tensors."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"ids must be a sequence of token ids, got a {type(ids).__name__}; encode text first")
         ids = _as_list(ids)
         if ids and isinstance(ids[0], list):
             raise ValueError("decode takes one sequence of ids; use batch_decode for a batch")
-        ids = [int(i) for i in ids]
+        try:
+            ids = [operator.index(i) for i in ids]  # ints only: 1.5 is not an id
+        except TypeError:
+            raise TypeError(f"ids must be integers, got {ids[:5]!r}") from None
         size = self.vocab_size
         bad = [i for i in ids if not 0 <= i < size]
         if bad:  # the backend would drop these silently (or overflow on -100 labels)
@@ -435,6 +446,8 @@ def _as_batch(texts: Any, split: bool, name: str) -> tuple[list, bool]:
         if split:
             raise TypeError(f"{name} with is_split_into_words=True must be a list of words, got a str")
         return [texts], True
+    if not isinstance(texts, Iterable) or isinstance(texts, (bytes, dict)):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(texts).__name__}")
     texts = list(texts)
     if split and (not texts or isinstance(texts[0], str)):
         texts, single = [texts], True  # one pre-split example

@@ -2,6 +2,11 @@
 
 Each module named in COMMANDS defines `add_arguments(parser)` and `run(args) -> int`; modules
 are imported only when their subcommand runs (and to build `--help`), so start-up stays quick.
+
+A failing command prints one line, `bert-kit COMMAND: error: ...`, naming the file (and line or
+key) at fault and what to do, and exits with 2 when the command is wrong (a bad flag or setting)
+or 1 when the run failed (bad data, a corrupt model, a full disk); see `bert_kit.cli.errors`.
+`--debug` (anywhere on the line) or BERT_KIT_DEBUG=1 also prints the traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib import import_module
+
+from bert_kit.cli.errors import debug_requested, describe, print_traceback
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, import just that subcommand's module."""
     parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error too (or set BERT_KIT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -42,23 +51,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
     wanted = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=wanted if wanted in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage error (exit 2) or --help (exit 0)
+        return e.code if isinstance(e.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 2
-    module = import_module(COMMANDS[args.command][0])
     try:
+        module = import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError, KeyError) as e:
-        # user errors (bad file, config key, shape): one clear line, no traceback
-        print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"bert-kit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # one line instead of a traceback (unless asked for)
+        code, message = describe(e)
+        if debug:
+            print_traceback(e, sys.stderr)
+        print(f"bert-kit {args.command}: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_kit.checks import ConfigError
+from bert_kit.cli.errors import check_output_file
 from bert_kit.model import BERTModel
 from bert_kit.visualize import _parse_indices, attention_maps, plot_attention_grid
 
@@ -26,10 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bert_kit.tokenizer import get_tokenizer
 
+    if not args.text.strip():
+        raise ConfigError("--text is empty: give the text to show attention for")
+    check_output_file(args.output, "--output")
+    check_output_file(args.save_npy, "--save-npy")
     model = BERTModel.from_pretrained(args.model)
     tokenizer = get_tokenizer(args.model)
-    if not args.text.strip():
-        raise ValueError("--text is empty")
     enc = tokenizer(args.text, args.text_pair, max_length=args.max_length)
     _, attentions = attention_maps(model, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
     att = attentions[:, 0]  # (L, nh, T, T) of the one text

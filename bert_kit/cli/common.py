@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from bert_kit.checks import ConfigError
+from bert_kit.cli.errors import check_output_dir, check_output_file
 from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
 from bert_kit.training.distributed import DistributedError, cleanup, is_main
 from bert_kit.training.runconfig import add_config_arguments, apply_overrides, config_from_dict, load_config
@@ -30,13 +32,15 @@ def load_run_settings(args: argparse.Namespace, cls: type, overrides: list[str])
         data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
         return config_from_dict(cls, apply_overrides(data, overrides, cls), str(args.resume))
     if args.config is None and not overrides:
-        raise ValueError(f"pass --config FILE (and optional key=value overrides); see bert-kit {args.command} --help")
+        raise ConfigError(f"pass --config FILE (and optional key=value overrides); see bert-kit {args.command} --help")
     return load_config(cls, args.config, overrides)
 
 
 def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any, shown: tuple[str, ...] | None) -> int:
     """Run `train(cfg, resume=...)`, write --output, print the results (the `shown` keys, or all);
     exit 0, 1 for a failed run, 130/143 after SIGINT/SIGTERM."""
+    check_output_dir(cfg.output_dir, "output_dir")  # before any work, not when the results are written
+    check_output_file(args.output, "--output")
     main = True
     try:
         results = train(cfg, resume=args.resume)

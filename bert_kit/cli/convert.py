@@ -15,6 +15,8 @@ import argparse
 import shutil
 from pathlib import Path
 
+from bert_kit.checks import ConfigError
+
 HEADS = ("pretraining", "mlm", "base")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -42,7 +44,7 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
 
     src, dst = Path(input_folder), Path(output_folder)
     if src.resolve() == dst.resolve():
-        raise ValueError(f"--output must differ from --input ({src})")
+        raise ConfigError(f"--output must differ from --input ({src})")
     state = read_state_dict(src)
     head = head or detect_head(state)
     classes = _head_classes()
@@ -66,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.cli.errors import check_output_dir
+
+    check_output_dir(args.output, "--output")
     head, new_heads = convert(args.input, args.output, args.head)
     print(f"wrote {args.output} ({head} model, model.safetensors)")
     if new_heads:

@@ -141,5 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.cli.errors import check_output_dir
+
+    check_output_dir(args.output, "--output")
     demo(args.output, args.pretrain_steps, args.finetune_epochs, args.seed)
     return 0

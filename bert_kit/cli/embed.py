@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_kit.data.tables import parse_where, read_texts
+from bert_kit.cli.errors import check_output_file
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, "--output")
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
     encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)

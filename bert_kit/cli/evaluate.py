@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from bert_kit.cli.errors import check_output_file
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
 
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
+    check_output_file(args.output, "--output")
     task, model, precision = load_task_model(args)
     items = task.read_eval(args.data, args.max_examples)
     if not items:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from bert_kit.checks import ConfigError
 from bert_kit.cli.common import add_run_arguments, load_run_settings, run_training
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
@@ -25,7 +26,7 @@ def load_run_config(args: argparse.Namespace) -> FinetuneConfig:
         overrides.append(f"task={args.task}")
         in_file = read_yaml(args.config).get("task") if args.config is not None else None
         if in_file is not None and in_file != args.task:
-            raise ValueError(f"--task {args.task} contradicts task: {in_file} in {args.config}")
+            raise ConfigError(f"--task {args.task} contradicts task: {in_file} in {args.config}")
     return load_run_settings(args, FinetuneConfig, overrides)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from bert_kit.cli.errors import check_output_file
 from bert_kit.training.progress import PLOT_FILE, plot_losses
 
 
@@ -14,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, "--output")
     out = plot_losses(args.run_dir, args.output)
     print(out)
     return 0

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.evaluate import add_common_arguments
 from bert_kit.tasks.inference import PREDICTORS, load_task_model
 
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
+    check_output_file(args.output, "--output")
     if not Path(args.input).is_file():
         raise FileNotFoundError(f"input file not found: {args.input}")
     task, model, precision = load_task_model(args, verbose=False)

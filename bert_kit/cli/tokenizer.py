@@ -35,11 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from bert_kit.data import check_text_file
+    from bert_kit.checks import ConfigError
+    from bert_kit.cli.errors import check_output_dir
     from bert_kit.data.corpus import iter_documents, resolve_files
     from bert_kit.tokenizer import train_tokenizer
 
     if args.vocab_size < 6:
-        raise ValueError(f"--vocab-size must leave room beyond the 5 special tokens, got {args.vocab_size}")
+        raise ConfigError(f"--vocab-size must leave room beyond the 5 special tokens, got {args.vocab_size}")
+    check_output_dir(args.output, "--output")
     files = resolve_files(args.files)  # names a missing file before any work
     start = time.time()
     opts = dict(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)

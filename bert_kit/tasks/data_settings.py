@@ -1,8 +1,7 @@
 """Checks of the data settings of a fine-tuning run, called by `FinetuneConfig.__post_init__`.
 
 Each bad value stops the run before anything is read, with an error that names the key, the
-value and what is allowed: `max_train_examples=-1` would otherwise drop the last example,
-`num_labels=0` would be ignored, and a column given as "2" on the command line would be looked
+value and what is allowed: a column given as "2" on the command line would be looked
 up as a header name. Columns are normalised here to an int index or a name.
 """
 
@@ -12,6 +11,7 @@ import math
 import re
 from typing import Any
 
+from bert_kit.checks import ConfigError
 from bert_kit.data.tables import column_ref
 
 TABLE_TASKS = ("classification", "similarity")  # tasks whose files are tables (rows and columns)
@@ -23,34 +23,24 @@ def _check_where(name: str, where: Any) -> dict | None:
     if where is None:
         return None
     if not isinstance(where, dict) or not where:
-        raise ValueError(f"{name} must be a mapping of column to value, e.g. {{split: train}}, got {where!r}")
+        raise ConfigError(f"{name} must be a mapping of column to value, e.g. {{split: train}}, got {where!r}")
     out = {}
     for column, value in where.items():
         values = value if isinstance(value, (list, tuple)) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise ValueError(f"{name}: the value of {column!r} must be a value or a list of values, got {value!r}")
+            raise ConfigError(f"{name}: the value of {column!r} must be a value or a list of values, got {value!r}")
         out[column_ref(column, f"{name} key")] = value
     return out
 
 
 def check_data_settings(cfg: Any) -> None:
-    """Validate and normalise (in place) the data fields of a `FinetuneConfig`."""
-    for name in ("max_train_examples", "max_eval_examples", "squad_train_articles"):
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1 (or null for all), got {value}")
-    if cfg.num_labels is not None and cfg.num_labels < 1:
-        raise ValueError(f"num_labels must be >= 1 (1 = regression, 2 or more = classes), got {cfg.num_labels}")
+    """Validate and normalise (in place) the data fields of a `FinetuneConfig` (the counts and
+    label_names were checked by its rules already)."""
     if cfg.label_names is not None:
         names = [str(n) for n in cfg.label_names]
         if len(names) < 2:
-            raise ValueError(f"label_names must name two or more classes, got {names} "
-                             "(for regression set num_labels=1 without label_names)")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"label_names lists {twice[0]!r} twice: {names}")
-        if cfg.num_labels is not None and cfg.num_labels != len(names):
-            raise ValueError(f"num_labels={cfg.num_labels} but label_names has {len(names)} names {names}")
+            raise ConfigError(f"label_names must name two or more classes, got {names} "
+                              "(for regression set num_labels=1 without label_names)")
         cfg.label_names = names
 
     cfg.text_column = column_ref(cfg.text_column, "text_column")
@@ -58,37 +48,37 @@ def check_data_settings(cfg: Any) -> None:
     if cfg.text_pair_column is not None:
         cfg.text_pair_column = column_ref(cfg.text_pair_column, "text_pair_column")
         if cfg.text_pair_column == cfg.text_column:
-            raise ValueError(f"text_pair_column and text_column are both {cfg.text_column!r}")
+            raise ConfigError(f"text_pair_column and text_column are both {cfg.text_column!r}")
     if cfg.label_pattern is None and cfg.label_column in (cfg.text_column, cfg.text_pair_column):
-        raise ValueError(f"label_column {cfg.label_column!r} is also a text column")
+        raise ConfigError(f"label_column {cfg.label_column!r} is also a text column")
     if cfg.delimiter is not None:
         cfg.delimiter = _DELIMITER_NAMES.get(cfg.delimiter, cfg.delimiter)
         if len(cfg.delimiter) != 1 or cfg.delimiter in "\r\n\"":
-            raise ValueError(f"delimiter must be one character (or tab, comma, semicolon, pipe), got {cfg.delimiter!r}")
+            raise ConfigError(f"delimiter must be one character (or tab, comma, semicolon, pipe), got {cfg.delimiter!r}")
     cfg.where = _check_where("where", cfg.where)
     cfg.validation_where = _check_where("validation_where", cfg.validation_where)
     if (cfg.where or cfg.validation_where) and cfg.task not in TABLE_TASKS:
-        raise ValueError(f"where / validation_where filter the rows of TSV/CSV/JSONL files (tasks {TABLE_TASKS}); "
+        raise ConfigError(f"where / validation_where filter the rows of TSV/CSV/JSONL files (tasks {TABLE_TASKS}); "
                          f"task {cfg.task} does not read tables")
     if (cfg.where or cfg.validation_where) and cfg.task == "similarity" and cfg.text_pair_column is None:
-        raise ValueError("where / validation_where on a similarity file need its columns: set text_column, "
+        raise ConfigError("where / validation_where on a similarity file need its columns: set text_column, "
                          "text_pair_column and label_column (the score)")
     if cfg.label_pattern is not None:
         try:
             pattern = re.compile(cfg.label_pattern)
         except re.error as e:
-            raise ValueError(f"label_pattern {cfg.label_pattern!r} is not a regular expression: {e}") from None
+            raise ConfigError(f"label_pattern {cfg.label_pattern!r} is not a regular expression: {e}") from None
         missing = [g for g in ("label", "text") if g not in pattern.groupindex]
         if missing:
-            raise ValueError(f"label_pattern {cfg.label_pattern!r} has no group named {missing[0]!r}: write "
+            raise ConfigError(f"label_pattern {cfg.label_pattern!r} has no group named {missing[0]!r}: write "
                              "(?P<label>...) and (?P<text>...)")
         if cfg.task != "classification":
-            raise ValueError(f"label_pattern reads labels of classification files; task {cfg.task} has no such labels")
+            raise ConfigError(f"label_pattern reads labels of classification files; task {cfg.task} has no such labels")
     if cfg.tag_column == cfg.word_column:
-        raise ValueError(f"tag_column and word_column are both {cfg.tag_column}")
+        raise ConfigError(f"tag_column and word_column are both {cfg.tag_column}")
     if cfg.score_range is not None:
         bounds = cfg.score_range
         if len(bounds) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
                                        for b in bounds) or not bounds[0] < bounds[1]:
-            raise ValueError(f"score_range must be [low, high] with finite low < high, got {bounds}")
+            raise ConfigError(f"score_range must be [low, high] with finite low < high, got {bounds}")
         cfg.score_range = [float(b) for b in bounds]

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from bert_kit.checks import positive, resolve_device
+
 
 @torch.no_grad()
 def fill_mask(model: nn.Module, tokenizer: Any, text: str, top_k: int = 5) -> list[list[dict[str, Any]]]:
@@ -28,8 +30,7 @@ def fill_mask(model: nn.Module, tokenizer: Any, text: str, top_k: int = 5) -> li
     Returns one list per mask of `top_k` dicts: token (str), token_id (int), score (softmax
     probability over the vocabulary) and sequence (the text with this token filled in).
     """
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    positive(integer=True).check("top_k", top_k)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     enc = tokenizer(text, max_length=limit, return_tensors="pt")
     ids = enc["input_ids"]  # (1, T)
@@ -69,4 +70,4 @@ def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn
                          "checkpoint, so its [MASK] predictions would be random")
     model = BERTForMaskedLM(load_hf_config(folder))
     load_into(model, state, source=str(folder))
-    return model.to(device).eval()
+    return model.to(resolve_device(device)).eval()

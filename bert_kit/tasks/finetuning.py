@@ -37,7 +37,8 @@ from typing import Any, Literal
 import torch
 
 from bert_kit.model import Packed
-from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.model_folder import locate_model, model_config, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
 from bert_kit.tasks.data_settings import check_data_settings
@@ -46,7 +47,7 @@ from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import collective_errors, init_distributed, is_main, rank, world_size
 from bert_kit.training.loop import Job, Run, start_run, train
 from bert_kit.training.progress import read_metrics
-from bert_kit.training.settings import RunSettings, check_range
+from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 
@@ -120,16 +121,52 @@ class FinetuneConfig(RunSettings):
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
-        super().__post_init__()
         if self.max_length is None:
             self.max_length = DEFAULT_MAX_LENGTH.get(self.task, 128)
         if self.compile and self.unpadded:  # the compiled graphs take static padded shapes
             self.unpadded = False
+        # what each setting may be; the errors name key, value and range (bert_kit/checks.py)
+        self.check({
+            "max_steps": positive(integer=True, optional=True, hint="null: from epochs"),
+            "epochs": positive(),
+            "eval_batch_size": positive(integer=True),
+            "max_length": Range(3, integer=True, hint="room for [CLS] text [SEP]"),
+            "max_train_examples": positive(integer=True, optional=True),
+            "max_eval_examples": positive(integer=True, optional=True),
+            "num_labels": positive(integer=True, optional=True, hint="1 = regression"),
+            "tag_column": Range(integer=True),
+            "doc_stride": non_negative(integer=True),
+            "max_query_length": positive(integer=True),
+            "n_best": positive(integer=True),
+            "max_answer_length": positive(integer=True),
+            "squad_train_articles": positive(integer=True, optional=True),
+            "classifier_dropout": fraction(high_open=True, optional=True),
+        })
         if self.cuda_graphs is True and self.compile is False and (self.grad_accum > 1 or self.optimizer != "adamw"):
-            raise ValueError("cuda_graphs: true needs grad_accum 1 and optimizer adamw (or set cuda_graphs: auto)")
-        check_range(self, "max_length", low=1)
-        check_range(self, "eval_batch_size", low=1)
-        check_range(self, "epochs", low=0, low_open=True)
+            raise ConfigError("cuda_graphs: true needs grad_accum 1 and optimizer adamw (or set cuda_graphs: auto)")
+        if self.label_names is not None:
+            names = self.label_names
+            if not names or len(set(map(str, names))) != len(names):
+                raise ConfigError(f"label_names={names!r} must be distinct names, one per label id")
+            if self.num_labels is not None and self.num_labels != len(names):
+                raise ConfigError(f"num_labels={self.num_labels} contradicts the {len(names)} label_names {names}")
+        room = self.max_length - self.max_query_length - 3  # context tokens of a QA window
+        if self.task == "qa" and room < 2:
+            raise ConfigError(f"max_query_length={self.max_query_length} is out of range: a window of max_length "
+                              f"{self.max_length} must also hold [CLS], 2 [SEP] and context tokens: expected an "
+                              f"integer < {self.max_length - 4}")
+        if self.task == "qa" and self.doc_stride >= room:
+            raise ConfigError(f"doc_stride={self.doc_stride} is out of range: expected an integer < {room} "
+                              f"(max_length {self.max_length} - max_query_length {self.max_query_length} - 3 "
+                              "special tokens: the context tokens of a window)")
+        # the sequences must fit the model's position table, when the model is known here
+        try:
+            config = model_config(self.model) if self.model else None
+        except ConfigError:
+            config = None  # an unknown model name: `finetune` names it before reading any data
+        if config is not None and self.max_length > config.max_position_embeddings:
+            raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
+                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
         check_data_settings(self)
 
 

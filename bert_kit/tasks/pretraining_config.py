@@ -8,12 +8,17 @@ hardware, bookkeeping, time budget) come from `RunSettings`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from bert_kit.training.settings import RunSettings, check_range
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.model_folder import model_config
+from bert_kit.training.settings import RunSettings
 
 PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
 TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
+TOKENIZER_TRAIN_RULES = {"vocab_size": Range(6, integer=True, hint="the 5 special tokens and more"),
+                         "min_frequency": non_negative(integer=True), "limit_alphabet": positive(integer=True)}
 
 
 @dataclass
@@ -63,41 +68,62 @@ class PretrainConfig(RunSettings):
     eval_batches: int = 50  # batches per periodic evaluation (the final one uses all)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
-            raise ValueError("cuda_graphs and compile_tuning need compile: true")
-        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
-            raise ValueError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
-                             "overwritten by its next replay, before they could be accumulated")
-        for name in ("max_length", "shuffle_buffer"):
-            check_range(self, name, low=1)
-        check_range(self, "eval_batches", low=0)
+        if isinstance(self.output_dir, Path):  # Path objects from Python callers; YAML wants str
+            self.output_dir = str(self.output_dir)
+        # what each setting may be; the errors name key, value and range (bert_kit/checks.py)
+        pairs = "[CLS] A [SEP] B [SEP]" if self.nsp else "[CLS] text [SEP]"
+        self.check({
+            "warmup_steps": Range(0, self.max_steps, integer=True, optional=True, hint="at most max_steps"),
+            "max_length": Range(5 if self.nsp else 3, integer=True, hint=f"room for {pairs}"),
+            "eval_fraction": fraction(high_open=True),
+            "shuffle_buffer": positive(integer=True),
+            "mask_probability": fraction(low_open=True, high_open=True),
+            "short_seq_prob": fraction(),
+            "eval_batches": positive(integer=True),
+        })
         if self.max_steps is None and self.time_budget is None:
-            raise ValueError("max_steps: null needs a time_budget (e.g. time_budget=6m) to end the run")
+            raise ConfigError("max_steps=null needs a time_budget (e.g. time_budget=6m) to end the run")
         if self.max_steps is None and len(self.phases) > 1:
-            raise ValueError("phases split max_steps: set max_steps (a time_budget alone cannot place them)")
-        check_range(self, "mask_probability", low=0, high=1, low_open=True, high_open=True)
-        check_range(self, "short_seq_prob", low=0, high=1)
-        check_range(self, "eval_fraction", low=0, high=1, high_open=True)
+            raise ConfigError("phases split max_steps: set max_steps (a time_budget alone cannot place them)")
         for i, phase in enumerate(self.phases):
+            if not isinstance(phase, dict):
+                raise ConfigError(f"phases[{i}]={phase!r} must be a mapping, e.g. {{max_length: 512, fraction: 0.1}}")
             unknown = sorted(set(phase) - set(PHASE_KEYS))
             if unknown:
-                raise ValueError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
-            if not 0 < float(phase.get("fraction", -1)) <= 1:
-                raise ValueError(f"phases[{i}]: needs a fraction in (0, 1], got {phase.get('fraction')!r}")
+                raise ConfigError(f"phases[{i}]: unknown key(s) {unknown}; valid keys: {', '.join(PHASE_KEYS)}")
+            fraction(low_open=True).check(f"phases[{i}].fraction", phase.get("fraction"))
+            for key in ("max_length", "batch_size", "grad_accum"):
+                if key in phase:
+                    low = 5 if self.nsp and key == "max_length" else 3 if key == "max_length" else 1
+                    Range(low, integer=True).check(f"phases[{i}].{key}", phase[key])
         if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
-            raise ValueError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+            raise ConfigError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
+        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
+            raise ConfigError("cuda_graphs and compile_tuning need compile: true")
+        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+            raise ConfigError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
+                              "overwritten by its next replay, before they could be accumulated")
         if self.streaming and self.nsp:
-            raise ValueError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
-                             "set nsp: false")
+            raise ConfigError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
+                              "set nsp: false")
         if self.streaming and not self.eval_files:
-            raise ValueError("streaming: true needs eval_files (a stream has no tail to hold out with "
-                             "eval_fraction): name held-out text files")
+            raise ConfigError("streaming: true needs eval_files (a stream has no tail to hold out with "
+                              "eval_fraction): name held-out text files")
         if self.train_tokenizer is not None:
             unknown = sorted(set(self.train_tokenizer) - set(TOKENIZER_TRAIN_KEYS))
             if unknown:
-                raise ValueError(f"train_tokenizer: unknown key(s) {unknown}; "
-                                 f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+                raise ConfigError(f"train_tokenizer: unknown key(s) {unknown}; "
+                                  f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+            for key, rule in TOKENIZER_TRAIN_RULES.items():
+                if key in self.train_tokenizer:
+                    rule.check(f"train_tokenizer.{key}", self.train_tokenizer[key])
+        # the longest sequence must fit the model's position table, when the model is known here
+        # (a folder not written yet is checked when the model is built)
+        config = model_config(self.model)
+        longest = max([self.max_length] + [p.get("max_length", self.max_length) for p in self.phases])
+        if config is not None and longest > config.max_position_embeddings:
+            raise ConfigError(f"max_length={longest} is out of range: the model holds "
+                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
 
 
 @dataclass

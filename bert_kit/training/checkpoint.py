@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from bert_kit.checks import CorruptFileError, writing
 from bert_kit.training.distributed import all_gather_object, is_fsdp, is_main, rank, unwrap_model, world_size
 
 PREFIX = "step-"
@@ -111,7 +112,8 @@ def _fsync(path: Path) -> None:
 
 
 def _write_trainer_state(path: Path, state: dict[str, Any]) -> None:
-    torch.save(state, path)
+    with writing(path):  # torch reports a full disk as a RuntimeError without the file name
+        torch.save(state, path)
     _fsync(path)
 
 
@@ -298,32 +300,85 @@ def prune_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
 
 def resolve_checkpoint(path: str | Path, output_dir: str | Path | None = None) -> Path:
     """A checkpoint folder from `path`: the folder itself, the newest one inside it, or, for
-    "latest", the newest one in `output_dir`. Raises FileNotFoundError naming what was searched."""
+    "latest", the newest one in `output_dir`. Raises FileNotFoundError naming what was searched.
+
+    Searching, a newest checkpoint that cannot be read (a truncated or empty trainer_state.pt, a
+    truncated model.safetensors) is reported in one line and the one before it is used; a
+    checkpoint named directly must be readable (CorruptFileError)."""
     if str(path) == "latest":
         if output_dir is None:
             raise ValueError("resume='latest' needs the run's output_dir")
-        found = latest_checkpoint(output_dir)
+        found = newest_readable_checkpoint(output_dir)
         if found is None:
             raise FileNotFoundError(f"no complete checkpoint (step-*/{STATE_FILE}) in {output_dir} "
-                                    f"or {Path(output_dir) / 'checkpoints'}")
+                                    f"or {Path(output_dir) / 'checkpoints'}{_skipped(output_dir)}")
         return found
     path = Path(path)
     if (path / STATE_FILE).is_file():
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise CorruptFileError(f"cannot resume from {path}: {problem}; name an earlier checkpoint, or the run "
+                                   "folder (the newest readable checkpoint is then used)")
         return path
-    found = latest_checkpoint(path) if path.is_dir() else None
+    found = newest_readable_checkpoint(path) if path.is_dir() else None
     if found is None:
-        raise FileNotFoundError(f"no checkpoint at {path} (expected a step-* folder with {STATE_FILE})")
+        raise FileNotFoundError(f"no checkpoint at {path} (expected a step-* folder with {STATE_FILE})"
+                                f"{_skipped(path) if path.is_dir() else ''}")
     return found
 
 
-def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    """The `trainer_state.pt` dict of a checkpoint folder (safe `weights_only` load)."""
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint folder `path` cannot be resumed from (one line), or None when it can.
+
+    Cheap: trainer_state.pt is memory-mapped rather than read, and only the header of
+    model.safetensors is read (it must cover the whole file, so truncation shows)."""
+    from bert_kit.hf import check_weights_file
+
+    try:
+        load_trainer_state(path, mmap=True)
+        check_weights_file(path)
+    except (OSError, ValueError) as e:
+        return str(e)
+    return None
+
+
+_reported: set[Path] = set()  # corrupt checkpoints already reported by this process
+
+
+def newest_readable_checkpoint(directory: str | Path) -> Path | None:
+    """The newest checkpoint in `directory` that can be resumed from; each newer one that cannot
+    is reported on stderr (once) and skipped."""
+    for path in reversed(list_checkpoints(directory)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        if is_main() and path not in _reported:
+            print(f"warning: skipping checkpoint {path.name}: {problem}; trying the one before it",
+                  file=sys.stderr, flush=True)
+        _reported.add(path)
+    return None
+
+
+def _skipped(directory: str | Path) -> str:
+    n = sum(1 for p in list_checkpoints(directory) if p in _reported)
+    return f" ({n} corrupt checkpoint(s) skipped)" if n else ""
+
+
+def load_trainer_state(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """The `trainer_state.pt` dict of a checkpoint folder (safe `weights_only` load).
+
+    mmap: map the tensors instead of reading them (to check a file cheaply).
+    An empty, truncated, unsafe or foreign file raises CorruptFileError naming it."""
+    from bert_kit.hf import load_torch_file
+
     file = Path(path) / STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(f"checkpoint {path} has no {STATE_FILE}")
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    if state.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{file}: unsupported checkpoint format {state.get('format_version')!r}")
+    state = load_torch_file(file, mmap=mmap)
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != FORMAT_VERSION:
+        raise CorruptFileError(f"{file}: not a bert-kit trainer state of format {FORMAT_VERSION} "
+                               f"(format_version {version!r})")
     return state
 
 

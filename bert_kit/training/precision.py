@@ -14,9 +14,11 @@ autocast runs the matmuls in the lower precision.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
+
 import torch
+
+from bert_kit.checks import ConfigError, resolve_device  # noqa: F401  (resolve_device: re-exported)
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("auto", *_DTYPES)
@@ -65,23 +67,11 @@ class Precision:
         return f"{mode}{scaler} on {self.device} ({self.reason})"
 
 
-def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """'auto' -> this process's GPU (LOCAL_RANK under torchrun) if CUDA is available, else CPU."""
-    if device is None or str(device) == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} requested but CUDA is not available; use device=cpu")
-    return device
-
-
 def resolve_precision(precision: str = "auto", device: str | torch.device | None = "auto",
                       verbose: bool = True) -> Precision:
     """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     dev = resolve_device(device)
     cuda = dev.type == "cuda"
     if precision == "auto":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import dataclasses
 import inspect
 import io
@@ -32,10 +33,28 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from bert_kit.checks import (ConfigError, ConfigFileNotFoundError, CorruptFileError, Range, check_device, check_settings,
+                             read_text)
+
 T = TypeVar("T")
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
+
+
+# What the settings every training run has (optimisation, hardware, bookkeeping) may be. Each run
+# config's __post_init__ checks them together with its own rules (`check_run_settings`).
+def check_run_settings(cfg: Any, rules: dict[str, Range]) -> None:
+    """Check a run config: `rules` (for its fields), Literal choices, the device name, two betas
+    and a non-empty output_dir. Raises ConfigError naming key, value and range."""
+    check_settings(cfg, {k: v for k, v in rules.items() if hasattr(cfg, k)})
+    check_device(getattr(cfg, "device", None))
+    betas = getattr(cfg, "betas", None)
+    if betas is not None and (not isinstance(betas, (list, tuple)) or len(betas) != 2):
+        raise ConfigError(f"betas={betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    output_dir = getattr(cfg, "output_dir", "x")
+    if not isinstance(output_dir, str) or not output_dir.strip():
+        raise ConfigError(f"output_dir={output_dir!r} must name a folder")
 
 
 def field_help(cls: type) -> dict[str, str]:
@@ -95,7 +114,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         text = value if not isinstance(value, str) else value.strip()
         if text in args:
             return text
-        raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+        shown = ", ".join(repr(a) for a in args)
+        raise ConfigError(f"{where}={value!r} is not a valid choice: expected one of {shown}")
     if origin in (Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
             if type(None) in args:
@@ -108,13 +128,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return coerce(value, arg, where)
             except ValueError:
                 pass
-        raise ValueError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, (str, int)) and str(value).strip().lower() in _TRUE | _FALSE:
             return str(value).strip().lower() in _TRUE
-        raise ValueError(f"{where}: expected a boolean (true/false), got {value!r}")
+        raise ConfigError(f"{where}: expected a boolean (true/false), got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -127,7 +147,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 number = None
             if number is not None and number.is_integer():
                 return int(number)
-        raise ValueError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -136,27 +156,27 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return float(value)  # YAML reads "1e-4" (no dot) as a string
             except ValueError:
                 pass
-        raise ValueError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ValueError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
     if origin in (list, tuple) or tp in (list, tuple):
         if isinstance(value, (str, int, float)):
             value = [value]  # a single file name is a one-element list
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
         item = args[0] if args else Any
         return [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a mapping (key: value), got {value!r}")
+            raise ConfigError(f"{where}: expected a mapping (key: value), got {value!r}")
         return dict(value)
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ValueError(f"{where}: cannot convert {value!r} to {_type_name(tp)}")
+    raise ConfigError(f"{where}: cannot convert {value!r} to {_type_name(tp)}")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -164,16 +184,21 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
-    """Build dataclass `cls` from a dict; unknown keys and bad types raise ValueError."""
+    """Build dataclass `cls` from a dict; unknown keys, bad types and bad values (the checks of
+    `cls.__post_init__`) raise ConfigError naming `source` and the key."""
+    prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+        raise ConfigError(f"{prefix}expected a mapping of settings, got {type(data).__name__}")
     hints = _hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in valid]
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    values = {k: coerce(v, hints[k], f"{source}: {k}") for k, v in data.items()}
-    return cls(**values)
+        raise ConfigError(f"{prefix}unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+    values = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    try:
+        return cls(**values)
+    except ValueError as e:  # __post_init__ checks: a bad setting, whatever error class it used
+        raise ConfigError(f"{prefix}{e}") from None
 
 
 def _parse_override(text: str) -> tuple[str, Any]:
@@ -182,7 +207,7 @@ def _parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ValueError(f"override {text!r} is not of the form key=value")
+        raise ConfigError(f"override {text!r} is not of the form key=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -198,7 +223,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> di
         key, value = _parse_override(text)
         head, _, rest = key.partition(".")
         if head not in valid:
-            raise ValueError(f"override {text!r}: unknown key {head!r}; valid keys: {', '.join(valid)}")
+            raise ConfigError(f"override {text!r}: unknown key {head!r}; valid keys: {', '.join(valid)}")
         if rest:
             inner = data.get(head)
             if inner is None:
@@ -206,7 +231,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> di
             if isinstance(inner, str):  # e.g. model=bert-mini then model.hidden_dropout_prob=0
                 inner = {"preset": inner}
             if not isinstance(inner, dict):
-                raise ValueError(f"override {text!r}: {head} is not a mapping, cannot set {rest!r}")
+                raise ConfigError(f"override {text!r}: {head} is not a mapping, cannot set {rest!r}")
             inner = dict(inner)
             inner[rest] = value
             value = inner
@@ -215,34 +240,62 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> di
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from `path`; missing file and bad YAML give errors naming the file."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    """A YAML mapping from `path`; a missing file, bad text or bad YAML give errors naming the file
+    (and line). Only plain YAML is read: tags that would build Python objects are refused."""
+    data, _ = _read_yaml_lines(path)
     return data
 
 
+def _read_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """(mapping, {top-level key: line number}) of a YAML run config."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder: name a YAML file")
+    if not path.is_file():
+        raise ConfigFileNotFoundError(f"config file not found: {path}")
+    try:
+        text = read_text(path)
+        data = yaml.safe_load(text) or {}
+    except CorruptFileError as e:  # not UTF-8
+        raise ConfigError(str(e)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"{mark.line + 1}:" if mark is not None else ""
+        raise ConfigError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    root = yaml.compose(text)
+    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value} if root is not None else {}
+    return data, lines
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Dataclass `cls` from an optional YAML file, then `key=value` overrides."""
-    data = read_yaml(path) if path is not None else {}
+    """Dataclass `cls` from an optional YAML file, then `key=value` overrides.
+
+    A bad value from the file is reported with its line: `run.yaml:7: clip_grad=-1.0 is out of range ...`.
+    """
+    data, lines = _read_yaml_lines(path) if path is not None else ({}, {})
     source = str(path) if path is not None else "overrides"
     # check file keys first so the error names the file, not the overrides
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in valid]
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    data = apply_overrides(data, list(overrides or []), cls)
-    return config_from_dict(cls, data, source if not overrides or path is None else f"{source} (+ overrides)")
+        where = f"{source}:{lines[unknown[0]]}" if unknown[0] in lines else source
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+    overrides = list(overrides or [])
+    merged = apply_overrides(data, overrides, cls)
+    overridden = {_parse_override(o)[0].partition(".")[0] for o in overrides}
+    try:
+        return config_from_dict(cls, merged, "")
+    except ConfigError as e:
+        message = str(e)
+        key = re.match(r"(\w+)", message)
+        if key and key.group(1) in lines and key.group(1) not in overridden:
+            raise ConfigError(f"{source}:{lines[key.group(1)]}: {message}") from None
+        with_overrides = overrides and path is not None
+        raise ConfigError(f"{source} (+ overrides): {message}" if with_overrides else f"{source}: {message}") from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -13,12 +13,13 @@ with an error naming the settings, unless `force_resume: true`.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
 from bert_kit.training.distributed import DEFAULT_TIMEOUT_S
+from bert_kit.training.runconfig import check_run_settings
 
 # settings a resumed run may change; every other difference is refused unless force_resume
 RESUMABLE_CHANGES = frozenset({
@@ -39,25 +40,8 @@ def parse_duration(text: str | float | int | None) -> float | None:
         return None
     m = _DURATION.match(str(text))
     if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"time_budget: {text!r} is not a positive duration such as 90s, 6m or 1.5h")
+        raise ConfigError(f"time_budget={text!r} is not a positive duration such as 90s, 6m or 1.5h")
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
-
-def check_range(owner: object, name: str, low: float | None = None, high: float | None = None,
-                low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> None:
-    """Raise ValueError naming `name`, its value and the allowed range unless low <= value <= high."""
-    value = getattr(owner, name)
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: {value!r} is not a finite number")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    too_high = high is not None and (value >= high if high_open else value > high)
-    if too_low or too_high:
-        left = "(" if low_open else "["
-        right = ")" if high_open else "]"
-        shown = f"{left}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}{right}"
-        raise ValueError(f"{name}: {value!r} is outside the allowed range {shown}")
 
 
 @dataclass
@@ -103,20 +87,34 @@ class RunSettings:
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "log_every"):
-            check_range(self, name, low=1)
-        check_range(self, "max_steps", low=1, allow_none=True)
-        check_range(self, "warmup_steps", low=0, allow_none=True)
-        for name in ("eval_every", "save_every", "save_minutes", "keep_last", "num_workers", "weight_decay", "clip_grad"):
-            check_range(self, name, low=0)
-        check_range(self, "lr", low=0, low_open=True)
-        check_range(self, "eps", low=0, low_open=True)
-        check_range(self, "dist_timeout_s", low=0, low_open=True)
-        check_range(self, "warmup_fraction", low=0, high=1, high_open=True)
-        check_range(self, "min_lr_ratio", low=0, high=1)
-        if self.betas is not None:
-            if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-                raise ValueError(f"betas: {self.betas!r} must be two numbers in [0, 1)")
+        self.check({})
+
+    def check(self, rules: dict[str, Range]) -> None:
+        """Validate every setting: `RUN_RULES` plus a subclass's `rules` (which win), Literal
+        choices and the device name. Errors name the key, the value and the allowed range."""
+        check_run_settings(self, {**RUN_RULES, **rules})
         self.time_budget_s = parse_duration(self.time_budget)
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", str(self.device).strip()):
-            raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+
+
+# what each shared setting may be (bert_kit/checks.py); subclasses add theirs
+RUN_RULES: dict[str, Range] = {
+    "batch_size": positive(integer=True),
+    "grad_accum": positive(integer=True),
+    "max_steps": positive(integer=True, optional=True),
+    "lr": positive(),
+    "weight_decay": non_negative(),
+    "betas": fraction(high_open=True),
+    "eps": positive(),
+    "warmup_steps": non_negative(integer=True, optional=True),
+    "warmup_fraction": fraction(high_open=True),
+    "min_lr_ratio": fraction(),
+    "clip_grad": non_negative(hint="0 turns clipping off"),
+    "num_workers": non_negative(integer=True),
+    "dist_timeout_s": positive(),
+    "seed": Range(0, 2**32 - 1, integer=True),
+    "log_every": positive(integer=True),
+    "eval_every": non_negative(integer=True),
+    "save_every": non_negative(integer=True),
+    "save_minutes": non_negative(hint="0: save_every steps only"),
+    "keep_last": non_negative(integer=True, hint="0 keeps all"),
+}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import contextmanager
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,3 +75,32 @@ def cli_process(tmp_path):
         return Outcome(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory):
+    """Valid tiny inputs (corpus, tokenizer, model folders, run configs, a finished run) to break;
+    see tests/bad_inputs/assets.py. Built once per session; copy before changing them."""
+    from tests.bad_inputs.assets import build_assets
+
+    with one_thread():
+        return build_assets(tmp_path_factory.mktemp("assets"))
+
+
+@contextmanager
+def one_thread():
+    """One torch thread: tiny models gain nothing from more on a shared machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def single_thread():
+    with one_thread():
+        yield

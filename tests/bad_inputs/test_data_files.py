@@ -41,7 +41,7 @@ def folders(tmp_path_factory, minilm_path):
     made = {"encoder": (BERTModel(TINY), {}),
             "classifier": (BERTForSequenceClassification(TINY, num_labels=2),
                            {"task": "classification", "label_names": ["neg", "pos"], "max_length": 32}),
-            "qa": (BERTForQuestionAnswering(TINY), {"task": "qa", "max_length": 64, "doc_stride": 16}),
+            "qa": (BERTForQuestionAnswering(TINY), {"task": "qa", "max_length": 64, "doc_stride": 16, "max_query_length": 16}),
             "bi-encoder": (BERTModel(TINY), {"task": "similarity", "similarity_mode": "bi-encoder", "max_length": 32})}
     out = {}
     for name, (model, meta) in made.items():
@@ -293,21 +293,21 @@ FINETUNE_CASES = {
 def test_bad_training_file(cli, folders, case):
     write_files(case.files)
     out = cli("finetune", f"task={case.task}", f"model={folders['encoder']}", f"train_file={case.train_file}",
-              "output_dir=run", "max_steps=1", "device=cpu", "max_length=64", *case.settings)
+              "output_dir=run", "max_steps=1", "device=cpu", "max_length=64", "max_query_length=16", "doc_stride=16", *case.settings)
     out.one_line_error(*case.needles, code=1)
 
 
 # ---- data settings: stopped before anything is read, naming the key and the value
 SETTING_CASES = {
-    "max_train_examples=-1": ["max_train_examples must be >= 1 (or null for all), got -1"],
-    "max_train_examples=0": ["max_train_examples must be >= 1"],
-    "max_eval_examples=-5": ["max_eval_examples must be >= 1 (or null for all), got -5"],
-    "squad_train_articles=0": ["squad_train_articles must be >= 1"],
-    "num_labels=0": ["num_labels must be >= 1 (1 = regression, 2 or more = classes), got 0"],
-    "num_labels=-2": ["num_labels must be >= 1", "got -2"],
+    "max_train_examples=-1": ["max_train_examples=-1 is out of range: expected an integer >= 1 or null"],
+    "max_train_examples=0": ["max_train_examples=0 is out of range"],
+    "max_eval_examples=-5": ["max_eval_examples=-5 is out of range"],
+    "squad_train_articles=0": ["squad_train_articles=0 is out of range"],
+    "num_labels=0": ["num_labels=0 is out of range: expected an integer >= 1 or null (1 = regression)"],
+    "num_labels=-2": ["num_labels=-2 is out of range"],
     "label_names=[only]": ["label_names must name two or more classes, got ['only']"],
-    "label_names=[a, b, a]": ["label_names lists 'a' twice"],
-    "label_names=[a, b]|num_labels=3": ["num_labels=3 but label_names has 2 names ['a', 'b']"],
+    "label_names=[a, b, a]": ["label_names=['a', 'b', 'a'] must be distinct names"],
+    "label_names=[a, b]|num_labels=3": ["num_labels=3 contradicts the 2 label_names ['a', 'b']"],
     "label_pattern=(?P<label>\\w+": ["label_pattern '(?P<label>\\\\w+' is not a regular expression"],
     "label_pattern=(\\w+) (.*)": ["has no group named 'label'"],
     "label_pattern=(?P<label>\\w+) (?P<txt>.*)": ["has no group named 'text'"],
@@ -316,7 +316,8 @@ SETTING_CASES = {
     "where=train": ["where: expected a mapping (key: value), got 'train'"],
     "where={split: {a: 1}}": ["where: the value of 'split' must be a value or a list of values"],
     "validation_where={}": ["validation_where must be a mapping of column to value"],
-    "where={split: train}|task=qa": ["where / validation_where filter the rows of TSV/CSV/JSONL files", "task qa"],
+    "where={split: train}|task=token-classification": ["where / validation_where filter the rows of TSV/CSV/JSONL files",
+                                                       "task token-classification"],
     "where={split: train}|task=similarity": ["where / validation_where on a similarity file need its columns"],
     "score_range=[5, 1]": ["score_range must be [low, high] with finite low < high, got [5.0, 1.0]"],
     "score_range=[0, .inf]": ["score_range must be [low, high] with finite low < high"],
@@ -451,7 +452,7 @@ def test_conll_with_a_byte_order_mark_is_not_a_bogus_sentence(cli, folders, tmp_
 def test_skip_bad_answers_trains_on_the_good_ones(cli, folders, tmp_path):
     write_files({"train.json": squad([qa("good"), qa("bad", start=9), qa("also", "France", 39)])})
     out = cli("finetune", "task=qa", f"model={folders['encoder']}", "train_file=train.json", "output_dir=run",
-              "max_steps=1", "device=cpu", "max_length=64", "doc_stride=16", "skip_bad_answers=true",
+              "max_steps=1", "device=cpu", "max_length=64", "max_query_length=16", "doc_stride=16", "skip_bad_answers=true",
               "--output", "r.json")
     assert out.code == 0, out.err
     assert "train.json: skipped 1 answer(s) that do not match their context; dropped 1 question(s)" in out.err

@@ -288,7 +288,7 @@ def test_config_errors(tmp_path, tiny_model):
     with pytest.raises(ValueError, match="unknown key"):
         cli_main_raises(["finetune", "--task", "qa", "model=x", "learning_rate=1"])
     (tmp_path / "run.yaml").write_text("task: qa\nmodel: x\n")
-    assert cli_main(["finetune", "--task", "similarity", "--config", str(tmp_path / "run.yaml")]) == 1
+    assert cli_main(["finetune", "--task", "similarity", "--config", str(tmp_path / "run.yaml")]) == 2  # a usage error
     with pytest.raises(FileNotFoundError, match="neither a model folder"):
         finetune(FinetuneConfig(model="no-such-model", tokenizer=str(tiny_model), train_file=__file__,
                                 output_dir=str(tmp_path / "r"), device="cpu"))

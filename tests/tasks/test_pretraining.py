@@ -204,17 +204,17 @@ def test_bad_config_and_data_give_clear_errors(tmp_path, capsys):
     good = tmp_path / "good.yaml"
     good.write_text("max_steps: 2\n")
 
-    def error_of(*argv: str) -> str:
-        assert cli(["pretrain", *argv]) == 1
+    def error_of(*argv: str, code: int = 1) -> str:
+        assert cli(["pretrain", *argv]) == code  # 2: the command is wrong; 1: the run failed
         return capsys.readouterr().err
 
-    err = error_of("--config", str(tmp_path / "missing.yaml"))
+    err = error_of("--config", str(tmp_path / "missing.yaml"), code=2)
     assert "config file not found" in err and "missing.yaml" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_steps: 2\nlearning_rate: 0.1\n")
-    err = error_of("--config", str(bad))
+    err = error_of("--config", str(bad), code=2)
     assert "learning_rate" in err and "valid keys" in err and "warmup_steps" in err
-    assert "max_steps: expected an integer, got 'ten'" in error_of("--config", str(good), "max_steps=ten")
+    assert "max_steps: expected an integer, got 'ten'" in error_of("--config", str(good), "max_steps=ten", code=2)
     err = error_of("--config", str(good), f"train_files=[{tmp_path / 'nope.txt'}]", "train_tokenizer={vocab_size: 50}",
                    f"output_dir={tmp_path / 'o1'}")
     assert "nope.txt" in err

@@ -1,0 +1,308 @@
+"""Bad run configs: every setting is checked where it is defined, and the command line says which.
+
+Each bad value is one input; the outcome is one error line naming the key, the value and the
+allowed range (exit code 2: the command is wrong), or, for values at the edge of their range,
+a config that loads with the right value. Also: YAML files that are broken, not UTF-8, not a
+mapping or carry Python tags; flags; `--debug`; and the exit codes a shell sees.
+
+Run: python -m pytest -q tests/bad_inputs/test_run_configs.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bert_kit.tasks.finetuning import FinetuneConfig
+from bert_kit.tasks.pretraining import PretrainConfig
+from bert_kit.training.runconfig import load_config
+
+USAGE = 2
+
+
+def case(overrides: str, *needles: str, code: int = USAGE):
+    return pytest.param(overrides.split("  "), needles, code, id=overrides)
+
+
+# (override(s) separated by two spaces, text the error line must hold)
+PRETRAIN_CASES = [
+    case("clip_grad=-1", "clip_grad=-1.0", "out of range", ">= 0", "0 turns clipping off"),
+    case("weight_decay=-1", "weight_decay=-1.0", ">= 0"),
+    case("lr=0", "lr=0.0", "> 0"),
+    case("lr=-1e-4", "lr=-0.0001", "> 0"),
+    case("lr=nan", "lr=nan", "a finite number > 0"),
+    case("lr=inf", "lr=inf", "a finite number > 0"),
+    case("lr=fast", "lr: expected a number, got 'fast'"),
+    case("max_steps=0", "max_steps=0", "an integer >= 1"),
+    case("max_steps=2.5", "max_steps: expected an integer, got 2.5"),
+    case("batch_size=0", "batch_size=0", "an integer >= 1"),
+    case("grad_accum=-1", "grad_accum=-1", "an integer >= 1"),
+    case("max_length=4", "max_length=4", ">= 5", "[CLS] A [SEP] B [SEP]"),
+    case("max_length=2  nsp=false", "max_length=2", ">= 3"),
+    case("max_length=100", "max_length=100", "64 positions", "max_position_embeddings"),
+    case("phases=[{fraction: 1.0, max_length: 100}]", "max_length=100", "64 positions"),
+    case("phases=[{fraction: 0.5}]", "phases: fractions must add up to 1"),
+    case("phases=[{fraction: 1.0, seq_len: 8}]", "phases[0]: unknown key(s) ['seq_len']", "max_length"),
+    case("phases=[{fraction: 1.0, batch_size: 0}]", "phases[0].batch_size=0", ">= 1"),
+    case("phases=[{fraction: 0}]", "phases[0].fraction=0", "(0, 1]"),
+    case("phases=[5]", "phases[0]: expected a mapping (key: value), got 5"),
+    case("mask_probability=0", "mask_probability=0.0", "(0, 1)"),
+    case("mask_probability=1.5", "mask_probability=1.5", "(0, 1)"),
+    case("eval_fraction=1", "eval_fraction=1.0", "[0, 1)"),
+    case("warmup_fraction=-0.1", "warmup_fraction=-0.1", "[0, 1)"),
+    case("warmup_steps=-1", "warmup_steps=-1", "[0, 6]"),
+    case("warmup_steps=100", "warmup_steps=100", "at most max_steps"),
+    case("betas=[0.9]", "betas=[0.9] must be two numbers"),
+    case("betas=[0.9, 1.0]", "betas[1]=1.0", "[0, 1)"),
+    case("betas=[-0.1, 0.9]", "betas[0]=-0.1", "[0, 1)"),
+    case("eps=0", "eps=0.0", "> 0"),
+    case("min_lr_ratio=2", "min_lr_ratio=2.0", "[0, 1]"),
+    case("short_seq_prob=1.5", "short_seq_prob=1.5", "[0, 1]"),
+    case("log_every=0", "log_every=0", ">= 1"),
+    case("eval_every=-1", "eval_every=-1", ">= 0"),
+    case("eval_batches=0", "eval_batches=0", ">= 1"),
+    case("save_every=-1", "save_every=-1", ">= 0"),
+    case("keep_last=-1", "keep_last=-1", ">= 0", "0 keeps all"),
+    case("num_workers=-1", "num_workers=-1", ">= 0"),
+    case("shuffle_buffer=0", "shuffle_buffer=0", ">= 1"),
+    case("seed=-1", "seed=-1", "[0, 4294967295]"),
+    case("seed=4294967296", "seed=4294967296", "[0, 4294967295]"),
+    case("dist_timeout_s=0", "dist_timeout_s=0.0", "> 0"),
+    case("device=bogus", "device='bogus' is not a device", "cpu, cuda, cuda:N"),
+    case("device=cuda:x", "device='cuda:x' is not a device"),
+    case("precision=fp8", "precision='fp8'", "'fp32'", "'bf16'"),
+    case("schedule=cosinus", "schedule='cosinus'", "'cosine'"),
+    case("optimizer=sgd", "optimizer='sgd'", "'adamw'"),
+    case("corpus_format=csv", "corpus_format='csv'", "'jsonl'"),
+    case("parallel=horovod", "parallel='horovod'", "'fsdp'"),
+    case("nsp=maybe", "nsp: expected a boolean (true/false), got 'maybe'"),
+    case("lerning_rate=0.1", "unknown key 'lerning_rate'", "valid keys"),
+    case("lr", "override 'lr' is not of the form key=value"),
+    case("model=bert-huge", "model='bert-huge' is neither a model folder, a config file nor a preset", "bert-tiny"),
+    case("model.num_attention_heads=3", "hidden_size (32) must be divisible by num_attention_heads (3)"),
+    case("model.hidden_dropout_prob=1", "hidden_dropout_prob=1", "[0, 1)"),
+    case("model.layer_norm_eps=nan", "layer_norm_eps=nan", "> 0"),
+    case("model.initializer_range=-1e-2", "initializer_range=-0.01", "> 0"),
+    case("model.num_hidden_layers=0", "num_hidden_layers=0", ">= 1"),
+    case("model=[1, 2]", "model=[1, 2] must be a preset name"),
+    case("train_tokenizer={vocab_size: 3}", "train_tokenizer.vocab_size=3", ">= 6"),
+    case("train_tokenizer={size: 100}", "train_tokenizer: unknown key(s) ['size']"),
+    case("streaming=true", "streaming: true trains MLM only", "nsp: false"),
+    case("streaming=true  nsp=false  eval_files=[]", "streaming: true needs eval_files"),
+    case("cuda_graphs=true", "cuda_graphs and compile_tuning need compile: true"),
+    case("output_dir=", "output_dir='' must name a folder"),
+]
+
+FINETUNE_CASES = [
+    case("epochs=inf", "epochs=inf", "a finite number > 0"),
+    case("epochs=0", "epochs=0.0", "> 0"),
+    case("epochs=nan", "epochs=nan", "> 0"),
+    case("max_steps=0", "max_steps=0", ">= 1 or null"),
+    case("clip_grad=-0.5", "clip_grad=-0.5", ">= 0"),
+    case("weight_decay=-0.01", "weight_decay=-0.01", ">= 0"),
+    case("eval_batch_size=0", "eval_batch_size=0", ">= 1"),
+    case("max_length=1000", "max_length=1000", "64 positions"),
+    case("max_length=2", "max_length=2", ">= 3"),
+    case("task=qa  max_length=128  doc_stride=70", "doc_stride=70", "< 61", "max_query_length 64"),
+    case("task=qa  max_length=64", "max_query_length=64", "max_length 64", "< 60"),
+    case("max_query_length=0", "max_query_length=0", ">= 1"),
+    case("n_best=0", "n_best=0", ">= 1"),
+    case("max_answer_length=-3", "max_answer_length=-3", ">= 1"),
+    case("classifier_dropout=1", "classifier_dropout=1.0", "[0, 1)"),
+    case("num_labels=0", "num_labels=0", ">= 1 or null", "1 = regression"),
+    case("label_names=[a, a]", "label_names=['a', 'a'] must be distinct"),
+    case("label_names=[]", "label_names=[] must be distinct names"),
+    case("label_names=[a, b]  num_labels=3", "num_labels=3 contradicts the 2 label_names"),
+    case("max_train_examples=-1", "max_train_examples=-1", ">= 1 or null"),
+    case("max_eval_examples=0", "max_eval_examples=0", ">= 1 or null"),
+    case("squad_train_articles=0", "squad_train_articles=0", ">= 1 or null"),
+    case("task=ner", "task='ner'", "'token-classification'"),
+    case("similarity_mode=both", "similarity_mode='both'", "'bi-encoder'"),
+    case("pooling=max", "pooling='max'", "'mean'"),
+    case("similarity_loss=mse", "similarity_loss='mse'", "'cosent'"),
+    case("warmup_fraction=1", "warmup_fraction=1.0", "[0, 1)"),
+    case("tag_column=1.5", "tag_column: expected an integer, got 1.5"),
+    case("batch_size=-8", "batch_size=-8", ">= 1"),
+    case("device=gpu", "device='gpu' is not a device"),
+    case("lr=1e", "lr: expected a number, got '1e'"),
+]
+
+
+@pytest.mark.parametrize("overrides, needles, code", PRETRAIN_CASES)
+def test_pretrain_setting(cli, assets, tmp_path, overrides, needles, code):
+    result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={tmp_path / 'out'}", *overrides)
+    line = result.one_line_error(*needles, code=code)
+    assert str(assets.pretrain_yaml) in line or "override" in line  # where the bad value came from
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("overrides, needles, code", FINETUNE_CASES)
+def test_finetune_setting(cli, assets, tmp_path, overrides, needles, code):
+    result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={tmp_path / 'out'}", *overrides)
+    line = result.one_line_error(*needles, code=code)
+    assert str(assets.finetune_yaml) in line or "override" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_device_cuda_without_a_gpu(cli, assets, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = cli("pretrain", "--config", assets.pretrain_yaml, "device=cuda", f"output_dir={tmp_path / 'out'}")
+    result.one_line_error("device='cuda'", "CUDA is not available", "cpu", code=USAGE)
+
+
+# ---- the config file itself -----------------------------------------------------------------------
+
+def test_bad_value_in_the_file_names_its_line(cli, assets, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(assets.pretrain_yaml.read_text() + "clip_grad: -1\n")
+    line_no = len(config.read_text().splitlines())
+    result = cli("pretrain", "--config", config, f"output_dir={tmp_path / 'out'}")
+    result.one_line_error(f"{config}:{line_no}: clip_grad=-1.0 is out of range", code=USAGE)
+
+
+def test_unknown_key_in_the_file_names_its_line(cli, assets, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\nlr: 1.0e-3\nlerning_rate: 0.1\n")
+    result = cli("pretrain", "--config", config)
+    result.one_line_error(f"{config}:3: unknown key(s) ['lerning_rate']", "valid keys", code=USAGE)
+
+
+def test_wrong_type_in_the_file(cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\nlr: [1, 2]\n")
+    cli("pretrain", "--config", config).one_line_error(f"{config}:2: lr: expected a number, got [1, 2]", code=USAGE)
+
+
+def test_config_not_utf8_names_file_and_line(cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_bytes(b"max_steps: 2\nlr: 1.0e-3\nname: caf\xe9\n")
+    cli("pretrain", "--config", config).one_line_error(f"{config}:3: not UTF-8 text", "byte 0xe9", code=USAGE)
+
+
+def test_config_invalid_yaml_names_file_and_line(cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\ntrain_files: [a.txt\nlr: 1\n")
+    cli("pretrain", "--config", config).one_line_error(f"{config}:3: invalid YAML", code=USAGE)
+
+
+def test_config_not_a_mapping(cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("- max_steps: 2\n- lr: 1\n")
+    cli("finetune", "--config", config).one_line_error(f"{config}: expected a mapping of settings, got list",
+                                                       code=USAGE)
+
+
+def test_config_python_tag_is_refused_not_run(cli, tmp_path):
+    marker = tmp_path / "pwned"
+    config = tmp_path / "run.yaml"
+    config.write_text(f"max_steps: 2\nlr: !!python/object/apply:os.system ['touch {marker}']\n")
+    cli("pretrain", "--config", config).one_line_error(f"{config}:2: invalid YAML", code=USAGE)
+    assert not marker.exists()
+
+
+def test_config_file_missing(cli, tmp_path):
+    cli("pretrain", "--config", tmp_path / "nope.yaml").one_line_error("config file not found", "nope.yaml",
+                                                                       code=USAGE)
+
+
+def test_config_file_is_a_folder(cli, tmp_path):
+    cli("finetune", "--config", tmp_path).one_line_error(f"config file {tmp_path} is a folder", code=USAGE)
+
+
+def test_no_config_and_no_overrides(cli):
+    cli("pretrain").one_line_error("pass --config FILE", code=USAGE)
+    cli("finetune").one_line_error("pass --config FILE", code=USAGE)
+
+
+def test_task_flag_contradicts_the_file(cli, assets):
+    cli("finetune", "--task", "qa", "--config", assets.finetune_yaml).one_line_error(
+        "--task qa contradicts task: classification", code=USAGE)
+
+
+def test_unknown_flag_is_a_usage_error(cli, assets):
+    result = cli("pretrain", "--config", assets.pretrain_yaml, "--learning-rate", "3")
+    assert result.code == USAGE and "unrecognized arguments: --learning-rate" in result.err
+    assert "Traceback" not in result.err
+
+
+# ---- values at the edge of their range load as given ----------------------------------------------------
+
+@pytest.mark.parametrize("override, key, value", [
+    ("clip_grad=0", "clip_grad", 0.0),  # no clipping
+    ("weight_decay=0", "weight_decay", 0.0),
+    ("warmup_steps=0", "warmup_steps", 0),
+    ("warmup_steps=6", "warmup_steps", 6),  # = max_steps
+    ("keep_last=0", "keep_last", 0),  # keep all
+    ("max_steps=6e0", "max_steps", 6),  # a whole number written as a float
+    ("lr=1e-3", "lr", 1e-3),  # YAML reads 1e-3 (no dot) as a string
+    ("device= cpu", "device", "cpu"),
+    ("seed=4294967295", "seed", 4294967295),
+    ("betas=[0, 0.999]", "betas", [0.0, 0.999]),
+    ("mask_probability=0.999", "mask_probability", 0.999),
+])
+def test_edge_values_load(assets, override, key, value):
+    cfg = load_config(PretrainConfig, assets.pretrain_yaml, [override])
+    assert getattr(cfg, key) == value
+
+
+def test_config_with_byte_order_mark_loads(assets, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_bytes(b"\xef\xbb\xbf" + assets.pretrain_yaml.read_bytes())
+    assert load_config(PretrainConfig, config).max_steps == 6
+
+
+def test_python_callers_get_the_same_checks():
+    with pytest.raises(ValueError, match=r"^lr='1e-4' is not a number: expected a finite number > 0$"):
+        PretrainConfig(lr="1e-4")
+    with pytest.raises(ValueError, match=r"^max_steps=1000.0 is not an integer"):
+        PretrainConfig(max_steps=1000.0)
+    with pytest.raises(ValueError, match=r"^epochs=inf is out of range"):
+        FinetuneConfig(epochs=math.inf)
+    with pytest.raises(ValueError, match=r"^schedule='Linear' is not a valid choice"):
+        FinetuneConfig(schedule="Linear")
+
+
+def test_clip_grad_zero_and_weight_decay_zero_train(cli, assets, tmp_path, single_thread):
+    """The edge values are not only accepted: a run with them trains and finishes."""
+    result = cli("pretrain", "--config", assets.pretrain_yaml, "clip_grad=0", "weight_decay=0", "max_steps=2",
+                 f"output_dir={tmp_path / 'out'}")
+    assert result.code == 0, result.err
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
+
+
+# ---- --debug, and what a shell sees ----------------------------------------------------------------
+
+def test_debug_flag_shows_the_traceback_too(cli, assets, tmp_path):
+    result = cli("pretrain", "--config", assets.pretrain_yaml, "clip_grad=-1", "--debug")
+    assert result.code == USAGE
+    assert "Traceback" in result.err and "ConfigError" in result.err
+    assert result.err.strip().splitlines()[-1].startswith("bert-kit pretrain: error: ")
+
+
+def test_debug_environment_variable(cli, assets, monkeypatch):
+    monkeypatch.setenv("BERT_KIT_DEBUG", "1")
+    result = cli("finetune", "--config", assets.finetune_yaml, "epochs=inf")
+    assert result.code == USAGE and "Traceback" in result.err
+
+
+def test_unexpected_error_is_one_line_with_a_hint(cli, assets, monkeypatch):
+    import bert_kit.cli.common
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    monkeypatch.setattr(bert_kit.cli.common, "load_config", broken)
+    line = cli("pretrain", "--config", assets.pretrain_yaml).one_line_error("TypeError: unsupported operand",
+                                                                           "--debug", code=1)
+    assert "report it" in line
+
+
+def test_exit_codes_seen_by_a_shell(cli_process, assets, tmp_path):
+    usage = cli_process("pretrain", "--config", assets.pretrain_yaml, "weight_decay=-1", timeout=60)
+    usage.one_line_error("weight_decay=-1.0", code=USAGE)
+    failure = cli_process("fill-mask", "--model", tmp_path / "no-model", "a [MASK]", timeout=60)
+    failure.one_line_error("no-model", code=1)
