@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Sequence
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -117,6 +117,8 @@ class Server:
             return JSONResponse({op.output_key: op.respond(outputs, options)})
         except InputError as e:
             return error(e.status, str(e), e.field)
+        except ClientDisconnect:  # gone before its body arrived: nobody reads this answer
+            return error(400, "client disconnected while sending the body")
         except QueueFull as e:
             return error(503, f"server busy: {e}; retry later", headers={"Retry-After": str(self.limits.retry_after)})
         except Exception as e:  # a bug or a model failure: answer, log, keep serving

@@ -5,8 +5,8 @@ worker thread owns the model: it takes the operation whose oldest input has wait
 waits until that input is `max_wait` seconds old or the queued inputs fill `max_batch_tokens`,
 then takes inputs from the front of the queue up to the token budget (always at least one), sorts
 them longest first (so a padded batch pads little) and runs them as one batch. While the model
-runs, new requests queue up, so under load each batch takes whatever has arrived: the batch
-grows with the load and the wait never goes past one batch's time plus `max_wait`.
+runs, new requests queue up, so under load each batch takes whatever has arrived (up to the
+budget): batches grow with the load, and an idle server adds at most `max_wait` to a request.
 
 Every output goes back to its request at its input's position; a request is answered when its
 last input is done (its inputs may span batches). At most `max_queue` requests are inside the

@@ -272,11 +272,12 @@ def _has_mlm_head(folder: Path) -> bool:
 
 
 def load_torch(folder: str | Path, device: str | None = None, precision: str = "auto",
-               max_length: int | None = None) -> tuple[dict[str, Any], list[Operation]]:
+               max_length: int | None = None, compile: bool = False) -> tuple[dict[str, Any], list[Operation]]:
     """(description, operations) of a model folder, run by PyTorch.
 
     A folder written by `bert-kit finetune` serves its task (and /embed from its encoder); any other
-    BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
+    BERT folder serves /embed, and /fill-mask when it holds MLM head weights. `compile`: /embed runs
+    a compiled encoder (`SentenceEncoder(compile=True)`)."""
     from bert_kit.embeddings import SentenceEncoder
     from bert_kit.model import BERTModel
     from bert_kit.model_folder import (
@@ -322,10 +323,10 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
             encoder_model = BERTModel.from_pretrained(found)
         info.update(device=str(prec.device), precision="float32")
     encoder = SentenceEncoder(encoder_model, tokenizer, pooling, normalize=False, max_length=length,
-                              device=prec.device)
-    info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim)
+                              device=prec.device, compile=compile)
+    info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim, compiled=compile)
     return info, [Embed(encoder), *ops]
 
 
-# backend name -> loader(folder, device, precision, max_length) -> (description, operations)
+# backend name -> loader(folder, device, precision, max_length, compile) -> (description, operations)
 BACKENDS: dict[str, Callable[..., tuple[dict[str, Any], list[Operation]]]] = {"torch": load_torch}
