@@ -9,8 +9,7 @@ Every server is a separate process on loopback, serving all-MiniLM-L6-v2 under t
 - `st-serial`: the same `encode` called on the event loop (an `async def` endpoint): one request
   at a time, no thread contention;
 - `bert-kit-threadpool` (with --bert-kit-unbatched): bert-kit's `SentenceEncoder.encode` in the
-  same unbatched server, to separate the model's own speed from the batching;
-- `bert-kit serve --compile` (with --compile): the batching server with a compiled encoder.
+  same unbatched server, to separate the model's own speed from the batching.
 
 Clients (asyncio + httpx, one connection each, in this process) send 1-16 random STS-B sentences
 per request back to back for `--seconds`, at 1, 8 and 64 clients; each (server, clients) run is
@@ -225,7 +224,6 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs of every (server, clients), interleaved")
     p.add_argument("--device", default=None, help="cpu or cuda (default: each server's default)")
     p.add_argument("--bert-kit-unbatched", action="store_true", help="also serve bert-kit's encode unbatched")
-    p.add_argument("--compile", action="store_true", help="also run `bert-kit serve --compile`")
     p.add_argument("--no-sigterm", action="store_true", help="skip the SIGTERM-at-peak check")
     p.add_argument("--out", type=Path, default=None, help="JSON Lines of every run")
     p.add_argument("--reference-server", action="store_true", help=argparse.SUPPRESS)
@@ -247,9 +245,6 @@ def main() -> None:
     servers = [bert_kit_server(args), reference_server(args, "st", "threadpool"), reference_server(args, "st", "serial")]
     if args.bert_kit_unbatched:
         servers.append(reference_server(args, "bert-kit", "threadpool"))
-    if args.compile:
-        servers.append(bert_kit_server(args, "--compile"))
-        servers[-1].name = "bert-kit serve --compile"
     rows = []
     try:
         for s in servers:

@@ -477,23 +477,6 @@ def test_sigterm_under_load_answers_every_accepted_request(servers):
     assert answered == accepted == outcomes.count("200")
 
 
-@pytest.mark.slow
-def test_compiled_embed_operation_equals_the_eager_encoder(folders):
-    """`--compile` (in-process: the same loader and warm-up as the server) gives the eager embeddings."""
-    from bert_kit.embeddings import SentenceEncoder
-    from bert_kit.serving.operations import Embed, load_torch
-    from bert_kit.serving.server import warm_up
-
-    info, ops = load_torch(folders["mlm"], "cpu", compile=True)
-    embed = next(op for op in ops if isinstance(op, Embed))
-    warm_up([embed])  # compiles the graphs for one input and for several
-    assert info["compiled"] is True
-    options = embed.with_defaults({})
-    vectors = np.array(embed.respond(embed.run(embed.prepare(TEXTS, options)), options))
-    eager = SentenceEncoder.from_pretrained(folders["mlm"], max_length=info["max_length"], device="cpu")
-    np.testing.assert_allclose(vectors, eager.encode(TEXTS), atol=1e-5, rtol=0)
-
-
 # ---- the command line -------------------------------------------------------------------------
 
 def test_cli_errors_without_the_extra_or_the_folder(monkeypatch, capsys, folders, tmp_path):

@@ -1,14 +1,14 @@
 """What the server computes: one `Operation` per endpoint, built around a loaded model folder.
 
-| endpoint       | served for                      | one input                      | one output                          |
-| -------------- | ------------------------------- | ------------------------------ | ----------------------------------- |
-| POST /embed    | every folder                    | text                           | vector (pooled, unit length)        |
-| POST /classify | classification                  | text, or [text, text_pair]     | label, label_id, probabilities      |
-|                |                                 |                                | (score for a regression head)       |
-| POST /tag      | token-classification            | text (split on spaces) or words| words, tags, entities               |
-| POST /answer   | qa                              | {question, context}            | answer (a span of the context)      |
-| POST /similarity | similarity                    | [sentence1, sentence2]         | score (cosine, or the cross-encoder's) |
-| POST /fill-mask| folders with an MLM head        | text with [MASK]               | top-k tokens per mask               |
+| endpoint         | served for           | one input                       | one output                           |
+| ---------------- | -------------------- | ------------------------------- | ------------------------------------ |
+| POST /embed      | every folder         | text                            | vector (pooled, unit length)         |
+| POST /classify   | classification       | text, or [text, text_pair]      | label, label_id, probabilities       |
+|                  |                      |                                 | (score for a regression head)        |
+| POST /tag        | token-classification | text (split on spaces) or words | words, tags, entities                |
+| POST /answer     | qa                   | {question, context}             | answer (a span of the context)       |
+| POST /similarity | similarity           | [sentence1, sentence2]          | score (cosine, or the cross-encoder) |
+| POST /fill-mask  | an MLM head          | text with [MASK]                | top-k tokens per mask                |
 
 An operation splits a request into three steps, so the batcher can mix requests: `prepare`
 tokenizes one request's inputs on the event loop (one `Item` per input, its token count the
@@ -17,7 +17,7 @@ batch cost), `run` computes one batch of items from many requests on the batchin
 code (`Task.logits`, `Task.tag`, `Task.answers`, `Task.scores`, `SentenceEncoder.encode_ids`,
 `fill_masks`), so the server answers exactly what `predict`, `embed` and `fill-mask` answer.
 
-Backends: `load_operations` builds these around torch modules. Everything above the model call
+Backends: `load_torch` builds these around torch modules. Everything above the model call
 (HTTP, limits, batching, metrics) only sees `Operation`s, so another runtime (ONNX Runtime for
 an exported folder) plugs in as one more loader in `BACKENDS` that returns the same operations
 around its own callable (the task code calls `model(input_ids, attention_mask, token_type_ids,
@@ -272,12 +272,11 @@ def _has_mlm_head(folder: Path) -> bool:
 
 
 def load_torch(folder: str | Path, device: str | None = None, precision: str = "auto",
-               max_length: int | None = None, compile: bool = False) -> tuple[dict[str, Any], list[Operation]]:
+               max_length: int | None = None) -> tuple[dict[str, Any], list[Operation]]:
     """(description, operations) of a model folder, run by PyTorch.
 
     A folder written by `bert-kit finetune` serves its task (and /embed from its encoder); any other
-    BERT folder serves /embed, and /fill-mask when it holds MLM head weights. `compile`: /embed runs
-    a compiled encoder (`SentenceEncoder(compile=True)`)."""
+    BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
     from bert_kit.embeddings import SentenceEncoder
     from bert_kit.model import BERTModel
     from bert_kit.model_folder import (
@@ -323,10 +322,10 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
             encoder_model = BERTModel.from_pretrained(found)
         info.update(device=str(prec.device), precision="float32")
     encoder = SentenceEncoder(encoder_model, tokenizer, pooling, normalize=False, max_length=length,
-                              device=prec.device, compile=compile)
-    info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim, compiled=compile)
+                              device=prec.device)
+    info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim)
     return info, [Embed(encoder), *ops]
 
 
-# backend name -> loader(folder, device, precision, max_length, compile) -> (description, operations)
+# backend name -> loader(folder, device, precision, max_length) -> (description, operations)
 BACKENDS: dict[str, Callable[..., tuple[dict[str, Any], list[Operation]]]] = {"torch": load_torch}

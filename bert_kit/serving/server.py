@@ -29,7 +29,6 @@ class ServeConfig:
     device: str | None = None  # cpu, cuda, cuda:1 (default: cuda if available)
     precision: str = "auto"  # task heads: auto, fp32, bf16, fp16 (embeddings run in fp32)
     max_length: int | None = None  # tokens per input (default: the folder's fine-tuning length)
-    compile: bool = False  # /embed: compile the encoder (CPU: about 2x faster after a compilation at start)
     max_batch_tokens: int | None = None  # most tokens in one model batch (default 16384 on a GPU, 2048 on the CPU)
     max_wait_ms: float = 5.0  # how long the oldest queued input waits for others to join its batch
     max_queue: int = 256  # requests queued or computing at once; past it 503 + Retry-After
@@ -55,8 +54,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def warm_up(operations: list) -> None:
     """A batch of one input and one of three through every operation: the first forward passes pay
-    one-off costs (allocations, kernel selection, with --compile the compilation of both graphs:
-    batches of one and of several) that should not land on the first clients."""
+    one-off costs (allocations, kernel selection) that should not land on the first clients."""
     for op in operations:
         options = op.with_defaults({})
         for n in (1, 3):
@@ -74,11 +72,11 @@ def serve(cfg: ServeConfig) -> int:
     if cfg.max_inputs < 1 or cfg.max_chars < 1 or cfg.grace_period < 0:
         raise ValueError("max_inputs and max_chars must be >= 1 and grace_period >= 0")
     t0 = time.perf_counter()
-    info, operations = BACKENDS[cfg.backend](cfg.model, cfg.device, cfg.precision, cfg.max_length, cfg.compile)
+    info, operations = BACKENDS[cfg.backend](cfg.model, cfg.device, cfg.precision, cfg.max_length)
     warm_up(operations)
     metrics = ServerMetrics()
     # a GPU gains from batches as large as memory allows; on a CPU big batches overflow the caches
-    # (MiniLM on 2 cores: 64 sentences of ~15 tokens per batch beat 512 by 2x or more)
+    # (MiniLM on 2 shared cores: batches of 64 sentences of ~15 tokens ran 2-4x faster than of 512)
     budget = cfg.max_batch_tokens or (16384 if info["device"].startswith("cuda") else 2048)
     batcher = Batcher(lambda op, items: op.run(items), budget, cfg.max_wait_ms / 1000, cfg.max_queue, metrics)
     app = create_app(info, operations, batcher, Limits(cfg.max_inputs, cfg.max_chars), metrics)
