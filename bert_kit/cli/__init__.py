@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),
     "convert": ("bert_kit.cli.convert", "import/export HF checkpoints (safetensors or pytorch_model.bin)"),
     "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
+    "serve": ("bert_kit.cli.serve", "a model folder behind HTTP with dynamic batching (needs the [serve] extra)"),
 }
 
 

@@ -199,27 +199,33 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
         rec: dict[str, Any] = {"text": texts[i]}
         if pairs is not None:
             rec["text_pair"] = pairs[i]
-        if task.regression:
-            rec["score"] = float(row[0])
-        else:
-            best = int(row.argmax())
-            probs = dict(zip(task.label_names, (round(p, 6) for p in row.softmax(-1).tolist())))
-            rec.update(label=task.label_names[best], label_id=best, probabilities=probs)
-        records.append(rec)
+        records.append({**rec, **label_record(task, row)})
     return records
+
+
+def label_record(task: Any, row: Any) -> dict[str, Any]:
+    """One example's logits (C,) as JSON: score for a regression head, else label, label_id and
+    probabilities by label name."""
+    if task.regression:
+        return {"score": float(row[0])}
+    best = int(row.argmax())
+    probs = dict(zip(task.label_names, (round(p, 6) for p in row.softmax(-1).tolist())))
+    return {"label": task.label_names[best], "label_id": best, "probabilities": probs}
 
 
 def predict_tokens(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
-    from bert_kit.metrics import get_entities
-
     sentences = read_sentences(path, fmt, task.s.word_column)
     dataset = task._dataset([(words, None) for words in sentences])
-    records = []
-    for words, tags in zip(sentences, task.tag(model, dataset, precision)):
-        entities = [{"type": t, "start": a, "end": b + 1, "text": " ".join(words[a: b + 1])}
-                    for t, a, b in get_entities(tags)]
-        records.append({"words": words, "tags": tags, "entities": entities})
-    return records
+    return [tagged_record(words, tags) for words, tags in zip(sentences, task.tag(model, dataset, precision))]
+
+
+def tagged_record(words: list[str], tags: list[str]) -> dict[str, Any]:
+    """One sentence's words, tags and entities (type, start, end word index exclusive, text) as JSON."""
+    from bert_kit.metrics import get_entities
+
+    entities = [{"type": t, "start": a, "end": b + 1, "text": " ".join(words[a: b + 1])}
+                for t, a, b in get_entities(tags)]
+    return {"words": words, "tags": tags, "entities": entities}
 
 
 def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
