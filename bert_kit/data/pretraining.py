@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -345,6 +346,14 @@ class DistributedResumableSampler(Sampler[int]):
 ResumableSampler = DistributedResumableSampler
 
 
+def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
+    """DataLoader workers ignore SIGINT and SIGTERM. A stop sent to the whole process group (Ctrl-C,
+    `timeout`, `scancel`) would otherwise kill them first and break the main process's graceful
+    save; the main process stops them itself when its loader is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a `DistributedResumableSampler` and a `DataCollatorForMLM`.
 
@@ -357,6 +366,7 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: Dataset, sampler: DistributedResumableSampler, **kwargs: Any) -> None:
+        kwargs.setdefault("worker_init_fn", leave_stop_signals_to_the_main_process)
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.epoch, self.batch_index, self._finished = 0, 0, False
 
@@ -410,7 +420,8 @@ class StreamingDataLoader:
         self.num_shards, self.pin_memory = max(1, num_workers), pin_memory
         # an own generator: starting an iteration never draws from the global RNG (dropout)
         self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=_as_list, num_workers=num_workers,
-                                 generator=torch.Generator().manual_seed(seed))
+                                 generator=torch.Generator().manual_seed(seed),
+                                 worker_init_fn=leave_stop_signals_to_the_main_process)
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:

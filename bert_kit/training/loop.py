@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from bert_kit.checks import ConfigError
 from bert_kit.model import unchecked_inputs
 from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
@@ -143,7 +144,7 @@ def claim_run_folder(out: Path, resuming: bool, overwrite: bool) -> None:
     if not overwrite:
         newest = latest_checkpoint(out / "checkpoints")
         at = f" (newest checkpoint {newest.name})" if newest else ""
-        raise FileExistsError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
+        raise ConfigError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
                               f"or start over with overwrite=true (deletes those files), or choose another output_dir")
     if is_main():
         for name in found:
@@ -166,7 +167,7 @@ def start_run(cfg: RunSettings, resume: str | None) -> Run:
     started = time.time()
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"output_dir {out} is a file, not a folder")
+        raise ConfigError(f"output_dir={out} is a file, not a folder")
     checkpoint = resolve_checkpoint(resume, out) if resume else None
     state = load_trainer_state(checkpoint) if checkpoint else None
     budget = cfg.time_budget_s
@@ -174,7 +175,7 @@ def start_run(cfg: RunSettings, resume: str | None) -> Run:
         changed, refused = settings_changes(state.get("run_config") or {}, cfg)
         if refused and not cfg.force_resume:
             shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
-            raise ValueError(f"cannot resume {checkpoint} with changed settings that shape the run ({shown}); "
+            raise ConfigError(f"cannot resume {checkpoint} with changed settings that shape the run ({shown}); "
                              f"restore them, or pass force_resume=true")
         if changed and is_main():
             shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())

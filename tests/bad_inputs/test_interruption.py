@@ -1,0 +1,162 @@
+"""Bad inputs: interruption and resume. A run folder belongs to one run; resuming with changed
+settings does what the settings say (or stops, naming them); a stop sent to a whole process group
+saves as one sent to the main process; results.json describes the whole run after a resume.
+
+(Corrupt newest checkpoints are in test_model_folders.py; SIGKILL at random points, including in
+the middle of a checkpoint write, with a bit-exact resume, in tests/training/test_checkpoint.py.)
+
+Run: .venv/bin/python -m pytest tests/bad_inputs/test_interruption.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bert_kit.training.checkpoint import list_checkpoints
+from bert_kit.training.progress import read_metrics
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def records(run: Path, kind: str = "train") -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(run) if r["type"] == kind}
+
+
+# ---- a run folder belongs to one run --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_a_fresh_run_into_a_used_folder_stops_and_names_the_way_out(cli, assets, tmp_path, command):
+    config = assets.pretrain_yaml if command == "pretrain" else assets.finetune_yaml
+    run = tmp_path / "run"
+    assert cli(command, "--config", config, f"output_dir={run}").code == 0
+    before = {p.name for p in list_checkpoints(run / "checkpoints")}
+    lines = (run / "metrics.jsonl").read_text()
+    out = cli(command, "--config", config, f"output_dir={run}", "max_steps=2")
+    out.one_line_error(f"{run} already holds a run", "--resume latest", "overwrite=true", code=2)
+    # nothing of the first run was pruned, appended to or replaced
+    assert {p.name for p in list_checkpoints(run / "checkpoints")} == before
+    assert (run / "metrics.jsonl").read_text() == lines
+
+
+def test_overwrite_starts_over_with_nothing_of_the_old_run(cli, assets, tmp_path):
+    run = tmp_path / "run"
+    assert cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}").code == 0
+    assert cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=2", "save_every=1",
+               "overwrite=true").code == 0
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-0000001", "step-0000002"]
+    assert max(records(run)) == 2 and json.loads((run / "results.json").read_text())["steps"] == 2
+
+
+def test_output_dir_that_is_a_file(cli, assets, tmp_path):
+    (tmp_path / "run").write_text("not a folder")
+    cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={tmp_path / 'run'}").one_line_error("run", code=2)
+
+
+# ---- resuming with changed settings --------------------------------------------------------------
+
+def interrupted_run(cli, assets, tmp_path: Path) -> Path:
+    """The asset run's first 4 steps in a folder of its own (its step-6 checkpoint removed)."""
+    run = assets.copy("run", tmp_path / "run")
+    for p in list_checkpoints(run / "checkpoints"):
+        if p.name == "step-0000006":
+            import shutil
+
+            shutil.rmtree(p)
+    return run
+
+
+def test_resume_with_a_new_lr_takes_it_and_says_so(cli, assets, tmp_path):
+    run = interrupted_run(cli, assets, tmp_path)
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "lr=5e-4", "--resume", "latest")
+    assert out.code == 0, out.err
+    assert "resuming with changed settings: lr 0.001 -> 0.0005" in out.err
+    original = records(assets.run)
+    resumed = records(run)
+    for step in (5, 6):  # the same schedule shape, half the peak
+        assert resumed[step]["lr"] == pytest.approx(original[step]["lr"] / 2, rel=1e-9)
+    assert (run / "run_config.yaml").read_text().count("lr: 0.0005") == 1
+
+
+@pytest.mark.parametrize("change", ["batch_size=2", "max_length=16", "seed=1", "mask_probability=0.2"])
+def test_resume_refuses_settings_that_shape_the_run(cli, assets, tmp_path, change):
+    run = interrupted_run(cli, assets, tmp_path)
+    key = change.split("=")[0]
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", change, "--resume", "latest")
+    out.one_line_error("cannot resume", f"{key}:", "force_resume=true", code=2)
+    assert max(records(run)) == 6  # untouched: the records of the lost steps are still there
+
+
+def test_force_resume_takes_the_change(cli, assets, tmp_path):
+    run = interrupted_run(cli, assets, tmp_path)
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "seed=1", "force_resume=true",
+              "--resume", "latest")
+    assert out.code == 0, out.err
+    assert "seed 0 -> 1" in out.err
+
+
+def test_extending_max_steps_continues_without_a_second_warmup(cli, assets, tmp_path):
+    run = assets.copy("run", tmp_path / "run")
+    first = records(run)
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=12", "--resume", "latest")
+    assert out.code == 0, out.err
+    assert "max_steps 6 -> 12" in out.err
+    lrs = records(run)
+    # the warmup (1% of 6 steps: 0 steps) is the first run's; the decay now ends at step 12
+    assert [lrs[s]["lr"] for s in range(1, 7)] == [first[s]["lr"] for s in range(1, 7)]
+    assert all(lrs[s + 1]["lr"] < lrs[s]["lr"] for s in range(7, 12))
+    assert lrs[12]["lr"] == pytest.approx(1e-3 / 12, rel=1e-9)
+
+
+# ---- results.json after a resume -----------------------------------------------------------------
+
+def test_results_describe_the_whole_run_after_a_resume(cli, assets, tmp_path):
+    run = interrupted_run(cli, assets, tmp_path)
+    assert cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest").code == 0
+    whole = json.loads((assets.run / "results.json").read_text())
+    resumed = json.loads((run / "results.json").read_text())
+    assert resumed["steps"] == whole["steps"] == 6
+    assert resumed["initial_train_mlm_loss"] == whole["initial_train_mlm_loss"]  # step 1, of the first session
+    assert resumed["train_tokens"] == whole["train_tokens"]  # all 6 steps, not the last 2
+    assert resumed["train_mlm_loss"] == pytest.approx(whole["train_mlm_loss"], rel=1e-5)
+
+
+# ---- a stop sent to the whole process group ------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_to_the_process_group_saves_with_dataloader_workers(assets, tmp_path, sig):
+    """`timeout`, `scancel` and Ctrl-C signal every process of the group: the DataLoader workers
+    leave the signal to the main process, which finishes its step, saves and exits 128 + signal."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "bert_kit", "pretrain", "--config", str(assets.pretrain_yaml),
+                             f"output_dir={run}", "max_steps=100000", "num_workers=2", "save_every=0",
+                             "eval_every=0", "log_every=1"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its own process group, as a shell job
+    try:
+        deadline = time.time() + 120
+        while not (run / "metrics.jsonl").is_file() or len(records(run)) < 5:
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.time() < deadline, "the run did not start"
+            time.sleep(0.2)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = err.decode()
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and "killed by signal" not in err
+    saved = list_checkpoints(run / "checkpoints")
+    assert len(saved) == 1 and int(saved[0].name[5:]) >= 5
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+    assert json.loads((run / "results.json").read_text())["stopped"] == signal.Signals(sig).name
