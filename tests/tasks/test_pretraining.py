@@ -468,3 +468,32 @@ def test_deferred_checks_need_a_fused_optimizer():
     plain = AMPTrainer(model, create_optimizer(model, "adamw", 1e-3), None, fp32, deferred_checks=True)
     assert not plain.deferred  # the default CPU AdamW cannot skip an update on its own: reads losses back
     assert isinstance(plain.mlm_step(_batch(0)), float)
+
+
+def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatch):
+    """time_budget: the clock (start-up included) ends the run, the lr warms up and decays over the
+    training time, final/ is written inside the budget; a resumed run gets only what is left."""
+    budget = 12.0
+    cfg = tiny_config(tmp_path, max_steps=None, time_budget=f"{budget:g}s", warmup_fraction=0.2, eval_every=0,
+                      save_every=0, log_every=1)
+    results = pretrain(cfg)
+    out = Path(cfg.output_dir)
+    assert results["stopped"] is None and results["steps"] > 5 and (out / "final" / "model.safetensors").is_file()
+    assert results["wall_time_s"] < budget + 4  # the reserve kept the end (eval, save) inside, give or take
+    lrs = [r["lr"] for r in read_metrics(out) if r["type"] == "train"]
+    peak = max(lrs)
+    assert peak == pytest.approx(cfg.lr, rel=0.2)  # warmed up to the peak ...
+    assert lrs.index(peak) > 0 and lrs[-1] < 0.35 * cfg.lr  # ... from below, then decayed with the clock
+    state = torch.load(out / "checkpoints" / f"step-{results['steps']:07d}" / "trainer_state.pt", weights_only=True)
+    assert 0 < state["budget_used_s"] <= budget + 4
+
+    # interrupted half-way and resumed with the same budget: both sessions together stay within it
+    monkeypatch.setattr(SignalAtStep, "at_step", 3)
+    monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", SignalAtStep)
+    again = tiny_config(tmp_path, "again", max_steps=None, time_budget=f"{budget:g}s", eval_every=0, save_every=0)
+    first = pretrain(again)
+    assert first["stopped"] == "SIGTERM" and first["steps"] == 3
+    monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", ProgressLogger)
+    second = pretrain(again, resume="latest")
+    assert second["stopped"] is None and second["steps"] > 3
+    assert first["wall_time_s"] + second["wall_time_s"] < budget + 8
