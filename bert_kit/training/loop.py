@@ -365,7 +365,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     results.update(job.results(final_metrics, results))
     if main:
         try:
-            plot_losses(out)
+            plot_losses(out, metric=job.metric)
         except ValueError:
             pass  # nothing logged yet (stopped before the first step)
         except ImportError as e:  # the run is saved; only the picture is missing

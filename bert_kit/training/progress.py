@@ -130,8 +130,18 @@ def truncate_metrics(run_dir: str | Path, step: int) -> None:
     tmp.replace(path)
 
 
-def plot_losses(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Draw train loss, eval MLM loss and lr (right axis) against step; return the PNG path."""
+# validation metrics a fine-tuning curve shows, in order of preference (higher is better)
+METRICS_SHOWN = ("accuracy", "f1", "spearman", "pearson", "exact_match", "mcc")
+
+
+def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: str | None = None) -> Path:
+    """Draw the run's curves into one PNG; return its path.
+
+    Top: train loss, eval MLM loss (pretraining) and the lr (right axis) against step. Below, for
+    a fine-tuning run, its validation `metric` (default: the first of `METRICS_SHOWN` it logged).
+    The last evaluation of a pretraining run reads all held-out data, the periodic ones a sample:
+    it is drawn as its own marker, not as the next point of the line.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
@@ -139,19 +149,32 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
     records = read_metrics(run_dir)
     train = [r for r in records if r.get("type") == "train" and "loss" in r]
-    evals = [r for r in records if r.get("type") == "eval" and "mlm_loss" in r]
-    if not train and not evals:
-        raise ValueError(f"{Path(run_dir) / METRICS_FILE} has no train or eval loss records to plot")
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    evals = [r for r in records if r.get("type") == "eval"]
+    mlm = [r for r in evals if "mlm_loss" in r]
+    if metric is None:
+        metric = next((m for m in METRICS_SHOWN if any(m in r for r in evals)), None)
+    scored = [r for r in evals if metric is not None and isinstance(r.get(metric), (int, float))]
+    if not train and not mlm and not scored:
+        raise ValueError(f"{Path(run_dir) / METRICS_FILE} has no train or eval records to plot")
+    rows = 2 if scored else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(8, 4.5 if rows == 1 else 6.5), dpi=110, sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2][:rows]})
+    ax = axes[0][0]
     if train:
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1.2, color="tab:blue", label="train loss")
         if any("mlm_loss" in r for r in train) and any("nsp_loss" in r for r in train):
             ax.plot([r["step"] for r in train], [r.get("mlm_loss") for r in train], lw=1.0, color="tab:cyan",
                     label="train MLM loss")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["mlm_loss"] for r in evals], "o-", ms=3.5, color="tab:orange",
-                label="eval MLM loss")
-    ax.set_xlabel("step")
+    periodic = [r for r in mlm if not r.get("final")]
+    if periodic:
+        ax.plot([r["step"] for r in periodic], [r["mlm_loss"] for r in periodic], "o-", ms=3.5, color="tab:orange",
+                label="eval MLM loss (sample)")
+    validation = [r for r in evals if isinstance(r.get("loss"), (int, float))]  # fine-tuning's eval loss
+    if validation:
+        ax.plot([r["step"] for r in validation], [r["loss"] for r in validation], "o-", ms=3.5, color="tab:orange",
+                label="validation loss")
+    for r in (r for r in mlm if r.get("final")):
+        ax.plot([r["step"]], [r["mlm_loss"]], "*", ms=10, color="tab:red", label="final eval MLM loss (all)")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
@@ -163,8 +186,20 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None) -> Path:
         ax2.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper right", fontsize=8)
+    if handles:
+        ax.legend(handles, labels, loc="upper right", fontsize=8)
     ax.set_title(Path(run_dir).resolve().name)
+    if scored:
+        low = axes[1][0]
+        steps, values = [r["step"] for r in scored], [r[metric] for r in scored]
+        low.plot(steps, values, "o-", ms=4, color="tab:green", label=f"validation {metric}")
+        best = max(range(len(values)), key=values.__getitem__)
+        low.annotate(f"best {values[best]:.4f}", (steps[best], values[best]), textcoords="offset points",
+                     xytext=(0, 6), ha="center", fontsize=8)
+        low.set_ylabel(metric)
+        low.grid(alpha=0.3)
+        low.legend(loc="lower right", fontsize=8)
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     out = Path(output) if output is not None else Path(run_dir) / PLOT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -205,3 +205,4 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     assert results["steps"] == 7
     assert latest_checkpoint(ckpt_dir).name == "step-0000007"
     assert not (ckpt_dir / "step-0000010.tmp").exists()
+

@@ -1,0 +1,32 @@
+"""The run's picture: loss curves, the lr, and for fine-tuning the validation metric.
+
+Run: .venv/bin/python -m pytest tests/training/test_progress.py -q
+"""
+
+from pathlib import Path
+
+import pytest
+
+
+def test_loss_curve_shows_the_validation_metric_and_marks_the_final_evaluation(tmp_path):
+    """A fine-tuning run's picture gets a second panel with its validation metric; a pretraining
+    run's last (whole held-out set) evaluation is a marker of its own, not the line's next point."""
+    import json
+
+    from PIL import Image
+
+    from bert_kit.training.progress import plot_losses
+
+    def write(run: Path, records: list[dict]) -> Path:
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return plot_losses(run)
+
+    train = [{"type": "train", "step": s, "loss": 1 / s, "lr": 1e-4} for s in range(1, 11)]
+    finetune = write(tmp_path / "ft", train + [{"type": "eval", "step": s, "accuracy": 0.5 + s / 40, "loss": 1 / s}
+                                               for s in (5, 10)])
+    pretrain = write(tmp_path / "pre", train + [{"type": "eval", "step": 5, "mlm_loss": 2.0},
+                                                {"type": "eval", "step": 10, "mlm_loss": 1.5, "final": True}])
+    assert Image.open(finetune).size[1] > Image.open(pretrain).size[1] * 1.3  # two panels, one above the other
+    with pytest.raises(ValueError, match="no train or eval records"):
+        write(tmp_path / "empty", [{"type": "start", "step": 0}])
