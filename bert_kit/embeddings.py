@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
-from bert_kit.model import BERTModel
+from bert_kit.model import BERTModel, Packed
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
 
 POOLING_MODES = ("mean", "cls")
@@ -150,8 +150,10 @@ class SentenceEncoder:
         for i, row in enumerate(ids):
             input_ids[i, : len(row)] = torch.as_tensor(row)
         mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        # the packing layout from the host's mask: the device is never asked for it
+        layout = Packed.from_mask(mask).to(self.device) if self.unpadded else False
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=self.unpadded)
+        hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=layout)
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
@@ -173,9 +175,12 @@ class SentenceEncoder:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="embed", unit="batch")
+        done = []  # vectors stay on the device until the end: no wait after every batch
         for start in starts:
             chunk = order[start: start + batch_size]
-            out[chunk] = self.encode_ids([ids[i] for i in chunk]).cpu().numpy()
+            done.append((chunk, self.encode_ids([ids[i] for i in chunk])))
+        for chunk, vectors in done:
+            out[chunk] = vectors.cpu().numpy()
         return out[0] if single else out
 
     def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> np.ndarray:
