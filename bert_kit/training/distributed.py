@@ -122,9 +122,15 @@ def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
 
 def any_rank(flag: bool) -> bool:
     """True if `flag` is True on any rank (e.g. a stop signal that reached only one process)."""
+    return any_ranks(flag)[0]
+
+
+def any_ranks(*flags: bool) -> list[bool]:
+    """`any_rank` of several flags in one collective."""
     if not _initialized():
-        return flag
-    return all_reduce_mean(1.0 if flag else 0.0) > 0
+        return [bool(f) for f in flags]
+    summed = all_reduce_mean(torch.tensor([1.0 if f else 0.0 for f in flags], device=_comm_device()))
+    return [bool(x > 0) for x in summed.tolist()]
 
 
 def all_gather_object(obj: Any) -> list[Any]:

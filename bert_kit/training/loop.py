@@ -43,7 +43,7 @@ from bert_kit.model import unchecked_inputs
 from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
                                           save_checkpoint, seed_everything)
-from bert_kit.training.distributed import (all_reduce_mean, any_rank, barrier, full_value, is_main, rank, world_size,
+from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, full_value, is_main, rank, world_size,
                                            wrap_model)
 from bert_kit.training.optim import Schedule, create_optimizer
 from bert_kit.training.precision import Precision, resolve_precision
@@ -301,7 +301,9 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                             window["losses"][k] = window["losses"].get(k, 0.0) + v / len(micro)
                 step += 1
                 window["n"] += 1
-                out_of_time = budget_left() < reserve_s
+                # what any rank saw, in one collective: the budget's end, a checkpoint due by the clock
+                late = bool(cfg.save_minutes) and time.time() - last_save >= 60 * cfg.save_minutes
+                out_of_time, late = any_ranks(budget_left() < reserve_s, late)
                 ending = step == total or out_of_time
 
                 # (b) a train record every log_every steps: the one host-device sync of a window
@@ -321,16 +323,14 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 trained_s += time.time() - t_step
 
                 # (c) evaluation (the last one comes after the loop)
-                if job.eval_every and step % job.eval_every == 0 and not ending:
+                stopping = any_ranks(stop.signum is not None)[0]  # a signal arrives at any time: asked late
+                if job.eval_every and step % job.eval_every == 0 and not (ending or stopping):
                     t_eval = time.time()
                     evaluate(final=False)
                     reserve_s = max(reserve_s, 2 * (time.time() - t_eval) + 5.0)
 
                 # (d) checkpoint every save_every steps or save_minutes, at the end, when out of time or asked to stop
-                stopping = any_rank(stop.signum is not None)
-                out_of_time = any_rank(out_of_time)
-                due = (job.save_every and step % job.save_every == 0) or any_rank(
-                    bool(cfg.save_minutes) and time.time() - last_save >= 60 * cfg.save_minutes)
+                due = late or bool(job.save_every and step % job.save_every == 0)
                 if stopping or ending or out_of_time or due:
                     t_save = last_save = time.time()
                     save(step)
