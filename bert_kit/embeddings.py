@@ -109,14 +109,25 @@ class SentenceEncoder:
                         max_length: int = 256, device: str | torch.device | None = None,
                         unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
-        folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
+        folder stands for its best/ (fine-tuning) or final/ (pretraining) model. A folder written
+        by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with the same outputs."""
         from bert_kit.model_folder import resolve_model_folder
 
         found = resolve_model_folder(folder)
         if found is None:
             raise FileNotFoundError(f"no config.json in model folder {folder}")
         folder = found
-        model = BERTModel.from_pretrained(folder)
+        from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
+
+        if is_onnx_folder(folder):  # written by `bert-kit export`: ONNX Runtime on the CPU
+            if compile:
+                raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
+            model, device = OnnxModel(folder), device or "cpu"
+            if model.architecture != "BertModel":
+                raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
+                                 f"need an exported encoder (a BertModel folder)")
+        else:
+            model = BERTModel.from_pretrained(folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
 
     @property

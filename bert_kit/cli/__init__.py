@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attention": ("bert_kit.cli.attention", "PNG grid of every layer's and head's attention map"),
     "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),
     "convert": ("bert_kit.cli.convert", "import/export HF checkpoints (safetensors or pytorch_model.bin)"),
+    "export": ("bert_kit.cli.export", "export a model folder to ONNX (any head, optional int8) for CPU inference"),
     "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
 }
 
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     module = import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        # user errors (bad file, config key, shape): one clear line, no traceback
+    except (FileNotFoundError, ValueError, KeyError, ImportError) as e:
+        # user errors (bad file, config key, shape, a missing optional extra): one clear line, no traceback
         print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

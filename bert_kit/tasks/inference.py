@@ -28,6 +28,7 @@ from typing import Any
 
 from bert_kit.data import parse_jsonl, read_lines
 from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
+from bert_kit.onnx_export import onnx_folder
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
 
@@ -68,13 +69,29 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     folder = resolve_model_folder(args.model)
     if folder is None:
         raise FileNotFoundError(f"model folder not found: {args.model}")
+    exported = onnx_folder(folder, getattr(args, "backend", "auto"))
+    folder = exported or folder
     name, settings, meta = task_settings(args, folder)
-    precision = resolve_precision(args.precision, args.device or "auto", verbose=verbose)
+    # an exported graph runs in ONNX Runtime on the CPU, in the precision it was exported in
+    device = (args.device or "cpu") if exported else (args.device or "auto")
+    precision = resolve_precision("fp32" if exported else args.precision, device, verbose=verbose)
     task = make_task(name, settings)
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
-    model = task.load(folder).to(precision.device).eval()
-    return task, model, precision
+    model = load_onnx_task_model(task, folder) if exported else task.load(folder)
+    return task, model.to(precision.device).eval(), precision
+
+
+def load_onnx_task_model(task: Task, folder: Path) -> Any:
+    """The exported graph of `folder` as the task's model; its head must be the one the task runs."""
+    from bert_kit.onnx_runtime import OnnxModel
+
+    model = OnnxModel(folder)
+    wanted = task.model_class().hf_architecture
+    if model.architecture != wanted:
+        raise ValueError(f"{folder} holds an exported {model.architecture} graph, but the {task.name} task "
+                         f"runs {wanted}: export a {task.name} model folder")
+    return model
 
 
 def summary_line(task: str, metrics: dict[str, Any]) -> str:
