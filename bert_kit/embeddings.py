@@ -151,6 +151,8 @@ class SentenceEncoder:
             input_ids[i, : len(row)] = torch.as_tensor(row)
         mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        if self.normalize and getattr(self.model, "pooling", None) == self.pooling:  # an exported graph pools itself
+            return self.model.sentence_embedding(input_ids, mask, torch.zeros_like(input_ids))
         hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=self.unpadded)
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors

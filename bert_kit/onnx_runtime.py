@@ -90,6 +90,7 @@ class OnnxModel:
         self.config: BertConfig = load_hf_config(folder)
         self.architecture: str = meta["architecture"]
         self.precision: str = meta.get("precision", "fp32")
+        self.pooling: str | None = meta.get("pooling")  # the encoder's graph pools (and normalises) too
         self.call_outputs = list(CALL_OUTPUTS[self.architecture])
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
@@ -138,3 +139,14 @@ class OnnxModel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     forward = __call__
+
+    def sentence_embedding(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder graph's pooled, L2-normalised vectors (B, H), computed inside ONNX Runtime.
+
+        Pooling there rather than in PyTorch keeps PyTorch's thread pool asleep between batches;
+        on two cores its spinning threads and ONNX Runtime's otherwise take turns on the same cores.
+        """
+        if self.pooling is None:
+            raise ValueError(f"{self.folder} holds an exported {self.architecture} graph, which has no sentence_embedding")
+        return torch.from_numpy(self.run(input_ids, attention_mask, token_type_ids, ["sentence_embedding"])[0])

@@ -23,15 +23,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="folder to write: model.onnx, config.json, tokenizer files")
     parser.add_argument("--format", choices=("onnx",), default="onnx", help="export format")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
-                        help="int8: dynamic quantisation of the matmul weights (about 4x smaller matmuls, "
-                             "faster on CPUs with VNNI); default: fp32")
-    parser.add_argument("--no-fuse", action="store_true",
-                        help="keep standard ONNX ops (runs in any ONNX runtime) instead of ONNX Runtime's fused "
-                             "Attention / SkipLayerNormalization / BiasGelu")
+                        help="int8: dynamic quantisation of the matmul weights (4x smaller matmul weights, "
+                             "about 2x faster on CPUs with VNNI); default: fp32")
+    parser.add_argument("--fuse", action="store_true",
+                        help="fuse attention, add + LayerNorm and bias + GELU into ONNX Runtime's own ops (the "
+                             "graph then needs ONNX Runtime; slower on short texts, measured in benchmarks/RESULTS.md)")
     parser.add_argument("--opset", type=int, default=OPSET, help="ONNX opset version")
 
 
 def run(args: argparse.Namespace) -> int:
-    report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=not args.no_fuse, opset=args.opset)
+    report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=args.fuse, opset=args.opset)
     print(report.summary())
     return 0
