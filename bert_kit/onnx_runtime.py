@@ -103,15 +103,15 @@ class OnnxModel:
         return f"OnnxModel({str(self.folder)!r}, {self.architecture}, {self.precision})"
 
     # the nn.Module calls that the inference code makes on a model
-    def eval(self) -> "OnnxModel":
+    def eval(self) -> OnnxModel:
         return self
 
-    def train(self, mode: bool = True) -> "OnnxModel":
+    def train(self, mode: bool = True) -> OnnxModel:
         if mode:
             raise ValueError(f"{self.folder} is an exported ONNX graph: it runs inference only, it cannot be trained")
         return self
 
-    def to(self, device: str | torch.device | None = None, *args: Any, **kwargs: Any) -> "OnnxModel":
+    def to(self, device: str | torch.device | None = None, *args: Any, **kwargs: Any) -> OnnxModel:
         if device is not None and not isinstance(device, torch.dtype) and torch.device(device).type != "cpu":
             raise ValueError(f"an exported ONNX folder runs on the CPU (ONNX Runtime's CPU provider), not {device}: "
                              f"pass --device cpu")
