@@ -333,6 +333,8 @@ def onnx_folder(model_folder: str | Path, backend: str = "auto", quantize: str |
         raise ValueError(f"backend must be auto, torch or onnx, got {backend!r}")
     folder = resolve_model_folder(model_folder)
     if folder is None:
+        if backend != "onnx":
+            return None  # not a folder: the PyTorch loader says what is wrong with it
         raise FileNotFoundError(f"model folder not found: {model_folder}")
     if is_onnx_folder(folder):
         if backend == "torch":
