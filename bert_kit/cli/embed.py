@@ -11,6 +11,7 @@ import numpy as np
 from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.cli.errors import check_output_file
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
+from bert_kit.onnx_export import onnx_folder
 
 
 
@@ -30,12 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--compile", action="store_true",
                         help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
+    parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
+                        help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
+                             "auto: onnx for exported folders, else torch")
 
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output, "--output")
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
-    encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
+    model = onnx_folder(args.model, args.backend) or args.model
+    encoder = SentenceEncoder.from_pretrained(model, args.pooling, not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)

@@ -20,6 +20,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=None, help="default: the model's fine-tuning length")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
+                        help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
+                             "auto: onnx for exported folders, else torch")
     parser.add_argument("--similarity-mode", choices=("bi-encoder", "cross-encoder"), default=None,
                         help="similarity: cosine of pooled vectors or the regression head (default: from the folder)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="bi-encoder pooling (default mean)")

@@ -31,9 +31,13 @@ from typing import Any
 from bert_kit.data import parse_jsonl, read_lines
 from bert_kit.data.tables import parse_where
 from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
+from bert_kit.onnx_export import onnx_folder
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
 
+# the head each task runs (similarity: a plain encoder or a regression head, either)
+HEADS = {"classification": "BertForSequenceClassification", "token-classification": "BertForTokenClassification",
+         "qa": "BertForQuestionAnswering"}
 DEFAULT_MAX_LENGTH = {"qa": 384, "similarity": 256}  # others: 128
 
 
@@ -47,6 +51,11 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
         raise ValueError(f"{folder} does not record its task (not written by bert-kit finetune): pass --task")
     if task not in TASKS:
         raise ValueError(f"{folder}/config.json names unknown task {task!r}; expected one of {TASKS}")
+    needed, held = HEADS.get(task), meta["architectures"]
+    if needed and held and needed not in held:  # before its settings are checked against the wrong task
+        what = f"an exported {held[0]} graph" if meta.get("onnx") else f"a {held[0]}"
+        raise ValueError(f"{folder} holds {what}, but task {task} runs {needed}: fine-tune one with "
+                         f"bert-kit finetune --task {task}")
     st = sentence_transformers_settings(folder)
     mode = getattr(args, "similarity_mode", None) or meta.get("similarity_mode")
     if mode is None:  # a regression head on pairs is a cross-encoder; a plain encoder is a bi-encoder
@@ -76,18 +85,34 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     folder = resolve_model_folder(args.model)
     if folder is None:
         raise FileNotFoundError(f"model folder not found: {args.model}")
+    exported = onnx_folder(folder, getattr(args, "backend", "auto"))
+    folder = exported or folder
     name, settings, meta = task_settings(args, folder)
-    precision = resolve_precision(args.precision, args.device or "auto", verbose=verbose)
+    # an exported graph runs in ONNX Runtime on the CPU, in the precision it was exported in
+    device = (args.device or "cpu") if exported else (args.device or "auto")
+    precision = resolve_precision("fp32" if exported else args.precision, device, verbose=verbose)
     task = make_task(name, settings)
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
-    model = task.load(folder).to(precision.device).eval()
+    model = load_onnx_task_model(task, folder) if exported else task.load(folder)
     outputs = getattr(model, "num_labels", None)
     if outputs is not None and task.label_names and outputs != len(task.label_names):
         # predictions would pair names with the wrong outputs, probabilities would not sum to 1
         raise ValueError(f"{folder}: the head has {outputs} outputs but config.json names {len(task.label_names)} "
                          f"labels {task.label_names}; give id2label one name per output")
-    return task, model, precision
+    return task, model.to(precision.device).eval(), precision
+
+
+def load_onnx_task_model(task: Task, folder: Path) -> Any:
+    """The exported graph of `folder` as the task's model; its head must be the one the task runs."""
+    from bert_kit.onnx_runtime import OnnxModel
+
+    model = OnnxModel(folder)
+    wanted = task.model_class().hf_architecture
+    if model.architecture != wanted:
+        raise ValueError(f"{folder} holds an exported {model.architecture} graph, but the {task.name} task "
+                         f"runs {wanted}: export a {task.name} model folder")
+    return model
 
 
 def summary_line(task: str, metrics: dict[str, Any]) -> str:

@@ -216,7 +216,7 @@ def test_clear_errors(minilm_path, tmp_path, capsys, data_dir):
     dev = data_dir / "sst2" / "dev.tsv"
     # an encoder without a classifier is not a classification model
     assert cli_main(["evaluate", "--task", "classification", "--model", str(minilm_path), "--data", str(dev)]) == 1
-    assert "is not a classification model" in capsys.readouterr().err
+    assert "holds a BertModel, but task classification runs BertForSequenceClassification" in capsys.readouterr().err
     # a folder that does not record its task needs --task
     assert cli_main(["evaluate", "--model", str(minilm_path), "--data", str(dev)]) == 1
     assert "pass --task" in capsys.readouterr().err

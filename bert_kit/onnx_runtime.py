@@ -1,0 +1,149 @@
+"""Run a folder written by `bert-kit export` with ONNX Runtime, called like the PyTorch model.
+
+An exported folder holds `model.onnx` (one graph: fp32, or int8 with `--quantize int8`), the
+tokenizer files and config.json, whose `bert_kit.onnx` entry says which head the graph computes
+and what it outputs. `OnnxModel(folder)` takes the call of the model it was exported from,
+
+    model(input_ids, attention_mask, token_type_ids, unpadded=...)  ->  torch tensors
+
+shaped as the PyTorch head returns them (`bert_kit.heads`), so `SentenceEncoder`, the tasks'
+evaluation and prediction, and `bert-kit embed/predict/evaluate` run an exported folder
+unchanged. The graph is padded (unpadded is accepted and ignored) and runs on the CPU.
+
+Needs the optional extra: `pip install "bert-kit[onnx]"` (onnx, onnxruntime).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bert_kit.config import BertConfig, load_hf_config
+from bert_kit.model import check_inputs
+
+ONNX_FILE = "model.onnx"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+# HF architecture -> the graph outputs that the PyTorch forward returns, in its order
+# (the names HF and optimum give them); the encoder's graph adds "sentence_embedding"
+CALL_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "BertModel": ("last_hidden_state",),
+    "BertForSequenceClassification": ("logits",),
+    "BertForTokenClassification": ("logits",),
+    "BertForQuestionAnswering": ("start_logits", "end_logits"),
+    "BertForMaskedLM": ("logits",),
+    "BertForPreTraining": ("prediction_logits", "seq_relationship_logits"),
+}
+
+
+def require_onnxruntime() -> Any:
+    """The onnxruntime module, or an ImportError that names the extra to install."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ImportError("ONNX export and inference need onnx and onnxruntime: "
+                          'pip install "bert-kit[onnx]"') from None
+    return onnxruntime
+
+
+def onnx_metadata(folder: str | Path) -> dict[str, Any] | None:
+    """The `bert_kit.onnx` entry of folder/config.json, or None for a folder that was not exported."""
+    from bert_kit.model_folder import read_model_metadata
+
+    if not (Path(folder) / "config.json").is_file():
+        return None
+    return read_model_metadata(folder).get("onnx")  # a broken config.json names its file and line
+
+
+def is_onnx_folder(folder: str | Path) -> bool:
+    """True for a folder written by `bert-kit export` (its config.json records the graph)."""
+    return onnx_metadata(folder) is not None
+
+
+class OnnxModel:
+    """An exported graph in an ONNX Runtime session, with the call and outputs of its PyTorch model.
+
+    folder: written by `bert-kit export`; threads: ONNX Runtime intra-op threads (default: as many
+    as PyTorch uses, `torch.get_num_threads()`, so both sides of a comparison get the same).
+    Attributes: config (BertConfig), architecture (e.g. "BertForSequenceClassification"),
+    precision ("fp32" or "int8"), session (the `onnxruntime.InferenceSession`).
+    """
+
+    training = False  # inference only: eval()/train() are accepted so the tasks' loops run unchanged
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
+        ort = require_onnxruntime()
+        folder = Path(folder)
+        meta = onnx_metadata(folder)
+        if meta is None:
+            raise ValueError(f"{folder} is not an exported ONNX folder (no bert_kit.onnx entry in its config.json); "
+                             f"write one with: bert-kit export --model {folder} --output DIR")
+        graph = folder / meta.get("file", ONNX_FILE)
+        if not graph.is_file():
+            raise FileNotFoundError(f"{graph} is missing (config.json names it as the exported graph)")
+        self.folder = folder
+        self.config: BertConfig = load_hf_config(folder)
+        self.architecture: str = meta["architecture"]
+        self.precision: str = meta.get("precision", "fp32")
+        self.pooling: str | None = meta.get("pooling")  # the encoder's graph pools (and normalises) too
+        self.call_outputs = list(CALL_OUTPUTS[self.architecture])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1  # one graph, run node after node: no second pool competing
+        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def __repr__(self) -> str:
+        return f"OnnxModel({str(self.folder)!r}, {self.architecture}, {self.precision})"
+
+    # the nn.Module calls that the inference code makes on a model
+    def eval(self) -> OnnxModel:
+        return self
+
+    def train(self, mode: bool = True) -> OnnxModel:
+        if mode:
+            raise ValueError(f"{self.folder} is an exported ONNX graph: it runs inference only, it cannot be trained")
+        return self
+
+    def to(self, device: str | torch.device | None = None, *args: Any, **kwargs: Any) -> OnnxModel:
+        if device is not None and not isinstance(device, torch.dtype) and torch.device(device).type != "cpu":
+            raise ValueError(f"an exported ONNX folder runs on the CPU (ONNX Runtime's CPU provider), not {device}: "
+                             f"pass --device cpu")
+        return self
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+            token_type_ids: torch.Tensor | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
+        """The named graph outputs (default: all) for (B, T) inputs, as NumPy arrays."""
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        given = dict(zip(INPUT_NAMES, (input_ids, attention_mask, token_type_ids)))
+        # .numpy() of a contiguous CPU int64 tensor shares its memory: no copy on the way in
+        feeds = {name: given[name].detach().cpu().to(torch.int64).contiguous().numpy() for name in self.input_names}
+        return self.session.run(outputs, feeds)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None, unpadded: bool = False,
+                 **unused: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """What the PyTorch model returns: e.g. (B, T, H) hidden states, (B, C) logits, or
+        (start (B, T), end (B, T)). `unpadded` is ignored: the graph takes padded batches."""
+        outs = [torch.from_numpy(o) for o in self.run(input_ids, attention_mask, token_type_ids, self.call_outputs)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    forward = __call__
+
+    def sentence_embedding(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder graph's pooled, L2-normalised vectors (B, H), computed inside ONNX Runtime.
+
+        Pooling there rather than in PyTorch keeps PyTorch's thread pool asleep between batches;
+        on two cores its spinning threads and ONNX Runtime's otherwise take turns on the same cores.
+        """
+        if self.pooling is None:
+            raise ValueError(f"{self.folder} holds an exported {self.architecture} graph, which has no sentence_embedding")
+        return torch.from_numpy(self.run(input_ids, attention_mask, token_type_ids, ["sentence_embedding"])[0])

@@ -1,0 +1,296 @@
+"""ONNX export (`bert-kit export`) and inference from the exported folder.
+
+- fp32 graphs equal the PyTorch model on real weights: all-MiniLM-L6-v2's states and pooled
+  embeddings, and a classification head on MiniLM, within 1e-4 on 200 real sentences of varied
+  lengths (STS-B, SST-2);
+- every head exports with dynamic batch and sequence axes and matches PyTorch at other shapes;
+- int8: the quantised MiniLM keeps its STS-B ranking;
+- the exported folder alone serves inference: SentenceEncoder, `bert-kit embed/evaluate/predict`
+  (a fine-tuned SST-2 classifier) give the PyTorch folder's outputs;
+- clear one-line errors: a folder that cannot be exported, the missing extra, a graph used for
+  another task, the PyTorch backend on an exported folder.
+
+Tests that need onnx/onnxruntime skip with the reason when the extra is not installed.
+Run: .venv/bin/python -m pytest tests/test_export.py -q
+"""
+
+import json
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from bert_kit.cli import main as cli_main
+from bert_kit.config import BertConfig
+from bert_kit.data.sts import read_sts
+from bert_kit.embeddings import SentenceEncoder, pool
+from bert_kit.heads import HEAD_CLASSES, BERTForSequenceClassification
+from bert_kit.model import BERTModel
+from bert_kit.tokenizer import get_tokenizer
+
+TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=128)
+TOLERANCE = 1e-4  # the issue's bar for fp32 graphs on real weights
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def ort():
+    pytest.importorskip("onnx", reason="the [onnx] extra (onnx) is not installed")
+    return pytest.importorskip("onnxruntime", reason="the [onnx] extra (onnxruntime) is not installed")
+
+
+@pytest.fixture(scope="module")
+def export(ort):
+    from bert_kit.onnx_export import export_onnx
+
+    return export_onnx
+
+
+@pytest.fixture(scope="module")
+def minilm_onnx(export, minilm_path, tmp_path_factory):
+    return export(minilm_path, tmp_path_factory.mktemp("onnx") / "minilm").folder
+
+
+def varied(sentences: list[str], tokenizer, n: int = 200) -> list[str]:
+    """n distinct sentences spread evenly over the range of token lengths (shortest to longest)."""
+    unique = sorted(set(sentences), key=lambda s: (len(tokenizer.encode(s)), s))
+    picks = np.linspace(0, len(unique) - 1, n).round().astype(int)
+    return [unique[i] for i in picks]
+
+
+@pytest.fixture(scope="module")
+def sts_sentences(data_dir, minilm_path):
+    s1, s2, _ = read_sts(data_dir / "stsb" / "sts-dev.csv")
+    return varied(s1 + s2, get_tokenizer(minilm_path))
+
+
+@pytest.fixture(scope="module")
+def sst2_sentences(data_dir, minilm_path):
+    lines = (data_dir / "sst2" / "dev.tsv").read_text().splitlines()[1:]
+    return varied([ln.split("\t")[0] for ln in lines], get_tokenizer(minilm_path))
+
+
+def batches(texts: list[str], tokenizer, size: int = 32):
+    """Padded (input_ids, attention_mask, token_type_ids) batches of mixed lengths, in text order."""
+    for start in range(0, len(texts), size):
+        enc = tokenizer(texts[start: start + size], padding=True, truncation=True, max_length=128,
+                        return_tensors="pt")
+        yield enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+
+
+def test_minilm_graph_equals_pytorch_on_200_real_sentences(minilm_path, minilm_onnx, sts_sentences):
+    from bert_kit.onnx_runtime import OnnxModel
+
+    torch_model = BERTModel.from_pretrained(minilm_path)
+    onnx_model = OnnxModel(minilm_onnx)
+    tokenizer = get_tokenizer(minilm_onnx)
+    lengths = set()
+    with torch.no_grad():
+        for ids, mask, types in batches(sts_sentences, tokenizer):
+            lengths.update(mask.sum(1).tolist())
+            hidden, vectors = (torch.from_numpy(a) for a in onnx_model.run(ids, mask, types))
+            want = torch_model(ids, mask, types)
+            real = mask.bool()
+            assert_close(hidden[real], want[real], atol=TOLERANCE, rtol=0)
+            assert_close(vectors, F.normalize(pool(want, mask, "mean"), dim=-1), atol=TOLERANCE, rtol=0)
+            assert_close(onnx_model(ids, mask, types, unpadded=True)[real], want[real], atol=TOLERANCE, rtol=0)
+    assert min(lengths) <= 8 and max(lengths) >= 40 and len(lengths) >= 25  # really varied lengths
+
+
+def test_sentence_encoder_on_the_exported_folder_equals_pytorch(minilm_path, minilm_onnx, sts_sentences):
+    onnx_encoder = SentenceEncoder.from_pretrained(minilm_onnx)
+    assert onnx_encoder.device.type == "cpu" and type(onnx_encoder.model).__name__ == "OnnxModel"
+    got = onnx_encoder.encode(sts_sentences, batch_size=16)
+    want = SentenceEncoder.from_pretrained(minilm_path, device="cpu").encode(sts_sentences, batch_size=16)
+    assert got.shape == want.shape == (200, 384)
+    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+    with pytest.raises(ValueError, match="compile applies to PyTorch models"):
+        SentenceEncoder.from_pretrained(minilm_onnx, compile=True)
+
+
+def test_classification_head_on_real_weights_equals_pytorch(export, minilm_path, sst2_sentences, tmp_path):
+    from bert_kit.onnx_runtime import OnnxModel
+
+    torch.manual_seed(0)  # MiniLM's encoder with a seeded 3-way head
+    model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
+    model.save_pretrained(tmp_path / "pt")
+    get_tokenizer(minilm_path).save(tmp_path / "pt")
+    report = export(tmp_path / "pt", tmp_path / "onnx", fuse=True)  # ONNX Runtime's fused ops, this time
+    assert report.architecture == "BertForSequenceClassification" and report.outputs == ["logits"]
+    assert report.fused.get("Attention") == 6  # every layer's attention fused
+    onnx_model = OnnxModel(report.folder)
+    with torch.no_grad():
+        for ids, mask, types in batches(sst2_sentences, get_tokenizer(report.folder)):
+            logits = onnx_model(ids, mask, types)
+            assert logits.shape == (ids.shape[0], 3)
+            assert_close(logits, model(ids, mask, types), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", sorted(HEAD_CLASSES))
+def test_every_head_exports_with_dynamic_batch_and_sequence_axes(export, architecture, minilm_path, tmp_path):
+    import onnx
+
+    from bert_kit.onnx_runtime import OnnxModel
+
+    torch.manual_seed(1)
+    model = HEAD_CLASSES[architecture](TINY).eval()
+    model.save_pretrained(tmp_path / "pt")
+    get_tokenizer(minilm_path).save(tmp_path / "pt")
+    report = export(tmp_path / "pt", tmp_path / "onnx")
+    graph = onnx.load(str(report.folder / "model.onnx"))
+    for value in graph.graph.input:
+        assert [d.dim_param for d in value.type.tensor_type.shape.dim] == ["batch", "sequence"]
+    onnx_model = OnnxModel(report.folder)
+    g = torch.Generator().manual_seed(2)
+    for batch, seqlen in ((1, 5), (4, 23)):  # neither is the traced shape (3, 12)
+        ids = torch.randint(1000, 30000, (batch, seqlen), generator=g)
+        mask = (torch.arange(seqlen)[None, :] < torch.linspace(seqlen, 2, batch).long()[:, None]).long()
+        types = torch.randint(0, 2, (batch, seqlen), generator=g) * mask
+        with torch.no_grad():
+            want = model(ids * mask, mask, types)
+        got = onnx_model(ids * mask, mask, types)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        assert len(got) == len(want)
+        for w, o in zip(want, got):
+            assert o.shape == w.shape and o.dtype == torch.float32
+            real = mask.bool() if w.shape[:2] == mask.shape else slice(None)  # padding rows are don't-care
+            assert_close(o[real], w[real], atol=1e-5, rtol=1e-5)
+
+
+def test_int8_minilm_keeps_the_sts_ranking(export, minilm_path, minilm_onnx, data_dir, tmp_path):
+    import onnx
+
+    from bert_kit.metrics import spearman
+
+    report = export(minilm_path, tmp_path / "int8", quantize="int8")
+    assert report.precision == "int8"
+    meta = json.loads((report.folder / "config.json").read_text())["bert_kit"]["onnx"]
+    assert meta["precision"] == "int8" and meta["outputs"] == ["last_hidden_state", "sentence_embedding"]
+    ops = Counter(node.op_type for node in onnx.load(str(report.folder / "model.onnx")).graph.node)
+    assert ops["MatMulInteger"] == 6 * 6  # Q, K, V, output, FFN up and down of each layer run on int8 weights
+    assert (report.folder / "model.onnx").stat().st_size < 0.7 * (minilm_onnx / "model.onnx").stat().st_size
+    s1, s2, gold = read_sts(data_dir / "stsb" / "sts-test.csv")
+    s1, s2, gold = s1[:300], s2[:300], gold[:300]
+    scores, vectors = {}, {}
+    for name, folder in (("fp32", minilm_onnx), ("int8", report.folder)):
+        encoder = SentenceEncoder.from_pretrained(folder)
+        a, b = encoder.encode(s1), encoder.encode(s2)
+        scores[name], vectors[name] = spearman((a * b).sum(1), gold), a
+    cosine = (vectors["int8"] * vectors["fp32"]).sum(1)  # each vector stays close in direction to its fp32 twin
+    assert cosine.mean() > 0.985 and cosine.min() > 0.9, (cosine.mean(), cosine.min())
+    assert abs(scores["int8"] - scores["fp32"]) < 0.01, scores  # under 1 Spearman point on 300 pairs
+
+
+@pytest.fixture(scope="module")
+def sst2_classifier(ort, minilm_path, data_dir, tmp_path_factory):
+    """A tiny classifier fine-tuned on 64 SST-2 rows (as `bert-kit finetune` leaves it), and its export."""
+    from bert_kit.onnx_export import export_onnx
+    from bert_kit.tasks.finetuning import FinetuneConfig, finetune
+
+    root = tmp_path_factory.mktemp("sst2")
+    lines = (data_dir / "sst2" / "train.tsv").read_text().splitlines()
+    (root / "train.tsv").write_text("\n".join(lines[:65]) + "\n")
+    torch.manual_seed(0)
+    BERTModel(TINY).save_pretrained(root / "tiny")
+    get_tokenizer(minilm_path).save(root / "tiny")
+    finetune(FinetuneConfig(model=str(root / "tiny"), train_file=str(root / "train.tsv"), output_dir=str(root / "run"),
+                            max_steps=4, batch_size=16, lr=1e-3, precision="fp32", device="cpu",
+                            label_names=["negative", "positive"], max_length=64))
+    export_onnx(root / "run", root / "onnx")  # a run folder stands for its final model
+    return root / "run", root / "onnx"
+
+
+def test_evaluate_and_predict_on_the_exported_folder_equal_pytorch(sst2_classifier, data_dir, tmp_path, capsys):
+    run, exported = sst2_classifier
+    meta = json.loads((exported / "config.json").read_text())
+    assert meta["bert_kit"]["task"] == "classification" and meta["id2label"] == {"0": "negative", "1": "positive"}
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("\n".join((data_dir / "sst2" / "dev.tsv").read_text().splitlines()[:101]) + "\n")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(ln.split("\t")[0] for ln in dev.read_text().splitlines()[1:]) + "\n")
+    results = {}
+    for name, folder, backend in (("pt", run, "torch"), ("onnx", exported, "auto"), ("fly", run, "onnx")):
+        argv = ["--model", str(folder), "--backend", backend, "--device", "cpu"]
+        assert cli_main(["evaluate", *argv, "--data", str(dev), "--output", str(tmp_path / f"{name}.json")]) == 0
+        assert cli_main(["predict", *argv, "--input", str(texts), "--output", str(tmp_path / f"{name}.jsonl")]) == 0
+        metrics = json.loads((tmp_path / f"{name}.json").read_text())
+        predictions = [json.loads(ln) for ln in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        results[name] = metrics, predictions
+    assert "exported" in capsys.readouterr().out  # the on-the-fly export says what it did
+    (pt_metrics, pt_pred) = results["pt"]
+    for name in ("onnx", "fly"):
+        metrics, pred = results[name]
+        assert metrics["num_examples"] == pt_metrics["num_examples"] == 100
+        assert metrics["accuracy"] == pt_metrics["accuracy"]
+        assert metrics["loss"] == pytest.approx(pt_metrics["loss"], abs=TOLERANCE)
+        assert [p["label"] for p in pred] == [p["label"] for p in pt_pred]
+        for p, q in zip(pred, pt_pred):
+            for label in ("negative", "positive"):
+                assert p["probabilities"][label] == pytest.approx(q["probabilities"][label], abs=TOLERANCE)
+
+
+def test_embed_cli_on_exported_folder_equals_pytorch(minilm_path, minilm_onnx, sts_sentences, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(sts_sentences[::4]) + "\n")
+    for name, folder in (("pt", minilm_path), ("onnx", minilm_onnx)):
+        assert cli_main(["embed", "--model", str(folder), "--input", str(texts), "--output",
+                         str(tmp_path / f"{name}.npy"), "--device", "cpu"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "onnx.npy"), np.load(tmp_path / "pt.npy"), atol=TOLERANCE, rtol=0)
+
+
+def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifier, tmp_path, capsys):
+    # a folder whose head cannot be exported: named with its file, nothing left behind
+    folder = tmp_path / "roberta"
+    BERTModel(TINY).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["RobertaModel"]}))
+    assert cli_main(["export", "--model", str(folder), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "config.json" in err and "RobertaModel" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+    # an exported folder is not exported again; --output must not overwrite a model folder
+    assert cli_main(["export", "--model", str(minilm_onnx), "--output", str(tmp_path / "again")]) == 1
+    assert "already an exported ONNX folder" in capsys.readouterr().err
+    assert cli_main(["export", "--model", str(folder), "--output", str(folder)]) == 1
+    assert "the model folder itself" in capsys.readouterr().err
+    # the PyTorch backend on an exported folder; an exported graph used for another task
+    texts = tmp_path / "t.txt"
+    texts.write_text("a line\n")
+    assert cli_main(["embed", "--model", str(minilm_onnx), "--backend", "torch", "--input", str(texts),
+                     "--output", str(tmp_path / "v.npy")]) == 1
+    assert "no PyTorch weights" in capsys.readouterr().err
+    _, exported = sst2_classifier
+    assert cli_main(["predict", "--model", str(exported), "--task", "qa", "--input", str(texts),
+                     "--output", str(tmp_path / "p.jsonl")]) == 1
+    assert "holds an exported BertForSequenceClassification graph" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="need an exported encoder"):
+        SentenceEncoder.from_pretrained(exported)
+    from bert_kit.onnx_runtime import OnnxModel
+
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        OnnxModel(minilm_onnx).to("cuda")
+    # a clean export through the command line prints what it wrote and how close it is
+    assert cli_main(["export", "--model", str(folder.parent / "roberta"), "--output", str(tmp_path / "x")]) == 1
+    capsys.readouterr()
+    assert cli_main(["export", "--model", str(sst2_classifier[0]), "--output", str(tmp_path / "int8"),
+                     "--quantize", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "exported BertForSequenceClassification (int8)" in out and "max |ONNX - PyTorch|" in out
+
+
+def test_missing_extra_is_a_clear_error(monkeypatch, minilm_path, tmp_path, capsys):
+    """Runs without the extra too: onnxruntime is hidden from the import system."""
+    from bert_kit.onnx_runtime import require_onnxruntime
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "bert-kit\[onnx\]"'):
+        require_onnxruntime()
+    assert cli_main(["export", "--model", str(minilm_path), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert 'pip install "bert-kit[onnx]"' in err and "Traceback" not in err and not (tmp_path / "out").exists()
