@@ -44,8 +44,8 @@ from bert_kit.tasks.base import Task
 from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
-from bert_kit.training.distributed import collective_errors, init_distributed, is_main, rank, world_size
-from bert_kit.training.loop import Job, Run, start_run, train
+from bert_kit.training.distributed import is_main, rank, world_size
+from bert_kit.training.loop import Job, Run, run_job
 from bert_kit.training.progress import read_metrics
 from bert_kit.training.settings import RunSettings
 
@@ -321,10 +321,6 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
-    Under torchrun every rank calls this; if another rank dies or stalls for longer than
-    `dist_timeout_s`, the others stop with a one-line `DistributedError`.
+    Under torchrun every rank calls this (see `run_job`).
     """
-    init_distributed(cfg.dist_timeout_s)
-    with collective_errors(cfg.dist_timeout_s):
-        run = start_run(cfg, resume)
-        return train(FinetuningJob(cfg, run), cfg, run)
+    return run_job(FinetuningJob, cfg, resume)

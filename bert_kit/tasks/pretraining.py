@@ -42,8 +42,8 @@ from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state,  # noqa: F401
                                              make_datasets, make_loader, phase_loaders, prepare_tokenizer)
 from bert_kit.training.checkpoint import save_model
-from bert_kit.training.distributed import all_reduce_mean, collective_errors, init_distributed, is_main, world_size
-from bert_kit.training.loop import UNBOUNDED_STEPS, Job, Run, start_run, train
+from bert_kit.training.distributed import all_reduce_mean, is_main, world_size
+from bert_kit.training.loop import UNBOUNDED_STEPS, Job, Run, run_job
 from bert_kit.training.losses import compute_mlm_loader_loss, compute_mlm_loss, compute_pretraining_loss
 
 
@@ -194,10 +194,6 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
     """Run (or resume) pretraining; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
-    Under torchrun every rank calls this; if another rank dies or stalls for longer than
-    `dist_timeout_s`, the others stop with a one-line `DistributedError`.
+    Under torchrun every rank calls this (see `run_job`).
     """
-    init_distributed(cfg.dist_timeout_s)
-    with collective_errors(cfg.dist_timeout_s):
-        run = start_run(cfg, resume)
-        return train(PretrainingJob(cfg, run), cfg, run)
+    return run_job(PretrainingJob, cfg, resume)

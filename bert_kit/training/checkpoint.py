@@ -459,25 +459,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start_run(output_dir: str | Path, precision: str, device: str, resume: str | None,
-              seed: int) -> tuple[Path, Any, Path | None]:
-    """The common start of a training run (pretraining and fine-tuning alike).
-
-    Resolves device and precision once (printed by rank 0), enables TF32 for any fp32 matmul
-    left on CUDA, finds the checkpoint to resume from and seeds every RNG.
-    Returns (run folder, `Precision`, checkpoint folder or None).
-    """
-    from bert_kit.training.precision import resolve_precision
-
-    out = Path(output_dir)
-    resolved = resolve_precision(precision, device, verbose=is_main())
-    if resolved.device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
-    checkpoint = resolve_checkpoint(resume, out) if resume else None
-    seed_everything(seed)
-    return out, resolved, checkpoint
-
-
 class StopSignal:
     """While active, SIGINT/SIGTERM only set `signum`: the loop finishes its step, saves and
     exits. A second signal aborts at once (the last complete checkpoint stays on disk)."""

@@ -43,8 +43,8 @@ from bert_kit.model import unchecked_inputs
 from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
                                           save_checkpoint, seed_everything)
-from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, full_value, is_main, rank, world_size,
-                                           wrap_model)
+from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, full_value,
+                                           init_distributed, is_main, rank, world_size, wrap_model)
 from bert_kit.training.optim import Schedule, create_optimizer
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.progress import METRICS_FILE, ProgressLogger, plot_losses, read_metrics, truncate_metrics
@@ -188,6 +188,16 @@ def start_run(cfg: RunSettings, resume: str | None) -> Run:
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
     seed_everything(cfg.seed)
     return Run(out, precision, checkpoint, state, started, budget)
+
+
+def run_job(make_job: Any, cfg: RunSettings, resume: str | None) -> dict[str, Any]:
+    """The whole of `pretrain` and `finetune`: join the process group (under torchrun), start the
+    run, build the job (`make_job(cfg, run)`) and train it. If another rank dies or stalls for
+    longer than `dist_timeout_s`, the others stop with a one-line `DistributedError`."""
+    init_distributed(cfg.dist_timeout_s)
+    with collective_errors(cfg.dist_timeout_s):
+        run = start_run(cfg, resume)
+        return train(make_job(cfg, run), cfg, run)
 
 
 # ---- the loop ---------------------------------------------------------------------------------

@@ -155,8 +155,8 @@ def test_a_stop_to_the_process_group_saves_with_dataloader_workers(assets, tmp_p
             os.killpg(proc.pid, signal.SIGKILL)
     err = err.decode()
     assert proc.returncode == 128 + sig, err[-2000:]
-    assert "Traceback" not in err and "killed by signal" not in err
+    assert "Traceback" not in err and "killed by signal" not in err, err[-2000:]
     saved = list_checkpoints(run / "checkpoints")
-    assert len(saved) == 1 and int(saved[0].name[5:]) >= 5
+    assert len(saved) == 1 and int(saved[0].name[5:]) >= 5, (saved, err[-2000:])
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
     assert json.loads((run / "results.json").read_text())["stopped"] == signal.Signals(sig).name
