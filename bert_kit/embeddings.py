@@ -106,16 +106,16 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
-                        max_length: int = 256, device: str | torch.device | None = None,
+                        max_length: int | None = None, device: str | torch.device | None = None,
                         unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
-        folder stands for its best/ (fine-tuning) or final/ (pretraining) model."""
-        from bert_kit.model_folder import resolve_model_folder
+        folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
+        its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
+        its fine-tuning length, its sentence-transformers max_seq_length, else its positions)."""
+        from bert_kit.model_folder import default_max_length, resolve_model
 
-        found = resolve_model_folder(folder)
-        if found is None:
-            raise FileNotFoundError(f"no config.json in model folder {folder}")
-        folder = found
+        folder = resolve_model(folder)
+        max_length = max_length or default_max_length(folder)
         model = BERTModel.from_pretrained(folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
 

@@ -2,6 +2,8 @@
 
 Each module named in COMMANDS defines `add_arguments(parser)` and `run(args) -> int`; modules
 are imported only when their subcommand runs (and to build `--help`), so start-up stays quick.
+After the subcommand, options, positional arguments and `key=value` overrides may come in any
+order (`bert-kit finetune --config run.yaml --output r.json lr=1e-4`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),
     "convert": ("bert_kit.cli.convert", "import/export HF checkpoints (safetensors or pytorch_model.bin)"),
     "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
+    "models": ("bert_kit.cli.models", "list the model presets and the local copies of hub models"),
 }
+
+
+def version() -> str:
+    """`bert-kit --version`: this package's version, with torch's and Python's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from bert_kit import __version__
+
+    try:
+        torch = installed("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return f"bert-kit {__version__} (torch {torch}, Python {sys.version.split()[0]})"
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, import just that subcommand's module."""
     parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -38,14 +56,33 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             except ModuleNotFoundError as e:
                 if e.name != module:
                     raise
+    parser.command_parsers = sub.choices  # name -> subcommand parser, for parse_arguments
     return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse `argv`; after the subcommand, options and positionals (overrides) may be intermixed.
+
+    argparse's plain parse stops filling a positional list at the first option, so
+    `--output r.json lr=1e-4` would be refused; its intermixed parse takes them in any order
+    but cannot handle nested subcommands (`bert-kit tokenizer train`), which parse as usual."""
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    command = argv[at] if at is not None else None
+    if command not in COMMANDS:
+        return parser.parse_args(argv)  # help, --version, or the error for an unknown command
+    parser.parse_args(argv[:at])  # options before the command: --help, --version
+    sub = parser.command_parsers[command]
+    nested = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in sub._actions)
+    args = sub.parse_args(argv[at + 1:]) if nested else sub.parse_intermixed_args(argv[at + 1:])
+    args.command = command
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     wanted = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=wanted if wanted in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if args.command is None:
         parser.print_help()
         return 2

@@ -8,26 +8,31 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_kit.cli.options import add_device_option, add_model_option
 from bert_kit.data import read_lines
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
+from bert_kit.tasks.inference import warn_blank_texts
 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
+    add_model_option(parser)
     parser.add_argument("--input", required=True, help="text file, one text per line")
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
     parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
-    parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens per text, longer ones are truncated (default: the model's own length: its "
+                             "fine-tuning or sentence-transformers length, else its positions)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser)
     parser.add_argument("--compile", action="store_true",
                         help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
 
 
 def run(args: argparse.Namespace) -> int:
     texts = read_lines(args.input)
+    warn_blank_texts(texts, args.input)
     encoder = SentenceEncoder.from_pretrained(args.model, args.pooling, not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
     t0 = time.perf_counter()

@@ -77,8 +77,9 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 
 def resolve_precision(precision: str = "auto", device: str | torch.device | None = "auto",
-                      verbose: bool = True) -> Precision:
-    """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16."""
+                      verbose: bool = True, purpose: str = "training") -> Precision:
+    """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16. `purpose`
+    ("training", "inference") words the printed reason."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     dev = resolve_device(device)
@@ -89,7 +90,7 @@ def resolve_precision(precision: str = "auto", device: str | torch.device | None
         elif cuda:
             prec = Precision(dev, torch.float16, f"{torch.cuda.get_device_name(dev)} lacks bfloat16")
         else:
-            prec = Precision(dev, torch.float32, f"{dev.type} device: autocast would not speed up training")
+            prec = Precision(dev, torch.float32, f"{dev.type} device: autocast would not speed up {purpose}")
     else:
         dtype = _DTYPES[precision]
         if cuda and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
