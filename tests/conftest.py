@@ -17,7 +17,7 @@ DATA_DIR = Path(os.environ.get("BERT_KIT_DATA") or (REPO / "data" if (REPO / "da
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA_DIR.is_dir():
-        pytest.skip(f"shared data not found at {DATA_DIR} (set BERT_KIT_DATA)")
+        pytest.skip(f"no data root at {DATA_DIR} (set BERT_KIT_DATA; docs/data.md)")
     return DATA_DIR
 
 

@@ -44,7 +44,8 @@ def version() -> str:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, import just that subcommand's module."""
+    """The full parser; with `only`, import just that subcommand's module ("" imports none, which
+    is all that --help, --version and the list of commands need: they start without torch)."""
     parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -81,7 +82,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=wanted if wanted in COMMANDS else None)
+    parser = build_parser(only=wanted if wanted in COMMANDS else "")
     args = parse_arguments(parser, argv)
     if args.command is None:
         parser.print_help()

@@ -33,6 +33,7 @@ from bert_kit.model_folder import default_max_length, read_model_metadata, resol
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
 
+
 def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dict]:
     """(task name, FinetuneConfig-like settings, folder metadata) from the folder and the flags."""
     from bert_kit.tasks.finetuning import FinetuneConfig

@@ -314,6 +314,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, required: b
     """Add `--config FILE` and positional `key=value` overrides; list every field in --help."""
     parser.add_argument("--config", required=required, metavar="FILE", help="YAML run config")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="override settings of the config file, e.g. lr=3e-4 max_steps=1000")
+                        help="override settings of the config file, e.g. lr=3e-4 max_steps=1000 "
+                             "(before, between or after the options)")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = f"settings ({cls.__name__}):\n" + help_table(cls)

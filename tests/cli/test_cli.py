@@ -5,6 +5,8 @@ Run: .venv/bin/python -m pytest tests/cli/test_cli.py -q
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -46,6 +48,11 @@ def test_version(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("bert-kit 0.1.0 (torch ") and "Python 3." in out
+    # --version and --help need no command module, so they start without importing torch
+    code = ("import sys\nfrom bert_kit.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n"
+            "    pass\nprint('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines() == [out.strip(), "False"]
 
 
 def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
