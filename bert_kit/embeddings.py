@@ -112,19 +112,19 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
-                        max_length: int = 256, device: str | torch.device | None = None,
+                        max_length: int | None = None, device: str | torch.device | None = None,
                         unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
-        folder stands for its best/ (fine-tuning) or final/ (pretraining) model. A folder written
-        by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with the same outputs."""
-        from bert_kit.model_folder import resolve_model_folder
-
-        found = resolve_model_folder(folder)
-        if found is None:
-            raise FileNotFoundError(f"no config.json in model folder {folder}")
-        folder = found
+        folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
+        its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
+        its fine-tuning length, its sentence-transformers max_seq_length, else its positions).
+        A folder written by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with
+        the same outputs."""
+        from bert_kit.model_folder import default_max_length, resolve_model
         from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
 
+        folder = resolve_model(folder)
+        max_length = max_length or default_max_length(folder)
         if is_onnx_folder(folder):  # written by `bert-kit export`: ONNX Runtime on the CPU
             if compile:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")

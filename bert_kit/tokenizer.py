@@ -481,28 +481,11 @@ def _to_tensor(rows: list, kind: str) -> Any:
 
 
 # --------------------------------------------------------------------------------- factories
-def _hf_cache_dir() -> Path:
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub"
-
-
-def _cached_snapshot(name: str) -> Path | None:
-    """Snapshot folder of hub model `name` in the local HF cache that holds a tokenizer, if any."""
-    repo = _hf_cache_dir() / ("models--" + name.replace("/", "--"))
-    ref = repo / "refs" / "main"
-    candidates = [repo / "snapshots" / ref.read_text().strip()] if ref.is_file() else []
-    candidates += sorted((repo / "snapshots").glob("*/"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for snap in candidates:
-        if (snap / "tokenizer.json").is_file() or (snap / "vocab.txt").is_file():
-            return snap
-    return None
-
-
 def get_tokenizer(name_or_path: str | os.PathLike) -> WordPieceTokenizer:
     """A tokenizer from a folder (tokenizer.json or vocab.txt), a tokenizer.json / vocab.txt
-    file, or a hub name ("bert-base-uncased") found in the local Hugging Face cache."""
+    file, or a hub name ("bert-base-uncased") with a local copy (see `bert_kit.model_folder`)."""
+    from bert_kit.model_folder import TOKENIZER_FILES, find_local_model, is_hub_name, missing_model_message
+
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return WordPieceTokenizer.from_pretrained(path)
@@ -511,16 +494,12 @@ def get_tokenizer(name_or_path: str | os.PathLike) -> WordPieceTokenizer:
             return WordPieceTokenizer(Tokenizer.from_file(str(path)), source=str(path))
         return WordPieceTokenizer.from_vocab_file(path)
     name = str(name_or_path)
-    if path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+    if not is_hub_name(name):
         raise FileNotFoundError(f"tokenizer folder not found: {path}")
-    snapshot = _cached_snapshot(name)
-    if snapshot is not None:
-        return WordPieceTokenizer.from_pretrained(snapshot)
-    raise FileNotFoundError(
-        f"tokenizer {name!r} is not available offline: there is no folder {path.resolve()} and no snapshot "
-        f"in the Hugging Face cache {_hf_cache_dir() / ('models--' + name.replace('/', '--'))}. "
-        f"Pass a folder holding tokenizer.json or vocab.txt, e.g. get_tokenizer('/path/to/{name}')."
-    )
+    found = find_local_model(name, TOKENIZER_FILES)
+    if found is not None:
+        return WordPieceTokenizer.from_pretrained(found)
+    raise FileNotFoundError(missing_model_message(name, "tokenizer"))
 
 
 def train_tokenizer(

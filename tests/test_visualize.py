@@ -124,3 +124,33 @@ def test_index_parsing_and_shape_errors(tmp_path):
         _parse_indices("a", 3, "heads")
     with pytest.raises(ValueError, match="T = 2 tokens"):
         plot_attention_grid(np.zeros((1, 1, 3, 3)), ["a", "b"], tmp_path / "x.png")
+
+
+def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_path, minilm_path, capsys,
+                                                                           monkeypatch):
+    import bert_kit.cli.attention as command
+
+    from bert_kit.visualize import attention_figure, attention_title
+
+    att = torch.softmax(torch.randn(2, 3, 4, 4), dim=-1)
+    title = attention_title("org/model", "The cat sat.", "It was tired.")
+    assert title == "org/model: attention over 'The cat sat.' + 'It was tired.'"
+    assert attention_title("m", "x" * 100, None) == f"m: attention over '{'x' * 57}...'"
+    fig = attention_figure(att, ["[CLS]", "a", "b", "[SEP]"], title=title)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "attention probability"
+    assert tuple(bars[0].get_ylim()) == (0.0, 1.0)  # one scale for every map
+    assert fig.get_suptitle() == title
+    assert fig.get_supylabel().startswith("query") and fig.get_supxlabel().startswith("key")
+    grid = [ax for ax in fig.axes if ax not in bars]
+    assert len(grid) == 6 and grid[0].get_title() == "head 0" and grid[0].get_ylabel() == "layer 0"
+    # the command names the model as given and both texts
+    titles = []
+    monkeypatch.setattr(command, "plot_attention_grid",
+                        lambda *a, title, **k: titles.append(title) or plot_attention_grid(*a, title=title, **k))
+    out = tmp_path / "pair.png"
+    assert cli_main(["attention", "--model", str(minilm_path), "--text", "The cat sat.", "--text-pair",
+                     "It was tired.", "--output", str(out), "--layers", "0", "--heads", "0-1",
+                     "--device", "cpu"]) == 0
+    assert "1 layers x 2 heads over 11 tokens" in capsys.readouterr().out and out.is_file()
+    assert titles == [f"{minilm_path}: attention over 'The cat sat.' + 'It was tired.'"]

@@ -3,6 +3,9 @@
 Each module named in COMMANDS defines `add_arguments(parser)` and `run(args) -> int`; modules
 are imported only when their subcommand runs (and to build `--help`), so start-up stays quick.
 
+After the subcommand, options, positional arguments and `key=value` overrides may come in any
+order (`bert-kit finetune --config run.yaml --output r.json lr=1e-4`).
+
 A failing command prints one line, `bert-kit COMMAND: error: ...`, naming the file (and line or
 key) at fault and what to do, and exits with 2 when the command is wrong (a bad flag or setting)
 or 1 when the run failed (bad data, a corrupt model, a full disk); see `bert_kit.cli.errors`.
@@ -32,12 +35,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("bert_kit.cli.export", "export a model folder to ONNX (any head, optional int8) for CPU inference"),
     "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
     "serve": ("bert_kit.cli.serve", "a model folder behind HTTP with dynamic batching (needs the [serve] extra)"),
+    "models": ("bert_kit.cli.models", "list the model presets and the local copies of hub models"),
 }
 
 
+def version() -> str:
+    """`bert-kit --version`: this package's version, with torch's and Python's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from bert_kit import __version__
+
+    try:
+        torch = installed("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return f"bert-kit {__version__} (torch {torch}, Python {sys.version.split()[0]})"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, import just that subcommand's module."""
+    """The full parser; with `only`, import just that subcommand's module ("" imports none, which
+    is all that --help, --version and the list of commands need: they start without torch)."""
     parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
+    parser.add_argument("--version", action="version", version=version())
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error too (or set BERT_KIT_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -49,16 +69,35 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             except ModuleNotFoundError as e:
                 if e.name != module:
                     raise
+    parser.command_parsers = sub.choices  # name -> subcommand parser, for parse_arguments
     return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse `argv`; after the subcommand, options and positionals (overrides) may be intermixed.
+
+    argparse's plain parse stops filling a positional list at the first option, so
+    `--output r.json lr=1e-4` would be refused; its intermixed parse takes them in any order
+    but cannot handle nested subcommands (`bert-kit tokenizer train`), which parse as usual."""
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    command = argv[at] if at is not None else None
+    if command not in COMMANDS:
+        return parser.parse_args(argv)  # help, --version, or the error for an unknown command
+    parser.parse_args(argv[:at])  # options before the command: --help, --version
+    sub = parser.command_parsers[command]
+    nested = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in sub._actions)
+    args = sub.parse_args(argv[at + 1:]) if nested else sub.parse_intermixed_args(argv[at + 1:])
+    args.command = command
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=wanted if wanted in COMMANDS else None)
+    parser = build_parser(only=wanted if wanted in COMMANDS else "")
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage error (exit 2) or --help (exit 0)
+        args = parse_arguments(parser, argv)
+    except SystemExit as e:  # argparse has printed the usage error (exit 2), --help or --version (exit 0)
         return e.code if isinstance(e.code, int) else 2
     if args.command is None:
         parser.print_help()

@@ -41,8 +41,9 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
     """Load `input_folder` into the `head` class and save it; return (head, new head weights)."""
     from bert_kit.config import load_hf_config
     from bert_kit.hf import load_into, read_state_dict
+    from bert_kit.model_folder import resolve_model
 
-    src, dst = Path(input_folder), Path(output_folder)
+    src, dst = resolve_model(input_folder), Path(output_folder)  # a folder, or a hub name's local copy
     if src.resolve() == dst.resolve():
         raise ConfigError(f"--output must differ from --input ({src})")
     state = read_state_dict(src)
@@ -60,7 +61,7 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="HF or bert-kit model folder")
+    parser.add_argument("--input", required=True, help="HF or bert-kit model folder, or a hub name with a local copy")
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--head", choices=HEADS, default=None,
                         help="heads to keep (default: all the checkpoint has)")

@@ -1,148 +1,148 @@
-"""`bert-kit demo`: the whole pipeline on text every machine has, with no download.
+"""`bert-kit demo`: the whole pipeline in under three minutes on two CPU cores, with no download.
 
-The corpus is the docstrings of Python's own standard library (the modules in `STDLIB`, read
-with `inspect`): one document per module, its classes' and functions' docstrings in order.
-1. a WordPiece vocabulary is trained on it;
-2. a small BERT (2 layers, width 128) is pretrained with MLM + NSP;
-3. it is fine-tuned on a task made from the same source: does a docstring sentence come from a
-   networking module (socket, http, email, ...) or from another one? (balanced classes; dev
-   accuracy is printed beside the 50% chance level);
-4. metrics (demo_results.json) and loss curves (PNG) land in the output folder.
-About 80 seconds on 2 idle CPU cores.
+1. corpus: 4,000 short biographies of a small made-up world (`bert_kit.data.toy_world`) to
+   pretrain on, and 400 biographies of people whose names never occur in training to test on;
+2. a WordPiece vocabulary trained on the corpus;
+3. pretraining: a 2-layer BERT (width 128, 0.5M parameters), MLM + next-sentence prediction,
+   2,000 steps of 64 sequences of 32 tokens, scored on the held-out biographies;
+4. fill-mask on held-out sentences: the model's answers beside the masked word, and how often
+   its first answer is right beside guessing the most frequent word of the right kind;
+5. fine-tuning on what a sentence is about (home, work, pet, free time), scored on sentences
+   about held-out people, beside the same model fine-tuned from random weights and beside
+   always guessing the most frequent topic;
+6. demo_results.json, the run folders (pretrain/, finetune/) with their loss curves, and
+   data/ (the corpus, the task, sentences.txt) for trying the other commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
-import random
-import re
 import time
-import warnings
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-STDLIB = [
-    "abc", "argparse", "ast", "asyncio", "base64", "bisect", "calendar", "collections", "concurrent.futures",
-    "configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "email",
-    "enum", "fnmatch", "fractions", "ftplib", "functools", "gettext", "glob", "gzip", "hashlib", "heapq",
-    "hmac", "html.parser", "http.client", "http.server", "imaplib", "inspect", "io", "ipaddress", "itertools",
-    "json", "logging", "lzma", "mailbox", "math", "mimetypes", "multiprocessing", "netrc", "numbers",
-    "operator", "optparse", "os", "pathlib", "pickle", "pkgutil", "platform", "plistlib", "poplib", "pprint",
-    "queue", "random", "re", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "signal",
-    "smtplib", "socket", "socketserver", "sqlite3", "ssl", "statistics", "string", "struct", "subprocess",
-    "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize", "traceback", "turtle", "typing",
-    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
-    "xml.etree.ElementTree", "zipfile", "zoneinfo",
-]
+SHOWN_PROBES = 6
 
 
-# modules whose docstrings make the positive class of the fine-tuning task
-NETWORK = {"email", "ftplib", "http.client", "http.server", "imaplib", "ipaddress", "mailbox", "poplib",
-           "selectors", "smtplib", "socket", "socketserver", "ssl", "urllib.parse", "urllib.request"}
+def score_fill_mask(folder: Path, probes: list[tuple[str, str, str]], train_file: Path) -> dict[str, Any]:
+    """Top-1 accuracy of `folder`'s MLM on the probes, per kind of word, beside guessing the most
+    frequent training word of that kind; plus the top 3 answers for the first SHOWN_PROBES.
+
+    All probes go through the model in one padded batch (each has one [MASK]); `bert-kit
+    fill-mask` (bert_kit.tasks.fill_mask) gives the same answers one text at a time."""
+    import torch
+
+    from bert_kit.data.toy_world import answer_kinds
+    from bert_kit.tasks.fill_mask import load_mlm_model
+    from bert_kit.tokenizer import get_tokenizer
+
+    model, tokenizer = load_mlm_model(folder), get_tokenizer(folder)
+    enc = tokenizer([text for text, _, _ in probes], max_length=model.config.max_position_embeddings,
+                    return_tensors="pt")
+    with torch.no_grad():
+        logits = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])  # (N, T, V)
+    masked = enc["input_ids"] == tokenizer.mask_token_id  # (N, T), one True per row
+    scores, ids = logits[masked].float().softmax(dim=-1).topk(3, dim=-1)  # (N, 3)
+    counts = Counter(train_file.read_text(encoding="utf-8").replace(".", " ").split())
+    guesses = {kind: max(words, key=lambda w: counts[w]) for kind, words in answer_kinds().items()}
+    right, guessed, total, shown = Counter(), Counter(), Counter(), []
+    for (text, answer, kind), top_ids, top_scores in zip(probes, ids.tolist(), scores.tolist()):
+        top = tokenizer.convert_ids_to_tokens(top_ids)
+        total[kind] += 1
+        right[kind] += top[0] == answer
+        guessed[kind] += guesses[kind] == answer
+        if len(shown) < SHOWN_PROBES:
+            shown.append({"text": text, "answer": answer,
+                          "predictions": [(t, round(x, 3)) for t, x in zip(top, top_scores)]})
+    n = sum(total.values())
+    return {"accuracy": sum(right.values()) / n, "guessing": sum(guessed.values()) / n, "probes": n,
+            "by_kind": {k: round(right[k] / total[k], 3) for k in total}, "examples": shown}
 
 
-def _clean(doc: str) -> str:
-    return re.sub(r"\s+", " ", inspect.cleandoc(doc)).strip()
-
-
-def harvest_docstrings() -> tuple[list[str], list[tuple[str, int]]]:
-    """-> (documents, [(docstring sentence, 1 = networking module / 0 = other)]) from the stdlib."""
-    documents, examples = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in STDLIB:
-            try:
-                module = importlib.import_module(name)
-            except Exception:  # a module missing from this Python build: skip it
-                continue
-            parts = [_clean(module.__doc__)] if module.__doc__ else []
-            for attr, obj in sorted(vars(module).items()):
-                if attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-                    continue
-                if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not obj.__doc__:
-                    continue
-                text = _clean(obj.__doc__)
-                parts.append(text)
-                for sentence in re.split(r"(?<=[.!?])\s", text)[:3]:
-                    if 4 <= len(sentence.split()) <= 50:
-                        examples.append((sentence, int(name in NETWORK)))
-            if len(parts) > 2:
-                documents.append("\n".join(parts))
-    return documents, sorted(set(examples))
-
-
-def write_task(examples: list[tuple[str, int]], out: Path, seed: int = 0) -> tuple[Path, Path, float]:
-    """Balance the classes, shuffle, split 80/20, write TSVs (sentence, label).
-
-    Returns the two paths and the dev set's majority-class rate (the accuracy of guessing).
-    """
-    rng = random.Random(seed)
-    positive = [e for e in examples if e[1] == 1]
-    negative = rng.sample([e for e in examples if e[1] == 0], len(positive))
-    examples = positive + negative
-    rng.shuffle(examples)
-    cut = int(0.8 * len(examples))
-    paths = []
-    for name, rows in (("train.tsv", examples[:cut]), ("dev.tsv", examples[cut:])):
-        path = out / name
-        lines = ["sentence\tlabel"] + [f"{s.replace(chr(9), ' ')}\t{y}" for s, y in rows]
-        path.write_text("\n".join(lines) + "\n")
-        paths.append(path)
-    dev = [y for _, y in examples[cut:]]
-    majority = max(sum(dev), len(dev) - sum(dev)) / len(dev)
-    return paths[0], paths[1], majority
-
-
-def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 1200, finetune_epochs: float = 3.0,
-         seed: int = 0) -> dict:
+def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finetune_epochs: float = 3.0,
+         seed: int = 0, device: str = "auto") -> dict[str, Any]:
+    from bert_kit.data.toy_world import fill_mask_probes, write_corpus, write_topic_task
     from bert_kit.tasks.finetuning import FinetuneConfig, finetune
     from bert_kit.tasks.pretraining import PretrainConfig, pretrain
 
     t0 = time.time()
     out = Path(output_dir)
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    documents, examples = harvest_docstrings()
-    corpus = out / "data" / "stdlib_docstrings.txt"
-    corpus.write_text("\n\n".join(documents) + "\n")
-    print(f"corpus: {len(documents)} stdlib modules, {sum(len(d.split()) for d in documents):,} words -> {corpus}")
-    train_tsv, dev_tsv, majority = write_task(examples, out / "data", seed)
-    print(f"task: docstring sentences, networking module (1) or not (0), balanced; dev majority {majority:.3f}")
+    data = out / "data"
+    train_txt, test_txt = write_corpus(data, seed=seed)
+    train_tsv, dev_tsv, majority = write_topic_task(data, seed=seed + 1)
+    # texts for `bert-kit predict` and `bert-kit embed`: one held-out sentence per line
+    sentences = [line.split("\t")[0] for line in dev_tsv.read_text(encoding="utf-8").splitlines()[1:21]]
+    (data / "sentences.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    print(f"corpus: {train_txt} (4,000 biographies), held out: {test_txt} (400 biographies of other people)")
 
+    # Small and fast: no dropout (the model underfits, nothing to regularise), short sequences
+    # and a large step. The facts of the world (lyon is in france) come last, after 1,500-2,000
+    # steps of 64 sequences; with 1,000 of 96 about half the fill-mask answers were still wrong.
     pre = pretrain(PretrainConfig(
-        model={"preset": "bert-tiny", "max_position_embeddings": 128}, train_tokenizer={"vocab_size": 2000},
-        train_files=[str(corpus)], eval_fraction=0.05, corpus_format="text", nsp=True, max_length=64,
-        batch_size=32, max_steps=pretrain_steps, lr=1e-3, warmup_fraction=0.1, eval_every=300,
-        eval_batches=10, save_every=600, keep_last=1, log_every=10, seed=seed,
-        output_dir=str(out / "pretrain")))
-    fin = finetune(FinetuneConfig(
-        task="classification", model=str(out / "pretrain" / "final"), train_file=str(train_tsv),
-        validation_file=str(dev_tsv), max_length=64, epochs=finetune_epochs, batch_size=16, lr=1e-3,
-        seed=seed, log_every=10, output_dir=str(out / "finetune")))
+        model={"preset": "bert-tiny", "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+               "attention_probs_dropout_prob": 0.0},
+        train_tokenizer={"vocab_size": 2000}, train_files=[str(train_txt)], eval_files=[str(test_txt)],
+        corpus_format="text", nsp=True, max_length=32, batch_size=64, max_steps=pretrain_steps, lr=2e-3,
+        warmup_fraction=0.1, eval_every=250, eval_batches=20, save_every=pretrain_steps, keep_last=1,
+        log_every=25, seed=seed, device=device, output_dir=str(out / "pretrain")))
+    fill = score_fill_mask(out / "pretrain" / "final", fill_mask_probes(test_txt), train_txt)
+
+    def topic_run(model: str, name: str) -> dict[str, Any]:
+        return finetune(FinetuneConfig(
+            task="classification", model=model, tokenizer=str(out / "pretrain" / "final"),
+            train_file=str(train_tsv), validation_file=str(dev_tsv), label_column="label", max_length=32,
+            epochs=finetune_epochs, batch_size=16, lr=1e-3, eval_every=10, save_every=10_000, keep_last=1,
+            log_every=5, seed=seed,
+            device=device, output_dir=str(out / name)))
+
+    fin = topic_run(str(out / "pretrain" / "final"), "finetune")
+    # the same shape from random weights: what pretraining adds
+    scratch = topic_run(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init")
     results = {
-        "corpus_documents": len(documents), "task_examples": len(examples), "dev_majority_baseline": majority,
-        "pretrain": {k: pre.get(k) for k in ("train_mlm_loss", "train_nsp_loss", "test_mlm_loss", "test_nsp_loss",
-                                             "test_nsp_accuracy", "test_perplexity")},
-        "finetune": {k: v for k, v in fin.items() if isinstance(v, (int, float, str)) or v is None},
+        "pretrain": {k: pre.get(k) for k in ("test_mlm_loss", "test_mlm_accuracy", "test_nsp_accuracy",
+                                             "test_nsp_loss", "steps", "tokens_per_second")},
+        "fill_mask": fill,
+        "finetune": {"task": "topic of a sentence about a held-out person (home, work, pet, free time)",
+                     "accuracy": fin["best_value"], "random_init_accuracy": scratch["best_value"],
+                     "majority_baseline": majority, "model": fin["best_model"]},
         "plots": [str(p) for p in sorted(out.glob("*/loss_curve.png"))],
-        "wall_time_s": time.time() - t0,
+        "wall_time_s": round(time.time() - t0, 1),
     }
     (out / "demo_results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print_summary(results, out)
     return results
+
+
+def print_summary(results: dict[str, Any], out: Path) -> None:
+    pre, fill, fin = results["pretrain"], results["fill_mask"], results["finetune"]
+    print(f"\nbert-kit demo: {results['wall_time_s']:.0f} s")
+    print(f"pretraining, scored on held-out biographies: MLM accuracy {pre['test_mlm_accuracy']:.2f}, "
+          f"next-sentence accuracy {pre['test_nsp_accuracy']:.2f} (chance 0.50)")
+    kinds = ", ".join(f"{k} {v:.2f}" for k, v in fill["by_kind"].items())
+    print(f"fill-mask on {fill['probes']} held-out sentences: first answer right {fill['accuracy']:.0%} "
+          f"(guessing the most frequent word of the kind: {fill['guessing']:.0%}); {kinds}")
+    for example in fill["examples"]:
+        answers = ", ".join(f"{t} {s:.2f}" for t, s in example["predictions"])
+        print(f"  {example['text'][-60:]:>60}  -> {answers:<40} (masked: {example['answer']})")
+    print(f"fine-tuning, topic of held-out sentences: accuracy {fin['accuracy']:.2f}; from random weights "
+          f"{fin['random_init_accuracy']:.2f}; always guessing the commonest topic {fin['majority_baseline']:.2f}")
+    print(f"results: {out / 'demo_results.json'}; loss curves: {', '.join(results['plots'])}")
+    print(f'next: bert-kit fill-mask --model {out}/pretrain "anna lives in paris. paris is a city in [MASK]."')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument("--pretrain-steps", type=int, default=1200)
-    parser.add_argument("--finetune-epochs", type=float, default=3.0)
+    parser.add_argument("--pretrain-steps", type=int, default=2000, help="pretraining steps (default 2000)")
+    parser.add_argument("--finetune-epochs", type=float, default=3.0, help="fine-tuning epochs (default 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 (default: cuda if available)")
 
 
 def run(args: argparse.Namespace) -> int:
     from bert_kit.cli.errors import check_output_dir
 
     check_output_dir(args.output, "--output")
-    demo(args.output, args.pretrain_steps, args.finetune_epochs, args.seed)
+    demo(args.output, args.pretrain_steps, args.finetune_epochs, args.seed, args.device)
     return 0

@@ -8,15 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.cli.errors import check_output_file
+from bert_kit.cli.options import add_device_option, add_model_option
+from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
+from bert_kit.model_folder import resolve_model
 from bert_kit.onnx_export import onnx_folder
+from bert_kit.tasks.inference import warn_blank_texts
 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit: config.json, weights, tokenizer)")
+    add_model_option(parser)
     parser.add_argument("--input", required=True, help="text file, one text per line (or a table: --text-column)")
     parser.add_argument("--text-column", default=None, help="TSV/CSV/JSONL input: the text column, name or 0-based index")
     parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
@@ -26,9 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
     parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
-    parser.add_argument("--max-length", type=int, default=256, help="tokens per text; longer ones are truncated")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens per text, longer ones are truncated (default: the model's own length: its "
+                             "fine-tuning or sentence-transformers length, else its positions)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser)
     parser.add_argument("--compile", action="store_true",
                         help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
@@ -39,8 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output, "--output")
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
-    model = onnx_folder(args.model, args.backend) or args.model
-    encoder = SentenceEncoder.from_pretrained(model, args.pooling, not args.no_normalize,
+    warn_blank_texts(texts, args.input)
+    folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
+    encoder = SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
+                                              not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)

@@ -1,4 +1,9 @@
-"""`bert-kit evaluate`: score a model folder on a task's data file; metrics printed and saved as JSON."""
+"""`bert-kit evaluate`: score a model on a task's data file; metrics printed and saved as JSON.
+
+The JSON (and, for classification, the confusion matrix PNG) goes to --output, else to the
+working directory as eval_{task}_{data file}.json: never into the model folder, which may be
+read-only or installed inside a package.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
+from bert_kit.cli.options import add_device_option, add_model_option
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
 
@@ -15,10 +21,11 @@ from bert_kit.tasks.inference import load_task_model, summary_line
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared with `bert-kit predict`."""
     parser.add_argument("--task", choices=TASKS, default=None, help="default: the task recorded in the model folder")
-    parser.add_argument("--model", required=True, help="model folder (fine-tuned, or any encoder for similarity)")
+    add_model_option(parser, "fine-tuned, or any encoder for similarity")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=None, help="default: the model's fine-tuning length")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens per text (default: the model's fine-tuning length, else its positions)")
+    add_device_option(parser)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
                         help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
@@ -39,7 +46,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
-    parser.add_argument("--output", default=None, help="metrics JSON (default: MODEL/eval_{task}_{data}.json)")
+    parser.add_argument("--output", default=None,
+                        help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
     parser.add_argument("--max-examples", type=int, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default="label", help="classification: label column; similarity: score")
     parser.add_argument("--tag-column", type=int, default=-1, help="token-classification: CoNLL column of the tag")
@@ -63,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
               "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
-    out = Path(args.output) if args.output else Path(task.s.model) / f"eval_{task.name}_{Path(args.data).name}.json"
+    out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(summary_line(task.name, metrics))

@@ -6,24 +6,27 @@ import argparse
 import json
 import sys
 
+from bert_kit.cli.options import add_device_option, add_model_option
 from bert_kit.tasks.fill_mask import fill_mask, load_mlm_model
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", nargs="+", help='text with one or more [MASK] tokens (several texts allowed)')
-    parser.add_argument("--model", required=True, help="model folder (config.json + model.safetensors)")
+    add_model_option(parser, "with MLM head weights")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default 5)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_device_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.model_folder import resolve_model
     from bert_kit.tokenizer import get_tokenizer
+    from bert_kit.training.precision import resolve_device
 
-    model = load_mlm_model(args.model, args.device)
-    tokenizer = get_tokenizer(args.tokenizer or args.model)
+    folder = resolve_model(args.model)  # a run folder's final/, or a hub name's local copy
+    model = load_mlm_model(folder, resolve_device(args.device or "auto"))
+    tokenizer = get_tokenizer(args.tokenizer or folder)
     everything = []
     for text in args.text:
         predictions = fill_mask(model, tokenizer, text, args.top_k)

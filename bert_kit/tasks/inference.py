@@ -25,12 +25,14 @@ predict, input files per task:
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from bert_kit.data import parse_jsonl, read_lines
 from bert_kit.data.tables import parse_where
-from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
+from bert_kit.model_folder import default_max_length, read_model_metadata, resolve_model, sentence_transformers_settings
 from bert_kit.onnx_export import onnx_folder
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task
@@ -38,7 +40,6 @@ from bert_kit.tasks.base import Task
 # the head each task runs (similarity: a plain encoder or a regression head, either)
 HEADS = {"classification": "BertForSequenceClassification", "token-classification": "BertForTokenClassification",
          "qa": "BertForQuestionAnswering"}
-DEFAULT_MAX_LENGTH = {"qa": 384, "similarity": 256}  # others: 128
 
 
 def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dict]:
@@ -61,7 +62,11 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     if mode is None:  # a regression head on pairs is a cross-encoder; a plain encoder is a bi-encoder
         heads = meta["architectures"] == ["BertForSequenceClassification"]
         mode = "cross-encoder" if heads and len(meta.get("label_names") or []) == 1 else "bi-encoder"
-    max_length = args.max_length or meta.get("max_length") or st.get("max_length") or DEFAULT_MAX_LENGTH.get(task, 128)
+    # the length it was fine-tuned with, else its sentence-transformers length, else its positions
+    max_length = args.max_length or default_max_length(folder)
+    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    if max_length > positions:
+        raise ValueError(f"--max-length {max_length} exceeds the {positions} positions of {folder}")
     where = parse_where(getattr(args, "where", None))
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
@@ -82,15 +87,14 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     from bert_kit.training.precision import resolve_precision
     from bert_kit.tokenizer import get_tokenizer
 
-    folder = resolve_model_folder(args.model)
-    if folder is None:
-        raise FileNotFoundError(f"model folder not found: {args.model}")
+    folder = resolve_model(args.model)  # a folder, a run folder, or a hub name's local copy
     exported = onnx_folder(folder, getattr(args, "backend", "auto"))
     folder = exported or folder
     name, settings, meta = task_settings(args, folder)
     # an exported graph runs in ONNX Runtime on the CPU, in the precision it was exported in
     device = (args.device or "cpu") if exported else (args.device or "auto")
-    precision = resolve_precision("fp32" if exported else args.precision, device, verbose=verbose)
+    precision = resolve_precision("fp32" if exported else args.precision, device, verbose=verbose,
+                                  purpose="inference")
     task = make_task(name, settings)
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
@@ -124,6 +128,17 @@ def summary_line(task: str, metrics: dict[str, Any]) -> str:
 
 
 # ---- inputs -------------------------------------------------------------------------------------
+
+def warn_blank_texts(texts: list[str], path: str | Path, unit: str = "line") -> list[int]:
+    """Print a warning naming the blank texts of `path` (1-based `unit` numbers), which are still
+    scored (as empty texts, so outputs stay one per input row); returns their numbers."""
+    blank = [i for i, t in enumerate(texts, start=1) if not t.strip()]
+    if blank:
+        shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
+        print(f"warning: {path}: {len(blank)} blank {unit}(s) ({unit} {shown}) scored as empty texts; "
+              "their outputs say nothing about your data (remove them to skip them)", file=sys.stderr)
+    return blank
+
 
 def read_classification_inputs(task: Any, path: str | Path) -> tuple[list[str], list[str] | None]:
     """Texts (and second texts): a .txt file has one per line, a tab separating a pair (unless
@@ -217,6 +232,8 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
     from bert_kit.data.classification import ClassificationDataset
 
     texts, pairs = read_classification_inputs(task, path)
+    unit = "line" if Path(path).suffix == ".txt" else "row"
+    warn_blank_texts(texts, path, unit)
     ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
     logits = task.logits(model, [ds[i] for i in range(len(ds))], precision)  # (N, C)
     records = []

@@ -37,6 +37,7 @@ import torch
 from bert_kit.config import BertConfig
 from bert_kit.heads import with_prediction_slots
 from bert_kit.model import set_low_precision_residual
+from bert_kit.model_folder import locate_model
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state,  # noqa: F401
@@ -54,8 +55,10 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
     cls = BERTForPreTraining if cfg.nsp else BERTForMaskedLM
     spec = cfg.model
     weights = ("model.safetensors", "pytorch_model.bin")
-    if isinstance(spec, str) and Path(spec).is_dir() and any((Path(spec) / f).is_file() for f in weights):
-        model = cls.from_pretrained(spec)  # continued pretraining from these weights
+    # a preset name is a fresh model; a folder or a hub name's local copy continues from its weights
+    kind, where = locate_model(spec, presets_first=True) if isinstance(spec, str) else ("mapping", spec)
+    if kind == "folder" and any((Path(where) / f).is_file() for f in weights):
+        model = cls.from_pretrained(where)  # continued pretraining from these weights
         config = model.config
     else:
         if isinstance(spec, dict):
@@ -63,9 +66,9 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
             preset = d.pop("preset", None)
             d.setdefault("vocab_size", tokenizer.vocab_size)
             config = BertConfig.from_name(preset, **d) if preset else BertConfig.from_dict(d, source="model")
-        elif isinstance(spec, str) and Path(spec).exists():
-            config = BertConfig.from_file(spec)
-        elif isinstance(spec, str):
+        elif kind in ("folder", "file"):
+            config = BertConfig.from_file(where)
+        elif kind == "preset":
             config = BertConfig.from_name(spec, vocab_size=tokenizer.vocab_size)
         else:
             raise ValueError(f"model must be a preset name, a folder, a config file or a mapping, got {spec!r}")

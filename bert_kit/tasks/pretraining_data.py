@@ -60,8 +60,12 @@ def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -
             train_tokenizer(texts=texts, **opts).save(folder)
         barrier()
         return get_tokenizer(folder)
-    if isinstance(cfg.model, str) and Path(cfg.model).is_dir():
-        return get_tokenizer(cfg.model)
+    if isinstance(cfg.model, str):
+        from bert_kit.model_folder import locate_model
+
+        kind, where = locate_model(cfg.model, presets_first=True)  # a hub name: its local copy
+        if kind == "folder":
+            return get_tokenizer(where)
     raise ValueError("no tokenizer: set `tokenizer: FOLDER` or `train_tokenizer: {vocab_size: N}`")
 
 

@@ -68,8 +68,9 @@ class Precision:
 
 
 def resolve_precision(precision: str = "auto", device: str | torch.device | None = "auto",
-                      verbose: bool = True) -> Precision:
-    """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16."""
+                      verbose: bool = True, purpose: str = "training") -> Precision:
+    """Choose device and dtype; `precision` is one of auto, fp32, bf16, fp16. `purpose`
+    ("training", "inference") words the printed reason."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     dev = resolve_device(device)
@@ -80,7 +81,7 @@ def resolve_precision(precision: str = "auto", device: str | torch.device | None
         elif cuda:
             prec = Precision(dev, torch.float16, f"{torch.cuda.get_device_name(dev)} lacks bfloat16")
         else:
-            prec = Precision(dev, torch.float32, f"{dev.type} device: autocast would not speed up training")
+            prec = Precision(dev, torch.float32, f"{dev.type} device: autocast would not speed up {purpose}")
     else:
         dtype = _DTYPES[precision]
         if cuda and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():

@@ -16,6 +16,11 @@ Values from YAML and from overrides are coerced to the field's type (int, float,
 Literal choices, Optional, list[...], dict). Errors are ValueError / FileNotFoundError that
 name the file, the key and what was expected; an unknown key lists the valid ones.
 An override `a.b=v` sets key `b` inside the dict-valued field `a`.
+
+String values may name environment variables, `${NAME}` or `${NAME:-default}`, expanded when
+the config is built. `${BERT_KIT_DATA}` is the data root (`bert_kit.data.root`; default
+./data): the shipped configs name their data files through it, and a file below it that is
+missing is an error saying where to get the data.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import ast
 import re
 import dataclasses
 import inspect
+import glob
 import io
+import os
 import textwrap
 import tokenize
 import types
@@ -183,9 +190,46 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_variables(value: Any, where: str) -> Any:
+    """`value` with `${NAME}` / `${NAME:-default}` replaced in every string (lists and dicts too).
+
+    An unset variable without a default is a ValueError naming `where`; `${BERT_KIT_DATA}` falls
+    back to the default data root, and a path built on it must exist (FileNotFoundError that says
+    where to get the data)."""
+    from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root, missing_data_message
+
+    if isinstance(value, list):
+        return [expand_variables(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: expand_variables(v, f"{where}.{k}") for k, v in value.items()}
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def replace(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name == DATA_ROOT_VARIABLE:
+            return str(data_root())
+        if os.environ.get(name) is not None:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: {value!r} names ${{{name}}}, which is not set in the environment")
+
+    expanded = _VARIABLE.sub(replace, value)
+    if "${" + DATA_ROOT_VARIABLE + "}" in value:  # a data file: missing is an error worth explaining
+        found = glob.glob(expanded) if any(c in expanded for c in "*?[") else Path(expanded).exists()
+        if not found:
+            raise FileNotFoundError(missing_data_message(expanded, where))
+    return expanded
+
+
 def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
     """Build dataclass `cls` from a dict; unknown keys, bad types and bad values (the checks of
-    `cls.__post_init__`) raise ConfigError naming `source` and the key."""
+    `cls.__post_init__`) raise ConfigError naming `source` and the key. Environment variables in
+    string values are expanded first (`expand_variables`)."""
     prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix}expected a mapping of settings, got {type(data).__name__}")
@@ -194,7 +238,7 @@ def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config")
     unknown = [k for k in data if k not in valid]
     if unknown:
         raise ConfigError(f"{prefix}unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    values = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    values = {k: coerce(expand_variables(v, f"{prefix}{k}"), hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
         return cls(**values)
     except ValueError as e:  # __post_init__ checks: a bad setting, whatever error class it used
@@ -289,6 +333,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     overridden = {_parse_override(o)[0].partition(".")[0] for o in overrides}
     try:
         return config_from_dict(cls, merged, "")
+    except FileNotFoundError as e:  # a data file the config names (below the data root)
+        raise type(e)(f"{source}: {e}") from None
     except ConfigError as e:
         message = str(e)
         key = re.match(r"(\w+)", message)
@@ -334,6 +380,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, required: b
     """Add `--config FILE` and positional `key=value` overrides; list every field in --help."""
     parser.add_argument("--config", required=required, metavar="FILE", help="YAML run config")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="override settings of the config file, e.g. lr=3e-4 max_steps=1000")
+                        help="override settings of the config file, e.g. lr=3e-4 max_steps=1000 "
+                             "(before, between or after the options)")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = f"settings ({cls.__name__}):\n" + help_table(cls)

@@ -136,3 +136,75 @@ def test_pretrain_config_validates_ranges_and_phases():
         load_config(PretrainConfig, None, ["train_tokenizer={size: 100}"])
     help_text = field_help(PretrainConfig)
     assert "peak learning rate" in help_text["lr"]
+
+
+def test_environment_variables_and_the_data_root(tmp_path, monkeypatch):
+    (tmp_path / "root" / "sst2").mkdir(parents=True)
+    (tmp_path / "root" / "sst2" / "train.tsv").write_text("sentence\tlabel\n")
+    (tmp_path / "run.yaml").write_text("name: ${RUN_NAME:-plain}\nfiles:\n  - ${BERT_KIT_DATA}/sst2/train.tsv\n"
+                                       "  - ${BERT_KIT_DATA}/sst2/*.tsv\nmodel: {preset: '${PRESET}'}\n")
+    monkeypatch.setenv("BERT_KIT_DATA", str(tmp_path / "root"))
+    monkeypatch.setenv("PRESET", "bert-tiny")
+    monkeypatch.delenv("RUN_NAME", raising=False)
+    cfg = load_config(Settings, tmp_path / "run.yaml")
+    train = str(tmp_path / "root" / "sst2" / "train.tsv")
+    assert cfg.files == [train, str(tmp_path / "root" / "sst2" / "*.tsv")]
+    assert cfg.name == "plain" and cfg.model == {"preset": "bert-tiny"}
+    monkeypatch.setenv("RUN_NAME", "mine")
+    assert load_config(Settings, tmp_path / "run.yaml", ["files=[a.txt]"]).name == "mine"  # overrides win
+    # unset, the data root is ./data: a missing file says which setting, where, and where to get data
+    monkeypatch.delenv("BERT_KIT_DATA")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        load_config(Settings, tmp_path / "run.yaml")
+    message = str(e.value)
+    assert f"{tmp_path / 'run.yaml'}: files[0]: data/sst2/train.tsv not found" in message
+    assert "BERT_KIT_DATA is not set, so the data root is ./data" in message and "docs/data.md" in message
+    monkeypatch.setenv("BERT_KIT_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match=r"nowhere/sst2/train.tsv not found \(BERT_KIT_DATA=.*nowhere\)"):
+        load_config(Settings, tmp_path / "run.yaml")
+    (tmp_path / "bad.yaml").write_text("name: ${NOT_SET_ANYWHERE}\n")
+    with pytest.raises(ValueError, match=r"bad.yaml:1: name: .* names \$\{NOT_SET_ANYWHERE\}, which is not set"):
+        load_config(Settings, tmp_path / "bad.yaml")
+    # a regular expression's $ and {n} are left alone
+    assert config_from_dict(Settings, {"name": r"^\d{2}$"}).name == r"^\d{2}$"
+
+
+def test_every_shipped_config_reads_its_data_below_the_root(tmp_path, monkeypatch):
+    """configs/*.yaml: all keys valid, every data path below ${BERT_KIT_DATA} (present here as empty
+    files), models named by hub name or preset, never by a folder a fresh clone lacks."""
+    from pathlib import Path
+
+    from bert_kit.tasks.finetuning import FinetuneConfig
+    from bert_kit.tasks.pretraining import PretrainConfig
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    datasets = {"sst2": ["train.tsv", "dev.tsv"], "stsb": ["sts-train.csv", "sts-dev.csv", "sts-test.csv"],
+                "conll2003": ["train.txt", "valid.txt", "test.txt"], "squad-v1.1": ["dev-v1.1.json"],
+                "wikitext-2": ["train.txt", "valid.txt", "test.txt"]}
+    for part in ("wiki", "gutenberg", "heldout"):  # the pretraining corpus, as distributed
+        (tmp_path / "corpus" / part).mkdir(parents=True)
+    for folder, names in datasets.items():
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text("")
+    monkeypatch.setenv("BERT_KIT_DATA", str(tmp_path))
+    checked = 0
+    for path in configs:
+        raw = yaml.safe_load(path.read_text())
+        if "task" in raw:
+            cfg = load_config(FinetuneConfig, path)
+            files = [cfg.train_file] + ([cfg.validation_file] if cfg.validation_file else [])
+            assert cfg.model == "sentence-transformers/all-MiniLM-L6-v2", path
+        elif "train_files" in raw:
+            cfg = load_config(PretrainConfig, path)
+            files = [f for f in cfg.train_files + cfg.eval_files if not f.startswith("corpus/")]  # your own
+            assert "/" not in str(cfg.model), path  # presets, hub names
+            # a tokenizer folder is a hub name, or the output of a command the config's header shows
+            assert "/" not in str(cfg.tokenizer or "") or cfg.tokenizer.startswith("runs/"), path
+        else:
+            continue  # numpy_ref.yaml: the NumPy engine's synthetic task reads no files
+        assert all(f.startswith(str(tmp_path)) for f in files), (path, files)
+        assert files or path.name == "pretrain_bert_base.yaml"  # that one reads your own corpus
+        checked += 1
+    assert checked == 10

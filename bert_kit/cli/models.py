@@ -1,0 +1,58 @@
+"""`bert-kit models`: the model presets (fresh weights of a known shape) and the hub models
+that have a local copy, i.e. every name `model=` and `--model` accept besides a folder.
+
+    bert-kit models            # a table of presets, then the local copies found
+    bert-kit models --json     # the same as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def preset_table() -> list[dict]:
+    """One row per preset: name, layers, hidden size, heads, parameters (with a 30,522 vocabulary)."""
+    from bert_kit.config import PRESETS, BertConfig
+
+    rows, seen = [], {}
+    for name in PRESETS:
+        config = BertConfig.from_name(name)
+        key = (config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
+        if key in seen:  # an alias such as bert-base for "bert-base-uncased (110M)"
+            seen[key]["aliases"].append(name)
+            continue
+        h, f, v, p = config.hidden_size, config.intermediate_size, config.vocab_size, config.max_position_embeddings
+        # embeddings (+ LayerNorm), per layer: QKV, output, two feed-forward matrices, two LayerNorms; pooler
+        params = (v + p + 2) * h + 2 * h + config.num_hidden_layers * (4 * h * h + 4 * h + 2 * h * f + f + h
+                                                                       + 4 * h) + h * h + h
+        seen[key] = {"name": name, "layers": key[0], "hidden": key[1], "heads": key[2],
+                     "parameters": params, "aliases": []}
+        rows.append(seen[key])
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bert_kit.model_folder import hf_cache_dir, local_models
+
+    presets = preset_table()
+    local = [{"name": name, "folder": str(folder)} for name, folder in local_models()]
+    if args.json:
+        print(json.dumps({"presets": presets, "local_copies": local}, indent=2))
+        return 0
+    print("presets (fresh weights of this shape; pretrain model=NAME, or a config's model: NAME):")
+    for r in presets:
+        aliases = f"  (also {', '.join(r['aliases'])})" if r["aliases"] else ""
+        print(f"  {r['name']:<26} {r['layers']:>2} layers, hidden {r['hidden']:>4}, {r['heads']:>2} heads, "
+              f"{r['parameters'] / 1e6:6.1f}M parameters{aliases}")
+    print(f"local copies of hub models (pretrained weights; model=NAME or --model NAME), "
+          f"from installed packages and {hf_cache_dir()}:")
+    for r in local:
+        print(f"  {r['name']:<45} {r['folder']}")
+    if not local:
+        print("  none: `huggingface-cli download NAME` makes one, or pass a model folder")
+    return 0

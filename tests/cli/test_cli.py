@@ -1,0 +1,76 @@
+"""The command line itself: options and key=value overrides in any order, --version, the model
+list, and --device on every command that runs a model.
+
+Run: .venv/bin/python -m pytest tests/cli/test_cli.py -q
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bert_kit.cli import COMMANDS, build_parser, main, parse_arguments
+
+
+def parse(argv):
+    command = argv[0]
+    return parse_arguments(build_parser(only=command), argv)
+
+
+def test_overrides_and_options_in_any_order(tmp_path):
+    from bert_kit.cli.finetune import load_run_config
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"task: classification\nmodel: bert-tiny\ntrain_file: {__file__}\n")
+    args = parse(["finetune", "lr=1e-4", "--config", str(config), "--output", "r.json", "epochs=1",
+                  "--task", "classification", "batch_size=8"])
+    assert args.overrides == ["lr=1e-4", "epochs=1", "batch_size=8"] and args.output == "r.json"
+    cfg = load_run_config(args)
+    assert (cfg.lr, cfg.epochs, cfg.batch_size) == (1e-4, 1.0, 8)
+    args = parse(["pretrain", "--config", str(config), "--resume", "latest", "max_steps=3", "--output", "o.json",
+                  "lr=1e-3"])
+    assert args.overrides == ["max_steps=3", "lr=1e-3"] and args.resume == "latest"
+    # positionals of other commands too: fill-mask texts around options
+    args = parse(["fill-mask", "a [MASK] b", "--model", "m", "c [MASK]", "--top-k", "3"])
+    assert args.text == ["a [MASK] b", "c [MASK]"] and args.top_k == 3
+    # nested subcommands parse as before
+    args = parse(["tokenizer", "train", "--files", "a.txt", "--output", "tok", "--vocab-size", "100"])
+    assert (args.command, args.tokenizer_command, args.files) == ("tokenizer", "train", ["a.txt"])
+    # a misspelt option is still refused, naming the command
+    with pytest.raises(SystemExit):
+        parse(["finetune", "--config", str(config), "--ouput", "r.json"])
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0  # main returns argparse's exit code, as for --help
+    out = capsys.readouterr().out
+    assert out.startswith("bert-kit 0.1.0 (torch ") and "Python 3." in out
+    # --version and --help need no command module, so they start without importing torch
+    code = "import sys\nfrom bert_kit.cli import main\nmain(['--version'])\nprint('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines() == [out.strip(), "False"]
+
+
+def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
+    snap = tmp_path / "hub" / "models--org--tiny-bert" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "bert-tiny" in out and "2 layers, hidden  128" in out and "org/tiny-bert" in out and str(snap) in out
+    assert "(also bert-base, bert-base-uncased)" in out and "109.5M parameters" in out  # BERT-base: 109,482,240
+    assert main(["models", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {"name": "org/tiny-bert", "folder": str(snap)} in listed["local_copies"]
+    assert [p["name"] for p in listed["presets"]][:2] == ["bert-tiny", "bert-mini"]
+
+
+def test_every_command_that_runs_a_model_takes_device():
+    runs_a_model = {"evaluate", "predict", "embed", "fill-mask", "attention", "demo"}
+    parser = build_parser()
+    for name in runs_a_model:
+        assert name in COMMANDS
+        options = {o for action in parser.command_parsers[name]._actions for o in action.option_strings}
+        assert "--device" in options, name

