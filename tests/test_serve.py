@@ -488,3 +488,35 @@ def test_cli_errors_without_the_extra_or_the_folder(monkeypatch, capsys, folders
         pytest.importorskip(module)
     assert cli_main(["serve", "--model", str(tmp_path / "nowhere"), "--port", "0"]) == 1
     assert "model folder not found" in capsys.readouterr().err
+
+
+def test_exported_onnx_folders_serve_the_same_answers(folders, http, tmp_path, minilm_path):
+    """A folder written by `bert-kit export` serves too (ONNX Runtime on the CPU): an encoder's
+    /embed equals the PyTorch encoder's within 1e-4, a classifier's /classify equals `predict`."""
+    for module in ("starlette", "uvicorn", "onnx", "onnxruntime"):
+        pytest.importorskip(module, reason=f"needs the [serve] and [onnx] extras ({module})")
+    from bert_kit.embeddings import SentenceEncoder
+    from bert_kit.onnx_export import export_onnx
+
+    encoder, classifier = tmp_path / "minilm-onnx", tmp_path / "cls-onnx"
+    export_onnx(minilm_path, encoder)
+    export_onnx(folders["cls"], classifier)
+    started = [ServerProcess(encoder), ServerProcess(classifier)]
+    try:
+        emb, cls = (s.wait_ready() for s in started)
+        info = http.get(f"{emb.url}/info").json()
+        assert info["backend"] == "onnx"
+        vectors = np.array(http.post(f"{emb.url}/embed", json={"inputs": TEXTS}).json()["embeddings"])
+        torch_side = SentenceEncoder.from_pretrained(minilm_path, device="cpu").encode(TEXTS)
+        np.testing.assert_allclose(vectors, torch_side, atol=1e-4, rtol=0)
+        texts = ["a gripping film", "dull and long"]
+        answers = http.post(f"{cls.url}/classify", json={"inputs": texts}).json()["predictions"]
+        expected = predicted(tmp_path, classifier, "cls.txt", "\n".join(texts) + "\n")
+        assert len(answers) == len(expected) == 2
+        for got, want in zip(answers, expected):
+            assert got["label"] == want["label"]
+            for name, p in want["probabilities"].items():
+                assert got["probabilities"][name] == pytest.approx(p, abs=1e-5)
+    finally:
+        for s in started:
+            s.stop()

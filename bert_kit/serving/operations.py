@@ -17,7 +17,8 @@ batch cost), `run` computes one batch of items from many requests on the batchin
 code (`Task.logits`, `Task.tag`, `Task.answers`, `Task.scores`, `SentenceEncoder.encode_ids`,
 `fill_masks`), so the server answers exactly what `predict`, `embed` and `fill-mask` answer.
 
-Backends: `load_torch` builds these around torch modules. Everything above the model call
+Backends: `load_torch` builds these around torch modules, or around an exported folder's ONNX Runtime
+session (the same call and outputs, `bert_kit.onnx_runtime.OnnxModel`). Everything above the model call
 (HTTP, limits, batching, metrics) only sees `Operation`s, so another runtime (ONNX Runtime for
 an exported folder) plugs in as one more loader in `BACKENDS` that returns the same operations
 around its own callable (the task code calls `model(input_ids, attention_mask, token_type_ids,
@@ -294,6 +295,8 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
     meta, st = read_model_metadata(found), sentence_transformers_settings(found)
     info: dict[str, Any] = {"model": str(found), "task": meta.get("task")}
     ops: list[Operation] = []
+    if meta.get("onnx"):  # written by `bert-kit export`: ONNX Runtime on the CPU
+        return _exported(found, meta, info, max_length)
     if info["task"]:
         flags = argparse.Namespace(model=str(found), task=None, max_length=max_length, device=device,
                                    precision=precision, batch_size=BATCH, text_column="sentence",
@@ -325,6 +328,26 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
                               device=prec.device)
     info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim)
     return info, [Embed(encoder), *ops]
+
+
+def _exported(folder: Path, meta: dict, info: dict[str, Any], max_length: int | None) -> tuple[dict, list[Operation]]:
+    """(description, operations) of an exported folder: its task, or /embed for an exported encoder."""
+    from bert_kit.embeddings import SentenceEncoder
+    from bert_kit.tasks.inference import load_task_model
+
+    info.update(device="cpu", precision=meta["onnx"].get("precision", "fp32"), backend="onnx")
+    if info["task"]:
+        flags = argparse.Namespace(model=str(folder), task=None, max_length=max_length, device="cpu", precision="fp32",
+                                   batch_size=BATCH, text_column="sentence", text_pair_column=None)
+        task, model, prec = load_task_model(flags, verbose=False)
+        op = {"classification": Classify, "token-classification": Tag, "qa": Answer, "similarity": Similarity}
+        info.update(labels=task.label_names, max_length=task.s.max_length)
+        if task.name == "similarity":
+            info["similarity_mode"] = task.s.similarity_mode
+        return info, [op[task.name](task, model, prec)]
+    encoder = SentenceEncoder.from_pretrained(folder, normalize=False, max_length=max_length)
+    info.update(max_length=encoder.max_length, pooling=encoder.pooling, hidden_size=encoder.dim)
+    return info, [Embed(encoder)]
 
 
 # backend name -> loader(folder, device, precision, max_length) -> (description, operations)

@@ -40,11 +40,14 @@ class ServeConfig:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A bound socket (IPv6 when the host has a colon); OSError becomes a one-line ValueError."""
+    """A listening socket (IPv6 when the host has a colon); OSError becomes a one-line ValueError.
+    It listens before the address is printed, so a client that connects at once waits in the
+    kernel's backlog until the server accepts, instead of being refused."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)
     except OSError as e:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
