@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 from collections.abc import Iterator, Sequence
@@ -346,12 +347,35 @@ class DistributedResumableSampler(Sampler[int]):
 ResumableSampler = DistributedResumableSampler
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
     """DataLoader workers ignore SIGINT and SIGTERM. A stop sent to the whole process group (Ctrl-C,
     `timeout`, `scancel`) would otherwise kill them first and break the main process's graceful
-    save; the main process stops them itself when its loader is done."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    save; the main process stops them itself when its loader is done. Workers start with the
+    signals blocked (`stop_signals_blocked`): one that arrived before this point is discarded
+    by SIG_IGN when they are unblocked."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while DataLoader workers start: they inherit the blocked mask, so a
+    stop sent to the process group between their birth and `leave_stop_signals_to_the_main_process`
+    cannot kill them (it happens when every epoch starts new workers). The main process receives a
+    signal that arrived meanwhile as soon as the block is lifted."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class ResumableDataLoader(DataLoader):
@@ -390,7 +414,9 @@ class ResumableDataLoader(DataLoader):
             {"epoch": self.epoch, "position": self.batch_index * self.batch_size})
         if hasattr(self.collate_fn, "set_epoch"):
             self.collate_fn.set_epoch(self.epoch, start_step=self.batch_index)
-        for batch in super().__iter__():
+        with stop_signals_blocked():
+            batches = super().__iter__()  # starts the workers, if any
+        for batch in batches:
             self.batch_index += 1
             yield batch
         self._finished = True
@@ -449,7 +475,9 @@ class StreamingDataLoader:
         self.dataset.set_epoch(self.epoch, skip=list(self.positions), first_worker=self.next_worker)
         self.collator.set_epoch(self.epoch, start_step=self.batch_index)
         fresh = self.batch_index == 0
-        for examples in self.loader:
+        with stop_signals_blocked():
+            batches = iter(self.loader)  # starts the workers, if any
+        for examples in batches:
             # a batch is consecutive examples of one worker's shard: its last one is the position
             worker = examples[-1]["worker"]
             self.positions[worker] = examples[-1]["position"]

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from bert_kit.data.pretraining import (DistributedResumableSampler, ResumableDataLoader,
+                                      leave_stop_signals_to_the_main_process, stop_signals_blocked)
 from bert_kit.training.checkpoint import list_checkpoints
 from bert_kit.training.progress import read_metrics
 
@@ -160,3 +162,28 @@ def test_a_stop_to_the_process_group_saves_with_dataloader_workers(assets, tmp_p
     assert len(saved) == 1 and int(saved[0].name[5:]) >= 5, (saved, err[-2000:])
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
     assert json.loads((run / "results.json").read_text())["stopped"] == signal.Signals(sig).name
+
+
+def _signalled_at_birth(worker_id: int) -> None:
+    """A stop that reaches a worker before it has set its signal handlers (every epoch starts new
+    workers, so a process-group signal can land in that window)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGINT)
+    leave_stop_signals_to_the_main_process(worker_id)
+
+
+def test_a_worker_signalled_as_it_starts_survives_and_the_main_process_gets_the_signal():
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: received.append(sig))
+    try:
+        sampler = DistributedResumableSampler(12, shuffle=False)
+        loader = ResumableDataLoader(list(range(12)), sampler, batch_size=4, num_workers=2,
+                                     worker_init_fn=_signalled_at_birth)
+        for _ in range(2):  # two epochs: two sets of new workers
+            assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+        with stop_signals_blocked():
+            os.kill(os.getpid(), signal.SIGTERM)  # held while workers start, delivered after
+            assert received == []
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
