@@ -129,6 +129,7 @@ class SentenceEncoder:
             if compile:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
             model, device = OnnxModel(folder), device or "cpu"
+            unpadded = False  # the graph takes padded batches
             if model.architecture != "BertModel":
                 raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
                                  f"need an exported encoder (a BertModel folder)")

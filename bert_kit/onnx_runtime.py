@@ -72,6 +72,7 @@ class OnnxModel:
     """
 
     training = False  # inference only: eval()/train() are accepted so the tasks' loops run unchanged
+    pads_batches = True  # every input of a batch computes at the batch's longest length
 
     def __init__(self, folder: str | Path, threads: int | None = None):
         ort = require_onnxruntime()

@@ -54,6 +54,7 @@ class Operation:
     output_key = "predictions"  # the response is {output_key: [one output per input]}
     output_schema: dict = {}
     example: Any = "A man is playing a guitar."  # one input: the OpenAPI example and the warm-up batch
+    pads_batches = False  # the model computes every input at the batch's longest length
 
     def request_schema(self) -> dict:
         inputs = {"type": "array", "minItems": 1, "items": self.input_schema}
@@ -93,6 +94,7 @@ class Embed(Operation):
 
     def __init__(self, encoder: Any):
         self.encoder = encoder  # a SentenceEncoder built with normalize=False: `respond` normalises on request
+        self.pads_batches = not encoder.unpadded
 
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         return [Item(len(ids), ids) for ids in self.encoder.tokenize(inputs)]
@@ -113,6 +115,7 @@ class _TaskOperation(Operation):
     def __init__(self, task: Any, model: Any, precision: Any):
         self.task, self.model, self.precision = task, model, precision
         self.tokenizer, self.max_length = task.tokenizer, task.s.max_length
+        self.pads_batches = getattr(model, "pads_batches", False) or not task.unpadded
 
 
 class Classify(_TaskOperation):
