@@ -83,15 +83,21 @@ def run_batcher(batcher: Batcher, requests: list[tuple[object, list[Item]]]) -> 
     return asyncio.run(main())
 
 
-def test_batcher_fills_token_budget_and_returns_each_request_its_outputs():
-    rng = np.random.default_rng(0)
-    op = Doubler()
+def double_concurrently(op: Doubler, n_requests: int, seed: int) -> None:
+    """`n_requests` requests of 1-8 inputs of 1-39 tokens, all at once through a batcher with a
+    budget of 120 tokens; each must get back its own outputs, every input in exactly one batch."""
+    rng = np.random.default_rng(seed)
     requests = [(op, [Item(int(rng.integers(1, 40)), 100 * r + i) for i in range(int(rng.integers(1, 9)))])
-                for r in range(30)]
+                for r in range(n_requests)]
     results = run_batcher(Batcher(lambda o, items: o.run(items), max_batch_tokens=120, max_wait=0.05), requests)
     for (_, items), out in zip(requests, results):
         assert out == [2 * it.data for it in items]
     assert sum(len(b) for b in op.batches) == sum(len(items) for _, items in requests)
+
+
+def test_batcher_fills_token_budget_and_returns_each_request_its_outputs():
+    op = Doubler()
+    double_concurrently(op, 30, seed=0)
     assert max(len(s) for s in op.sources) >= 3  # requests shared batches
     for tokens in op.batches:
         assert sum(tokens) <= 120 or len(tokens) == 1  # a budget, never crossed by more than one input
@@ -116,14 +122,8 @@ def test_batcher_sorts_a_window_of_the_queue_into_batches_of_neighbouring_length
     """Under load the batcher takes several budgets of queued inputs at once and cuts them, sorted,
     into batches; a padded model's budget counts padded tokens, so short inputs are not padded to
     the longest that arrived with them."""
-    rng = np.random.default_rng(1)
     op = op_class()
-    requests = [(op, [Item(int(rng.integers(1, 40)), 100 * r + i) for i in range(int(rng.integers(1, 9)))])
-                for r in range(40)]
-    results = run_batcher(Batcher(lambda o, items: o.run(items), max_batch_tokens=120, max_wait=0.05), requests)
-    for (_, items), out in zip(requests, results):
-        assert out == [2 * it.data for it in items]
-    assert sum(len(b) for b in op.batches) == sum(len(items) for _, items in requests)
+    double_concurrently(op, 40, seed=1)
     padded_model = isinstance(op, PaddedDoubler)
     cost = (lambda b: len(b) * b[0]) if padded_model else sum
     assert all(cost(b) <= 120 or len(b) == 1 for b in op.batches)
