@@ -23,9 +23,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -362,6 +363,13 @@ def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def _start_worker(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """Every worker of the loaders below: stop signals first, then the caller's worker_init_fn."""
+    leave_stop_signals_to_the_main_process(worker_id)
+    if user_init is not None:
+        user_init(worker_id)
+
+
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while DataLoader workers start: they inherit the blocked mask, so a
@@ -390,7 +398,7 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: Dataset, sampler: DistributedResumableSampler, **kwargs: Any) -> None:
-        kwargs.setdefault("worker_init_fn", leave_stop_signals_to_the_main_process)
+        kwargs["worker_init_fn"] = functools.partial(_start_worker, kwargs.get("worker_init_fn"))
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.epoch, self.batch_index, self._finished = 0, 0, False
 
@@ -447,7 +455,7 @@ class StreamingDataLoader:
         # an own generator: starting an iteration never draws from the global RNG (dropout)
         self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=_as_list, num_workers=num_workers,
                                  generator=torch.Generator().manual_seed(seed),
-                                 worker_init_fn=leave_stop_signals_to_the_main_process)
+                                 worker_init_fn=functools.partial(_start_worker, None))
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bert_kit.data.pretraining import (DistributedResumableSampler, ResumableDataLoader,
+from bert_kit.data import pretraining
+from bert_kit.data.pretraining import (STOP_SIGNALS, DistributedResumableSampler, ResumableDataLoader,
                                       leave_stop_signals_to_the_main_process, stop_signals_blocked)
 from bert_kit.training.checkpoint import list_checkpoints
 from bert_kit.training.progress import read_metrics
@@ -172,13 +173,20 @@ def _signalled_at_birth(worker_id: int) -> None:
     leave_stop_signals_to_the_main_process(worker_id)
 
 
-def test_a_worker_signalled_as_it_starts_survives_and_the_main_process_gets_the_signal():
+def _record_worker(worker_id: int) -> None:
+    """A caller's own worker_init_fn: it runs after the signals are settled."""
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & STOP_SIGNALS  # a later terminate() works
+
+
+def test_a_worker_signalled_as_it_starts_survives_and_the_main_process_gets_the_signal(monkeypatch):
     received = []
     previous = signal.signal(signal.SIGTERM, lambda sig, frame: received.append(sig))
+    monkeypatch.setattr(pretraining, "leave_stop_signals_to_the_main_process", _signalled_at_birth)
     try:
         sampler = DistributedResumableSampler(12, shuffle=False)
         loader = ResumableDataLoader(list(range(12)), sampler, batch_size=4, num_workers=2,
-                                     worker_init_fn=_signalled_at_birth)
+                                     worker_init_fn=_record_worker)
         for _ in range(2):  # two epochs: two sets of new workers
             assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
         with stop_signals_blocked():
