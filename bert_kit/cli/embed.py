@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import add_device_option, add_model_option
+from bert_kit.cli.options import add_device_option, add_model_option, add_table_options
 from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 from bert_kit.model_folder import resolve_model
@@ -22,10 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
     parser.add_argument("--input", required=True, help="text file, one text per line (or a table: --text-column)")
     parser.add_argument("--text-column", default=None, help="TSV/CSV/JSONL input: the text column, name or 0-based index")
-    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
-                        help="TSV/CSV: the first line names the columns (default: when the column is a name)")
-    parser.add_argument("--delimiter", default=None, help="field separator (default by extension)")
-    parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help="embed only rows with this value")
+    add_table_options(parser, rows="embed only rows with this value")
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
     parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import add_device_option, add_model_option
+from bert_kit.cli.options import add_device_option, add_model_option, add_table_options
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
 
@@ -35,10 +35,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="bi-encoder pooling (default mean)")
     parser.add_argument("--text-column", default="sentence", help="text column of TSV/CSV/JSONL: name or 0-based index")
     parser.add_argument("--text-pair-column", default=None, help="second text column (similarity: read any pair file)")
-    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
-                        help="TSV/CSV: the first line names the columns (default: when a column is given by name)")
-    parser.add_argument("--delimiter", default=None, help="field separator (default by extension; tab, comma, ...)")
-    parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help="keep only rows with this value")
+    add_table_options(parser)
     parser.add_argument("--label-pattern", default=None, help="regex with label and text groups splitting the text")
     parser.add_argument("--word-column", type=int, default=0, help="token-classification: CoNLL column of the word")
 

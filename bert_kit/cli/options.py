@@ -15,3 +15,11 @@ def add_model_option(parser: argparse.ArgumentParser, what: str = "") -> None:
 def add_device_option(parser: argparse.ArgumentParser) -> None:
     """--device, for every command that runs a model."""
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
+
+
+def add_table_options(parser: argparse.ArgumentParser, rows: str = "keep only rows with this value") -> None:
+    """--header, --delimiter and --where: how a TSV/CSV/JSONL input is read (the text column is the command's)."""
+    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                        help="TSV/CSV: the first line names the columns (default: when a column is given by name)")
+    parser.add_argument("--delimiter", default=None, help="field separator (default by extension; tab, comma, ...)")
+    parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help=rows)

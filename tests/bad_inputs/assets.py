@@ -7,25 +7,14 @@ vocabulary, 2-layer 32-wide models (MLM and classification folders), run configs
 
 from __future__ import annotations
 
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.tasks.test_pretraining import write_corpus
+
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
-
-
-def write_corpus(path: Path, n_docs: int = 30, seed: int = 0) -> Path:
-    """Blank-line separated documents of simple sentences."""
-    rng = random.Random(seed)
-    adj = "red big small old new happy sad quick".split()
-    noun = "cat dog bird fish horse mouse tree house".split()
-    verb = "sees likes chases finds eats hears".split()
-    docs = [" ".join(f"The {rng.choice(adj)} {rng.choice(noun)} {rng.choice(verb)} the {rng.choice(noun)}."
-                     for _ in range(5)) for _ in range(n_docs)]
-    path.write_text("\n\n".join(docs) + "\n")
-    return path
 
 
 @dataclass
