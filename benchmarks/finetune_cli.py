@@ -69,9 +69,16 @@ def run_bertkit(case: str, args: argparse.Namespace, tmp: Path) -> dict:
     if code != 0:
         return {"impl": "bert-kit", "case": case, "error": (tmp / f"bertkit-{case}.log").read_text()[-3000:]}
     results = json.loads((tmp / f"{case}.json").read_text())
+    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    train = [r for r in records if r.get("type") == "train"]
+    # where the wall time goes (diagnostic): launch to the first step, the steps' own time, the rest
+    # (evaluations, saves, the plot, exit)
+    before = wall - results["wall_time_s"] + train[0]["wall_time"] - train[0]["seconds"] if train else None
     return {"impl": "bert-kit", "case": case, "wall_s": wall, "steps": results["steps"],
             "steady_steps_per_s": steady_rate(out), "best": results["best_value"],
-            "final": (results.get("final_metrics") or {}).get(results["metric"])}
+            "final": (results.get("final_metrics") or {}).get(results["metric"]),
+            "to_first_step_s": round(before, 2) if before is not None else None,
+            "train_time_s": results.get("train_time_s")}
 
 
 def run_hf(case: str, impl: str, args: argparse.Namespace, tmp: Path) -> dict:

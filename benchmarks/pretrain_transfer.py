@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TASKS = {  # task -> (config, train, validation, metric file for a test split or None)
-    "sst2": ("finetune_sst2.yaml", "sst2/train.tsv", "sst2/dev.tsv"),
-    "stsb": ("finetune_stsb.yaml", "stsb/sts-train.csv", "stsb/sts-dev.csv"),
-    "conll": ("finetune_conll.yaml", "conll2003/train.txt", "conll2003/valid.txt"),
+TASKS = {  # task -> (config, train, validation, test or None: the best model is evaluated on it)
+    "sst2": ("finetune_sst2.yaml", "sst2/train.tsv", "sst2/dev.tsv", None),
+    "stsb": ("finetune_stsb.yaml", "stsb/sts-train.csv", "stsb/sts-dev.csv", None),
+    "conll": ("finetune_conll.yaml", "conll2003/train.txt", "conll2003/valid.txt", "conll2003/test.txt"),
 }
 
 
@@ -85,7 +85,7 @@ def transformers_parity(folder: Path) -> float:
 
 
 def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) -> dict:
-    config, train, dev = TASKS[task]
+    config, train, dev, test = TASKS[task]
     out = args.work / f"{tag}-{task}"
     wall = command([sys.executable, "-m", "bert_kit", "finetune", "--config", ROOT / "configs" / config, *model,
                     f"train_file={args.data_dir / train}", f"validation_file={args.data_dir / dev}",
@@ -93,7 +93,13 @@ def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) ->
                     args.work / f"{tag}-{task}.json"],
                    args.work / f"{tag}-{task}.log")
     results = json.loads((args.work / f"{tag}-{task}.json").read_text())
-    return {"metric": results["metric"], "best": results["best_value"], "wall_s": round(wall, 1)}
+    row = {"metric": results["metric"], "best": results["best_value"], "wall_s": round(wall, 1)}
+    if test:  # the selected model (best/ on the validation metric) on the test split
+        metrics = args.work / f"{tag}-{task}-test.json"
+        command([sys.executable, "-m", "bert_kit", "evaluate", "--model", out / "best", "--data",
+                 args.data_dir / test, "--output", metrics], args.work / f"{tag}-{task}-test.log")
+        row["test"] = json.loads(metrics.read_text())[results["metric"]]
+    return row
 
 
 def main() -> None:
@@ -104,44 +110,57 @@ def main() -> None:
     p.add_argument("--budget", default="6m")
     p.add_argument("--tasks", default="sst2,stsb,conll")
     p.add_argument("--only", choices=("all", "pretrained", "control"), default="all")
+    p.add_argument("--control-model", default="bert-medium", help="the preset of the recipe (control: random init)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
     p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer, run = args.work / "tokenizer", args.work / "pretrain"
-    report: dict = {"budget": args.budget}
-    if args.only in ("all", "pretrained"):
+    report_file = args.work / "transfer.json"  # written after every step; a later --only adds to it
+    report: dict = json.loads(report_file.read_text()) if report_file.exists() else {}
+    report["budget"] = args.budget
+
+    def record(key: str, value: object) -> None:
+        report[key] = value
+        report_file.write_text(json.dumps(report, indent=2) + "\n")
+
+    if not (tokenizer / "vocab.txt").exists():
         sample = [args.corpus / "wiki" / f"part-00{i}.jsonl.xz" for i in (0, 1)] + \
                  [args.corpus / "gutenberg" / f"part-00{i}.jsonl.xz" for i in (0, 1)]
-        report["tokenizer_s"] = round(command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
+        record("tokenizer_s", round(command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
                                                "--format", "jsonl", "--vocab-size", "32768", "--output", tokenizer],
-                                              args.work / "tokenizer.log"), 1)
-        report["pretrain_wall_s"] = round(command(
+                                              args.work / "tokenizer.log"), 1))
+    if args.only in ("all", "pretrained"):
+        record("pretrain_wall_s", round(command(
             [sys.executable, "-m", "bert_kit", "pretrain", "--config", ROOT / "configs" / "pretrain_cram.yaml",
              f"tokenizer={tokenizer}", f"train_files=[{args.corpus / 'wiki'}, {args.corpus / 'gutenberg'}]",
              f"eval_files=[{args.corpus / 'heldout'}]", f"time_budget={args.budget}", f"output_dir={run}",
-             "overwrite=true", *args.set, "--output", args.work / "pretrain.json"], args.work / "pretrain.log"), 1)
+             "overwrite=true", *args.set, "--output", args.work / "pretrain.json"], args.work / "pretrain.log"), 1))
         pre = json.loads((args.work / "pretrain.json").read_text())
-        report["pretrain"] = {k: pre.get(k) for k in ("steps", "train_tokens", "tokens_per_second", "train_mlm_loss",
-                                                       "test_mlm_loss", "test_mlm_accuracy", "wall_time_s")}
+        record("pretrain", {k: pre.get(k) for k in ("steps", "train_tokens", "tokens_per_second", "train_mlm_loss",
+                                                     "test_mlm_loss", "test_mlm_accuracy", "wall_time_s")})
         final = run / "final"
         mask = float(next(ln.split(":")[1] for ln in (ROOT / "configs" / "pretrain_cram.yaml").read_text().splitlines()
                           if ln.startswith("mask_probability")).split("#")[0])
         cache = args.work / "eval_cache"
-        report["heldout_corpus"] = heldout_mlm(final, [args.corpus / "heldout"], "jsonl", mask, cache)
-        report["wikitext2_test"] = heldout_mlm(final, [args.data_dir / "wikitext-2" / "test.txt"], "wikitext", mask,
-                                               cache)
-        report["transformers_max_abs_diff"] = transformers_parity(final)
-        report["pretrained"] = {t: finetune(t, [f"model={final}"], args, "pretrained") for t in args.tasks.split(",")}
+        record("heldout_corpus", heldout_mlm(final, [args.corpus / "heldout"], "jsonl", mask, cache))
+        record("wikitext2_test", heldout_mlm(final, [args.data_dir / "wikitext-2" / "test.txt"], "wikitext", mask,
+                                             cache))
+        record("transformers_max_abs_diff", transformers_parity(final))
+        for t in args.tasks.split(","):
+            record("pretrained", {**report.get("pretrained", {}), t: finetune(t, [f"model={final}"], args, "pretrained")})
     if args.only in ("all", "control"):
-        report["control"] = {t: finetune(t, ["model=bert-medium", f"tokenizer={tokenizer}"], args, "control")
-                             for t in args.tasks.split(",")}
-    (args.work / "transfer.json").write_text(json.dumps(report, indent=2) + "\n")
+        for t in args.tasks.split(","):
+            record("control", {**report.get("control", {}),
+                               t: finetune(t, [f"model={args.control_model}", f"tokenizer={tokenizer}"], args, "control")})
     print(json.dumps(report, indent=2))
-    print(f"\n{'task':<7} {'metric':<9} {'pretrained':>10} {'control':>8}")
+    print(f"\n{'task':<7} {'metric':<14} {'pretrained':>10} {'control':>8}")
     for t in args.tasks.split(","):
         a, b = report.get("pretrained", {}).get(t, {}), report.get("control", {}).get(t, {})
-        print(f"{t:<7} {(a or b).get('metric', ''):<9} {a.get('best', float('nan')):>10.4f} {b.get('best', float('nan')):>8.4f}")
+        for split in ("best", "test"):
+            if split in a or split in b:
+                name = f"{(a or b).get('metric', '')} ({'dev' if split == 'best' else 'test'})"
+                print(f"{t:<7} {name:<14} {a.get(split, float('nan')):>10.4f} {b.get(split, float('nan')):>8.4f}")
 
 
 if __name__ == "__main__":
