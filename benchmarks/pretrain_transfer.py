@@ -14,6 +14,7 @@ One table at the end: pretrained vs control, with the time of every step.
 
     python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
     python benchmarks/pretrain_transfer.py ... --only control      # the control runs alone
+    python benchmarks/pretrain_transfer.py ... --only pretrain     # then --only finetune (and control beside it)
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "transfer")
     p.add_argument("--budget", default="6m")
     p.add_argument("--tasks", default="sst2,stsb,conll")
-    p.add_argument("--only", choices=("all", "pretrained", "control"), default="all")
+    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control"), default="all",
+                   help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: both; "
+                        "control: the control's fine-tuning")
     p.add_argument("--control-model", default="bert-medium", help="the preset of the recipe (control: random init)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
     p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
@@ -130,7 +133,8 @@ def main() -> None:
         record("tokenizer_s", round(command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
                                                "--format", "jsonl", "--vocab-size", "32768", "--output", tokenizer],
                                               args.work / "tokenizer.log"), 1))
-    if args.only in ("all", "pretrained"):
+    final = run / "final"
+    if args.only in ("all", "pretrain", "pretrained"):
         record("pretrain_wall_s", round(command(
             [sys.executable, "-m", "bert_kit", "pretrain", "--config", ROOT / "configs" / "pretrain_cram.yaml",
              f"tokenizer={tokenizer}", f"train_files=[{args.corpus / 'wiki'}, {args.corpus / 'gutenberg'}]",
@@ -139,7 +143,6 @@ def main() -> None:
         pre = json.loads((args.work / "pretrain.json").read_text())
         record("pretrain", {k: pre.get(k) for k in ("steps", "train_tokens", "tokens_per_second", "train_mlm_loss",
                                                      "test_mlm_loss", "test_mlm_accuracy", "wall_time_s")})
-        final = run / "final"
         mask = float(next(ln.split(":")[1] for ln in (ROOT / "configs" / "pretrain_cram.yaml").read_text().splitlines()
                           if ln.startswith("mask_probability")).split("#")[0])
         cache = args.work / "eval_cache"
@@ -147,6 +150,7 @@ def main() -> None:
         record("wikitext2_test", heldout_mlm(final, [args.data_dir / "wikitext-2" / "test.txt"], "wikitext", mask,
                                              cache))
         record("transformers_max_abs_diff", transformers_parity(final))
+    if args.only in ("all", "finetune", "pretrained"):
         for t in args.tasks.split(","):
             record("pretrained", {**report.get("pretrained", {}), t: finetune(t, [f"model={final}"], args, "pretrained")})
     if args.only in ("all", "control"):

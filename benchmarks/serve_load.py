@@ -103,7 +103,8 @@ class Server:
     def __init__(self, name: str, command: list[str]):
         self.name, self.url, self.lines = name, "", []
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
