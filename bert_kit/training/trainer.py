@@ -11,8 +11,9 @@ Batches are dicts of (B, T) tensors: input_ids, attention_mask, token_type_ids a
 `mlm_step`, labels (-100 where nothing is masked) plus optional next_sentence_label (B,);
 for `classification_step`, labels (B,) (or (B, T) for token classification).
 
-A non-finite loss raises `NonFiniteLossError` before any optimizer update of that step, so
-the weights (and any checkpoint written after them) stay those of the last good step. By default
+A non-finite loss, or a finite loss with a non-finite gradient, raises `NonFiniteLossError`
+before any optimizer update of that step, so the weights (and any checkpoint written after them)
+stay those of the last good step. By default
 every micro-batch's loss is read back for that check, which makes the host wait for the device
 each step. With `deferred_checks=True` (and a fused Adam/AdamW, one process, no fp16 loss
 scaling) the check stays on the device: from the first non-finite loss on, the fused optimizer
@@ -49,12 +50,14 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; `step` is the optimizer step (1-based) that failed."""
+    """The loss, or the gradient of a finite loss, became NaN or infinite; `step` is the optimizer
+    step (1-based) that failed."""
 
     def __init__(self, step: int, losses: dict[str, float]):
         self.step, self.losses = step, losses
         parts = ", ".join(f"{k}={v}" for k, v in losses.items())
-        super().__init__(f"non-finite loss at step {step} ({parts})")
+        loss_ok = all(math.isfinite(v) for k, v in losses.items() if k != "grad_norm")
+        super().__init__(f"non-finite {'gradient' if loss_ok else 'loss'} at step {step} ({parts})")
 
 
 class AMPTrainer:
@@ -206,6 +209,7 @@ class AMPTrainer:
         self._record_nonfinite(values)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
+        self._record_nonfinite({**values, "grad_norm": grad_norm})  # clipping an inf norm gives NaN weights
         self.optimizer.found_inf = (self._first_bad != 0).float()
         try:
             self.optimizer.step()
@@ -216,7 +220,8 @@ class AMPTrainer:
         return {**values, "grad_norm": grad_norm}
 
     def _record_nonfinite(self, values: dict[str, torch.Tensor]) -> None:
-        """Deferred mode: remember, on the device, the first step whose losses are not all finite."""
+        """Deferred mode: remember, on the device, the first step whose losses (or gradient norm) are
+        not all finite."""
         stacked = torch.stack([v.float() for v in values.values()])
         if self._first_bad is None:
             self._first_bad = torch.zeros((), dtype=torch.long, device=stacked.device)
@@ -226,11 +231,12 @@ class AMPTrainer:
                 self._bad_losses[k] = torch.zeros((), device=stacked.device)
         first = torch.isfinite(stacked).all().logical_not() & (self._first_bad == 0)
         self._first_bad.copy_(torch.where(first, self._steps_done + 1, self._first_bad))
-        for k, v in values.items():
-            self._bad_losses[k].copy_(torch.where(first, v.float(), self._bad_losses[k]))
+        for k, bad in self._bad_losses.items():  # what this step did not record yet (its gradient) is unknown
+            bad.copy_(torch.where(first, values[k].float() if k in values else torch.nan, bad))
 
     def check_finite(self) -> None:
-        """Deferred mode: raise `NonFiniteLossError` if a loss so far was NaN or infinite (one device sync)."""
+        """Deferred mode: raise `NonFiniteLossError` if a loss or gradient so far was NaN or infinite
+        (one device sync)."""
         if not self.deferred or self._first_bad is None:
             return
         step = int(self._first_bad)
@@ -249,6 +255,14 @@ class AMPTrainer:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip_grad if self.clip_grad else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # a finite loss with a non-finite gradient: clipping would write NaN into every weight
+        # (fp16 loss scaling skips such steps itself and lowers the scale)
+        if self.deferred:
+            self._record_nonfinite({**{k: v for k, v in self.last.items() if torch.is_tensor(v)},
+                                    "grad_norm": grad_norm})
+        elif not self.precision.use_grad_scaler and any_rank(not math.isfinite(float(grad_norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(self.step + 1, {**(pending[-1] if pending else {}), "grad_norm": float(grad_norm)})
         if self.deferred:  # the fused kernel leaves every weight and moment alone while this is 1
             self.optimizer.found_inf = (self._first_bad != 0).float()
         try:

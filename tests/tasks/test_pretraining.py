@@ -462,6 +462,27 @@ def test_deferred_checks_skip_updates_from_the_first_bad_step_and_raise_later():
     assert not hasattr(t.optimizer, "found_inf")
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_non_finite_gradient_of_a_finite_loss_stops_before_the_update(deferred):
+    """An inf gradient with a finite loss: clipping it would write NaN into every weight, and the
+    run would only fail a step later with the weights already lost. The step is not applied and
+    the error names the gradient."""
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    reference, model = _tiny_model(), _tiny_model()
+    t = AMPTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True), None, fp32, clip_grad=1.0,
+                   deferred_checks=deferred)
+    t_ref = AMPTrainer(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True), None, fp32,
+                       clip_grad=1.0)
+    t.mlm_step(_batch(1)), t_ref.mlm_step(_batch(1))
+    hook = model.bert.embeddings.word_embeddings.weight.register_hook(lambda g: g + float("inf"))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient at step 2 \(loss=\d.*grad_norm=(inf|nan)\)"):
+        t.mlm_step(_batch(2))
+        t.check_finite()
+    hook.remove()
+    for (k, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=k)  # the weights of step 1
+
+
 def test_deferred_checks_need_a_fused_optimizer():
     fp32 = resolve_precision("fp32", "cpu", verbose=False)
     model = _tiny_model()
