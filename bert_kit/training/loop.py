@@ -290,7 +290,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
     window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
     reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
-    last_save = time.time()
+    last_save, first_step = time.time(), step
     try:
         with StopSignal() as stop, unchecked_inputs():
             if state is not None:
@@ -298,8 +298,6 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
             while step < total:
                 # (a) forward and backward over the micro-batches; the trainer steps the optimizer
                 t_step = time.time()
-                if run.budget_s is not None and train_span_s is None:  # the first step fixes the span
-                    train_span_s = max(1.0, budget_left() - reserve_s)
                 lr = schedule.apply(step, trained_s, train_span_s)
                 micro = job.step_batches(step)
                 trainer.grad_accum = len(micro)
@@ -330,7 +328,14 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 else:
                     window["seconds"] += time.time() - t_step
                     logger.update(step)
-                trained_s += time.time() - t_step
+                if step == first_step + 1:
+                    # A session's first step compiles and captures (tens of seconds when compiled): not
+                    # training time, or a time budget's warm-up would be spent before the second step.
+                    # The schedule spans what the budget leaves after it.
+                    if run.budget_s is not None:
+                        train_span_s = trained_s + max(1.0, budget_left() - reserve_s)
+                else:
+                    trained_s += time.time() - t_step
 
                 # (c) evaluation (the last one comes after the loop)
                 stopping = any_ranks(stop.signum is not None)[0]  # a signal arrives at any time: asked late

@@ -178,12 +178,13 @@ class Schedule:
     def multiplier(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
         """Factor on the peak lr for update `step` (0-based) after `trained_s` seconds of training
         out of `train_span_s` (time budgets only)."""
-        if self.budget_s is None or train_span_s is None:
+        if self.budget_s is None:
             return lr_multiplier(step, self.warmup_steps, self.total_steps, self.kind, self.min_ratio)
         if self.warmup_steps is not None and step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        # time-based: positions in milliseconds of training, so lr_multiplier's integer maths holds
-        total = max(1, round(train_span_s * 1000))
+        # time-based: positions in milliseconds of training, so lr_multiplier's integer maths holds;
+        # before the span is known (a run's first step) the position is its start
+        total = max(1, round((train_span_s or 1.0) * 1000))
         position = min(total, round(trained_s * 1000))
         warmup = 0 if self.warmup_steps is not None else round(self.warmup_fraction * total)
         return lr_multiplier(position, warmup, total, self.kind, self.min_ratio)

@@ -508,6 +508,24 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     state = torch.load(out / "checkpoints" / f"step-{results['steps']:07d}" / "trainer_state.pt", weights_only=True)
     assert 0 < state["budget_used_s"] <= budget + 4
 
+    # a first step that compiles for a third of the budget does not spend the warm-up: the lr rises
+    # over the steps after it (it jumped to the peak at step 2, and a BERT stalled at unigram loss)
+    slow = tiny_config(tmp_path, "slow_first_step", max_steps=None, time_budget=f"{budget:g}s",
+                       warmup_fraction=0.2, eval_every=0, save_every=0, log_every=1)
+    train_step = AMPTrainer.train_step
+
+    def compiling(self, batch, loss_fn):
+        if self.step == 0:
+            time.sleep(budget / 3)
+        return train_step(self, batch, loss_fn)
+
+    monkeypatch.setattr(AMPTrainer, "train_step", compiling)
+    results = pretrain(slow)
+    monkeypatch.setattr(AMPTrainer, "train_step", train_step)
+    lrs = [r["lr"] for r in read_metrics(Path(slow.output_dir)) if r["type"] == "train"]
+    assert results["steps"] > 8 and lrs[1] < 0.5 * max(lrs) and max(lrs) == pytest.approx(slow.lr, rel=0.2)
+    assert lrs[-1] < 0.35 * slow.lr and results["wall_time_s"] < budget + 4
+
     # interrupted half-way and resumed with the same budget: both sessions together stay within it
     monkeypatch.setattr(SignalAtStep, "at_step", 3)
     monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", SignalAtStep)
