@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import real_batches  # noqa: E402
 
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
+from bert_kit.dropout import register_mask_op  # noqa: E402
 from bert_kit.heads import with_prediction_slots  # noqa: E402
 from bert_kit.model import set_low_precision_residual  # noqa: E402
 from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
@@ -51,6 +52,8 @@ def train(batches: list[dict], fast: bool, steps: int, dropout: float = 0.0, dro
             mlm_loss = compute_mlm_loss(mlm, b["labels"])
         return mlm_loss + F.cross_entropy(nsp.float(), b["next_sentence_label"])
 
+    if fast:
+        register_mask_op()
     step_fn = torch.compile(loss_fn, dynamic=False) if fast else loss_fn
     losses = []
     for i in range(steps):

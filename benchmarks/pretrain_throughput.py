@@ -79,6 +79,7 @@ def make_bertkit(config, compile_mode: str | None, unpadded: bool, static: bool 
                  options: dict | None = None, fp32_residual: bool = False, rng_recompute: bool = False,
                  cudnn_attention: bool = True, triton_dropout: bool = True):
     bert_kit.dropout.triton_mask_enabled = triton_dropout  # read when traced
+    bert_kit.dropout.register_mask_op()
     torch._functorch.config.functionalize_rng_ops = rng_recompute  # process-wide, read when traced
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)  # off: SDPA falls back to flash attention
     model = set_low_precision_residual(BERTForPreTraining(config).cuda(), not fp32_residual)

@@ -32,6 +32,7 @@ def worker(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bert_kit import BERTForPreTraining, create_model_config
+    from bert_kit.dropout import register_mask_op
     from bert_kit.heads import masked_index, pad_masked
     from bert_kit.training.losses import compute_mlm_loss
 
@@ -70,6 +71,8 @@ def worker(args: argparse.Namespace) -> None:
         mlm, nsp = step_model(ids, masked_index=index)
         return compute_mlm_loss(mlm, targets) + F.cross_entropy(nsp.float(), nsp_labels)
 
+    if args.compile:
+        register_mask_op()
     compiled = torch.compile(loss_fn) if args.compile else loss_fn
     times, losses = [], []
     for i in range(args.warmup + args.steps):

@@ -8,7 +8,7 @@ mask from all 128 bits of each Philox call, as eight 16-bit draws, and writes it
 element; the fused kernel then only reads the mask. The keep probability is quantised to 1/65536
 (p = 0.1 keeps 0.900009 of the elements, not 0.9).
 
-Everywhere else (CPU, eager mode, no Triton) it is `F.dropout`.
+Everywhere else (CPU, eager mode, no Triton, `register_mask_op` not called) it is `F.dropout`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,26 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs
-    triton = None
-
 _BLOCK = 1024  # Philox calls per program; each program writes 8 * _BLOCK mask bytes
 triton_mask_enabled = True  # switch for measuring against inductor's own dropout
+dropout_mask = None  # the custom op, once `register_mask_op` has run
 
-if triton is not None and hasattr(torch.library, "triton_op"):
+
+def register_mask_op():
+    """Register the Triton mask op (once) and return it, or None without Triton. Call it before
+    compiling a model that trains with dropout: importing Triton and registering a `triton_op`
+    loads torch._inductor (seconds of start-up), which only compiled runs should pay."""
+    global dropout_mask
+    if dropout_mask is not None:
+        return dropout_mask
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # CPU-only installs
+        return None
+    if not hasattr(torch.library, "triton_op"):
+        return None
+
     @triton.jit
     def _store_two_draws(mask_ptr, idx, bits, n, threshold, BLOCK: tl.constexpr):
         """Two 16-bit draws from 32 random bits: elements idx and idx + BLOCK."""
@@ -45,15 +55,16 @@ if triton is not None and hasattr(torch.library, "triton_op"):
         _store_two_draws(mask_ptr, base + 6 * BLOCK, r3, n, threshold, BLOCK)
 
     @torch.library.triton_op("bert_kit::dropout_mask", mutates_args=())
-    def dropout_mask(seed: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
+    def mask_op(seed: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
         """Keep mask (bool, `shape`) with P(keep) = 1 - round(p * 65536) / 65536; seed: (1,) int64 on the GPU."""
         mask = torch.empty(shape, dtype=torch.bool, device=seed.device)
         n = mask.numel()
         grid = (triton.cdiv(n, 8 * _BLOCK),)
         torch.library.wrap_triton(_dropout_mask_kernel)[grid](seed, mask, n, round(p * 65536), BLOCK=_BLOCK)
         return mask
-else:
-    dropout_mask = None
+
+    dropout_mask = mask_op
+    return dropout_mask
 
 
 class Dropout(nn.Module):

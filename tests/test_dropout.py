@@ -6,7 +6,7 @@ import torch
 from bert_kit import dropout as bk_dropout
 from bert_kit.dropout import Dropout
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or bk_dropout.dropout_mask is None,
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or bk_dropout.register_mask_op() is None,
                           reason="needs CUDA and Triton")
 
 

@@ -38,6 +38,7 @@ import torch
 
 from bert_kit.model import Packed
 from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.dropout import register_mask_op
 from bert_kit.model_folder import locate_model, model_config, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import make_task
 from bert_kit.tasks.base import Task
@@ -232,6 +233,7 @@ class FinetuningJob(Job):
             # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
             # past which it would silently fall back to eager
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            register_mask_op()  # dropout's cheaper mask, traced into the graph
             (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
         self.model = model
         # the whole step as a CUDA graph per padded shape, where it can be recorded

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from bert_kit.config import BertConfig
+from bert_kit.dropout import register_mask_op
 from bert_kit.heads import with_prediction_slots
 from bert_kit.model import set_low_precision_residual
 from bert_kit.model_folder import locate_model
@@ -90,6 +91,7 @@ def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.dev
         raise ValueError("cuda_graphs works on one CUDA GPU (one process); turn it off for CPU or torchrun runs")
     options = {"triton.cudagraphs": cfg.cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
+    register_mask_op()  # dropout's cheaper mask, traced into the graph
     model.compile(dynamic=False, options=options if device.type == "cuda" else None)
 
 
