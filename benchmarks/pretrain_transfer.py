@@ -9,7 +9,7 @@ In one GPU session:
 4. final/ loads in `transformers.BertModel` with the same hidden states (max abs difference);
 5. `bert-kit finetune` with the shipped configs (SST-2, STS-B cross-encoder, CoNLL-2003) on the
    pretrained model and, as the control, on the same architecture from random initialisation
-   (`model=bert-medium tokenizer=<the run's tokenizer>`), each as its own process.
+   (`model=<the recipe's preset> tokenizer=<the run's tokenizer>`), each as its own process.
 One table at the end: pretrained vs control, with the time of every step.
 
     python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
@@ -26,8 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+RECIPE = yaml.safe_load((ROOT / "configs" / "pretrain_cram.yaml").read_text())
 
 TASKS = {  # task -> (config, train, validation, test or None: the best model is evaluated on it)
     "sst2": ("finetune_sst2.yaml", "sst2/train.tsv", "sst2/dev.tsv", None),
@@ -113,7 +116,8 @@ def main() -> None:
     p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control"), default="all",
                    help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: both; "
                         "control: the control's fine-tuning")
-    p.add_argument("--control-model", default="bert-medium", help="the preset of the recipe (control: random init)")
+    p.add_argument("--control-model", default=RECIPE["model"]["preset"],
+                   help="the control's shape, from random weights (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
     p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
     args = p.parse_args()
@@ -143,8 +147,7 @@ def main() -> None:
         pre = json.loads((args.work / "pretrain.json").read_text())
         record("pretrain", {k: pre.get(k) for k in ("steps", "train_tokens", "tokens_per_second", "train_mlm_loss",
                                                      "test_mlm_loss", "test_mlm_accuracy", "wall_time_s")})
-        mask = float(next(ln.split(":")[1] for ln in (ROOT / "configs" / "pretrain_cram.yaml").read_text().splitlines()
-                          if ln.startswith("mask_probability")).split("#")[0])
+        mask = RECIPE["mask_probability"]
         cache = args.work / "eval_cache"
         record("heldout_corpus", heldout_mlm(final, [args.corpus / "heldout"], "jsonl", mask, cache))
         record("wikitext2_test", heldout_mlm(final, [args.data_dir / "wikitext-2" / "test.txt"], "wikitext", mask,
