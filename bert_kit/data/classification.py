@@ -14,12 +14,14 @@ outside the names or ids, or a mix of numbers and names is an error naming the f
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -284,20 +286,31 @@ def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0, pad_to_multi
     max_len = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
     for key, value in batch[0].items():
         values = [item[key] for item in batch]
-        if isinstance(value, (list, tuple)) or (torch.is_tensor(value) and value.ndim == 1):
+        if isinstance(value, (list, tuple)) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1):
             if key not in _PAD_VALUES:
                 continue  # e.g. offset mappings: not a model input
             pad = pad_token_id if _PAD_VALUES[key] is None else _PAD_VALUES[key]
-            rows = torch.full((len(batch), max_len), pad, dtype=torch.long)
-            for i, v in enumerate(values):
-                rows[i, : len(v)] = torch.as_tensor(v, dtype=torch.long)
-            out[key] = rows
+            out[key] = _pad_rows(values, lengths, max_len, pad)
         elif isinstance(value, (int, float)) or torch.is_tensor(value):
             is_float = any(isinstance(v, float) or (torch.is_tensor(v) and v.is_floating_point())
                            for v in values)
             out[key] = torch.tensor([float(v) if is_float else int(v) for v in values],
                                     dtype=torch.float32 if is_float else torch.long)
     return out
+
+
+def _pad_rows(values: list, lengths: list[int], max_len: int, pad: int) -> torch.Tensor:
+    """(B, max_len) int64 of the rows, each padded with `pad` on the right. Lists of ints are read
+    in one pass (one tensor op per row would cost more than a small model's training step)."""
+    if any(torch.is_tensor(v) for v in values):
+        rows = torch.full((len(values), max_len), pad, dtype=torch.long)
+        for i, v in enumerate(values):
+            rows[i, : len(v)] = torch.as_tensor(v, dtype=torch.long)
+        return rows
+    flat = np.fromiter(itertools.chain.from_iterable(values), dtype=np.int64, count=sum(lengths))
+    rows = np.full((len(values), max_len), pad, dtype=np.int64)
+    rows[np.arange(max_len) < np.asarray(lengths)[:, None]] = flat  # row-major: each row's tokens in order
+    return torch.from_numpy(rows)
 
 
 def create_classification_dataloader(texts: Sequence[str], labels, tokenizer,

@@ -179,6 +179,22 @@ def test_pad_collate_rounds_length_up_to_a_multiple():
     assert pad_collate(items, pad_token_id=0)["input_ids"].shape == (2, 4)
 
 
+
+def test_pad_collate_reads_lists_tuples_arrays_and_tensors_alike():
+    """Rows as the tokenizer gives them (lists), tuples, NumPy arrays or tensors: the same batch;
+    per-token labels pad with -100."""
+    import numpy as np
+
+    rows = [[101, 7, 8, 102], [101, 102], [101, 5, 102]]
+    tags = [[-100, 1, 2, -100], [-100, -100], [-100, 0, -100]]
+    expected = torch.tensor([[101, 7, 8, 102], [101, 102, 0, 0], [101, 5, 102, 0]])
+    for as_row in (list, tuple, np.array, torch.tensor):
+        out = pad_collate([{"input_ids": as_row(r), "attention_mask": as_row([1] * len(r)), "labels": as_row(t)}
+                           for r, t in zip(rows, tags)])
+        torch.testing.assert_close(out["input_ids"], expected, msg=str(as_row))
+        assert out["input_ids"].dtype == torch.long and out["attention_mask"].sum().item() == 9
+        torch.testing.assert_close(out["labels"][1], torch.tensor([-100, -100, -100, -100]))
+
 # ------------------------------------------------------------------------------ layouts and labels
 
 
