@@ -157,3 +157,31 @@ def test_bad_inputs_give_clear_errors():
         model(ids, token_type_ids=torch.full_like(ids, 2))
     with pytest.raises(ValueError, match="attention_mask shape"):
         model(ids, attention_mask=torch.ones(2, 9, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
+    """A padding mask on CUDA: cuDNN's kernel is off for that call (it would set up a plan for
+    every new batch shape); unmasked calls keep the default choice; the numbers are attention's."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bert_kit.model import masked_attention
+
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask") is not None, torch.backends.cuda.cudnn_sdp_enabled()))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(3, 2, 4, 24, 32, device="cuda", dtype=torch.bfloat16)
+    mask = torch.ones(2, 1, 1, 24, dtype=torch.bool, device="cuda")
+    mask[1, ..., 17:] = False
+    out = masked_attention(q, k, v, mask)
+    masked_attention(q, k, v, None)
+    default = torch.backends.cuda.cudnn_sdp_enabled()
+    assert seen == [(True, False), (False, default)]
+    with sdpa_kernel(SDPBackend.MATH):
+        reference = sdpa(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
