@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from bert_kit.model import Packed
-from bert_kit.training.distributed import any_rank, no_sync, unwrap_model, world_size
+from bert_kit.training.distributed import any_rank, full_value, no_sync, unwrap_model, world_size
 from bert_kit.heads import with_prediction_slots
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss, compute_pretraining_loss
@@ -260,9 +260,11 @@ class AMPTrainer:
         if self.deferred:
             self._record_nonfinite({**{k: v for k, v in self.last.items() if torch.is_tensor(v)},
                                     "grad_norm": grad_norm})
-        elif not self.precision.use_grad_scaler and any_rank(not math.isfinite(float(grad_norm))):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(self.step + 1, {**(pending[-1] if pending else {}), "grad_norm": float(grad_norm)})
+        elif not self.precision.use_grad_scaler:
+            norm = float(full_value(grad_norm))  # every rank: FSDP2's norm is a DTensor
+            if any_rank(not math.isfinite(norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(self.step + 1, {**(pending[-1] if pending else {}), "grad_norm": norm})
         if self.deferred:  # the fused kernel leaves every weight and moment alone while this is 1
             self.optimizer.found_inf = (self._first_bad != 0).float()
         try:
