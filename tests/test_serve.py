@@ -35,9 +35,9 @@ from bert_kit.heads import (
     BERTForSequenceClassification,
     BERTForTokenClassification,
 )
-from bert_kit.model_folder import write_model_metadata
 from bert_kit.serving.batcher import Batcher, Item, QueueFull, batch_bounds
 from bert_kit.tokenizer import get_tokenizer
+from tests.tasks.test_inference import saved
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -160,17 +160,6 @@ def test_batcher_refuses_past_its_queue_bound_and_drains_on_close():
 
 
 # ---- model folders and server processes ---------------------------------------------------------
-
-def saved(folder: Path, model, tokenizer, labels=None, **meta) -> Path:
-    """A folder as `bert-kit finetune` writes it: weights, tokenizer, id2label, task settings."""
-    if labels is not None:
-        model.id2label = {str(i): n for i, n in enumerate(labels)}
-    model.eval().save_pretrained(folder)
-    tokenizer.save(folder)
-    if meta:
-        write_model_metadata(folder, meta)
-    return folder
-
 
 class ServerProcess:
     """`python -m bert_kit serve` on a free loopback port; its output is collected line by line."""

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from bert_kit.cli import main as cli_main
-from bert_kit.config import BertConfig
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.model import BERTModel
@@ -24,21 +23,7 @@ from bert_kit.tasks.classification import ClassificationTask
 from bert_kit.tasks.similarity import SimilarityTask
 from bert_kit.tokenizer import get_tokenizer
 
-TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=384, hidden_dropout_prob=0.1)
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, minilm_path):
-    """A random tiny encoder folder with MiniLM's tokenizer, as a pretraining run would leave it."""
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    BERTModel(TINY).save_pretrained(folder)
-    get_tokenizer(minilm_path).save(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +36,15 @@ def sst2(data_dir, tmp_path_factory):
     return folder / "train.tsv", folder / "dev.tsv"
 
 
-def tiny_config(tiny_model, tmp_path, **kw) -> FinetuneConfig:
-    settings = dict(model=str(tiny_model), output_dir=str(tmp_path / "run"), batch_size=8, lr=1e-3,
+def tiny_config(tiny_encoder, tmp_path, **kw) -> FinetuneConfig:
+    settings = dict(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), batch_size=8, lr=1e-3,
                     log_every=1, precision="fp32", device="cpu", seed=3)
     return FinetuneConfig(**{**settings, **kw})
 
 
-def test_classification_writes_best_results_and_predictions(tiny_model, sst2, tmp_path):
+def test_classification_writes_best_results_and_predictions(tiny_encoder, sst2, tmp_path):
     train, dev = sst2
-    cfg = tiny_config(tiny_model, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=6,
+    cfg = tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=6,
                       eval_every=3, keep_last=1, label_names=["negative", "positive"], unpadded=True)
     results = finetune(cfg)
     run = tmp_path / "run"
@@ -97,14 +82,14 @@ def test_classification_writes_best_results_and_predictions(tiny_model, sst2, tm
         assert p["probabilities"]["positive"] == pytest.approx(float(row[1]), abs=1e-5)
 
 
-def test_resume_reproduces_the_uninterrupted_run(tiny_model, sst2, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(tiny_encoder, sst2, tmp_path):
     train, dev = sst2
-    full = tiny_config(tiny_model, tmp_path / "a", train_file=str(train), validation_file=str(dev),
+    full = tiny_config(tiny_encoder, tmp_path / "a", train_file=str(train), validation_file=str(dev),
                        max_steps=8, eval_every=4, save_every=2, keep_last=0)
     finetune(full)
     ckpts = tmp_path / "a" / "run" / "checkpoints"
     # lose everything after step 4 (as a crash would), then resume from the newest checkpoint
-    part = tiny_config(tiny_model, tmp_path / "b", train_file=str(train), validation_file=str(dev),
+    part = tiny_config(tiny_encoder, tmp_path / "b", train_file=str(train), validation_file=str(dev),
                        max_steps=8, eval_every=4, save_every=2, keep_last=0)
     import shutil
 
@@ -120,7 +105,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model, sst2, tmp_path):
     assert resumed["best_value"] == json.loads((tmp_path / "a" / "run" / "results.json").read_text())["best_value"]
 
 
-def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_model, sst2, tmp_path, monkeypatch):
+def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_encoder, sst2, tmp_path, monkeypatch):
     train, _ = sst2
     original, calls = ClassificationTask.loss, []
 
@@ -131,7 +116,7 @@ def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_model, sst2, tmp_path
         return original(self, model, batch)
 
     monkeypatch.setattr(ClassificationTask, "loss", loss_then_signal)
-    rc = cli_main(["finetune", "--task", "classification", f"model={tiny_model}", f"train_file={train}",
+    rc = cli_main(["finetune", "--task", "classification", f"model={tiny_encoder}", f"train_file={train}",
                    f"output_dir={tmp_path / 'run'}", "max_steps=10", "batch_size=8", "device=cpu"])
     assert rc == 130
     results = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -139,14 +124,14 @@ def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_model, sst2, tmp_path
     assert (tmp_path / "run" / "checkpoints" / "step-0000002" / "trainer_state.pt").is_file()
 
 
-def test_nan_loss_stops_with_a_clear_error(tiny_model, sst2, tmp_path, capsys):
+def test_nan_loss_stops_with_a_clear_error(tiny_encoder, sst2, tmp_path, capsys):
     train, _ = sst2
     broken = tmp_path / "broken"
-    model = BERTModel.from_pretrained(tiny_model)
+    model = BERTModel.from_pretrained(tiny_encoder)
     with torch.no_grad():
         model.embeddings.norm.weight[0] = float("nan")
     model.save_pretrained(broken)
-    get_tokenizer(tiny_model).save(broken)
+    get_tokenizer(tiny_encoder).save(broken)
     rc = cli_main(["finetune", "--task", "classification", f"model={broken}", f"train_file={train}",
                    f"output_dir={tmp_path / 'run'}", "max_steps=3", "device=cpu"])
     assert rc == 1
@@ -155,13 +140,13 @@ def test_nan_loss_stops_with_a_clear_error(tiny_model, sst2, tmp_path, capsys):
     assert not (tmp_path / "run" / "best").exists()
 
 
-def test_token_classification_on_conll(tiny_model, data_dir, tmp_path):
+def test_token_classification_on_conll(tiny_encoder, data_dir, tmp_path):
     def cut(name, n_lines):  # whole sentences: stop at a blank line
         lines = (data_dir / "conll2003" / name).read_text().splitlines()[:n_lines]
         (tmp_path / name).write_text("\n".join(lines) + "\n")
         return tmp_path / name
 
-    cfg = tiny_config(tiny_model, tmp_path, task="token-classification", train_file=str(cut("train.txt", 300)),
+    cfg = tiny_config(tiny_encoder, tmp_path, task="token-classification", train_file=str(cut("train.txt", 300)),
                       validation_file=str(cut("valid.txt", 120)), max_steps=4, lr=5e-3)
     results = finetune(cfg)
     best = tmp_path / "run" / "best"
@@ -177,13 +162,13 @@ def test_token_classification_on_conll(tiny_model, data_dir, tmp_path):
     assert all(len(p["tags"]) == len(p["words"]) and set(p["tags"]) <= set(labels) for p in preds)
 
 
-def test_qa_with_an_article_split(tiny_model, data_dir, tmp_path):
+def test_qa_with_an_article_split(tiny_encoder, data_dir, tmp_path):
     squad = json.loads((data_dir / "squad-v1.1" / "dev-v1.1.json").read_text())
     # three articles, two paragraphs each: the first two train, the last one evaluates
     small = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:2]}
                                         for a in squad["data"][:3]]}
     (tmp_path / "squad.json").write_text(json.dumps(small))
-    cfg = tiny_config(tiny_model, tmp_path, task="qa", train_file=str(tmp_path / "squad.json"),
+    cfg = tiny_config(tiny_encoder, tmp_path, task="qa", train_file=str(tmp_path / "squad.json"),
                       squad_train_articles=2, max_length=128, doc_stride=32, max_steps=3)
     results = finetune(cfg)
     n_eval = sum(len(p["qas"]) for p in small["data"][2]["paragraphs"])
@@ -209,9 +194,9 @@ def sts(data_dir, tmp_path_factory):
     return folder / "sts-train.csv", folder / "sts-dev.csv"
 
 
-def test_similarity_cross_encoder(tiny_model, sts, tmp_path):
+def test_similarity_cross_encoder(tiny_encoder, sts, tmp_path):
     train, dev = sts
-    cfg = tiny_config(tiny_model, tmp_path, task="similarity", train_file=str(train), validation_file=str(dev),
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", train_file=str(train), validation_file=str(dev),
                       max_steps=3)
     results = finetune(cfg)
     assert results["metric"] == "spearman" and set(results["history"][-1]) >= {"pearson", "spearman", "mse"}
@@ -219,7 +204,7 @@ def test_similarity_cross_encoder(tiny_model, sts, tmp_path):
     assert model.num_labels == 1  # the regression head
 
 
-def test_classification_regression_on_sentence_pairs(tiny_model, sts, tmp_path):
+def test_classification_regression_on_sentence_pairs(tiny_encoder, sts, tmp_path):
     """Float labels make a regression head (num_labels=1, MSE) scored by Pearson; pairs via text_pair_column."""
     from bert_kit.data.sts import read_sts
 
@@ -227,25 +212,25 @@ def test_classification_regression_on_sentence_pairs(tiny_model, sts, tmp_path):
         s1, s2, scores = read_sts(path)
         rows = "".join(f"{a}\t{b}\t{y}\n" for a, b, y in zip(s1, s2, scores))
         (tmp_path / name).write_text("sentence\tsentence2\tlabel\n" + rows)
-    cfg = tiny_config(tiny_model, tmp_path, train_file=str(tmp_path / "train.tsv"),
+    cfg = tiny_config(tiny_encoder, tmp_path, train_file=str(tmp_path / "train.tsv"),
                       validation_file=str(tmp_path / "dev.tsv"), text_pair_column="sentence2", max_steps=2)
     results = finetune(cfg)
     assert results["metric"] == "pearson" and "spearman" in results["history"][-1]
     assert BERTForSequenceClassification.from_pretrained(tmp_path / "run" / "best").num_labels == 1
 
 
-def test_similarity_bi_encoder_cosine_loss(tiny_model, sts, tmp_path):
+def test_similarity_bi_encoder_cosine_loss(tiny_encoder, sts, tmp_path):
     train, dev = sts
-    cfg = tiny_config(tiny_model, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
                       validation_file=str(dev), max_steps=3)
     task = SimilarityTask(cfg)
-    task.bind(get_tokenizer(tiny_model))
+    task.bind(get_tokenizer(tiny_encoder))
     batch = task.collate(task.read_train(train)[:4])
-    model = BERTModel.from_pretrained(tiny_model)
+    model = BERTModel.from_pretrained(tiny_encoder)
     from bert_kit.data.sts import read_sts
 
     s1, s2, scores = read_sts(train)
-    tokenizer = get_tokenizer(tiny_model)
+    tokenizer = get_tokenizer(tiny_encoder)
     with torch.no_grad():
         loss, _ = task.loss(model, batch)
         # CosineSimilarityLoss by hand: MSE between cos(u, v) of mean-pooled vectors and score / 5
@@ -284,13 +269,13 @@ def test_sst2_minilm_beats_chance(minilm_path, data_dir, tmp_path):
     assert results["train_loss"] < results["initial_train_loss"]
 
 
-def test_config_errors(tmp_path, tiny_model):
+def test_config_errors(tmp_path, tiny_encoder):
     with pytest.raises(ValueError, match="unknown key"):
         cli_main_raises(["finetune", "--task", "qa", "model=x", "learning_rate=1"])
     (tmp_path / "run.yaml").write_text("task: qa\nmodel: x\n")
     assert cli_main(["finetune", "--task", "similarity", "--config", str(tmp_path / "run.yaml")]) == 2  # a usage error
     with pytest.raises(FileNotFoundError, match="neither a model folder"):
-        finetune(FinetuneConfig(model="no-such-model", tokenizer=str(tiny_model), train_file=__file__,
+        finetune(FinetuneConfig(model="no-such-model", tokenizer=str(tiny_encoder), train_file=__file__,
                                 output_dir=str(tmp_path / "r"), device="cpu"))
 
 
@@ -330,14 +315,14 @@ def test_cosent_loss_matches_sentence_transformers(seed):
     assert compute_cosent_loss(same, near, ranked) < compute_cosent_loss(same, near, ranked.flip(0))
 
 
-def test_similarity_bi_encoder_cosent_trains(tiny_model, sts, tmp_path):
+def test_similarity_bi_encoder_cosent_trains(tiny_encoder, sts, tmp_path):
     train, dev = sts
-    cfg = tiny_config(tiny_model, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
                       validation_file=str(dev), max_steps=3, similarity_loss="cosent")
     task = SimilarityTask(cfg)
-    task.bind(get_tokenizer(tiny_model))
+    task.bind(get_tokenizer(tiny_encoder))
     batch = task.collate(task.read_train(train)[:4])
-    model = BERTModel.from_pretrained(tiny_model)
+    model = BERTModel.from_pretrained(tiny_encoder)
     from bert_kit.training.losses import compute_cosent_loss
 
     with torch.no_grad():
@@ -384,14 +369,14 @@ def test_bi_encoder_cosent_steps_match_transformers(minilm_path, data_dir):
     assert loss_ours.item() > 0.1  # a ranking loss with work left: the comparison is not of zeros
 
 
-def test_compiled_finetune_matches_eager(tiny_model, sst2, tmp_path):
+def test_compiled_finetune_matches_eager(tiny_encoder, sst2, tmp_path):
     """compile=true trains on padded batches (unpadded is switched off) and follows the eager run."""
     import json
     import shutil
 
     train, dev = sst2
     model = tmp_path / "no_dropout"  # compiled dropout draws other masks than eager: switch it off
-    shutil.copytree(tiny_model, model)
+    shutil.copytree(tiny_encoder, model)
     config = json.loads((model / "config.json").read_text())
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (model / "config.json").write_text(json.dumps(config))

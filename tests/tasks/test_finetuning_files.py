@@ -10,29 +10,15 @@ import csv
 import json
 
 import pytest
-import torch
 
 from bert_kit.cli import main as cli_main
-from bert_kit.config import BertConfig
 from bert_kit.data.sts import read_sts
-from bert_kit.model import BERTModel
 from bert_kit.model_folder import read_model_metadata
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune
 from bert_kit.tasks.similarity import SimilarityTask
 from bert_kit.tokenizer import get_tokenizer
 
-TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=128)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, minilm_path):
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    BERTModel(TINY).save_pretrained(folder)
-    get_tokenizer(minilm_path).save(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +43,15 @@ PAIR_SETTINGS = dict(task="similarity", text_column="text_a", text_pair_column="
                      score_range=[1, 5], where={"split": "train"}, validation_where={"split": "test"})
 
 
-def run_config(tiny_model, tmp_path, **kw) -> FinetuneConfig:
-    settings = dict(model=str(tiny_model), output_dir=str(tmp_path / "run"), batch_size=8, lr=1e-3, log_every=1,
+def run_config(tiny_encoder, tmp_path, **kw) -> FinetuneConfig:
+    settings = dict(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), batch_size=8, lr=1e-3, log_every=1,
                     precision="fp32", device="cpu", seed=3, max_length=64)
     return FinetuneConfig(**{**settings, **kw})
 
 
-def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_model, pair_file, tmp_path, capsys):
+def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_encoder, pair_file, tmp_path, capsys):
     path, rows = pair_file
-    results = finetune(run_config(tiny_model, tmp_path, train_file=str(path), validation_file=str(path), max_steps=4,
+    results = finetune(run_config(tiny_encoder, tmp_path, train_file=str(path), validation_file=str(path), max_steps=4,
                                   **PAIR_SETTINGS))
     assert (results["num_train_examples"], results["num_eval_examples"]) == (64, 32)  # the split column, read
     assert results["steps"] == 4 and set(results["best_metrics"]) >= {"pearson", "spearman", "mse"}
@@ -93,25 +79,25 @@ def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_mo
     # a score outside the declared range is an error naming the line, before any training
     bad = tmp_path / "bad.csv"
     bad.write_text(path.read_text() + "96,a,b,0.4,train\n", encoding="utf-8")
-    code = cli_main(["finetune", f"model={tiny_model}", f"train_file={bad}", f"output_dir={tmp_path / 'bad_run'}",
+    code = cli_main(["finetune", f"model={tiny_encoder}", f"train_file={bad}", f"output_dir={tmp_path / 'bad_run'}",
                      "task=similarity", "text_column=text_a", "text_pair_column=text_b", "label_column=relatedness",
                      "score_range=[1, 5]", "max_steps=1", "device=cpu"])
     assert code == 1
     assert f"{bad}:98: score '0.4' is outside the score range [1, 5]" in capsys.readouterr().err
 
 
-def test_bi_encoder_targets_use_the_declared_range(tiny_model, pair_file, tmp_path):
+def test_bi_encoder_targets_use_the_declared_range(tiny_encoder, pair_file, tmp_path):
     path, rows = pair_file
-    task = SimilarityTask(run_config(tiny_model, tmp_path, similarity_mode="bi-encoder",
+    task = SimilarityTask(run_config(tiny_encoder, tmp_path, similarity_mode="bi-encoder",
                                      **PAIR_SETTINGS))
-    task.bind(get_tokenizer(tiny_model))
+    task.bind(get_tokenizer(tiny_encoder))
     items = task.read_train(path)
     expected = [(score - 1) / 4 for _, _, score in rows["train"]]
     assert [it["labels"] for it in items] == pytest.approx(expected, abs=1e-12)
     assert min(it["labels"] for it in items) >= 0 and max(it["labels"] for it in items) <= 1
 
 
-def test_classification_from_a_headerless_bom_crlf_tsv_and_labels_in_the_text(tiny_model, data_dir, tmp_path):
+def test_classification_from_a_headerless_bom_crlf_tsv_and_labels_in_the_text(tiny_encoder, data_dir, tmp_path):
     lines = (data_dir / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:61]
     examples = [(text.strip(), "pos" if label == "1" else "neg") for text, label in (ln.split("\t") for ln in lines)]
     train = tmp_path / "train.tsv"  # label first, text second, no header: as exported by a spreadsheet
@@ -119,7 +105,7 @@ def test_classification_from_a_headerless_bom_crlf_tsv_and_labels_in_the_text(ti
     dev = tmp_path / "dev.txt"  # labels written into the text
     dev.write_text("".join(f"__label__{y} {t}\n" for t, y in examples[40:]), encoding="utf-8")
     pattern = r"__label__(?P<label>\w+) (?P<text>.*)"
-    results = finetune(run_config(tiny_model, tmp_path, train_file=str(train), text_column=1, label_column=0,
+    results = finetune(run_config(tiny_encoder, tmp_path, train_file=str(train), text_column=1, label_column=0,
                                   max_steps=3))
     assert results["num_train_examples"] == 40
     best = tmp_path / "run" / "best"
