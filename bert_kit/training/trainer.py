@@ -206,10 +206,9 @@ class AMPTrainer:
             loss, parts = loss_fn(batch)
         loss.backward()
         values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
-        self._record_nonfinite(values)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
-        self._record_nonfinite({**values, "grad_norm": grad_norm})  # clipping an inf norm gives NaN weights
+        self._record_nonfinite({**values, "grad_norm": grad_norm})  # losses, and the norm: an inf one clips to NaN
         self.optimizer.found_inf = (self._first_bad != 0).float()
         try:
             self.optimizer.step()
