@@ -43,10 +43,14 @@ def timed(cmd: list[str], log: Path) -> tuple[float, int]:
     return time.time() - t0, code
 
 
-def steady_rate(run_dir: Path) -> float | None:
-    """Steps/s between 20% and 90% of the run, from metrics.jsonl train records."""
+def train_records(run_dir: Path) -> list[dict]:
+    """The train records of a run's metrics.jsonl."""
     records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    train = [r for r in records if r.get("type") == "train"]
+    return [r for r in records if r.get("type") == "train"]
+
+
+def steady_rate(train: list[dict]) -> float | None:
+    """Steps/s between 20% and 90% of the run, from its train records."""
     last = train[-1]["step"] if train else 0
     window = [r for r in train if 0.2 * last < r["step"] <= 0.9 * last]
     if len(window) < 2:
@@ -69,13 +73,12 @@ def run_bertkit(case: str, args: argparse.Namespace, tmp: Path) -> dict:
     if code != 0:
         return {"impl": "bert-kit", "case": case, "error": (tmp / f"bertkit-{case}.log").read_text()[-3000:]}
     results = json.loads((tmp / f"{case}.json").read_text())
-    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    train = [r for r in records if r.get("type") == "train"]
+    train = train_records(out)
     # where the wall time goes (diagnostic): launch to the first step, the steps' own time, the rest
     # (evaluations, saves, the plot, exit)
     before = wall - results["wall_time_s"] + train[0]["wall_time"] - train[0]["seconds"] if train else None
     return {"impl": "bert-kit", "case": case, "wall_s": wall, "steps": results["steps"],
-            "steady_steps_per_s": steady_rate(out), "best": results["best_value"],
+            "steady_steps_per_s": steady_rate(train), "best": results["best_value"],
             "final": (results.get("final_metrics") or {}).get(results["metric"]),
             "to_first_step_s": round(before, 2) if before is not None else None,
             "train_time_s": results.get("train_time_s")}
