@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -190,7 +191,9 @@ def test_a_worker_signalled_as_it_starts_survives_and_the_main_process_gets_the_
         for _ in range(2):  # two epochs: two sets of new workers
             assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
         with stop_signals_blocked():
-            os.kill(os.getpid(), signal.SIGTERM)  # held while workers start, delivered after
+            # held while workers start, delivered after; sent to this thread, since a signal sent to
+            # the process may be taken by another thread that does not block it (the loaders' own)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
             assert received == []
         assert received == [signal.SIGTERM]
     finally:
