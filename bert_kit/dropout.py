@@ -17,7 +17,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-_BLOCK = 1024  # Philox calls per program; each program writes 8 * _BLOCK mask bytes
 triton_mask_enabled = True  # switch for measuring against inductor's own dropout
 dropout_mask = None  # the custom op, once `register_mask_op` has run
 
@@ -27,43 +26,11 @@ def register_mask_op():
     compiling a model that trains with dropout: importing Triton and registering a `triton_op`
     loads torch._inductor (seconds of start-up), which only compiled runs should pay."""
     global dropout_mask
-    if dropout_mask is not None:
-        return dropout_mask
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:  # CPU-only installs
-        return None
-    if not hasattr(torch.library, "triton_op"):
-        return None
-
-    @triton.jit
-    def _store_two_draws(mask_ptr, idx, bits, n, threshold, BLOCK: tl.constexpr):
-        """Two 16-bit draws from 32 random bits: elements idx and idx + BLOCK."""
-        tl.store(mask_ptr + idx, (bits & 0xFFFF).to(tl.int32) >= threshold, mask=idx < n)
-        tl.store(mask_ptr + idx + BLOCK, (bits >> 16).to(tl.int32) >= threshold, mask=idx + BLOCK < n)
-
-    @triton.jit
-    def _dropout_mask_kernel(seed_ptr, mask_ptr, n, threshold, BLOCK: tl.constexpr):
-        pid = tl.program_id(0).to(tl.int64)
-        lanes = tl.arange(0, BLOCK)
-        r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), pid * BLOCK + lanes)  # counters unique per call
-        base = pid * (8 * BLOCK) + lanes  # coalesced: draw j of every lane fills one BLOCK-long run
-        _store_two_draws(mask_ptr, base, r0, n, threshold, BLOCK)
-        _store_two_draws(mask_ptr, base + 2 * BLOCK, r1, n, threshold, BLOCK)
-        _store_two_draws(mask_ptr, base + 4 * BLOCK, r2, n, threshold, BLOCK)
-        _store_two_draws(mask_ptr, base + 6 * BLOCK, r3, n, threshold, BLOCK)
-
-    @torch.library.triton_op("bert_kit::dropout_mask", mutates_args=())
-    def mask_op(seed: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
-        """Keep mask (bool, `shape`) with P(keep) = 1 - round(p * 65536) / 65536; seed: (1,) int64 on the GPU."""
-        mask = torch.empty(shape, dtype=torch.bool, device=seed.device)
-        n = mask.numel()
-        grid = (triton.cdiv(n, 8 * _BLOCK),)
-        torch.library.wrap_triton(_dropout_mask_kernel)[grid](seed, mask, n, round(p * 65536), BLOCK=_BLOCK)
-        return mask
-
-    dropout_mask = mask_op
+    if dropout_mask is None and hasattr(torch.library, "triton_op"):
+        try:
+            from bert_kit.dropout_triton import dropout_mask
+        except ImportError:  # CPU-only installs: no Triton
+            return None
     return dropout_mask
 
 

@@ -9,7 +9,8 @@ Architecture (as Devlin et al. 2018 and HF `BertModel`, so HF checkpoints load u
 What the fast path does, in the same code:
 - Q, K and V come from one fused (H -> 3H) matmul;
 - attention runs through `F.scaled_dot_product_attention` (flash / memory-efficient kernels; with a
-  padding mask on CUDA never cuDNN's, which sets up a plan per batch shape: `masked_attention`);
+  padding mask at inference on CUDA never cuDNN's, which sets up a plan per batch shape:
+  `masked_attention`);
 - packed ("unpadded") batches: pass `cu_seqlens` and the encoder works on (N, H) real tokens only,
   with variable-length flash attention on CUDA, so no FLOPs are spent on padding; packed sequences
   see only their own tokens (block-diagonal attention). On CPU the same call falls back to padded
@@ -47,18 +48,21 @@ def _varlen_attn():
     return varlen_attn
 
 
-# Attention with a padding mask on CUDA leaves cuDNN's kernel out: torch (2.11) tries it first, and
-# it builds an execution plan for every new (batch, length) shape, ~0.3 s forward and ~0.2 s backward
-# on an H100, which padded batches of varying length (fine-tuning, evaluation, inference) pay again
-# and again. The memory-efficient kernel takes the mask with no per-shape set-up.
+# Inference with a padding mask on CUDA leaves cuDNN's kernel out: torch (2.11) tries it first, and
+# it builds an execution plan for every new (batch, length) shape, ~0.3 s on an H100, which padded
+# batches of varying length (evaluation, predict, embed, serve) pay again and again. The
+# memory-efficient kernel takes the mask with no per-shape set-up. Not in training: its backward
+# with a mask and dropout gave NaN gradients (random-init fine-tuning on an H100, torch 2.11;
+# pytorch/pytorch#178251), so steps that need gradients keep the default choice.
 _MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      dropout_p: float = 0.0) -> torch.Tensor:
     """`F.scaled_dot_product_attention` of (B, nh, T, hd) with a bool key mask (B, 1, 1, T)
-    (True = attend) or None; compiled code keeps the default kernel choice."""
-    if mask is not None and q.is_cuda and not torch.compiler.is_compiling():
+    (True = attend) or None; training and compiled code keep the default kernel choice."""
+    if (mask is not None and q.is_cuda and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         with sdpa_kernel(_MASKED_BACKENDS):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

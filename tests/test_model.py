@@ -161,8 +161,9 @@ def test_bad_inputs_give_clear_errors():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
-    """A padding mask on CUDA: cuDNN's kernel is off for that call (it would set up a plan for
-    every new batch shape); unmasked calls keep the default choice; the numbers are attention's."""
+    """A padding mask at inference on CUDA: cuDNN's kernel is off for that call (it would set up a
+    plan for every new batch shape); unmasked calls and calls that need gradients (the other kernel's
+    backward gave NaN) keep the default choice; the numbers are attention's."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -180,8 +181,9 @@ def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
     mask[1, ..., 17:] = False
     out = masked_attention(q, k, v, mask)
     masked_attention(q, k, v, None)
+    masked_attention(q.detach().clone().requires_grad_(), k, v, mask)
     default = torch.backends.cuda.cudnn_sdp_enabled()
-    assert seen == [(True, False), (False, default)]
+    assert seen == [(True, False), (False, default), (True, default)]
     with sdpa_kernel(SDPBackend.MATH):
         reference = sdpa(q.float(), k.float(), v.float(), attn_mask=mask)
     assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
