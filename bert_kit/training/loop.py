@@ -290,6 +290,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
     window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
     reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
+    skipped_before = 0  # steps skipped for a non-finite gradient, as of the last train record
     last_save, first_step = time.time(), step
     try:
         with StopSignal() as stop, unchecked_inputs():
@@ -320,9 +321,14 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     window["seconds"] += time.time() - t_step  # the queued steps of the window are done
                     losses = {k: all_reduce_mean(float(v) / window["n"]) for k, v in window["losses"].items()}
                     units, seconds = window["units"] * world_size(), window["seconds"]
+                    skipped = trainer.skipped_steps - skipped_before
+                    if skipped:  # one bad batch is survived; many in a row stop the run (the trainer)
+                        skipped_before += skipped
+                        logger.message(f"step {step}: {skipped} step(s) since the last record skipped: "
+                                       "non-finite gradient with a finite loss")
                     logger.log("train", step, **losses, lr=lr, grad_norm=float(full_value(trainer.last["grad_norm"])),
                                **{job.unit: units, "seconds": round(seconds, 4), f"{job.unit}_per_s": units / seconds},
-                               **job.log_fields())
+                               **({"skipped_steps": skipped} if skipped else {}), **job.log_fields())
                     logger.update(step, loss=losses.get("loss"), lr=lr, **{f"{job.unit}/s": f"{units / seconds:,.0f}"})
                     window = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
                 else:
@@ -392,12 +398,12 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
 
 
 def summarize(out: Path, unit: str) -> dict[str, Any]:
-    """First and final train losses, units trained, training time and throughput of the whole run,
-    from metrics.jsonl (records of steps lost to a crash were dropped on resume)."""
+    """First and final train losses, units trained, training time, throughput and steps skipped for
+    a non-finite gradient of the whole run, from metrics.jsonl (records of steps lost to a crash were dropped on resume)."""
     records = [r for r in read_metrics(out) if r.get("type") == "train"]
     if not records:
         return {"initial_train_loss": None, "train_loss": None, f"train_{unit}": 0, "train_time_s": 0.0,
-                f"{unit}_per_second": None}
+                f"{unit}_per_second": None, "skipped_steps": 0}
     keys = [k for k in records[0] if k.endswith("loss")]
     tail = records[-max(1, len(records) // 10):]  # the final train loss averages the last 10% of records
     units = sum(r.get(unit, 0) for r in records)
@@ -408,5 +414,6 @@ def summarize(out: Path, unit: str) -> dict[str, Any]:
         summary[f"initial_train_{k}" if k != "loss" else "initial_train_loss"] = records[0].get(k)
         summary[f"train_{k}" if k != "loss" else "train_loss"] = float(np.mean(values)) if values else None
     summary.update({f"train_{unit}": units, "train_time_s": round(seconds, 3),
-                    f"{unit}_per_second": units / seconds if seconds else None})
+                    f"{unit}_per_second": units / seconds if seconds else None,
+                    "skipped_steps": sum(r.get("skipped_steps", 0) for r in records)})
     return summary

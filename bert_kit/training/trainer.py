@@ -11,14 +11,16 @@ Batches are dicts of (B, T) tensors: input_ids, attention_mask, token_type_ids a
 `mlm_step`, labels (-100 where nothing is masked) plus optional next_sentence_label (B,);
 for `classification_step`, labels (B,) (or (B, T) for token classification).
 
-A non-finite loss, or a finite loss with a non-finite gradient, raises `NonFiniteLossError`
-before any optimizer update of that step, so the weights (and any checkpoint written after them)
-stay those of the last good step. By default
-every micro-batch's loss is read back for that check, which makes the host wait for the device
-each step. With `deferred_checks=True` (and a fused Adam/AdamW, one process, no fp16 loss
-scaling) the check stays on the device: from the first non-finite loss on, the fused optimizer
-skips every update (its `found_inf` input), `last` holds 0-d tensors, and `check_finite()`
-raises the error when called (at log steps and before checkpoints), with the same weights.
+A non-finite loss raises `NonFiniteLossError` before any optimizer update of that step, so the
+weights (and any checkpoint written after them) stay those of the last good step. A finite loss
+with a non-finite gradient (one bad batch: an overflow in the backward) skips that step's update,
+as fp16 loss scaling does, and training goes on; `MAX_SKIPPED_IN_A_ROW` such steps in a row raise
+the error. `skipped_steps` counts them. By default every micro-batch's loss is read back for those
+checks, which makes the host wait for the device each step. With `deferred_checks=True` (and a
+fused Adam/AdamW, one process, no fp16 loss scaling) they stay on the device: the fused optimizer
+skips an update through its `found_inf` input (every update, from the first non-finite loss on),
+`last` holds 0-d tensors, and `check_finite()` raises the error when called (at log steps and
+before checkpoints), with the same weights.
 
 With `cuda_graphs=True` (deferred checks, a capturable fused AdamW from
 `create_optimizer(capturable=True)`, grad_accum 1) the whole step of each batch shape, forward,
@@ -42,6 +44,7 @@ from bert_kit.heads import with_prediction_slots
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss, compute_pretraining_loss
 
+MAX_SKIPPED_IN_A_ROW = 10  # optimizer steps in a row with a non-finite gradient before the run stops
 
 def to_device(batch: dict, device: torch.device) -> dict:
     """A batch's tensors (and packing layout) on `device`; copies from pinned memory do not block."""
@@ -50,14 +53,15 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss, or the gradient of a finite loss, became NaN or infinite; `step` is the optimizer
-    step (1-based) that failed."""
+    """The loss became NaN or infinite, or the gradient did for `MAX_SKIPPED_IN_A_ROW` steps in a
+    row; `step` is the optimizer step (1-based) that failed."""
 
     def __init__(self, step: int, losses: dict[str, float]):
         self.step, self.losses = step, losses
         parts = ", ".join(f"{k}={v}" for k, v in losses.items())
         loss_ok = all(math.isfinite(v) for k, v in losses.items() if k != "grad_norm")
-        super().__init__(f"non-finite {'gradient' if loss_ok else 'loss'} at step {step} ({parts})")
+        what = f"gradient in {MAX_SKIPPED_IN_A_ROW} steps in a row, the last" if loss_ok else "loss"
+        super().__init__(f"non-finite {what} at step {step} ({parts})")
 
 
 class AMPTrainer:
@@ -99,6 +103,9 @@ class AMPTrainer:
         # deferred checks: on-device state, updated in place (a CUDA graph reads and writes these very tensors)
         self._first_bad: torch.Tensor | None = None  # first bad step (1-based), 0 while none
         self._steps_done: torch.Tensor | None = None  # optimizer steps taken, counted on the device
+        self._skipped: torch.Tensor | None = None  # steps skipped for a non-finite gradient
+        self._in_a_row: torch.Tensor | None = None  # ... of which the latest came in a row
+        self._skipped_host, self._in_a_row_host = 0, 0  # the same, without deferred checks
         self._bad_losses: dict[str, torch.Tensor] = {}
         self.graphs: dict | None = {} if cuda_graphs else None  # batch shape -> "warm" | (graph, inputs, outputs)
         self._graph_pool = None
@@ -158,7 +165,7 @@ class AMPTrainer:
             self.scaler.scale(loss / self.grad_accum).backward()
         if self.deferred:
             values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
-            self._record_nonfinite(values)
+            self._record_nonfinite(values, None)
         else:
             values = {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}}
             self._pending.append(values)
@@ -208,8 +215,7 @@ class AMPTrainer:
         values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
-        self._record_nonfinite({**values, "grad_norm": grad_norm})  # losses, and the norm: an inf one clips to NaN
-        self.optimizer.found_inf = (self._first_bad != 0).float()
+        self.optimizer.found_inf = self._record_nonfinite(values, grad_norm).float()
         try:
             self.optimizer.step()
         finally:
@@ -218,24 +224,45 @@ class AMPTrainer:
         self._steps_done.add_(1)
         return {**values, "grad_norm": grad_norm}
 
-    def _record_nonfinite(self, values: dict[str, torch.Tensor]) -> None:
-        """Deferred mode: remember, on the device, the first step whose losses (or gradient norm) are
-        not all finite."""
-        stacked = torch.stack([v.float() for v in values.values()])
+    def _record_nonfinite(self, losses: dict[str, torch.Tensor], grad_norm: torch.Tensor | None) -> torch.Tensor:
+        """Deferred mode, on the device: remember the first step that must stop the run (a non-finite
+        loss, or a non-finite gradient in `MAX_SKIPPED_IN_A_ROW` steps in a row) and count the steps
+        skipped for a non-finite gradient. Returns whether this step's update is to be skipped (0-d
+        bool); every state tensor is updated in place, as a CUDA graph replays it."""
+        stacked = torch.stack([v.float() for v in losses.values()])
+        device = stacked.device
         if self._first_bad is None:
-            self._first_bad = torch.zeros((), dtype=torch.long, device=stacked.device)
-            self._steps_done = torch.full((), self.step, dtype=torch.long, device=stacked.device)
+            self._first_bad = torch.zeros((), dtype=torch.long, device=device)
+            self._steps_done = torch.full((), self.step, dtype=torch.long, device=device)
+            self._skipped = torch.zeros((), dtype=torch.long, device=device)
+            self._in_a_row = torch.zeros((), dtype=torch.long, device=device)
+        values = {**losses, "grad_norm": grad_norm} if grad_norm is not None else losses
         for k in values:
             if k not in self._bad_losses:
-                self._bad_losses[k] = torch.zeros((), device=stacked.device)
-        first = torch.isfinite(stacked).all().logical_not() & (self._first_bad == 0)
+                self._bad_losses[k] = torch.zeros((), device=device)
+        stop = torch.isfinite(stacked).all().logical_not()
+        if grad_norm is not None:
+            bad_grad = torch.isfinite(grad_norm).logical_not() & stop.logical_not()
+            self._in_a_row.copy_((self._in_a_row + 1) * bad_grad)
+            self._skipped.add_(bad_grad.long())
+            stop = stop | (self._in_a_row >= MAX_SKIPPED_IN_A_ROW)
+        first = stop & (self._first_bad == 0)
         self._first_bad.copy_(torch.where(first, self._steps_done + 1, self._first_bad))
         for k, bad in self._bad_losses.items():  # what this step did not record yet (its gradient) is unknown
             bad.copy_(torch.where(first, values[k].float() if k in values else torch.nan, bad))
+        skip = self._first_bad != 0
+        return skip | bad_grad if grad_norm is not None else skip
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far for a non-finite gradient of a finite loss (deferred: a sync)."""
+        if self._skipped is not None:
+            return int(self._skipped) + self._skipped_host
+        return self._skipped_host
 
     def check_finite(self) -> None:
-        """Deferred mode: raise `NonFiniteLossError` if a loss or gradient so far was NaN or infinite
-        (one device sync)."""
+        """Deferred mode: raise `NonFiniteLossError` if a loss so far was NaN or infinite, or the
+        gradient was in `MAX_SKIPPED_IN_A_ROW` steps in a row (one device sync)."""
         if not self.deferred or self._first_bad is None:
             return
         step = int(self._first_bad)
@@ -254,20 +281,23 @@ class AMPTrainer:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip_grad if self.clip_grad else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        # a finite loss with a non-finite gradient: clipping would write NaN into every weight
-        # (fp16 loss scaling skips such steps itself and lowers the scale)
-        if self.deferred:
-            self._record_nonfinite({**{k: v for k, v in self.last.items() if torch.is_tensor(v)},
-                                    "grad_norm": grad_norm})
+        # a finite loss with a non-finite gradient: clipping would write NaN into every weight, so the
+        # update is skipped (fp16 loss scaling skips such steps itself and lowers the scale)
+        skip = False
+        if self.deferred:  # the fused kernel leaves every weight and moment alone while found_inf is 1
+            self.optimizer.found_inf = self._record_nonfinite(
+                {k: v for k, v in self.last.items() if torch.is_tensor(v)}, grad_norm).float()
         elif not self.precision.use_grad_scaler:
             norm = float(full_value(grad_norm))  # every rank: FSDP2's norm is a DTensor
-            if any_rank(not math.isfinite(norm)):
+            skip = any_rank(not math.isfinite(norm))
+            self._in_a_row_host = self._in_a_row_host + 1 if skip else 0
+            self._skipped_host += int(skip)
+            if self._in_a_row_host >= MAX_SKIPPED_IN_A_ROW:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(self.step + 1, {**(pending[-1] if pending else {}), "grad_norm": norm})
-        if self.deferred:  # the fused kernel leaves every weight and moment alone while this is 1
-            self.optimizer.found_inf = (self._first_bad != 0).float()
         try:
-            self.scaler.step(self.optimizer)  # skipped by the scaler if fp16 gradients overflowed
+            if not skip:
+                self.scaler.step(self.optimizer)  # skipped by the scaler if fp16 gradients overflowed
         finally:
             if self.deferred:
                 del self.optimizer.found_inf

@@ -463,24 +463,75 @@ def test_deferred_checks_skip_updates_from_the_first_bad_step_and_raise_later():
 
 
 @pytest.mark.parametrize("deferred", [False, True])
-def test_a_non_finite_gradient_of_a_finite_loss_stops_before_the_update(deferred):
-    """An inf gradient with a finite loss: clipping it would write NaN into every weight, and the
-    run would only fail a step later with the weights already lost. The step is not applied and
-    the error names the gradient."""
+def test_a_non_finite_gradient_of_a_finite_loss_skips_the_step_and_many_in_a_row_stop(deferred):
+    """An inf gradient with a finite loss (one bad batch): clipping it would write NaN into every
+    weight, so that step's update is skipped (weights and optimizer moments untouched) and training
+    goes on. MAX_SKIPPED_IN_A_ROW such steps in a row stop the run with an error naming the gradient."""
     fp32 = resolve_precision("fp32", "cpu", verbose=False)
     reference, model = _tiny_model(), _tiny_model()
     t = AMPTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True), None, fp32, clip_grad=1.0,
                    deferred_checks=deferred)
     t_ref = AMPTrainer(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True), None, fp32,
                        clip_grad=1.0)
+
+    def same_weights():
+        for (k, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+
     t.mlm_step(_batch(1)), t_ref.mlm_step(_batch(1))
-    hook = model.bert.embeddings.word_embeddings.weight.register_hook(lambda g: g + float("inf"))
-    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient at step 2 \(loss=\d.*grad_norm=(inf|nan)\)"):
-        t.mlm_step(_batch(2))
+    embeddings = model.bert.embeddings.word_embeddings.weight
+    hook = embeddings.register_hook(lambda g: g + float("inf"))
+    t.mlm_step(_batch(2))  # skipped
+    hook.remove()
+    t.check_finite()
+    assert (t.step, t.skipped_steps) == (2, 1)
+    same_weights()  # those of step 1
+    t.mlm_step(_batch(3)), t_ref.mlm_step(_batch(3))  # training goes on, as if batch 2 had not been
+    same_weights()
+    assert t.optimizer.state[embeddings]["step"].item() == 2
+
+    hook = embeddings.register_hook(lambda g: g + float("inf"))
+    from bert_kit.training.trainer import MAX_SKIPPED_IN_A_ROW
+    last = 3 + MAX_SKIPPED_IN_A_ROW
+    with pytest.raises(NonFiniteLossError, match=rf"non-finite gradient in {MAX_SKIPPED_IN_A_ROW} steps in a row, "
+                                                 rf"the last at step {last} \(loss=\d.*grad_norm=(inf|nan)\)"):
+        for i in range(MAX_SKIPPED_IN_A_ROW):
+            t.mlm_step(_batch(4 + i))
         t.check_finite()
     hook.remove()
-    for (k, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=k)  # the weights of step 1
+    assert t.skipped_steps == 1 + MAX_SKIPPED_IN_A_ROW
+    same_weights()  # still those of steps 1 and 3
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_run_survives_one_batch_with_a_non_finite_gradient(tmp_path, monkeypatch, capsys, deferred):
+    """The whole loop: step 7's gradient is NaN with a finite loss; the step is skipped, the run
+    ends normally, and the train record, the console and results.json say so."""
+    original, calls = bert_kit.tasks.pretraining.compute_mlm_loss, {"n": 0}
+    if deferred:
+        make = bert_kit.training.loop.create_optimizer
+
+        def fused_adamw(model, *args, **kwargs):
+            groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
+            return torch.optim.AdamW(groups, fused=True)
+
+        monkeypatch.setattr(bert_kit.training.loop, "create_optimizer", fused_adamw)
+
+    def poisoned(logits, labels):
+        calls["n"] += 1
+        loss = original(logits, labels)
+        return loss + torch.sqrt(logits.sum() * 0.0) if calls["n"] == 7 else loss  # + 0, gradient NaN
+
+    monkeypatch.setattr(bert_kit.tasks.pretraining, "compute_mlm_loss", poisoned)
+    cfg = tiny_config(tmp_path, eval_every=0, log_every=5)
+    results = pretrain(cfg)
+    out = Path(cfg.output_dir)
+    assert results["steps"] == cfg.max_steps and results["skipped_steps"] == 1
+    assert (out / "final" / "model.safetensors").is_file()
+    assert all(torch.isfinite(t).all() for t in load_file(out / "final" / "model.safetensors").values())
+    assert [(r["step"], r["skipped_steps"]) for r in read_metrics(out) if "skipped_steps" in r] == [(10, 1)]
+    printed = capsys.readouterr()
+    assert "step 10: 1 step(s) since the last record skipped: non-finite gradient" in printed.out + printed.err
 
 
 def test_deferred_checks_need_a_fused_optimizer():
