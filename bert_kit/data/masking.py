@@ -17,7 +17,7 @@ whatever the number of DataLoader workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -184,6 +184,8 @@ class DataCollatorForMLM:
     T is the longest example, rounded up to `pad_to_multiple_of` when given (8 suits tensor cores).
     With `seed` set, the mask of a batch is a function of (seed, epoch, global batch index): call
     `set_epoch(epoch)` each epoch (or `set_epoch(epoch, start_step=k)` when resuming at batch k).
+    `postprocess(batch)`, when given, finishes each batch where it is built (in the DataLoader
+    workers), e.g. `with_prediction_slots`, so the training process does not do it between steps.
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class DataCollatorForMLM:
         pad_to_multiple_of: int | None = None,
         seed: int | None = None,
         mlm: bool = True,
+        postprocess: Callable[[dict], dict] | None = None,
     ) -> None:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.mask_token_id = int(tokenizer.mask_token_id)
@@ -204,6 +207,7 @@ class DataCollatorForMLM:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = seed
         self.mlm = mlm
+        self.postprocess = postprocess
         self.continuation = continuation_table(tokenizer) if whole_word else None
         self.epoch = 0
         self.start_step = 0
@@ -263,7 +267,7 @@ class DataCollatorForMLM:
                                                         dtype=torch.long)
         if sequence_ids is not None:
             batch["sequence_ids"] = sequence_ids
-        return batch
+        return self.postprocess(batch) if self.postprocess is not None else batch
 
 
 # Short alias used in examples and docs.

@@ -36,13 +36,13 @@ import torch
 
 from bert_kit.config import BertConfig
 from bert_kit.dropout import register_mask_op
-from bert_kit.heads import with_prediction_slots
 from bert_kit.model import set_low_precision_residual
 from bert_kit.model_folder import locate_model
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state,  # noqa: F401
-                                             make_datasets, make_loader, phase_loaders, prepare_tokenizer)
+                                             make_datasets, make_loader, phase_loaders, prediction_slots,
+                                             prepare_tokenizer)
 from bert_kit.training.checkpoint import save_model
 from bert_kit.training.distributed import all_reduce_mean, is_main, world_size
 from bert_kit.training.loop import UNBOUNDED_STEPS, Job, Run, run_job
@@ -115,8 +115,7 @@ class PretrainingJob(Job):
         whole_model = cfg.compile and not sharded
         if cfg.compile:
             compile_model(model if whole_model else model.bert, cfg, self.device)  # in place: same state-dict keys
-        # a few more slots than the masking rate fills: in practice never exceeded, so never a new shape
-        self.slots = cfg.mask_probability + 0.05 if whole_model else None
+        self.slots = prediction_slots(cfg)  # the training loader fills them; evaluation here
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every
@@ -149,8 +148,7 @@ class PretrainingJob(Job):
     def step_batches(self, step: int) -> list[dict]:
         if self.phase is None or step >= self.phase.end:
             self.enter_phase(step)
-        batches = [next(self.batches) for _ in range(self.phase.grad_accum)]
-        return [with_prediction_slots(b, self.slots) for b in batches] if self.slots else batches
+        return [next(self.batches) for _ in range(self.phase.grad_accum)]  # slots filled by the loader
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return compute_pretraining_loss(model, batch, self.mlm_loss_fn)

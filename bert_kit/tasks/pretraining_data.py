@@ -25,6 +25,7 @@ was consumed, which resumes at the same point of the epoch but not with the same
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,14 @@ def make_datasets(cfg: PretrainConfig, corpus: dict, tokenizer: Any, max_length:
     return train, evals
 
 
+def prediction_slots(cfg: PretrainConfig) -> float | None:
+    """Share of a batch's tokens given fixed MLM prediction slots, or None: a model compiled whole
+    (heads and loss) takes static shapes. A few more slots than the masking rate fills, so in
+    practice never exceeded, never a new shape."""
+    sharded = cfg.parallel == "fsdp" and world_size() > 1
+    return cfg.mask_probability + 0.05 if cfg.compile and not sharded else None
+
+
 def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: int, train: bool,
                 device: torch.device, max_length: int | None = None) -> Any:
     """A resumable loader: shuffled order and masks are functions of (seed, epoch, batch index).
@@ -147,6 +156,7 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     from bert_kit.data.corpus import StreamingTextDataset
     from bert_kit.data.masking import DataCollatorForMLM
     from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader, StreamingDataLoader
+    from bert_kit.heads import with_prediction_slots
 
     seed = cfg.seed if train else cfg.seed + 1
     streamed = isinstance(dataset, StreamingTextDataset)
@@ -155,8 +165,12 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     mask_seed = seed if streamed and not train else seed + 1_000_003 * rank()
     # a compiled model takes one static shape: every batch padded to max_length
     pad_to = (max_length or cfg.max_length) if cfg.compile else 8
+    # training batches get their prediction slots in the loader's workers: gathering them took
+    # ~7 ms a step of the training process, about a small model's whole GPU step
+    slots = prediction_slots(cfg) if train else None
     collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
-                                  pad_to_multiple_of=pad_to, seed=mask_seed)
+                                  pad_to_multiple_of=pad_to, seed=mask_seed,
+                                  postprocess=functools.partial(with_prediction_slots, share=slots) if slots else None)
     if streamed:
         return StreamingDataLoader(dataset, collator, batch_size, cfg.num_workers, device.type == "cuda", seed)
     # one shuffled order shared by all ranks, each taking every world_size-th example of it

@@ -587,3 +587,30 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     second = pretrain(again, resume="latest")
     assert second["stopped"] is None and second["steps"] > 3
     assert first["wall_time_s"] + second["wall_time_s"] < budget + 8
+
+
+def test_compiled_runs_get_prediction_slots_from_the_loader_workers():
+    """compile: the training batches arrive with fixed prediction slots (built in the DataLoader's
+    workers, not between steps), the same as `with_prediction_slots` on the plain batch; evaluation
+    batches and uncompiled runs get none."""
+    from types import SimpleNamespace
+
+    from bert_kit.heads import with_prediction_slots
+    from bert_kit.tasks.pretraining import make_loader, prediction_slots
+
+    tokenizer = SimpleNamespace(pad_token_id=0, mask_token_id=4, vocab_size=1000, special_token_ids=frozenset(range(5)))
+    examples = [{"input_ids": torch.tensor([2, *range(100 + i, 140 + i), 3])} for i in range(24)]
+    cfg = PretrainConfig(seed=3, compile=True, num_workers=2, max_length=64, mask_probability=0.25)
+    assert prediction_slots(cfg) == pytest.approx(0.30) and prediction_slots(PretrainConfig()) is None
+    slotted = list(make_loader(cfg, examples, tokenizer, 6, True, torch.device("cpu")))
+    plain = list(make_loader(PretrainConfig(seed=3, max_length=64, mask_probability=0.25, num_workers=2),
+                             examples, tokenizer, 6, True, torch.device("cpu")))
+    assert len(slotted) == len(plain) == 4
+    for batch in slotted:  # 30% of the 6 x 64 positions, rounded up to 64 slots
+        assert batch["masked_index"].shape == batch["masked_labels"].shape == (128,)
+        want = with_prediction_slots({"labels": batch["labels"]}, prediction_slots(cfg))
+        assert torch.equal(batch["masked_index"], want["masked_index"])
+        assert torch.equal(batch["masked_labels"], want["masked_labels"])
+        assert (batch["masked_labels"] != -100).sum() == (batch["labels"] != -100).sum() > 0
+    evaluation = next(iter(make_loader(cfg, examples, tokenizer, 6, False, torch.device("cpu"))))
+    assert "masked_index" not in evaluation and "masked_index" not in plain[0]
