@@ -224,6 +224,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                         cfg.min_lr_ratio, cfg.time_budget_s)
     trainer = AMPTrainer(wrapped, optimizer, None, precision, clip_grad=cfg.clip_grad, deferred_checks=True,
                          cuda_graphs=job.cuda_graphs)
+    # a time budget's schedule runs on the clock: trained_s is the budget's time since a session's
+    # first step (evaluations and checkpoints included), train_span_s that time plus what is left
     step, best, trained_s, train_span_s = 0, {"value": None, "step": None, "metrics": None}, 0.0, None
     state = run.state
     if state is not None:
@@ -334,14 +336,14 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 else:
                     window["seconds"] += time.time() - t_step
                     logger.update(step)
-                if step == first_step + 1:
-                    # A session's first step compiles and captures (tens of seconds when compiled): not
-                    # training time, or a time budget's warm-up would be spent before the second step.
-                    # The schedule spans what the budget leaves after it.
-                    if run.budget_s is not None:
-                        train_span_s = trained_s + max(1.0, budget_left() - reserve_s)
-                else:
-                    trained_s += time.time() - t_step
+                # A session's first step compiles and captures (tens of seconds when compiled): not on
+                # the schedule's clock, or a time budget's warm-up would be spent before the second step.
+                now = time.time()
+                if step != first_step + 1:
+                    trained_s += now - t_clock  # this step, and any evaluation or checkpoint before it
+                t_clock = now
+                if run.budget_s is not None:  # what is left, counted again after every step: the lr ends near zero
+                    train_span_s = trained_s + max(1.0, budget_left() - reserve_s)
 
                 # (c) evaluation (the last one comes after the loop)
                 stopping = any_ranks(stop.signum is not None)[0]  # a signal arrives at any time: asked late

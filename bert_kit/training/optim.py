@@ -156,10 +156,10 @@ def create_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_
 class Schedule:
     """Sets the learning rate of every optimizer update: warmup, then decay to `min_ratio` of the peak.
 
-    Progress is counted in optimizer steps, or, with a time budget (`budget_s`), in seconds of
-    training: the decay then ends when the budget does, however many steps fit in it. Warmup
-    covers `warmup_steps` steps when given, else `warmup_fraction` of the run (of its steps, or
-    of its training time). The peak lr and weight decay are read from the settings each time the
+    Progress is counted in optimizer steps, or, with a time budget (`budget_s`), in seconds of the
+    budget after a session's first step (evaluations and checkpoints included): the decay then
+    ends when the budget does, however many steps fit in it. Warmup covers `warmup_steps` steps
+    when given, else `warmup_fraction` of the run (of its steps, or of that time). The peak lr and weight decay are read from the settings each time the
     run starts, so a resumed run takes new values; the warmup length is kept from the run's start
     (`state_dict`), so extending `max_steps` stretches the decay without a second warmup.
     """
@@ -176,13 +176,13 @@ class Schedule:
             None if budget_s else round(warmup_fraction * self.total_steps))
 
     def multiplier(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
-        """Factor on the peak lr for update `step` (0-based) after `trained_s` seconds of training
-        out of `train_span_s` (time budgets only)."""
+        """Factor on the peak lr for update `step` (0-based) after `trained_s` seconds of the budget's
+        clock out of `train_span_s` (time budgets only)."""
         if self.budget_s is None:
             return lr_multiplier(step, self.warmup_steps, self.total_steps, self.kind, self.min_ratio)
         if self.warmup_steps is not None and step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        # time-based: positions in milliseconds of training, so lr_multiplier's integer maths holds;
+        # time-based: positions in milliseconds of the clock, so lr_multiplier's integer maths holds;
         # before the span is known (a run's first step) the position is its start
         total = max(1, round((train_span_s or 1.0) * 1000))
         position = min(total, round(trained_s * 1000))

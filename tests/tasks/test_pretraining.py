@@ -577,6 +577,24 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     assert results["steps"] > 8 and lrs[1] < 0.5 * max(lrs) and max(lrs) == pytest.approx(slow.lr, rel=0.2)
     assert lrs[-1] < 0.35 * slow.lr and results["wall_time_s"] < budget + 4
 
+    # evaluations that take most of the budget: the schedule runs on the clock, so the lr still warms
+    # up and decays within it (it followed training time alone: here it never left its warm-up, and
+    # in a 6-minute GPU run it ended at 7% of the peak)
+    slow_eval = tiny_config(tmp_path, "slow_eval", max_steps=None, time_budget=f"{budget:g}s",
+                            warmup_fraction=0.2, eval_every=5, save_every=0, log_every=1)
+    evaluate = bert_kit.tasks.pretraining.PretrainingJob.evaluate
+
+    def slow_evaluate(self, final):
+        time.sleep(0.4)
+        return evaluate(self, final)
+
+    monkeypatch.setattr(bert_kit.tasks.pretraining.PretrainingJob, "evaluate", slow_evaluate)
+    results = pretrain(slow_eval)
+    monkeypatch.setattr(bert_kit.tasks.pretraining.PretrainingJob, "evaluate", evaluate)
+    lrs = [r["lr"] for r in read_metrics(Path(slow_eval.output_dir)) if r["type"] == "train"]
+    assert results["steps"] > 10 and max(lrs) == pytest.approx(slow_eval.lr, rel=0.2)  # warmed up ...
+    assert lrs[-1] < 0.25 * slow_eval.lr and results["wall_time_s"] < budget + 4  # ... and decayed
+
     # interrupted half-way and resumed with the same budget: both sessions together stay within it
     monkeypatch.setattr(SignalAtStep, "at_step", 3)
     monkeypatch.setattr(bert_kit.training.loop, "ProgressLogger", SignalAtStep)
