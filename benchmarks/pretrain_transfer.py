@@ -15,12 +15,20 @@ One table at the end: pretrained vs control, with the time of every step.
     python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
     python benchmarks/pretrain_transfer.py ... --only control      # the control runs alone
     python benchmarks/pretrain_transfer.py ... --only pretrain     # then --only finetune (and control beside it)
+
+Recipe comparisons: `--variants` runs each variant (the recipe plus `key=value` settings) and the
+control as processes of their own, one GPU each (`--gpus`), at the same time, then prints one table:
+
+    python benchmarks/pretrain_transfer.py ... --work runs/compare --gpus 0,1,2,3 \
+        --variants "recipe:" "bert-medium:model=bert-medium" "mask-15:mask_probability=0.15"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -106,6 +114,71 @@ def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) ->
     return row
 
 
+ROWS = [  # (label, how to read it from a transfer.json)
+    ("pretraining wall s", lambda r: r["pretrain_wall_s"]),
+    ("steps", lambda r: r["pretrain"]["steps"]),
+    ("tokens/s", lambda r: round(r["pretrain"]["tokens_per_second"])),
+    ("held-out MLM loss", lambda r: round(r["heldout_corpus"]["mlm_loss"], 3)),
+    ("WikiText-2 MLM loss", lambda r: round(r["wikitext2_test"]["mlm_loss"], 3)),
+    ("transformers max diff", lambda r: f"{r['transformers_max_abs_diff']:.1e}"),
+    ("SST-2 dev acc", lambda r: round(100 * r["sst2"]["best"], 2)),
+    ("STS-B dev Spearman", lambda r: round(100 * r["stsb"]["best"], 2)),
+    ("CoNLL valid F1", lambda r: round(100 * r["conll"]["best"], 2)),
+    ("CoNLL test F1", lambda r: round(100 * r["conll"]["test"], 2)),
+]
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Every variant (pretraining + fine-tuning) and the control, one process per GPU at a time."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    tokenizer = args.work / "tokenizer"
+    if not (tokenizer / "vocab.txt").exists():  # trained once, shared by every variant
+        command([sys.executable, __file__, "--corpus", args.corpus, "--data-dir", args.data_dir, "--work", args.work,
+                 "--only", "none"], args.work / "tokenizer_main.log")
+    jobs = [("control", ["--only", "control"])]
+    for spec in args.variants:
+        name, _, settings = spec.partition(":")
+        jobs.append((name, ["--only", "pretrained", *(["--set", *settings.split()] if settings.split() else [])]))
+    free, running = list(args.gpus.split(",")), []
+    queue = list(jobs)
+    while queue or running:
+        while queue and free:
+            name, extra = queue.pop(0)
+            work, gpu = args.work / name, free.pop(0)
+            work.mkdir(exist_ok=True)
+            if not (work / "tokenizer").exists():
+                shutil.copytree(tokenizer, work / "tokenizer")
+            cmd = [sys.executable, __file__, "--corpus", args.corpus, "--data-dir", args.data_dir, "--work", work,
+                   "--budget", args.budget, "--tasks", args.tasks, *extra,
+                   *(["--finetune-set", *args.finetune_set] if args.finetune_set else [])]
+            log = open(args.work / f"{name}.log", "w")
+            proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+            running.append((name, gpu, proc, log))
+            print(f"{name}: GPU {gpu}", flush=True)
+        time.sleep(5)
+        for job in [j for j in running if j[2].poll() is not None]:
+            running.remove(job)
+            free.append(job[1])
+            job[3].close()
+            print(f"{job[0]}: exit {job[2].returncode}", flush=True)
+    reports = {}
+    for name, _ in jobs:
+        report = json.loads((args.work / name / "transfer.json").read_text())
+        reports[name] = {**report, **report.get("pretrained", {}), **report.get("control", {})}
+    (args.work / "compare.json").write_text(json.dumps(reports, indent=2) + "\n")
+    names = [n for n, _ in jobs[1:]] + ["control"]
+    print(f"\n{'':<24}" + "".join(f"{n:>16}" for n in names))
+    for label, read in ROWS:
+        cells = []
+        for n in names:
+            try:
+                cells.append(str(read(reports[n])))
+            except (KeyError, TypeError):
+                cells.append("-")
+        print(f"{label:<24}" + "".join(f"{c:>16}" for c in cells))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, required=True, help="the shared corpus folder (wiki/, gutenberg/, heldout/)")
@@ -113,14 +186,19 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "transfer")
     p.add_argument("--budget", default="6m")
     p.add_argument("--tasks", default="sst2,stsb,conll")
-    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control"), default="all",
+    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control", "none"), default="all",
                    help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: both; "
-                        "control: the control's fine-tuning")
+                        "control: the control's fine-tuning; none: the tokenizer alone")
+    p.add_argument("--variants", nargs="*", default=None,
+                   help='NAME:key=value ... per variant of the recipe ("recipe:" is the recipe itself)')
+    p.add_argument("--gpus", default="0", help="GPUs for --variants, comma-separated: one process each")
     p.add_argument("--control-model", default=RECIPE["model"]["preset"],
                    help="the control's shape, from random weights (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
     p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
     args = p.parse_args()
+    if args.variants:
+        return compare(args)
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer, run = args.work / "tokenizer", args.work / "pretrain"
     report_file = args.work / "transfer.json"  # written after every step; a later --only adds to it
