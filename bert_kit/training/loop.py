@@ -401,7 +401,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
 
 def summarize(out: Path, unit: str) -> dict[str, Any]:
     """First and final train losses, units trained, training time, throughput and steps skipped for
-    a non-finite gradient of the whole run, from metrics.jsonl (records of steps lost to a crash were dropped on resume)."""
+    a non-finite gradient of the whole run, from metrics.jsonl (records of steps lost to a crash
+    were dropped on resume)."""
     records = [r for r in read_metrics(out) if r.get("type") == "train"]
     if not records:
         return {"initial_train_loss": None, "train_loss": None, f"train_{unit}": 0, "train_time_s": 0.0,

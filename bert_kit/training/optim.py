@@ -159,9 +159,10 @@ class Schedule:
     Progress is counted in optimizer steps, or, with a time budget (`budget_s`), in seconds of the
     budget after a session's first step (evaluations and checkpoints included): the decay then
     ends when the budget does, however many steps fit in it. Warmup covers `warmup_steps` steps
-    when given, else `warmup_fraction` of the run (of its steps, or of that time). The peak lr and weight decay are read from the settings each time the
-    run starts, so a resumed run takes new values; the warmup length is kept from the run's start
-    (`state_dict`), so extending `max_steps` stretches the decay without a second warmup.
+    when given, else `warmup_fraction` of the run (of its steps, or of that time). The peak lr and
+    weight decay are read from the settings each time the run starts, so a resumed run takes new
+    values; the warmup length is kept from the run's start (`state_dict`), so extending
+    `max_steps` stretches the decay without a second warmup.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, peak_lr: float, total_steps: int,

@@ -46,6 +46,7 @@ from bert_kit.training.losses import compute_classification_loss, compute_mlm_lo
 
 MAX_SKIPPED_IN_A_ROW = 10  # optimizer steps in a row with a non-finite gradient before the run stops
 
+
 def to_device(batch: dict, device: torch.device) -> dict:
     """A batch's tensors (and packing layout) on `device`; copies from pinned memory do not block."""
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) or isinstance(v, Packed) else v
