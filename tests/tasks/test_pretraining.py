@@ -151,19 +151,24 @@ def test_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
     assert results["stopped"] == "SIGINT" and results["steps"] == step
 
 
+def _use_fused_adamw(monkeypatch) -> None:
+    """The loop's optimizer as a fused AdamW (as on CUDA): the trainer then checks losses on the device."""
+    make = bert_kit.training.loop.create_optimizer
+
+    def fused_adamw(model, *args, **kwargs):
+        groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
+        return torch.optim.AdamW(groups, fused=True)
+
+    monkeypatch.setattr(bert_kit.training.loop, "create_optimizer", fused_adamw)
+
+
 @pytest.mark.parametrize("deferred", [False, True])
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys, deferred):
     """deferred: with a fused AdamW (as on CUDA) the trainer checks losses on the device and the
     loop reads the flag at log steps and before checkpoints; the outcome must be the same."""
     original, calls = bert_kit.tasks.pretraining.compute_mlm_loss, {"n": 0}
     if deferred:
-        make = bert_kit.training.loop.create_optimizer
-
-        def fused_adamw(model, *args, **kwargs):
-            groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
-            return torch.optim.AdamW(groups, fused=True)
-
-        monkeypatch.setattr(bert_kit.training.loop, "create_optimizer", fused_adamw)
+        _use_fused_adamw(monkeypatch)
         monkeypatch.setattr(bert_kit.training.trainer.AMPTrainer, "check_finite", _counting(bert_kit.training.trainer.AMPTrainer.check_finite))
 
     def poisoned(logits, labels):
@@ -509,13 +514,7 @@ def test_a_run_survives_one_batch_with_a_non_finite_gradient(tmp_path, monkeypat
     ends normally, and the train record, the console and results.json say so."""
     original, calls = bert_kit.tasks.pretraining.compute_mlm_loss, {"n": 0}
     if deferred:
-        make = bert_kit.training.loop.create_optimizer
-
-        def fused_adamw(model, *args, **kwargs):
-            groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
-            return torch.optim.AdamW(groups, fused=True)
-
-        monkeypatch.setattr(bert_kit.training.loop, "create_optimizer", fused_adamw)
+        _use_fused_adamw(monkeypatch)
 
     def poisoned(logits, labels):
         calls["n"] += 1
