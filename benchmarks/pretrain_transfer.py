@@ -57,6 +57,14 @@ def command(cmd: list[str], log: Path) -> float:
     return time.time() - t0
 
 
+def train_tokenizer(corpus: Path, folder: Path, log: Path) -> float:
+    """`bert-kit tokenizer train` (32k WordPiece) on 4 of the corpus's shards; its wall time."""
+    sample = [corpus / "wiki" / f"part-00{i}.jsonl.xz" for i in (0, 1)] + \
+             [corpus / "gutenberg" / f"part-00{i}.jsonl.xz" for i in (0, 1)]
+    return command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
+                    "--format", "jsonl", "--vocab-size", "32768", "--output", folder], log)
+
+
 def heldout_mlm(folder: Path, files: list[Path], mode: str, mask_probability: float, cache: Path) -> dict:
     """MLM loss / accuracy of `folder` on `files` (documents packed into 128-token blocks)."""
     import torch
@@ -133,8 +141,7 @@ def compare(args: argparse.Namespace) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer = args.work / "tokenizer"
     if not (tokenizer / "vocab.txt").exists():  # trained once, shared by every variant
-        command([sys.executable, __file__, "--corpus", args.corpus, "--data-dir", args.data_dir, "--work", args.work,
-                 "--only", "none"], args.work / "tokenizer_main.log")
+        train_tokenizer(args.corpus, tokenizer, args.work / "tokenizer.log")
     jobs = [("control", ["--only", "control"])]
     for spec in args.variants:
         name, _, settings = spec.partition(":")
@@ -186,9 +193,9 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "transfer")
     p.add_argument("--budget", default="6m")
     p.add_argument("--tasks", default="sst2,stsb,conll")
-    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control", "none"), default="all",
+    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control"), default="all",
                    help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: both; "
-                        "control: the control's fine-tuning; none: the tokenizer alone")
+                        "control: the control's fine-tuning")
     p.add_argument("--variants", nargs="*", default=None,
                    help='NAME:key=value ... per variant of the recipe ("recipe:" is the recipe itself)')
     p.add_argument("--gpus", default="0", help="GPUs for --variants, comma-separated: one process each")
@@ -210,11 +217,7 @@ def main() -> None:
         report_file.write_text(json.dumps(report, indent=2) + "\n")
 
     if not (tokenizer / "vocab.txt").exists():
-        sample = [args.corpus / "wiki" / f"part-00{i}.jsonl.xz" for i in (0, 1)] + \
-                 [args.corpus / "gutenberg" / f"part-00{i}.jsonl.xz" for i in (0, 1)]
-        record("tokenizer_s", round(command([sys.executable, "-m", "bert_kit", "tokenizer", "train", "--files", *sample,
-                                               "--format", "jsonl", "--vocab-size", "32768", "--output", tokenizer],
-                                              args.work / "tokenizer.log"), 1))
+        record("tokenizer_s", round(train_tokenizer(args.corpus, tokenizer, args.work / "tokenizer.log"), 1))
     final = run / "final"
     if args.only in ("all", "pretrain", "pretrained"):
         record("pretrain_wall_s", round(command(

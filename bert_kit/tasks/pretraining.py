@@ -111,11 +111,12 @@ class PretrainingJob(Job):
         if not sharded:
             model.to(self.device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
         set_low_precision_residual(model, cfg.low_precision_residual)
-        # compiled whole (heads and loss) on static shapes: masked positions in fixed prediction slots
-        whole_model = cfg.compile and not sharded
+        # compiled whole (heads and loss) on static shapes: masked positions in fixed prediction slots,
+        # which the training loader fills (evaluation fills them here)
+        self.slots = prediction_slots(cfg)
+        whole_model = self.slots is not None
         if cfg.compile:
             compile_model(model if whole_model else model.bert, cfg, self.device)  # in place: same state-dict keys
-        self.slots = prediction_slots(cfg)  # the training loader fills them; evaluation here
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every
