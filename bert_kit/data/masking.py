@@ -186,6 +186,9 @@ class DataCollatorForMLM:
     `set_epoch(epoch)` each epoch (or `set_epoch(epoch, start_step=k)` when resuming at batch k).
     `postprocess(batch)`, when given, finishes each batch where it is built (in the DataLoader
     workers), e.g. `with_prediction_slots`, so the training process does not do it between steps.
+    With `segment_pairs`, an example without token_type_ids gets type 1 from a random point on
+    (uniform over its length; at the end: none), as the second text of a pair task does: packed
+    MLM would otherwise never train the segment-1 embedding that a cross-encoder gives sentence B.
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class DataCollatorForMLM:
         seed: int | None = None,
         mlm: bool = True,
         postprocess: Callable[[dict], dict] | None = None,
+        segment_pairs: bool = False,
     ) -> None:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.mask_token_id = int(tokenizer.mask_token_id)
@@ -208,6 +212,7 @@ class DataCollatorForMLM:
         self.seed = seed
         self.mlm = mlm
         self.postprocess = postprocess
+        self.segment_pairs = segment_pairs
         self.continuation = continuation_table(tokenizer) if whole_word else None
         self.epoch = 0
         self.start_step = 0
@@ -250,6 +255,14 @@ class DataCollatorForMLM:
             if sequence_ids is not None:
                 sequence_ids[i, :n] = torch.as_tensor(row["sequence_ids"], dtype=torch.long)
 
+        generator = self._generator()
+        if self.segment_pairs:
+            # drawn from the batch's own stream, before the masks: both follow (seed, epoch, step)
+            lengths = attention_mask.sum(1)
+            cuts = (torch.rand(B, generator=generator) * (lengths + 1)).long()
+            second = torch.arange(T)[None, :] >= cuts[:, None]
+            given = torch.tensor(["token_type_ids" in r for r in rows])[:, None]
+            token_type_ids = torch.where(second & (attention_mask == 1) & ~given, 1, token_type_ids)
         batch = {"input_ids": input_ids, "token_type_ids": token_type_ids,
                  "attention_mask": attention_mask}
         if self.mlm:
@@ -257,7 +270,7 @@ class DataCollatorForMLM:
             cont = self.continuation[input_ids] if self.continuation is not None else None
             batch["input_ids"], batch["labels"] = mask_tokens(
                 input_ids, special, self.vocab_size, self.mask_token_id, self.mask_probability,
-                generator=self._generator(), whole_word=self.whole_word, is_continuation=cont,
+                generator=generator, whole_word=self.whole_word, is_continuation=cont,
                 random_exclude_ids=self.special_ids.tolist(),
             )
             self._calls += 1

@@ -47,6 +47,9 @@ class PretrainConfig(RunSettings):
     shuffle_buffer: int = 10000  # streaming: documents held for shuffling (more: better mixed, more memory)
     mask_probability: float = 0.15  # share of tokens chosen for MLM (80% [MASK], 10% random, 10% kept)
     whole_word_masking: bool = False  # mask all WordPieces of a chosen word together
+    segment_pairs: bool = False
+    """MLM only: each sequence has token type 1 from a random point on, so the segment-1 embedding
+    that pair tasks (STS-B, QA) give their second text is trained; without it only type 0 is"""
     short_seq_prob: float = 0.1  # NSP: share of pairs with a shorter random target length
     max_length: int = 128  # tokens per sequence, [CLS] and [SEP] included
     cache_dir: str | None = None  # token cache folder (default OUTPUT_DIR/token_cache)
@@ -103,6 +106,8 @@ class PretrainConfig(RunSettings):
         if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
             raise ConfigError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
                               "overwritten by its next replay, before they could be accumulated")
+        if self.segment_pairs and self.nsp:
+            raise ConfigError("segment_pairs: true is for MLM only (nsp: false); NSP pairs already have two segments")
         if self.streaming and self.nsp:
             raise ConfigError("streaming: true trains MLM only (NSP pairs sentences across the whole corpus): "
                               "set nsp: false")

@@ -169,7 +169,7 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     # ~7 ms a step of the training process, about a small model's whole GPU step
     slots = prediction_slots(cfg) if train else None
     collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
-                                  pad_to_multiple_of=pad_to, seed=mask_seed,
+                                  pad_to_multiple_of=pad_to, seed=mask_seed, segment_pairs=cfg.segment_pairs,
                                   postprocess=functools.partial(with_prediction_slots, share=slots) if slots else None)
     if streamed:
         return StreamingDataLoader(dataset, collator, batch_size, cfg.num_workers, device.type == "cuda", seed)

@@ -178,6 +178,25 @@ def test_collator_padding_keys_and_fresh_mask_each_epoch(tokenizer, wiki_lines):
     assert torch.equal(collator(examples)["labels"], second)
 
 
+def test_segment_pairs_give_type_1_from_a_random_point(tokenizer, wiki_lines):
+    examples = [tokenizer.encode(t, max_length=64) for t in wiki_lines[:256]]
+    plain = DataCollatorForMLM(tokenizer, seed=3)(examples)
+    collator = DataCollatorForMLM(tokenizer, seed=3, segment_pairs=True)
+    batch = collator(examples)
+    types, att = batch["token_type_ids"], batch["attention_mask"]
+    assert not plain["token_type_ids"].any()
+    # one switch from 0 to 1 per row at most, never on padding
+    real = att[:, 1:] == 1
+    assert (types[:, 1:] >= types[:, :-1])[real].all() and not types[att == 0].any()
+    share = types.sum(1).float() / att.sum(1)
+    assert 0.35 < share.mean() < 0.65 and (share == 0).any() and (share > 0.9).any()
+    collator.set_epoch(0)
+    assert torch.equal(collator(examples)["token_type_ids"], types)  # a function of (seed, epoch, step)
+    # given token types are kept
+    given = [{"input_ids": x, "token_type_ids": [0] * len(x)} for x in examples[:4]]
+    assert not collator(given)["token_type_ids"].any()
+
+
 def test_bad_inputs_raise_clear_errors():
     ids = _synthetic_batch(B=2, T=16)
     with pytest.raises(ValueError, match="whole_word"):
