@@ -85,23 +85,28 @@ def heldout_mlm(folder: Path, files: list[Path], mode: str, mask_probability: fl
     return compute_mlm_loader_loss(model, loader, device, autocast_dtype=torch.bfloat16 if device == "cuda" else None)
 
 
-def transformers_parity(folder: Path) -> float:
-    """Max abs difference of the last hidden states, bert-kit vs transformers.BertModel, fp32."""
+def transformers_parity(folder: Path) -> dict:
+    """Max abs difference of the last hidden states, bert-kit vs transformers.BertModel (eager attention),
+    in fp32 and in fp64: fp64 leaves only differences of the computation, not of its rounding."""
     import torch
     import transformers
 
     from bert_kit import BERTModel, get_tokenizer
 
     tokenizer = get_tokenizer(folder)
-    batch = tokenizer(["The cat sat on the mat.", "A longer second sentence, to give the batch some padding."],
-                      return_tensors="pt")
-    ours = BERTModel.from_pretrained(folder).eval()
-    theirs = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
-    with torch.no_grad():
-        a = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        b = theirs(**batch).last_hidden_state
+    batch = tokenizer(["The cat sat on the mat.", "A longer first sentence, to give the batch some padding."],
+                      ["It was warm.", "And a second one, of the pair (token type 1)."], return_tensors="pt")
     mask = batch["attention_mask"].bool()
-    return float((a[mask] - b[mask]).abs().max())
+    diffs = {}
+    for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64)):
+        ours = BERTModel.from_pretrained(folder).to(dtype).eval()
+        theirs = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").to(dtype).eval()
+        with torch.no_grad():
+            a = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+            b = theirs(**batch).last_hidden_state
+        diffs[name] = float((a[mask] - b[mask]).abs().max())
+    diffs["largest_hidden_value"] = float(b[mask].abs().max())
+    return diffs
 
 
 def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) -> dict:
@@ -128,7 +133,8 @@ ROWS = [  # (label, how to read it from a transfer.json)
     ("tokens/s", lambda r: round(r["pretrain"]["tokens_per_second"])),
     ("held-out MLM loss", lambda r: round(r["heldout_corpus"]["mlm_loss"], 3)),
     ("WikiText-2 MLM loss", lambda r: round(r["wikitext2_test"]["mlm_loss"], 3)),
-    ("transformers max diff", lambda r: f"{r['transformers_max_abs_diff']:.1e}"),
+    ("transformers diff fp32", lambda r: f"{r['transformers_max_abs_diff']['fp32']:.1e}"),
+    ("transformers diff fp64", lambda r: f"{r['transformers_max_abs_diff']['fp64']:.1e}"),
     ("SST-2 dev acc", lambda r: round(100 * r["sst2"]["best"], 2)),
     ("STS-B dev Spearman", lambda r: round(100 * r["stsb"]["best"], 2)),
     ("CoNLL valid F1", lambda r: round(100 * r["conll"]["best"], 2)),
