@@ -147,8 +147,11 @@ def _choices(cls: type) -> dict[str, tuple]:
         args = typing.get_args(tp)
         if typing.get_origin(tp) is Literal:
             found[f.name] = args
-        elif any(typing.get_origin(a) is Literal for a in args):  # Literal[...] | None
-            found[f.name] = tuple(v for a in args for v in (typing.get_args(a) or (None,)))
+        elif any(typing.get_origin(a) is Literal for a in args):  # Literal[...] | None, bool | Literal[...]
+            members = {type(None): (None,), bool: (True, False)}
+            if all(typing.get_origin(a) is Literal or a in members for a in args):
+                found[f.name] = tuple(v for a in args for v in
+                                      (typing.get_args(a) if typing.get_origin(a) is Literal else members[a]))
     return found
 
 

@@ -91,6 +91,7 @@ PRETRAIN_CASES = [
     case("streaming=true", "streaming: true trains MLM only", "nsp: false"),
     case("streaming=true  nsp=false  eval_files=[]", "streaming: true needs eval_files"),
     case("cuda_graphs=true", "cuda_graphs and compile_tuning need compile: true"),
+    case("segment_pairs=true  nsp=true", "segment_pairs: true is for MLM only", "nsp: false"),
     case("output_dir=", "output_dir='' must name a folder"),
 ]
 
@@ -126,6 +127,7 @@ FINETUNE_CASES = [
     case("batch_size=-8", "batch_size=-8", ">= 1"),
     case("device=gpu", "device='gpu' is not a device"),
     case("lr=1e", "lr: expected a number, got '1e'"),
+    case("cuda_graphs=sometimes", "cuda_graphs: expected bool | 'auto', got 'sometimes'"),
 ]
 
 
@@ -247,6 +249,11 @@ def test_unknown_flag_is_a_usage_error(cli, assets):
 def test_edge_values_load(assets, override, key, value):
     cfg = load_config(PretrainConfig, assets.pretrain_yaml, [override])
     assert getattr(cfg, key) == value
+
+
+@pytest.mark.parametrize("text, value", [("false", False), ("true", True), ("auto", "auto")])
+def test_finetune_cuda_graphs_takes_a_boolean_or_auto(assets, text, value):
+    assert load_config(FinetuneConfig, assets.finetune_yaml, [f"cuda_graphs={text}"]).cuda_graphs == value
 
 
 def test_config_with_byte_order_mark_loads(assets, tmp_path):
