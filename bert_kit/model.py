@@ -9,8 +9,8 @@ Architecture (as Devlin et al. 2018 and HF `BertModel`, so HF checkpoints load u
 What the fast path does, in the same code:
 - Q, K and V come from one fused (H -> 3H) matmul;
 - attention runs through `F.scaled_dot_product_attention` (flash / memory-efficient kernels; with a
-  padding mask at inference on CUDA never cuDNN's, which sets up a plan per batch shape:
-  `masked_attention`);
+  padding mask on CUDA, `masked_attention` keeps clear of cuDNN's per-shape plans at inference and
+  of two kernels' NaN gradients in training);
 - packed ("unpadded") batches: pass `cu_seqlens` and the encoder works on (N, H) real tokens only,
   with variable-length flash attention on CUDA, so no FLOPs are spent on padding; packed sequences
   see only their own tokens (block-diagonal attention). On CPU the same call falls back to padded
@@ -48,24 +48,48 @@ def _varlen_attn():
     return varlen_attn
 
 
-# Inference with a padding mask on CUDA leaves cuDNN's kernel out: torch (2.11) tries it first, and
+# A padding mask on CUDA. At inference cuDNN's kernel is left out: torch (2.11) tries it first, and
 # it builds an execution plan for every new (batch, length) shape, ~0.3 s on an H100, which padded
 # batches of varying length (evaluation, predict, embed, serve) pay again and again. The
-# memory-efficient kernel takes the mask with no per-shape set-up. Not in training: its backward
-# with a mask and dropout gave NaN gradients (random-init fine-tuning on an H100, torch 2.11;
-# pytorch/pytorch#178251), so steps that need gradients keep the default choice.
+# memory-efficient kernel takes the mask with no per-shape set-up.
+# In training both fused masked kernels have backward bugs that give NaN gradients from finite
+# inputs: the memory-efficient one with a mask and dropout (random-init fine-tuning on an H100,
+# torch 2.11; pytorch/pytorch#178251), and cuDNN's in dQ when the length is 64 mod 128 and a
+# query row's logsumexp is below -88.7 (pytorch/pytorch#196678). A pretrained model's large query
+# and key biases reach that (bert-small from configs/pretrain_cram.yaml: -179), and fine-tuning
+# then skipped every step whose batch was padded to 64. So training takes cuDNN's kernel (H100 and
+# later, 16-bit) or the math one, and a 64 mod 128 length is padded up to a multiple of 128.
 _MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_MASKED_TRAINING_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      dropout_p: float = 0.0) -> torch.Tensor:
     """`F.scaled_dot_product_attention` of (B, nh, T, hd) with a bool key mask (B, 1, 1, T)
-    (True = attend) or None; training and compiled code keep the default kernel choice."""
-    if (mask is not None and q.is_cuda and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
-        with sdpa_kernel(_MASKED_BACKENDS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    (True = attend) or None, on a kernel whose backward is sound (see above). Compiled code keeps
+    inductor's kernel choice; the padding of a 64 mod 128 length applies there too."""
+    if mask is None or not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if training and q.shape[-2] % 128 == 64:
+        return padded_to_128(masked_attention, q, k, v, mask, dropout_p)
+    if torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    with sdpa_kernel(_MASKED_TRAINING_BACKENDS if training else _MASKED_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def padded_to_128(attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  dropout_p: float = 0.0) -> torch.Tensor:
+    """`attention` over (B, nh, T, hd) with the length padded to a multiple of 128: the new keys are
+    masked out, the new queries' rows dropped, so the result is the unpadded one."""
+    T = q.shape[-2]
+    extra = -T % 128
+    q, k, v = (F.pad(t, (0, 0, 0, extra)) for t in (q, k, v))
+    mask = F.pad(mask, (0, extra), value=False)
+    if mask.shape[-2] > 1:  # a per-query mask: the new queries see what the first one sees
+        mask = torch.cat([mask, mask[..., :1, :].expand(*mask.shape[:-2], extra, mask.shape[-1])], dim=-2)
+    return attention(q, k, v, mask, dropout_p)[..., :T, :]
 
 
 @dataclass

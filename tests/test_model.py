@@ -162,8 +162,9 @@ def test_bad_inputs_give_clear_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
     """A padding mask at inference on CUDA: cuDNN's kernel is off for that call (it would set up a
-    plan for every new batch shape); unmasked calls and calls that need gradients (the other kernel's
-    backward gave NaN) keep the default choice; the numbers are attention's."""
+    plan for every new batch shape); unmasked calls keep the default choice, and masked calls that
+    need gradients take cuDNN's or the math kernel (the memory-efficient one's backward gave NaN);
+    the numbers are attention's."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -183,7 +184,64 @@ def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
     masked_attention(q, k, v, None)
     masked_attention(q.detach().clone().requires_grad_(), k, v, mask)
     default = torch.backends.cuda.cudnn_sdp_enabled()
-    assert seen == [(True, False), (False, default), (True, default)]
+    assert seen == [(True, False), (False, default), (True, True)]
     with sdpa_kernel(SDPBackend.MATH):
         reference = sdpa(q.float(), k.float(), v.float(), attn_mask=mask)
     assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mask_rows", [1, 64])
+def test_padded_to_128_gives_the_unpadded_attention_and_gradients(mask_rows):
+    """The 64 mod 128 lengths that cuDNN's backward gets wrong are padded to 128 in training: the
+    extra keys are masked and the extra queries dropped, so output and gradients do not change."""
+    import torch.nn.functional as F
+
+    from bert_kit.model import padded_to_128
+
+    def attention(q, k, v, mask, p):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, mask_rows, 64, dtype=torch.bool)
+    mask[1, ..., 40:] = False
+    out = attention(q, k, v, mask, 0.0)
+    padded = padded_to_128(attention, q, k, v, mask)
+    assert padded.shape == out.shape
+    assert_close(padded, out, atol=1e-12, rtol=0)
+    probe = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((out * probe).sum(), (q, k, v)),
+                    torch.autograd.grad((padded * probe).sum(), (q, k, v))):
+        assert_close(b, a, atol=1e-12, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("length", [64, 192, 96])
+def test_masked_attention_gradients_stay_finite_at_very_negative_logsumexp(length):
+    """pytorch/pytorch#196678: cuDNN's backward returned NaN dQ at lengths 64 mod 128 with a mask
+    when a query row's logsumexp is below -88.7, as in bert-small pretrained by
+    configs/pretrain_cram.yaml (fine-tuning skipped a third of its steps). Gradients here match
+    the math kernel's, with and without attention dropout."""
+    import math
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bert_kit.model import masked_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, length, 64, device="cuda", generator=g) * 0.1 for _ in range(3))
+    q[..., 0], k[..., 0] = 1.0, -120 * math.sqrt(64)  # every logit about -120
+    q, k, v = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    mask = torch.ones(2, 1, 1, length, dtype=torch.bool, device="cuda")
+    mask[1, ..., length - 20:] = False
+    probe = torch.randn(2, 4, length, 64, device="cuda", generator=g).bfloat16()
+    ours = torch.autograd.grad((masked_attention(q, k, v, mask) * probe).sum(), (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        reference = torch.autograd.grad(
+            (F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * probe).sum(), (q, k, v))
+    for a, b in zip(ours, reference):
+        assert torch.isfinite(a).all()
+        assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+    dropped = torch.autograd.grad((masked_attention(q, k, v, mask, 0.1) * probe).sum(), (q, k, v))
+    assert all(torch.isfinite(t).all() for t in dropped)
