@@ -56,7 +56,7 @@ def _varlen_attn():
 # inputs: the memory-efficient one with a mask and dropout (random-init fine-tuning on an H100,
 # torch 2.11; pytorch/pytorch#178251), and cuDNN's in dQ when the length is 64 mod 128 and a
 # query row's logsumexp is below -88.7 (pytorch/pytorch#196678). A pretrained model's large query
-# and key biases reach that (bert-small from configs/pretrain_cram.yaml: -179), and fine-tuning
+# and key biases reach that (a bert-small after 6 minutes of pretraining: -179), and its fine-tuning
 # then skipped every step whose batch was padded to 64. So training takes cuDNN's kernel (H100 and
 # later, 16-bit) or the math one, and a 64 mod 128 length is padded up to a multiple of 128.
 _MASKED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
