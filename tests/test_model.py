@@ -237,11 +237,14 @@ def test_masked_attention_gradients_stay_finite_at_very_negative_logsumexp(lengt
     mask[1, ..., length - 20:] = False
     probe = torch.randn(2, 4, length, 64, device="cuda", generator=g).bfloat16()
     ours = torch.autograd.grad((masked_attention(q, k, v, mask) * probe).sum(), (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
+    exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH):  # fp32: bf16 cannot hold logits near -120 to better than 0.5
         reference = torch.autograd.grad(
-            (F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * probe).sum(), (q, k, v))
-    for a, b in zip(ours, reference):
+            (F.scaled_dot_product_attention(*exact, attn_mask=mask) * probe.float()).sum(), exact)
+    for a in ours:
         assert torch.isfinite(a).all()
-        assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+    # dQ's first component is a sum that is exactly 0 times the key's -960: rounding noise, not compared
+    for a, b in zip((ours[0][..., 1:], ours[1], ours[2]), (reference[0][..., 1:], reference[1], reference[2])):
+        assert (a.float() - b).norm() <= 0.02 * b.norm()
     dropped = torch.autograd.grad((masked_attention(q, k, v, mask, 0.1) * probe).sum(), (q, k, v))
     assert all(torch.isfinite(t).all() for t in dropped)
