@@ -20,7 +20,7 @@ Recipe comparisons: `--variants` runs each variant (the recipe plus `key=value` 
 control as processes of their own, one GPU each (`--gpus`), at the same time, then prints one table:
 
     python benchmarks/pretrain_transfer.py ... --work runs/compare --gpus 0,1,2,3 \
-        --variants "recipe:" "bert-medium:model=bert-medium" "mask-15:mask_probability=0.15"
+        --variants "recipe:" "small:model=bert-small" "no-segments:segment_pairs=false"
 """
 
 from __future__ import annotations
