@@ -15,12 +15,13 @@ One table at the end: pretrained vs control, with the time of every step.
     python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
     python benchmarks/pretrain_transfer.py ... --only control      # the control runs alone
     python benchmarks/pretrain_transfer.py ... --only pretrain     # then --only finetune (and control beside it)
+    python benchmarks/pretrain_transfer.py ... --only report       # the table of what the work folder holds
 
 Recipe comparisons: `--variants` runs each variant (the recipe plus `key=value` settings) and the
 control as processes of their own, one GPU each (`--gpus`), at the same time, then prints one table:
 
     python benchmarks/pretrain_transfer.py ... --work runs/compare --gpus 0,1,2,3 \
-        --variants "recipe:" "small:model=bert-small" "no-segments:segment_pairs=false"
+        --variants "recipe:" "medium:model=bert-medium" "no-segments:segment_pairs=false"
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) ->
                     args.work / f"{tag}-{task}.json"],
                    args.work / f"{tag}-{task}.log")
     results = json.loads((args.work / f"{tag}-{task}.json").read_text())
-    row = {"metric": results["metric"], "best": results["best_value"], "wall_s": round(wall, 1)}
+    row = {"metric": results["metric"], "best": results["best_value"], "wall_s": round(wall, 1),
+           "skipped_steps": results.get("skipped_steps"), "steps": results.get("steps")}
     if test:  # the selected model (best/ on the validation metric) on the test split
         metrics = args.work / f"{tag}-{task}-test.json"
         command([sys.executable, "-m", "bert_kit", "evaluate", "--model", out / "best", "--data",
@@ -199,9 +201,9 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "transfer")
     p.add_argument("--budget", default="6m")
     p.add_argument("--tasks", default="sst2,stsb,conll")
-    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control"), default="all",
-                   help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: both; "
-                        "control: the control's fine-tuning")
+    p.add_argument("--only", choices=("all", "pretrain", "finetune", "pretrained", "control", "report"),
+                   default="all", help="pretrain: steps 1-4; finetune: step 5 on an earlier pretrain; pretrained: "
+                                       "both; control: the control's fine-tuning; report: print the table")
     p.add_argument("--variants", nargs="*", default=None,
                    help='NAME:key=value ... per variant of the recipe ("recipe:" is the recipe itself)')
     p.add_argument("--gpus", default="0", help="GPUs for --variants, comma-separated: one process each")
@@ -219,10 +221,12 @@ def main() -> None:
     report["budget"] = args.budget
 
     def record(key: str, value: object) -> None:
+        # re-read first: --only finetune and --only control may run side by side on the same folder
+        report.update(json.loads(report_file.read_text()) if report_file.exists() else {})
         report[key] = value
         report_file.write_text(json.dumps(report, indent=2) + "\n")
 
-    if not (tokenizer / "vocab.txt").exists():
+    if args.only != "report" and not (tokenizer / "vocab.txt").exists():
         record("tokenizer_s", round(train_tokenizer(args.corpus, tokenizer, args.work / "tokenizer.log"), 1))
     final = run / "final"
     if args.only in ("all", "pretrain", "pretrained"):
@@ -247,6 +251,8 @@ def main() -> None:
         for t in args.tasks.split(","):
             record("control", {**report.get("control", {}),
                                t: finetune(t, [f"model={args.control_model}", f"tokenizer={tokenizer}"], args, "control")})
+    if report_file.exists():  # with what a process beside this one recorded
+        report.update(json.loads(report_file.read_text()))
     print(json.dumps(report, indent=2))
     print(f"\n{'task':<7} {'metric':<14} {'pretrained':>10} {'control':>8}")
     for t in args.tasks.split(","):
