@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # case -> (bert-kit config, HF task, epochs, HF flags matching the config, random init)
 CASES = {
     "sst2": ("finetune_sst2.yaml", "sst2", 3, ["--lr", "1e-4", "--warmup-fraction", "0.06"], False),
-    "stsb": ("finetune_stsb.yaml", "stsb", 3, ["--lr", "5e-5", "--warmup-fraction", "0.1"], False),
+    "stsb": ("finetune_stsb.yaml", "stsb", 3, ["--lr", "1e-4", "--warmup-fraction", "0.1"], False),
     "conll": ("finetune_conll.yaml", "conll", 3, ["--lr", "1e-4", "--warmup-fraction", "0.1", "--batch-size", "16",
                                                   "--max-length", "256"], False),
     "sst2-base": ("finetune_sst2.yaml", "sst2", 1, ["--lr", "1e-4", "--warmup-fraction", "0.06"], True),
