@@ -18,7 +18,8 @@ One table at the end: pretrained vs control, with the time of every step.
     python benchmarks/pretrain_transfer.py ... --only report       # the table of what the work folder holds
 
 Recipe comparisons: `--variants` runs each variant (the recipe plus `key=value` settings) and the
-control as processes of their own, one GPU each (`--gpus`), at the same time, then prints one table:
+control as processes of their own, one GPU each (`--gpus`), at the same time (more jobs than GPUs
+wait for a free one; `--no-control` leaves the control out), then prints one table:
 
     python benchmarks/pretrain_transfer.py ... --work runs/compare --gpus 0,1,2,3 \
         --variants "recipe:" "medium:model=bert-medium" "no-segments:segment_pairs=false"
@@ -150,7 +151,7 @@ def compare(args: argparse.Namespace) -> None:
     tokenizer = args.work / "tokenizer"
     if not (tokenizer / "vocab.txt").exists():  # trained once, shared by every variant
         train_tokenizer(args.corpus, tokenizer, args.work / "tokenizer.log")
-    jobs = [("control", ["--only", "control"])]
+    jobs = [("control", ["--only", "control"])] if args.control else []
     for spec in args.variants:
         name, _, settings = spec.partition(":")
         jobs.append((name, ["--only", "pretrained", *(["--set", *settings.split()] if settings.split() else [])]))
@@ -182,7 +183,7 @@ def compare(args: argparse.Namespace) -> None:
         report = json.loads((args.work / name / "transfer.json").read_text())
         reports[name] = {**report, **report.get("pretrained", {}), **report.get("control", {})}
     (args.work / "compare.json").write_text(json.dumps(reports, indent=2) + "\n")
-    names = [n for n, _ in jobs[1:]] + ["control"]
+    names = [n for n, _ in jobs if n != "control"] + (["control"] if args.control else [])
     print(f"\n{'':<24}" + "".join(f"{n:>16}" for n in names))
     for label, read in ROWS:
         cells = []
@@ -207,6 +208,8 @@ def main() -> None:
     p.add_argument("--variants", nargs="*", default=None,
                    help='NAME:key=value ... per variant of the recipe ("recipe:" is the recipe itself)')
     p.add_argument("--gpus", default="0", help="GPUs for --variants, comma-separated: one process each")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help="--variants: leave the control out (a GPU more for the variants)")
     p.add_argument("--control-model", default=RECIPE["model"]["preset"],
                    help="the control's shape, from random weights (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")

@@ -1,0 +1,82 @@
+"""benchmarks/pretrain_transfer.py's bookkeeping, with the commands it runs replaced by fakes: the
+variants and the control each run once on a free GPU, and two steps run side by side on one work
+folder keep each other's results."""
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def pt(monkeypatch):
+    spec = importlib.util.spec_from_file_location("pretrain_transfer", ROOT / "benchmarks" / "pretrain_transfer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module.time, "sleep", lambda s: None)
+    return module
+
+
+def fake_popen(launched):
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, cwd, stdout, stderr, env):
+            work, only = Path(cmd[cmd.index("--work") + 1]), cmd[cmd.index("--only") + 1]
+            launched.append((work.name, env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--only"):]))
+            key = "control" if only == "control" else "pretrained"
+            (work / "transfer.json").write_text(json.dumps({key: {"sst2": {"metric": "accuracy", "best": 0.5}}}))
+
+        def poll(self):
+            return 0
+    return Proc
+
+
+@pytest.mark.parametrize("control", [True, False])
+def test_compare_runs_each_variant_and_the_control_once(pt, tmp_path, monkeypatch, capsys, control):
+    launched = []
+    monkeypatch.setattr(pt.subprocess, "Popen", fake_popen(launched))
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "vocab.txt").write_text("[PAD]\n")
+    args = argparse.Namespace(work=tmp_path, corpus=Path("corpus"), data_dir=Path("data"), gpus="0,1",
+                              variants=["recipe:", "big:batch_size=512 lr=2e-3"], budget="6m", tasks="sst2",
+                              finetune_set=[], control=control)
+    pt.compare(args)
+    expected = [("recipe", ["--only", "pretrained"]), ("big", ["--only", "pretrained", "--set", "batch_size=512",
+                                                               "lr=2e-3"])]
+    if control:
+        expected.insert(0, ("control", ["--only", "control"]))
+    assert [(name, extra[:len(e)]) for (name, _, extra), (_, e) in zip(launched, expected)] == expected
+    assert {gpu for _, gpu, _ in launched} <= {"0", "1"}
+    assert all((tmp_path / name / "tokenizer" / "vocab.txt").exists() for name, _ in expected)
+    header = next(line for line in capsys.readouterr().out.splitlines() if "recipe" in line and "big" in line)
+    assert header.split() == ["recipe", "big"] + (["control"] if control else [])
+    assert set(json.loads((tmp_path / "compare.json").read_text())) == {name for name, _ in expected}
+
+
+def test_steps_side_by_side_keep_each_others_results(pt, tmp_path, monkeypatch):
+    """--only control records its rows while --only finetune (another process) writes the same file."""
+    report = tmp_path / "transfer.json"
+    report.write_text(json.dumps({"pretrain_wall_s": 360.0}))
+
+    def finetune(task, model, args, tag):  # the other process records its task meanwhile
+        other = json.loads(report.read_text())
+        other.setdefault("pretrained", {})[task] = {"metric": "accuracy", "best": 0.9}
+        report.write_text(json.dumps(other))
+        return {"metric": "accuracy", "best": 0.8}
+
+    monkeypatch.setattr(pt, "finetune", finetune)
+    monkeypatch.setattr(sys, "argv", ["pretrain_transfer.py", "--corpus", "c", "--data-dir", "d", "--work",
+                                      str(tmp_path), "--only", "control", "--tasks", "sst2"])
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "vocab.txt").write_text("[PAD]\n")
+    pt.main()
+    final = json.loads(report.read_text())
+    assert final["pretrain_wall_s"] == 360.0
+    assert final["pretrained"]["sst2"]["best"] == 0.9
+    assert final["control"]["sst2"]["best"] == 0.8
