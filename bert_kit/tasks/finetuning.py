@@ -287,6 +287,9 @@ class FinetuningJob(Job):
             raise KeyError(f"metric {self.task.metric!r} is not among the validation metrics {sorted(metrics)}")
         return metrics
 
+    def final_eval_steps(self) -> float:
+        return len(self.eval_items) / self.cfg.batch_size / 3 if self.eval_items else 0.0
+
     def save_model(self, folder: Path, state: dict | None) -> None:
         save_best(self.model, self.tokenizer, self.task, folder, state)
 

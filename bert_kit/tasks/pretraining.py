@@ -85,11 +85,20 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
     return model
 
 
-def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device) -> None:
+def use_cuda_graphs(cfg: PretrainConfig, device: torch.device) -> bool:
+    """Whether the compiled steps replay as CUDA graphs: `cuda_graphs` true or auto, on one CUDA GPU
+    in one process with grad_accum 1; true where that cannot hold is an error."""
+    possible = (cfg.compile and device.type == "cuda" and world_size() == 1
+                and all(p.get("grad_accum", cfg.grad_accum) == 1 for p in cfg.phases or [{}]))
+    if cfg.cuda_graphs is True and not possible:
+        raise ValueError(f"cuda_graphs: true works on one CUDA GPU (one process), here {device.type} with "
+                         f"{world_size()} process(es); set cuda_graphs: auto or false")
+    return possible and cfg.cuda_graphs in (True, "auto")
+
+
+def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device, cuda_graphs: bool) -> None:
     """torch.compile `model` in place with static shapes, CUDA graphs and kernel tuning as configured."""
-    if cfg.cuda_graphs and (device.type != "cuda" or world_size() > 1):
-        raise ValueError("cuda_graphs works on one CUDA GPU (one process); turn it off for CPU or torchrun runs")
-    options = {"triton.cudagraphs": cfg.cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
+    options = {"triton.cudagraphs": cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
     register_mask_op()  # dropout's cheaper mask, traced into the graph
     model.compile(dynamic=False, options=options if device.type == "cuda" else None)
@@ -104,6 +113,7 @@ class PretrainingJob(Job):
         self.cfg, self.device, self.precision = cfg, run.precision.device, run.precision
         self.total_steps = cfg.max_steps or UNBOUNDED_STEPS
         self.phases = plan_phases(cfg, self.total_steps)
+        cuda_graphs = use_cuda_graphs(cfg, self.device)  # a setting that cannot run fails before the corpus is read
         self.tokenizer = prepare_tokenizer(cfg, run.out, run.checkpoint)
         self.corpus = load_corpus(cfg, self.tokenizer, run.out)
         model = build_model(cfg, self.tokenizer, max(p.max_length for p in self.phases))
@@ -116,7 +126,7 @@ class PretrainingJob(Job):
         self.slots = prediction_slots(cfg)
         whole_model = self.slots is not None
         if cfg.compile:
-            compile_model(model if whole_model else model.bert, cfg, self.device)  # in place: same state-dict keys
+            compile_model(model if whole_model else model.bert, cfg, self.device, cuda_graphs)  # in place: same keys
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every
@@ -168,6 +178,10 @@ class PretrainingJob(Job):
         metrics = compute_mlm_loader_loss(self.model, self.eval_loader, self.device, limit,
                                           self.precision.autocast_dtype, self.slots)
         return {k: all_reduce_mean(float(v)) for k, v in metrics.items()}
+
+    def final_eval_steps(self) -> float:
+        # with a time budget the last evaluation reads eval_batches batches of the training size
+        return self.cfg.eval_batches / 3 if self.eval_loader is not None else 0.0
 
     def save_model(self, folder: Path, state: dict | None) -> None:
         save_model(self.model, folder, state)

@@ -63,7 +63,9 @@ class PretrainConfig(RunSettings):
     """torch.compile the model with static shapes: batches padded to max_length, masked positions
     gathered into fixed prediction slots (mask_probability + 5% of the tokens), the MLM loss compiled too (with
     parallel=fsdp on several ranks: the encoder only)"""
-    cuda_graphs: bool = False  # with compile on one GPU: replay the compiled steps as CUDA graphs (grad_accum 1)
+    cuda_graphs: bool | Literal["auto"] = False
+    """with compile on one CUDA GPU (one process, grad_accum 1): replay the compiled steps as CUDA
+    graphs. auto: wherever that holds, so one config runs on a GPU, a CPU and under torchrun"""
     compile_tuning: bool = False  # with compile: Triton kernels tuned by benchmarking (+2-3%, minutes to compile)
     low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
     # bookkeeping
@@ -101,9 +103,9 @@ class PretrainConfig(RunSettings):
                     Range(low, integer=True).check(f"phases[{i}].{key}", phase[key])
         if self.phases and abs(sum(float(p["fraction"]) for p in self.phases) - 1) > 1e-6:
             raise ConfigError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
-        if (self.cuda_graphs or self.compile_tuning) and not self.compile:
+        if (self.cuda_graphs is True or self.compile_tuning) and not self.compile:
             raise ConfigError("cuda_graphs and compile_tuning need compile: true")
-        if self.cuda_graphs and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+        if self.cuda_graphs is True and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
             raise ConfigError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
                               "overwritten by its next replay, before they could be accumulated")
         if self.segment_pairs and self.nsp:

@@ -120,6 +120,15 @@ def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
     return t.item() if is_float else t
 
 
+def max_over_ranks(*values: float) -> list[float]:
+    """The largest of each value over ranks, in one collective: numbers every rank must use alike."""
+    if not _initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def any_rank(flag: bool) -> bool:
     """True if `flag` is True on any rank (e.g. a stop signal that reached only one process)."""
     return any_ranks(flag)[0]

@@ -44,7 +44,8 @@ from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_chec
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
                                           save_checkpoint, seed_everything)
 from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, full_value,
-                                           init_distributed, is_main, rank, world_size, wrap_model)
+                                           init_distributed, is_main, rank, max_over_ranks, world_size,
+                                           wrap_model)
 from bert_kit.training.optim import Schedule, create_optimizer
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.progress import METRICS_FILE, ProgressLogger, plot_losses, read_metrics, truncate_metrics
@@ -96,6 +97,11 @@ class Job:
     def evaluate(self, final: bool) -> dict[str, float] | None:
         """Validation metrics of the current weights (None: no validation data). `final`: the last one."""
         return None
+
+    def final_eval_steps(self) -> float:
+        """What the last evaluation costs, in training steps (a forward pass is about a third of a
+        step on a batch of the same size): a time budget keeps this much time for it."""
+        return 0.0
 
     def save_model(self, folder: Path, state: dict | None) -> None:
         """An HF model folder with tokenizer and metadata; `state` is the full state dict of a
@@ -292,8 +298,17 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
     window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
     reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
+    step_s, step_s_synced, eval_timed = 0.0, False, False  # a step's wall time (latest); evaluation timed yet
+
+    def end_reserve() -> float:
+        """Seconds the end needs: saving, and the last evaluation (estimated from the step time until
+        an evaluation is timed)."""
+        if eval_timed:
+            return reserve_s
+        return max(reserve_s, 1.5 * job.final_eval_steps() * step_s + 5.0)
     skipped_before = 0  # steps skipped for a non-finite gradient, as of the last train record
     last_save, first_step = time.time(), step
+    t_clock = last_save  # the schedule clock's last reading (a session's first step is not counted)
     try:
         with StopSignal() as stop, unchecked_inputs():
             if state is not None:
@@ -314,7 +329,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 window["n"] += 1
                 # what any rank saw, in one collective: the budget's end, a checkpoint due by the clock
                 late = bool(cfg.save_minutes) and time.time() - last_save >= 60 * cfg.save_minutes
-                out_of_time, late = any_ranks(budget_left() < reserve_s, late)
+                out_of_time, late = any_ranks(budget_left() < end_reserve(), late)
                 ending = step == total or out_of_time
 
                 # (b) a train record every log_every steps: the one host-device sync of a window
@@ -322,6 +337,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     trainer.check_finite()
                     window["seconds"] += time.time() - t_step  # the queued steps of the window are done
                     losses = {k: all_reduce_mean(float(v) / window["n"]) for k, v in window["losses"].items()}
+                    if step != first_step + 1:  # the window's steps are done (synced): their true time
+                        step_s, step_s_synced = window["seconds"] / window["n"], True
                     units, seconds = window["units"] * world_size(), window["seconds"]
                     skipped = trainer.skipped_steps - skipped_before
                     if skipped:  # one bad batch is survived; many in a row stop the run (the trainer)
@@ -341,9 +358,15 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 now = time.time()
                 if step != first_step + 1:
                     trained_s += now - t_clock  # this step, and any evaluation or checkpoint before it
+                    if not step_s_synced:  # the host's time of a step, until a record times a window
+                        step_s = now - t_step
                 t_clock = now
                 if run.budget_s is not None:  # what is left, counted again after every step: the lr ends near zero
-                    train_span_s = trained_s + max(1.0, budget_left() - reserve_s)
+                    left = budget_left() - end_reserve()
+                    if world_size() > 1:  # each rank's clock differs a little: one lr for all, or the weights part
+                        trained_s, left = max_over_ranks(trained_s, -left)  # and the earliest end
+                        left = -left
+                    train_span_s = trained_s + max(1.0, left)
 
                 # (c) evaluation (the last one comes after the loop)
                 stopping = any_ranks(stop.signum is not None)[0]  # a signal arrives at any time: asked late
@@ -351,6 +374,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     t_eval = time.time()
                     evaluate(final=False)
                     reserve_s = max(reserve_s, 2 * (time.time() - t_eval) + 5.0)
+                    eval_timed = True
 
                 # (d) checkpoint every save_every steps or save_minutes, at the end, when out of time or asked to stop
                 due = late or bool(job.save_every and step % job.save_every == 0)

@@ -417,6 +417,25 @@ def test_cuda_graphs_settings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="grad_accum 1 in every phase"):
         PretrainConfig(compile=True, cuda_graphs=True, phases=[{"fraction": 0.9}, {"fraction": 0.1, "grad_accum": 8}])
     PretrainConfig(compile=True, cuda_graphs=True, compile_tuning=True)  # fine on its own
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        PretrainConfig(compile=True, cuda_graphs="yes")
+
+
+def test_cuda_graphs_auto_turns_on_only_where_graphs_can_run():
+    """auto: one config for a GPU, a CPU and torchrun; true where graphs cannot run is an error
+    (raised before the corpus is read)."""
+    from bert_kit.tasks.pretraining import use_cuda_graphs
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # only the device type is looked at
+    auto = PretrainConfig(compile=True, cuda_graphs="auto")
+    assert use_cuda_graphs(auto, gpu) is True
+    assert use_cuda_graphs(auto, cpu) is False
+    assert use_cuda_graphs(PretrainConfig(compile=False, cuda_graphs="auto"), gpu) is False
+    assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs="auto", grad_accum=2), gpu) is False
+    assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=False), gpu) is False
+    assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=True), gpu) is True
+    with pytest.raises(ValueError, match="cuda_graphs: true works on one CUDA GPU.*here cpu"):
+        use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=True), cpu)
 
 
 def test_compiled_run_trains_on_static_shapes(tmp_path):
@@ -604,6 +623,30 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     second = pretrain(again, resume="latest")
     assert second["stopped"] is None and second["steps"] > 3
     assert first["wall_time_s"] + second["wall_time_s"] < budget + 8
+
+
+def test_a_time_budget_keeps_time_for_a_slow_last_evaluation(tmp_path, monkeypatch):
+    """Where the last evaluation is slow (a CPU: 20 held-out batches took 130 s against 35 s a step)
+    and no periodic one timed it, the budget keeps time for it from the step time: the run ended
+    110 s past a 150 s budget. Here a step takes 0.1 s and an evaluation batch a third of that."""
+    budget, step_s = 20.0, 0.1
+    cfg = tiny_config(tmp_path, max_steps=None, time_budget=f"{budget:g}s", eval_every=0, save_every=0,
+                      eval_batches=210)
+    train_step, evaluate = AMPTrainer.train_step, bert_kit.tasks.pretraining.PretrainingJob.evaluate
+
+    def slow_step(self, batch, loss_fn):
+        time.sleep(step_s)
+        return train_step(self, batch, loss_fn)
+
+    def slow_evaluate(self, final):
+        time.sleep(step_s / 3 * self.cfg.eval_batches)  # 7 s: more than the fixed 5 s reserve
+        return evaluate(self, final)
+
+    monkeypatch.setattr(AMPTrainer, "train_step", slow_step)
+    monkeypatch.setattr(bert_kit.tasks.pretraining.PretrainingJob, "evaluate", slow_evaluate)
+    results = pretrain(cfg)
+    assert results["stopped"] is None and results["steps"] > 3
+    assert results["wall_time_s"] < budget + 1
 
 
 def test_compiled_runs_get_prediction_slots_from_the_loader_workers():

@@ -8,7 +8,7 @@
 rank takes its half of every global micro-batch), straight and resumed from REF_CHECKPOINT,
 and records one epoch of the pretraining loader and of a streaming dataset on each rank.
 `fault` runs the `bert-kit` command line (pretrain or finetune) with rank 1 exiting (die) or
-hanging (stall) at STEP.
+hanging (stall) at STEP; `skewed-clock OUT_DIR pretrain ...` runs it with rank 1's clock ahead.
 The single-process side of each comparison calls the same functions inside pytest.
 """
 
@@ -154,10 +154,37 @@ def fault(kind: str, at_step: int, argv: list[str]) -> int:
     return main(argv)
 
 
+def skewed_clock(out: Path, argv: list[str]) -> int:
+    """The `bert-kit` command line with rank 1's run clock started 3 s before rank 0's; each rank
+    writes the learning rates it applied to OUT/lrs-rank{N}.json."""
+    import bert_kit.training.loop as loop
+    from bert_kit.cli import main
+    from bert_kit.training.optim import Schedule
+
+    start_run, apply, lrs = loop.start_run, Schedule.apply, []
+
+    def skewed(cfg, resume):
+        run = start_run(cfg, resume)
+        if rank() == 1:
+            run.started -= 3.0
+        return run
+
+    def recorded(self, *args, **kwargs):
+        lrs.append(apply(self, *args, **kwargs))
+        return lrs[-1]
+
+    loop.start_run, Schedule.apply = skewed, recorded
+    code = main(argv)
+    (out / f"lrs-rank{os.environ['RANK']}.json").write_text(json.dumps(lrs))  # the group is gone by now
+    return code
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "steps":
         steps(Path(sys.argv[2]), Path(sys.argv[3]))
     elif sys.argv[1] == "fault":
         sys.exit(fault(sys.argv[2], int(sys.argv[3]), sys.argv[4:]))
+    elif sys.argv[1] == "skewed-clock":
+        sys.exit(skewed_clock(Path(sys.argv[2]), sys.argv[3:]))
     else:
-        raise SystemExit(f"unknown scenario {sys.argv[1]!r}; expected steps or fault")
+        raise SystemExit(f"unknown scenario {sys.argv[1]!r}; expected steps, fault or skewed-clock")
