@@ -223,9 +223,12 @@ def main() -> None:
     report: dict = json.loads(report_file.read_text()) if report_file.exists() else {}
     report["budget"] = args.budget
 
+    def reread() -> None:  # --only finetune and --only control may run side by side on one folder
+        if report_file.exists():
+            report.update(json.loads(report_file.read_text()))
+
     def record(key: str, value: object) -> None:
-        # re-read first: --only finetune and --only control may run side by side on the same folder
-        report.update(json.loads(report_file.read_text()) if report_file.exists() else {})
+        reread()
         report[key] = value
         report_file.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -254,8 +257,7 @@ def main() -> None:
         for t in args.tasks.split(","):
             record("control", {**report.get("control", {}),
                                t: finetune(t, [f"model={args.control_model}", f"tokenizer={tokenizer}"], args, "control")})
-    if report_file.exists():  # with what a process beside this one recorded
-        report.update(json.loads(report_file.read_text()))
+    reread()  # with what a process beside this one recorded
     print(json.dumps(report, indent=2))
     print(f"\n{'task':<7} {'metric':<14} {'pretrained':>10} {'control':>8}")
     for t in args.tasks.split(","):
