@@ -88,8 +88,7 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
 def use_cuda_graphs(cfg: PretrainConfig, device: torch.device) -> bool:
     """Whether the compiled steps replay as CUDA graphs: `cuda_graphs` true or auto, on one CUDA GPU
     in one process with grad_accum 1; true where that cannot hold is an error."""
-    possible = (cfg.compile and device.type == "cuda" and world_size() == 1
-                and all(p.get("grad_accum", cfg.grad_accum) == 1 for p in cfg.phases or [{}]))
+    possible = cfg.compile and device.type == "cuda" and world_size() == 1 and not cfg.accumulates_gradients
     if cfg.cuda_graphs is True and not possible:
         raise ValueError(f"cuda_graphs: true works on one CUDA GPU (one process), here {device.type} with "
                          f"{world_size()} process(es); set cuda_graphs: auto or false")

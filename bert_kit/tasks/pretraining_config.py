@@ -72,6 +72,11 @@ class PretrainConfig(RunSettings):
     output_dir: str = "runs/pretrain"  # run folder
     eval_batches: int = 50  # batches per periodic evaluation (the final one uses all)
 
+    @property
+    def accumulates_gradients(self) -> bool:
+        """grad_accum above 1 in some phase (CUDA graphs cannot accumulate)."""
+        return any(int(p.get("grad_accum", self.grad_accum)) > 1 for p in self.phases or [{}])
+
     def __post_init__(self) -> None:
         if isinstance(self.output_dir, Path):  # Path objects from Python callers; YAML wants str
             self.output_dir = str(self.output_dir)
@@ -105,7 +110,7 @@ class PretrainConfig(RunSettings):
             raise ConfigError(f"phases: fractions must add up to 1, got {[p['fraction'] for p in self.phases]}")
         if (self.cuda_graphs is True or self.compile_tuning) and not self.compile:
             raise ConfigError("cuda_graphs and compile_tuning need compile: true")
-        if self.cuda_graphs is True and any(p.get("grad_accum", self.grad_accum) > 1 for p in self.phases or [{}]):
+        if self.cuda_graphs is True and self.accumulates_gradients:
             raise ConfigError("cuda_graphs needs grad_accum 1 in every phase: a CUDA graph's gradients are "
                               "overwritten by its next replay, before they could be accumulated")
         if self.segment_pairs and self.nsp:
