@@ -110,6 +110,10 @@ class AMPTrainer:
         self._bad_losses: dict[str, torch.Tensor] = {}
         self.graphs: dict | None = {} if cuda_graphs else None  # batch shape -> "warm" | (graph, inputs, outputs)
         self._graph_pool = None
+        # one eager step per new batch shape before its capture; it keeps the gradient tensors (allocated
+        # by the first step, outside the graphs' pool) that every graph accumulates into: a gradient set
+        # to None would hand its memory back to the pool while captured graphs still write to it
+        self._warming_up = False
         self.mlm_loss_fn = None  # None: compute_mlm_loss
         self.step = 0
         self.micro = 0  # micro-batches accumulated towards the next optimizer step
@@ -154,7 +158,7 @@ class AMPTrainer:
         The batch is moved to the device and `loss_fn` runs under autocast; the named parts
         are reported in `last` next to "loss". QA, token classification and other heads use this.
         """
-        if self.graphs is not None and self.grad_accum == 1:
+        if self.graphs is not None and self.grad_accum == 1 and not self._warming_up:
             return self._graphed_step(batch, loss_fn)
         self.model.train()
         batch = self._to_device(batch)
@@ -182,11 +186,11 @@ class AMPTrainer:
         entry = self.graphs.get(key)
         if entry is None:  # warm-up: cuBLAS and attention workspaces, lazily created optimizer state
             self.graphs[key] = "warm"
-            self.graphs, graphs = None, self.graphs
+            self._warming_up = True
             try:
                 return self.train_step(batch, loss_fn)
             finally:
-                self.graphs = graphs
+                self._warming_up = False
         if entry == "warm":
             inputs = self._to_device(batch)  # the graph's input buffers, outside its memory pool
             graph = torch.cuda.CUDAGraph()

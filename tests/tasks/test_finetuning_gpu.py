@@ -41,8 +41,8 @@ def batches(n: int, B: int = 16, T: int = 48, seed: int = 0) -> list[dict]:
     return out
 
 
-def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: int | None = None,
-          graphs: bool = False, precision: str = "bf16", pad_to: int | None = None) -> list[float]:
+def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: int | None = None, graphs: bool = False,
+          precision: str = "bf16", pad_to: int | None = None, batch_size: int = 16) -> list[float]:
     torch.manual_seed(0)
     precision = resolve_precision(precision, "cuda", verbose=False)
     model = BERTForSequenceClassification(config(dropout), num_labels=2).cuda()
@@ -55,8 +55,8 @@ def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: in
         return compute_classification_loss(encode(trainer.model, b, unpadded), b["labels"]), {}
 
     with unchecked_inputs():
-        for i, batch in enumerate(batches(steps)):
-            if pad_to:  # a few static shapes: the graphs are captured once each and replayed
+        for i, batch in enumerate(batches(steps, B=batch_size)):
+            if pad_to:  # static shapes: each graph is captured once and replayed
                 T = -(-int(batch["attention_mask"].sum(1).max()) // pad_to) * pad_to
                 batch = {k: v[:, :T] if v.dim() == 2 else v for k, v in batch.items()}
             batch = {k: v.pin_memory() for k, v in batch.items()}
@@ -99,3 +99,12 @@ def test_cuda_graph_steps_compute_the_eager_steps():
     # bf16 with dropout: replays draw fresh masks (the loss curve learns as the eager one does)
     graphed = train(False, 0.1, steps=200, pad_to=16, graphs=True, sync_check_after=120)
     assert sum(graphed[-20:]) / 20 < 0.5 * sum(graphed[:20]) / 20
+
+
+def test_cuda_graphs_of_shapes_seen_late_compute_the_eager_steps():
+    # batches of 4 cut at their longest sequence: a new shape (its eager warm-up, then its capture)
+    # keeps coming between replays of the graphs captured before. The warm-ups once freed the
+    # gradient tensors the earlier graphs write into, so other graphs' memory overwrote them
+    eager = train(False, 0.0, steps=80, precision="fp32", pad_to=1, batch_size=4)
+    graphed = train(False, 0.0, steps=80, precision="fp32", pad_to=1, batch_size=4, graphs=True)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-4, atol=1e-5)

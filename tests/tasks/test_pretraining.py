@@ -486,6 +486,25 @@ def test_deferred_checks_skip_updates_from_the_first_bad_step_and_raise_later():
     assert not hasattr(t.optimizer, "found_inf")
 
 
+def test_the_warm_up_step_of_a_new_batch_shape_keeps_the_gradient_tensors():
+    """With CUDA graphs each new batch shape takes one eager step before its capture. That step must
+    leave the gradient tensors in place, zeroed: the captured graphs accumulate into them, and a
+    gradient set to None hands its memory to the graphs' pool, where other graphs overwrite it
+    (tests/tasks/test_finetuning_gpu.py runs the graphs themselves)."""
+    fp32 = resolve_precision("fp32", "cpu", verbose=False)
+    model = _tiny_model()
+    t = AMPTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True), None, fp32,
+                   deferred_checks=True)
+    t.graphs = {}  # as cuda_graphs=True sets it on a GPU; on a CPU only the warm-up steps can run
+    t.mlm_step(_batch(1, n=4))
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    assert len(grads) > 10 and not any(g.any() for g in grads.values())
+    t.mlm_step(_batch(2, n=3))  # another shape: another warm-up
+    assert list(t.graphs.values()) == ["warm", "warm"] and t.step == 2
+    for name, p in model.named_parameters():
+        assert p.grad is grads.get(name), name
+
+
 @pytest.mark.parametrize("deferred", [False, True])
 def test_a_non_finite_gradient_of_a_finite_loss_skips_the_step_and_many_in_a_row_stop(deferred):
     """An inf gradient with a finite loss (one bad batch): clipping it would write NaN into every
