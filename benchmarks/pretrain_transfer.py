@@ -180,7 +180,10 @@ def compare(args: argparse.Namespace) -> None:
             print(f"{job[0]}: exit {job[2].returncode}", flush=True)
     reports = {}
     for name, _ in jobs:
-        report = json.loads((args.work / name / "transfer.json").read_text())
+        path = args.work / name / "transfer.json"
+        if not path.exists():  # the job failed before its first result: its column shows "-"
+            print(f"{name}: no {path} (see {args.work / name}.log)", flush=True)
+        report = json.loads(path.read_text()) if path.exists() else {}
         reports[name] = {**report, **report.get("pretrained", {}), **report.get("control", {})}
     (args.work / "compare.json").write_text(json.dumps(reports, indent=2) + "\n")
     names = [n for n, _ in jobs if n != "control"] + (["control"] if args.control else [])
