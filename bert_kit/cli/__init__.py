@@ -15,7 +15,9 @@ or 1 when the run failed (bad data, a corrupt model, a full disk); see `bert_kit
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from importlib import import_module
 
 from bert_kit.cli.errors import debug_requested, describe, print_traceback
@@ -91,7 +93,21 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
     return args
 
 
+def process_started() -> float:
+    """time.time() at this process's launch (Linux: from /proc; elsewhere: now), so that a time budget
+    counts the interpreter's and torch's start-up as well."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])  # field 22: start time
+        uptime = float(open("/proc/uptime").read().split()[0])  # both on the clock since boot
+        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Without `argv` it is this process's command line, and the command's clock
+    (a time budget) starts at the process's launch; with `argv` (a call from Python), at this call."""
+    started = process_started() if argv is None else time.time()
     debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
     wanted = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=wanted if wanted in COMMANDS else "")
@@ -102,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args.started = started
     try:
         module = import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)

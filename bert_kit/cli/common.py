@@ -43,7 +43,7 @@ def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any,
     check_output_file(args.output, "--output")
     main = True
     try:
-        results = train(cfg, resume=args.resume)
+        results = train(cfg, resume=args.resume, started=args.started)
         main = is_main()  # asked before leaving the group: afterwards every process is "rank 0"
     except (NonFiniteLossError, DistributedError) as e:
         print(f"bert-kit {args.command}: error: {e}", file=sys.stderr)

@@ -322,10 +322,11 @@ class FinetuningJob(Job):
                 "best_model": str(out / "best") if (out / "best").is_dir() else None}
 
 
-def finetune(cfg: FinetuneConfig, resume: str | None = None) -> dict[str, Any]:
+def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
+    started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
     Under torchrun every rank calls this (see `run_job`).
     """
-    return run_job(FinetuningJob, cfg, resume)
+    return run_job(FinetuningJob, cfg, resume, started)

@@ -207,10 +207,11 @@ class PretrainingJob(Job):
                 if (Path(summary["output_dir"]) / "final").is_dir() else None}
 
 
-def pretrain(cfg: PretrainConfig, resume: str | None = None) -> dict[str, Any]:
+def pretrain(cfg: PretrainConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
     """Run (or resume) pretraining; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
+    started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
     Under torchrun every rank calls this (see `run_job`).
     """
-    return run_job(PretrainingJob, cfg, resume)
+    return run_job(PretrainingJob, cfg, resume, started)

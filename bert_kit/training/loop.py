@@ -136,7 +136,7 @@ class Run:
     precision: Precision  # device and precision, resolved once
     checkpoint: Path | None  # checkpoint folder to resume from
     state: dict | None  # its trainer state
-    started: float  # time.time() when the run (this process) started
+    started: float  # time.time() the run's clock (a time budget) counts from
     budget_s: float | None  # seconds left of the time budget
 
 
@@ -167,10 +167,11 @@ def settings_changes(saved: dict, cfg: RunSettings) -> tuple[dict, dict]:
     return changed, refused
 
 
-def start_run(cfg: RunSettings, resume: str | None) -> Run:
+def start_run(cfg: RunSettings, resume: str | None, started: float | None = None) -> Run:
     """Resolve device and precision (printed once), the checkpoint to resume and its settings;
-    claim the run folder; seed every RNG. Settings that may not change on resume stop the run."""
-    started = time.time()
+    claim the run folder; seed every RNG. Settings that may not change on resume stop the run.
+    started: time.time() the run's clock counts from (default: now)."""
+    started = time.time() if started is None else started
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir={out} is a file, not a folder")
@@ -196,13 +197,13 @@ def start_run(cfg: RunSettings, resume: str | None) -> Run:
     return Run(out, precision, checkpoint, state, started, budget)
 
 
-def run_job(make_job: Any, cfg: RunSettings, resume: str | None) -> dict[str, Any]:
+def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float | None = None) -> dict[str, Any]:
     """The whole of `pretrain` and `finetune`: join the process group (under torchrun), start the
     run, build the job (`make_job(cfg, run)`) and train it. If another rank dies or stalls for
     longer than `dist_timeout_s`, the others stop with a one-line `DistributedError`."""
     init_distributed(cfg.dist_timeout_s)
     with collective_errors(cfg.dist_timeout_s):
-        run = start_run(cfg, resume)
+        run = start_run(cfg, resume, started)
         return train(make_job(cfg, run), cfg, run)
 
 

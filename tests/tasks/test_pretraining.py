@@ -33,7 +33,7 @@ from bert_kit.training.optim import create_optimizer
 from bert_kit.training.precision import resolve_precision
 from bert_kit.tasks.pretraining import PretrainConfig, plan_phases, pretrain
 from bert_kit.training.progress import ProgressLogger, read_metrics
-from bert_kit.training.runconfig import load_config
+from bert_kit.training.runconfig import load_config, save_config
 from bert_kit.tokenizer import train_tokenizer
 from bert_kit.training.losses import compute_mlm_loss
 
@@ -642,6 +642,22 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     second = pretrain(again, resume="latest")
     assert second["stopped"] is None and second["steps"] > 3
     assert first["wall_time_s"] + second["wall_time_s"] < budget + 8
+
+
+def test_the_command_counts_its_start_up_against_the_time_budget(tmp_path):
+    """`bert-kit pretrain time_budget=...` ends within the budget from the process's launch: start-up
+    before the run (here 6 s of it, as importing torch and the interpreter's start take) counts too."""
+    budget, start_up = 15.0, 6.0
+    cfg = tiny_config(tmp_path, max_steps=None, time_budget=f"{budget:g}s", eval_every=0, save_every=0)
+    save_config(cfg, tmp_path / "run.yaml")
+    code = (f"import sys, time; time.sleep({start_up}); sys.argv = ['bert-kit', 'pretrain', '--config', sys.argv[1]]; "
+            "from bert_kit.cli import main; sys.exit(main())")
+    launched = time.time()
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.yaml")], check=True, capture_output=True)
+    elapsed = time.time() - launched
+    results = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+    assert results["steps"] > 5 and start_up < results["wall_time_s"] < budget
+    assert elapsed < budget + 1.5  # + the exit after results.json (a clock from the run's start: 18.6 s)
 
 
 def test_a_time_budget_keeps_time_for_a_slow_last_evaluation(tmp_path, monkeypatch):

@@ -163,8 +163,8 @@ def skewed_clock(out: Path, argv: list[str]) -> int:
 
     start_run, apply, lrs = loop.start_run, Schedule.apply, []
 
-    def skewed(cfg, resume):
-        run = start_run(cfg, resume)
+    def skewed(cfg, resume, started=None):
+        run = start_run(cfg, resume, started)
         if rank() == 1:
             run.started -= 3.0
         return run
