@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from importlib import import_module
+from pathlib import Path
 
 from bert_kit.cli.errors import debug_requested, describe, print_traceback
 
@@ -97,8 +98,8 @@ def process_started() -> float:
     """time.time() at this process's launch (Linux: from /proc; elsewhere: now), so that a time budget
     counts the interpreter's and torch's start-up as well."""
     try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])  # field 22: start time
-        uptime = float(open("/proc/uptime").read().split()[0])  # both on the clock since boot
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: start time
+        uptime = float(Path("/proc/uptime").read_text().split()[0])  # both on the clock since boot
         return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return time.time()
