@@ -29,11 +29,14 @@ def fake_popen(launched):
         def __init__(self, cmd, cwd, stdout, stderr, env):
             work, only = Path(cmd[cmd.index("--work") + 1]), cmd[cmd.index("--only") + 1]
             launched.append((work.name, env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--only"):]))
+            if work.name == "broken":  # failed before its first result
+                self.returncode = 1
+                return
             key = "control" if only == "control" else "pretrained"
             (work / "transfer.json").write_text(json.dumps({key: {"sst2": {"metric": "accuracy", "best": 0.5}}}))
 
         def poll(self):
-            return 0
+            return self.returncode
     return Proc
 
 
@@ -80,3 +83,18 @@ def test_steps_side_by_side_keep_each_others_results(pt, tmp_path, monkeypatch):
     assert final["pretrain_wall_s"] == 360.0
     assert final["pretrained"]["sst2"]["best"] == 0.9
     assert final["control"]["sst2"]["best"] == 0.8
+
+
+def test_a_failed_variant_shows_dashes_and_the_others_their_results(pt, tmp_path, monkeypatch, capsys):
+    launched = []
+    monkeypatch.setattr(pt.subprocess, "Popen", fake_popen(launched))
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "vocab.txt").write_text("[PAD]\n")
+    args = argparse.Namespace(work=tmp_path, corpus=Path("corpus"), data_dir=Path("data"), gpus="0",
+                              variants=["broken:lr=1", "recipe:"], budget="6m", tasks="sst2",
+                              finetune_set=[], control=False)
+    pt.compare(args)
+    out = capsys.readouterr().out
+    assert "broken: exit 1" in out and f"broken: no {tmp_path / 'broken' / 'transfer.json'}" in out
+    row = next(line for line in out.splitlines() if line.startswith("SST-2 dev acc"))
+    assert row.split()[-2:] == ["-", "50.0"]
