@@ -4,6 +4,9 @@ A model folder (ours or HF's) holds `config.json` and `model.safetensors` (or a 
 `pytorch_model.bin`, read with `weights_only=True`). We always write safetensors.
 The only non-renaming step is the fused QKV projection: HF keeps query, key and value apart,
 so they are concatenated on import and split on export.
+
+The renaming (`to_hf_state_dict`, `from_hf_state_dict`) works on torch tensors and on NumPy
+arrays alike and imports no torch, so the JAX engine (`bert_kit.jax`) maps its weights here too.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn as nn
+import numpy as np
 
 from bert_kit.checks import CorruptFileError, read_json, writing
 from bert_kit.config import load_hf_config
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +99,22 @@ def to_hf_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor] | None =
         template, i = _template(local)
         if template.startswith("encoder.layers.{i}.attention.qkv."):
             kind = template.rsplit(".", 1)[1]
-            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3, dim=0)):
+            n = tensor.shape[0] // 3
+            for j, part in enumerate(("query", "key", "value")):
                 key = HF_QKV.format(i=i, part=part, kind=kind)
-                out[("bert." if has_bert else "") + key] = chunk.contiguous()
+                out[("bert." if has_bert else "") + key] = _contiguous(tensor[j * n:(j + 1) * n])
             continue
         hf = _rename(local, TO_HF)
         if hf is None:
             raise KeyError(f"no HF name for parameter {name!r}; add it to bert_kit.hf.TO_HF")
         prefix = "bert." if has_bert and not local.startswith(HEAD_PREFIXES) else ""
-        out[prefix + hf] = tensor.contiguous()
+        out[prefix + hf] = _contiguous(tensor)
     return out
+
+
+def _contiguous(t: Any) -> Any:
+    """A torch tensor or NumPy array (the JAX engine's) in one contiguous block, as safetensors wants."""
+    return np.ascontiguousarray(t) if isinstance(t, np.ndarray) else t.contiguous()
 
 
 def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -132,7 +144,13 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool) -> tuple[dic
         if set(parts) != {"query", "key", "value"}:
             missing = sorted({"query", "key", "value"} - set(parts))
             raise KeyError(f"checkpoint layer {i} has no attention.self.{missing} {kind}")
-        fused = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+        rows = [parts["query"], parts["key"], parts["value"]]
+        if isinstance(rows[0], np.ndarray):
+            fused = np.concatenate(rows, axis=0)
+        else:
+            import torch
+
+            fused = torch.cat(rows, dim=0)
         out[("bert." if has_bert else "") + QKV.format(i=i, kind=kind)] = fused
     return out, unmapped
 
@@ -204,6 +222,8 @@ def load_torch_file(file: str | Path, mmap: bool = False) -> Any:
     if not is_zip and head[:1] != b"\x80":  # legacy files start with a pickle opcode
         raise CorruptFileError(f"{file} is truncated or corrupt: it is neither a PyTorch (zip) file nor a pickle")
     mmap = mmap and is_zip  # a legacy (pickle) file cannot be mapped: read it
+    import torch
+
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
