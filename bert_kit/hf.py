@@ -317,20 +317,28 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
     return model.eval()  # as HF: inference mode until the caller calls .train()
 
 
-def save_pretrained(model: nn.Module, folder: str | Path) -> None:
-    """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads."""
-    from safetensors.torch import save_file
+def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.ndarray] | None = None) -> None:
+    """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads.
 
+    tensors: HF-named NumPy arrays to write instead of the torch model's (the JAX engine's model)."""
+    if tensors is None:
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model).items()}
+    else:
+        from safetensors.numpy import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_hf_dict(), "architectures": [getattr(model, "hf_architecture", "BertModel")]}
     if hasattr(model, "num_labels"):
         config["id2label"] = getattr(model, "id2label", None) or {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
         config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model).items()}
     tmp = folder / "model.safetensors.tmp"
     with writing(tmp):  # a full disk names the file
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+    from bert_kit.outputs import default_mode
+
+    tmp.chmod(default_mode())  # the safetensors writer creates 0600; a model is as readable as its config.json
     tmp.replace(folder / "model.safetensors")  # rename is atomic: a crash leaves the old file
     with writing(folder / "config.json"):
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
