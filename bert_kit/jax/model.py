@@ -1,0 +1,447 @@
+"""The BERT encoder and its heads in JAX, as Flax NNX modules that mirror `bert_kit/model.py` and
+`bert_kit/heads.py` class for class and parameter name for parameter name: the one HF mapping of
+`bert_kit/hf.py` serves both engines, and a folder saved by either loads in the other.
+
+Architecture (as the torch model and HF `BertModel`):
+- embeddings: token + learned position (or fixed sinusoidal) + segment, then LayerNorm, dropout;
+- post-norm blocks: x = LN(x + Attn(x)); x = LN(x + FFN(x)), exact erf GELU, the config's
+  LayerNorm eps (1e-12);
+- bidirectional attention; padding is hidden from the keys by the attention mask;
+- pooler: dense + tanh on [CLS]; heads return logits, losses are plain functions (`train.py`);
+- the MLM decoder is tied to the word embeddings (only its bias is its own).
+
+What differs from the torch file, and why:
+- linear layers are `nnx.Linear`, whose kernel is (in, out), so x @ W needs no transpose; kernels
+  are transposed once, where weights are loaded and saved (`weights.py`);
+- attention goes through `jax.nn.dot_product_attention`: cuDNN's fused kernel on a GPU for 16-bit
+  inputs (the padding given as each row's key length: batches are right-padded, as every bert-kit
+  tokenizer and collator pads), XLA elsewhere. Attention dropout needs the probabilities, which
+  the fused call does not expose, so a training call with attention dropout spells it out;
+- randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
+  `dropout` stream). Without it the model is in eval mode; a jitted step passes a key it is given;
+- precision: parameters live in float32. Cast them to bfloat16 (`train.cast`) and the forward runs
+  in bfloat16, with LayerNorm statistics, softmax and losses in float32;
+- the MLM head predicts at fixed slots per row, `masked_positions` (B, P), as Google's BERT did
+  (max_predictions_per_seq): shapes stay static under jit and the slots shard with the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bert_kit.config import BertConfig
+
+
+class StaticConfig(BertConfig):
+    """A `BertConfig` that can be hashed: NNX keeps a module's plain attributes in its graph
+    definition, which `nnx.jit` hashes."""
+
+    def __hash__(self) -> int:
+        return hash(tuple(asdict(self).items()))
+
+
+def dense(n_in: int, n_out: int, config: BertConfig, rngs: nnx.Rngs) -> nnx.Linear:
+    """A linear layer with BERT's init: N(0, initializer_range) kernel (in, out), zero bias."""
+    return nnx.Linear(n_in, n_out, kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+
+def dropout(module: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
+    """`module`'s dropout when the call trains (rngs given), the identity in eval."""
+    return module(x, deterministic=rngs is None, rngs=rngs)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last dimension, statistics in float32 whatever the input dtype; the
+    output keeps the input's dtype. Parameters named as torch's: weight, bias."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-12):
+        self.weight = nnx.Param(jnp.ones(hidden_size))
+        self.bias = nnx.Param(jnp.zeros(hidden_size))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.weight[...] + self.bias[...]).astype(x.dtype)
+
+
+def activation(name: str, x: jax.Array) -> jax.Array:
+    """Exact (erf) GELU, as BERT, or ReLU."""
+    return jax.nn.gelu(x, approximate=False) if name == "gelu" else jax.nn.relu(x)
+
+
+@functools.lru_cache(maxsize=8)
+def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:
+    """Fixed sin/cos position table of Vaswani et al.: (num_positions, dim), float32, computed in
+    float64 as the torch model does (a constant, not a parameter)."""
+    position = np.arange(num_positions, dtype=np.float64)[:, None]
+    freq = np.exp(np.arange(0, dim, 2, dtype=np.float64) * (-math.log(10000.0) / dim))
+    table = np.zeros((num_positions, dim), dtype=np.float64)
+    table[:, 0::2] = np.sin(position * freq)
+    table[:, 1::2] = np.cos(position * freq[: dim // 2])
+    return table.astype(np.float32)
+
+
+class BertEmbeddings(nnx.Module):
+    """Token + position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(config.initializer_range)
+        H = config.hidden_size
+        self.word_embeddings = nnx.Embed(config.vocab_size, H, embedding_init=init, rngs=rngs)
+        # the padding row starts at zero and, as torch's padding_idx, takes no gradient from lookups
+        table = self.word_embeddings.embedding
+        table[...] = table[...].at[config.pad_token_id].set(0.0)
+        self.pad_token_id = config.pad_token_id
+        self.learned_positions = config.position_embedding_type == "learned"
+        if self.learned_positions:
+            self.position_embeddings = nnx.Embed(config.max_position_embeddings, H, embedding_init=init, rngs=rngs)
+        self.max_positions = config.max_position_embeddings
+        self.token_type_embeddings = nnx.Embed(config.type_vocab_size, H, embedding_init=init, rngs=rngs)
+        self.norm = LayerNorm(H, config.layer_norm_eps)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None = None,
+                 rngs: nnx.Rngs | None = None) -> jax.Array:
+        """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
+        T = input_ids.shape[-1]
+        words = self.word_embeddings(input_ids)  # (B, T, H)
+        words = jnp.where((input_ids == self.pad_token_id)[..., None], jax.lax.stop_gradient(words), words)
+        if self.learned_positions:
+            positions = self.position_embeddings.embedding[:T]  # (T, H)
+        else:
+            positions = jnp.asarray(sinusoidal_table(self.max_positions, words.shape[-1])[:T], words.dtype)
+        if token_type_ids is None:  # all sentence A: row 0 of the segment table
+            segments = self.token_type_embeddings.embedding[0]
+        else:
+            segments = self.token_type_embeddings(token_type_ids)
+        x = words + positions.astype(words.dtype) + segments
+        return dropout(self.dropout, self.norm(x), rngs)
+
+
+def attention_implementation(dtype: jnp.dtype, head_dim: int) -> str:
+    """"cudnn" (fused flash attention) on a GPU for 16-bit inputs and head sizes it takes, else "xla"."""
+    on_gpu = jax.default_backend() == "gpu"
+    fits = dtype in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if on_gpu and fits else "xla"
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Softmax attention of (B, T, nh, hd) q, k, v with a (B, T) bool key mask (True = token)."""
+    if attention_implementation(q.dtype, q.shape[-1]) == "cudnn":
+        lengths = None if mask is None else mask.sum(-1, dtype=jnp.int32)  # (B,) right-padded rows
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
+    key_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T)
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation="xla")
+
+
+def attention_with_dropout(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
+                           drop: nnx.Dropout, rngs: nnx.Rngs) -> jax.Array:
+    """The same attention with dropout on the probabilities: (B, T, nh, hd) -> (B, T, nh, hd)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale  # (B, nh, T, T)
+    if mask is not None:
+        logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    probs = dropout(drop, jax.nn.softmax(logits, axis=-1), rngs).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Bidirectional multi-head self-attention with a fused QKV projection."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        H = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.qkv = dense(H, 3 * H, config, rngs)  # kernel columns: [query | key | value]
+        self.out = dense(H, H, config, rngs)
+        self.attn_dropout = nnx.Dropout(config.attention_probs_dropout_prob)
+
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """x: (B, T, H) with mask (B, T) bool (True = attend) -> (B, T, H)."""
+        B, T, H = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, nh, hd)
+        if rngs is not None and self.attn_dropout.rate > 0:
+            y = attention_with_dropout(q, k, v, mask, self.attn_dropout, rngs)
+        else:
+            y = fused_attention(q, k, v, mask)
+        return self.out(y.reshape(B, T, H))
+
+
+class FeedForward(nnx.Module):
+    """Position-wise MLP: H -> intermediate -> H with GELU (or ReLU)."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        self.up = dense(config.hidden_size, config.intermediate_size, config, rngs)
+        self.act = config.hidden_act
+        self.down = dense(config.intermediate_size, config.hidden_size, config, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(activation(self.act, self.up(x)))
+
+
+class TransformerEncoderBlock(nnx.Module):
+    """One post-norm encoder layer: attention -> add & norm -> feed-forward -> add & norm."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        self.attention = MultiHeadAttention(config, rngs)
+        self.attention_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.ffn = FeedForward(config, rngs)
+        self.ffn_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+        x = self.attention_norm(x + dropout(self.dropout, self.attention(x, mask, rngs), rngs))
+        return self.ffn_norm(x + dropout(self.dropout, self.ffn(x), rngs))
+
+
+class BertEncoder(nnx.Module):
+    """A stack of `num_hidden_layers` encoder blocks."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        self.layers = nnx.List([TransformerEncoderBlock(config, rngs) for _ in range(config.num_hidden_layers)])
+
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+        for layer in self.layers:
+            x = layer(x, mask, rngs)
+        return x
+
+
+class BertPooler(nnx.Module):
+    """Dense + tanh on the [CLS] position: (B, T, H) -> (B, H)."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        self.dense = dense(config.hidden_size, config.hidden_size, config, rngs)
+
+    def __call__(self, hidden: jax.Array) -> jax.Array:
+        return jnp.tanh(self.dense(hidden[:, 0]))
+
+
+def check_shapes(config: BertConfig, input_ids: jax.Array, attention_mask: jax.Array | None,
+                 token_type_ids: jax.Array | None) -> None:
+    """Clear errors for wrong shapes and dtypes (static, so free under jit). Token id values are
+    not checked: a jitted step cannot stop on them, and bert-kit's tokenizers produce valid ids."""
+    if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be integers of shape (batch, seq_len), got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
+    if input_ids.shape[1] > config.max_position_embeddings:
+        raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
+                         f"({config.max_position_embeddings}); truncate the input")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and t.shape != input_ids.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
+
+
+class BertPreTrainedModel(nnx.Module):
+    """Shared by BERTModel and every head: HF-compatible load and save (`weights.py`)."""
+
+    config: BertConfig
+    hf_architecture = "BertModel"  # the class name `transformers` loads a saved folder with
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, strict: bool = False, seed: int = 0, **head_args):
+        """Load an HF or bert-kit model folder (or the local copy of a hub name); new head weights
+        are drawn from `seed`."""
+        from bert_kit.jax.weights import from_pretrained
+
+        return from_pretrained(cls, folder, strict=strict, seed=seed, **head_args)
+
+    def save_pretrained(self, folder: str | Path, tokenizer: str | Path | None = None) -> None:
+        """Write config.json + model.safetensors that bert-kit's PyTorch side and `transformers`
+        load unchanged, and the tokenizer files of `tokenizer` (a folder) beside them."""
+        from bert_kit.jax.weights import save_pretrained
+
+        save_pretrained(self, folder, tokenizer)
+
+    def num_parameters(self) -> int:
+        """Parameter count (the tied decoder counted once: it has no weight of its own)."""
+        return sum(p.size for p in jax.tree.leaves(nnx.state(self, nnx.Param)))
+
+
+class BERTModel(BertPreTrainedModel):
+    """The BERT encoder with its pooler.
+
+    `model(input_ids, attention_mask, token_type_ids)` -> last hidden states (B, T, H);
+    `model.pool(hidden)` -> pooled [CLS] output (B, H).
+    """
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = StaticConfig(**asdict(config))
+        self.embeddings = BertEmbeddings(config, rngs)
+        self.encoder = BertEncoder(config, rngs)
+        self.pooler = BertPooler(config, rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, *, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """input_ids, attention_mask (1 = token, 0 = pad), token_type_ids: (B, T) -> (B, T, H).
+        rngs: an `nnx.Rngs` with a `dropout` stream to train with dropout; None is eval."""
+        check_shapes(self.config, input_ids, attention_mask, token_type_ids)
+        mask = None if attention_mask is None else attention_mask.astype(bool)  # (B, T)
+        x = self.embeddings(input_ids, token_type_ids, rngs)  # (B, T, H)
+        return self.encoder(x, mask, rngs)
+
+    def pool(self, hidden: jax.Array) -> jax.Array:
+        """Pooled output: tanh(W h_[CLS] + b), (B, T, H) -> (B, H)."""
+        return self.pooler(hidden)
+
+
+# ---- heads (bert_kit/heads.py) ----------------------------------------------------------------
+
+class TiedDecoder(nnx.Module):
+    """The MLM output layer: its weight is the word-embedding table, only the bias is its own."""
+
+    def __init__(self, vocab_size: int):
+        self.bias = nnx.Param(jnp.zeros(vocab_size))
+
+    def __call__(self, x: jax.Array, table: jax.Array) -> jax.Array:
+        """x (..., H), table (V, H) -> logits (..., V)."""
+        return jnp.einsum("...h,vh->...v", x, table.astype(x.dtype)) + self.bias[...].astype(x.dtype)
+
+
+class MLMHead(nnx.Module):
+    """Transform (dense + GELU + LayerNorm), then the decoder tied to the word embeddings."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+        self.dense = dense(config.hidden_size, config.hidden_size, config, rngs)
+        self.act = config.hidden_act
+        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.decoder = TiedDecoder(config.vocab_size)
+
+    def __call__(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
+        """(..., H) and the word embeddings (V, H) -> (..., V)."""
+        return self.decoder(self.norm(activation(self.act, self.dense(hidden))), table)
+
+
+def select_masked(hidden: jax.Array, masked_positions: jax.Array | None) -> jax.Array:
+    """(B, T, H) -> (B, P, H) at each row's P prediction slots; unchanged without slots."""
+    if masked_positions is None:
+        return hidden
+    return jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+
+
+class _TiedMLM(BertPreTrainedModel):
+    """BERT + the MLM head, whose decoder reads the word embeddings (one array, counted once)."""
+
+    def mlm_logits(self, hidden: jax.Array, masked_positions: jax.Array | None) -> jax.Array:
+        table = self.bert.embeddings.word_embeddings.embedding[...]
+        return self.mlm(select_masked(hidden, masked_positions), table)
+
+
+class BERTForMaskedLM(_TiedMLM):
+    """BERT with the masked-language-model head."""
+
+    hf_architecture = "BertForMaskedLM"
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = StaticConfig(**asdict(config))
+        self.bert = BERTModel(config, rngs=rngs)
+        self.mlm = MLMHead(config, rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, masked_positions: jax.Array | None = None, *,
+                 rngs: nnx.Rngs | None = None) -> jax.Array:
+        """-> (B, T, V) logits, or (B, P, V) at the (B, P) `masked_positions`."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, rngs=rngs)
+        return self.mlm_logits(hidden, masked_positions)
+
+
+class BERTForPreTraining(_TiedMLM):
+    """BERT with the MLM head and the next-sentence-prediction head (pretraining)."""
+
+    hf_architecture = "BertForPreTraining"
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = StaticConfig(**asdict(config))
+        self.bert = BERTModel(config, rngs=rngs)
+        self.mlm = MLMHead(config, rngs)
+        self.nsp = dense(config.hidden_size, 2, config, rngs)  # 0 = B follows A, 1 = B is random (HF)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, masked_positions: jax.Array | None = None, *,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
+        """-> (mlm_logits (B, T, V), or (B, P, V) at `masked_positions`, nsp_logits (B, 2))."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, rngs=rngs)
+        return self.mlm_logits(hidden, masked_positions), self.nsp(self.bert.pool(hidden))
+
+
+class _Classifier(BertPreTrainedModel):
+    """BERT + dropout + a linear layer to `num_labels` outputs (shared by the two heads below)."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2, classifier_dropout: float | None = None, *,
+                 rngs: nnx.Rngs | None = None):
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = StaticConfig(**asdict(config))
+        self.num_labels = num_labels
+        self.bert = BERTModel(config, rngs=rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob if classifier_dropout is None else classifier_dropout)
+        self.classifier = dense(config.hidden_size, num_labels, config, rngs)
+
+
+class BERTForSequenceClassification(_Classifier):
+    """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""
+
+    hf_architecture = "BertForSequenceClassification"
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, *, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """-> logits (B, num_labels)."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, rngs=rngs)
+        return self.classifier(dropout(self.dropout, self.bert.pool(hidden), rngs))
+
+
+class BERTForTokenClassification(_Classifier):
+    """Per-token linear classifier (NER, POS tagging)."""
+
+    hf_architecture = "BertForTokenClassification"
+
+    def __init__(self, config: BertConfig, num_labels: int = 9, classifier_dropout: float | None = None, *,
+                 rngs: nnx.Rngs | None = None):
+        super().__init__(config, num_labels, classifier_dropout, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, *, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """-> logits (B, T, num_labels)."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, rngs=rngs)
+        return self.classifier(dropout(self.dropout, hidden, rngs))
+
+
+class BERTForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA: a linear layer gives start and end logits for every token."""
+
+    hf_architecture = "BertForQuestionAnswering"
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = StaticConfig(**asdict(config))
+        self.bert = BERTModel(config, rngs=rngs)
+        self.qa_outputs = dense(config.hidden_size, 2, config, rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, *,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
+        """-> (start_logits (B, T), end_logits (B, T))."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, rngs=rngs)
+        logits = self.qa_outputs(hidden)  # (B, T, 2)
+        return logits[..., 0], logits[..., 1]
+
+
+# HF architecture name -> our class (config.json "architectures"), as `bert_kit.heads.HEAD_CLASSES`
+HEAD_CLASSES = {cls.hf_architecture: cls for cls in (BERTModel, BERTForPreTraining, BERTForMaskedLM,
+                                                      BERTForSequenceClassification, BERTForTokenClassification,
+                                                      BERTForQuestionAnswering)}

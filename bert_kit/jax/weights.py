@@ -1,0 +1,139 @@
+"""Weights of the JAX engine in and out of model folders, through the one HF mapping of `bert_kit/hf.py`.
+
+The NNX modules carry the torch model's parameter names, so a parameter's path in the NNX state
+(`encoder.layers.0.ffn.up.kernel`) becomes the torch name (`encoder.layers.0.ffn.up.weight`) by one
+rule, and `hf.py` maps that to HF's name. The one non-renaming step on this side: `nnx.Linear`
+keeps its kernel as (in, out) where torch and HF keep (out, in), so kernels are transposed here,
+and only here. Arrays are read and written as NumPy (safetensors), without torch; a legacy
+`pytorch_model.bin` is read through torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bert_kit.checks import CorruptFileError, read_json
+from bert_kit.config import load_hf_config
+from bert_kit.hf import HEAD_PREFIXES, _first_line, _infer_head_args, from_hf_state_dict, load_torch_file, \
+    save_pretrained as save_hf_folder, to_hf_state_dict, weights_file
+
+log = logging.getLogger(__name__)
+
+# the NNX leaf name -> the torch one, and whether the array is transposed on the way
+LEAF_NAMES = {"kernel": ("weight", True), "embedding": ("weight", False)}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def torch_name(path: tuple) -> tuple[str, bool]:
+    """An NNX state path -> (the torch parameter name, whether the array is transposed).
+
+    ('bert', 'encoder', 'layers', 0, 'ffn', 'up', 'kernel') -> ('bert.encoder.layers.0.ffn.up.weight', True)
+    """
+    *parents, leaf = (str(p) for p in path)
+    leaf, transposed = LEAF_NAMES.get(leaf, (leaf, False))
+    return ".".join([*parents, leaf]), transposed
+
+
+def torch_state_dict(model: nnx.Module, state: nnx.State | None = None) -> dict[str, np.ndarray]:
+    """The model's parameters (or `state`, e.g. gradients, shaped as them) as NumPy arrays under
+    torch's names and in torch's layout."""
+    state = nnx.state(model, nnx.Param) if state is None else state
+    out = {}
+    for path, value in nnx.to_flat_state(state):
+        name, transposed = torch_name(path)
+        array = np.asarray(jax.device_get(value[...] if isinstance(value, nnx.Variable) else value))
+        out[name] = array.T if transposed else array
+    return out
+
+
+def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], source: str = "checkpoint",
+                          strict: bool = False) -> list[str]:
+    """Copy torch-named arrays into `model`; returns the names of head weights left as initialised.
+
+    The rules of `bert_kit.hf.load_into`: missing backbone weights, unknown names and shape
+    mismatches raise one error listing all of them; missing head weights (a new classifier on a
+    pretrained encoder) are allowed unless strict; weights of other heads are dropped.
+    """
+    params = nnx.state(model, nnx.Param)
+    own = {}  # torch name -> (path, transposed, shape in torch layout)
+    for path, value in nnx.to_flat_state(params):
+        name, transposed = torch_name(path)
+        own[name] = (path, transposed, tuple(reversed(value.shape)) if transposed else tuple(value.shape))
+    problems = [f"  shape mismatch {k}: checkpoint {tuple(state[k].shape)}, model {own[k][2]}"
+                for k in sorted(set(state) & set(own)) if tuple(state[k].shape) != own[k][2]]
+    missing = sorted(set(own) - set(state))
+    new_heads = [k for k in missing if k.startswith(HEAD_PREFIXES)]
+    missing_core = [k for k in missing if k not in new_heads or strict]
+    unexpected = sorted(set(state) - set(own))
+    other_heads = [] if strict else [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
+    unexpected = [k for k in unexpected if k not in other_heads]
+    problems += [f"  missing {k} {own[k][2]}" for k in missing_core]
+    problems += [f"  unexpected {k}" for k in unexpected]
+    if problems:
+        raise ValueError(f"{source} does not match {type(model).__name__}:\n" + "\n".join(problems))
+    flat = dict(nnx.to_flat_state(params))
+    for name, (path, transposed, _) in own.items():
+        if name in state:
+            array = np.asarray(state[name], dtype=np.float32)
+            flat[path][...] = jnp.asarray(array.T if transposed else array)
+    nnx.update(model, nnx.from_flat_state(flat))
+    if new_heads:
+        log.info("%s: newly initialised head weights %s", source, new_heads)
+    if other_heads:
+        log.info("%s: ignored weights of other heads %s", source, other_heads)
+    return new_heads
+
+
+def read_arrays(folder: str | Path) -> dict[str, np.ndarray]:
+    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`."""
+    file = weights_file(folder)
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        try:
+            return load_file(str(file))
+        except SafetensorError as e:
+            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
+                                   "or corrupt; copy or save the model again") from None
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in load_torch_file(file).items()}
+
+
+def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: int = 0, **head_args) -> nnx.Module:
+    """Build `cls` (a `bert_kit.jax` model class) from an HF or bert-kit folder, or from the local
+    copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2". Parameters are float32."""
+    folder = Path(folder)
+    if not folder.is_dir():  # a hub name: its local copy (nothing is downloaded)
+        from bert_kit.model_folder import resolve_model
+
+        folder = resolve_model(folder)
+    config = load_hf_config(folder)
+    hf_state = read_arrays(folder)
+    head_args = {**_infer_head_args(cls, hf_state, read_json(folder / "config.json")), **head_args}
+    model = cls(config, rngs=nnx.Rngs(seed), **head_args)
+    state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
+    if unmapped:
+        raise ValueError(f"{folder} does not match {cls.__name__}:\n" + "\n".join(f"  unexpected {k}" for k in unmapped))
+    load_torch_state_dict(model, state, source=str(folder), strict=strict)
+    return model
+
+
+def save_pretrained(model: nnx.Module, folder: str | Path, tokenizer: str | Path | None = None) -> None:
+    """Write config.json + model.safetensors (HF names, torch layout) that bert-kit's PyTorch side
+    and `transformers` load unchanged; copy the tokenizer files of the folder `tokenizer`."""
+    save_hf_folder(model, folder, tensors=to_hf_state_dict(model, torch_state_dict(model)))
+    if tokenizer is not None:
+        source = Path(tokenizer)
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        if not copied:
+            raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}) in {source}")
+        for name in copied:
+            if (source / name).resolve() != (Path(folder) / name).resolve():
+                shutil.copyfile(source / name, Path(folder) / name)
