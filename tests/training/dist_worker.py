@@ -156,12 +156,16 @@ def fault(kind: str, at_step: int, argv: list[str]) -> int:
 
 def skewed_clock(out: Path, argv: list[str]) -> int:
     """The `bert-kit` command line with rank 1's run clock started 3 s before rank 0's; each rank
-    writes the learning rates it applied to OUT/lrs-rank{N}.json."""
+    writes the learning rates it applied to OUT/lrs-rank{N}.json. The loop runs on a fake clock
+    that a step advances by 0.25 s, so the run is the same on a fast machine and a busy one."""
+    import bert_kit.cli as cli
     import bert_kit.training.loop as loop
-    from bert_kit.cli import main
+    from tests.fake_clock import FakeClock
     from bert_kit.training.optim import Schedule
 
     start_run, apply, lrs = loop.start_run, Schedule.apply, []
+    clock = FakeClock()
+    cli.time = loop.time = SimpleNamespace(time=clock.time)  # the command's start, and the loop's clock
 
     def skewed(cfg, resume, started=None):
         run = start_run(cfg, resume, started)
@@ -170,11 +174,12 @@ def skewed_clock(out: Path, argv: list[str]) -> int:
         return run
 
     def recorded(self, *args, **kwargs):
+        clock.sleep(0.25)  # the step this lr is for
         lrs.append(apply(self, *args, **kwargs))
         return lrs[-1]
 
     loop.start_run, Schedule.apply = skewed, recorded
-    code = main(argv)
+    code = cli.main(argv)
     (out / f"lrs-rank{os.environ['RANK']}.json").write_text(json.dumps(lrs))  # the group is gone by now
     return code
 

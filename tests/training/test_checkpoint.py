@@ -176,7 +176,7 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     proc = subprocess.Popen([sys.executable, str(tmp_path / "kill.py"), str(config), str(marker)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
     try:
-        deadline = time.time() + 50
+        deadline = time.time() + 300  # only a hang fails: start-up takes what a busy machine needs
         while not marker.exists():
             assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
             assert time.time() < deadline, "the run never reached the second checkpoint"

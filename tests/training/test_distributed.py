@@ -46,7 +46,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 TOL = {"rtol": 0, "atol": 1e-5}
 
 
-def torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     launcher = [str(TORCHRUN)] if TORCHRUN.is_file() else [sys.executable, "-m", "torch.distributed.run"]
     proc = subprocess.run([*launcher, "--standalone", "--nproc_per_node=2", *args], env=ENV, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
@@ -172,7 +172,7 @@ def run_faulty(tmp_path: Path, name: str, kind: str, at_step: int, *argv: str) -
         procs.append(subprocess.Popen([sys.executable, WORKER, "fault", kind, str(at_step), *argv], env=env,
                                       cwd=REPO, stdout=subprocess.DEVNULL, stderr=logs[r]))
     try:
-        deadline, failed_at = time.time() + 90, None
+        deadline, failed_at = time.time() + 150, None  # a hang: past any dist_timeout_s used here
         while procs[0].poll() is None:
             assert time.time() < deadline, "rank 0 hangs after its peer failed"
             if failed_at is None and f"{kind} at step" in (tmp_path / f"{name}-rank1.err").read_text():
@@ -208,12 +208,12 @@ def test_torchrun_cli_survives_a_dead_and_a_stalled_rank(tmp_path):
     assert codes == [1, 3], err[-2000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("bert-kit pretrain: error: rank 0 of 2: lost the other ranks"), err[-2000:]
-    assert "--resume latest" in last and waited < 20
+    assert "--resume latest" in last and waited < 45  # at once: long before dist_timeout_s (60 s)
     # resumed, rank 1 hangs at step 5: rank 0 gives up after dist_timeout_s (8 s), not never
     codes, err, waited = run_faulty(tmp_path, "stall", "stall", 5, *argv, "dist_timeout_s=8", "--resume", "latest")
     assert codes[0] == 1, err[-2000:]
     assert "rank 0 of 2: lost the other ranks" in err and "dist_timeout_s=8" in err
-    assert 5 < waited < 40
+    assert 5 < waited < 120  # after the timeout, not never (a busy machine only adds to it)
     assert load_trainer_state(run / "checkpoints" / "step-0000004")["step"] == 4
     # and the run resumes from its last checkpoint, now sharded with FSDP2, ending where the
     # uninterrupted run ended: same per-rank dropout streams and data positions
@@ -230,11 +230,12 @@ def test_torchrun_cli_survives_a_dead_and_a_stalled_rank(tmp_path):
 
 def test_a_time_budget_gives_every_rank_the_same_learning_rates(tmp_path):
     """The schedule of a time budget runs on the clock, and each rank's clock differs (here rank
-    1's run started 3 s earlier): the ranks share one clock, so their lr and weights stay alike."""
+    1's run started 3 s earlier): the ranks share one clock, so their lr and weights stay alike.
+    Each rank runs on a fake clock (a step takes 0.25 s), so the machine's speed does not matter."""
     cfg = tiny_config(tmp_path, max_steps=None, time_budget="15s", warmup_fraction=0.2, eval_every=0,
                       save_every=0, log_every=1)
     save_config(cfg, tmp_path / "run.yaml")
     torchrun(WORKER, "skewed-clock", str(tmp_path), "pretrain", "--config", str(tmp_path / "run.yaml"))
     lrs = [json.loads((tmp_path / f"lrs-rank{r}.json").read_text()) for r in (0, 1)]
     assert len(lrs[0]) > 5 and lrs[0] == lrs[1]
-    assert max(lrs[0]) > 5 * min(lrs[0])  # the schedule moved (how far depends on the machine's start-up)
+    assert len(lrs[0]) > 20 and max(lrs[0]) > 5 * min(lrs[0])  # the schedule warmed up and decayed
