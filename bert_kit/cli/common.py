@@ -6,13 +6,14 @@ import argparse
 import json
 import signal
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from bert_kit.checks import ConfigError
 from bert_kit.cli.errors import check_output_dir, check_output_file
+from bert_kit.outputs import write_text
 from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
 from bert_kit.training.distributed import DistributedError, cleanup, is_main
+from bert_kit.training.loop import protected_files
 from bert_kit.training.runconfig import add_config_arguments, apply_overrides, config_from_dict, load_config
 from bert_kit.training.trainer import NonFiniteLossError
 
@@ -40,7 +41,7 @@ def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any,
     """Run `train(cfg, resume=...)`, write --output, print the results (the `shown` keys, or all);
     exit 0, 1 for a failed run, 130/143 after SIGINT/SIGTERM."""
     check_output_dir(cfg.output_dir, "output_dir")  # before any work, not when the results are written
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", inputs=[args.config, *protected_files(cfg)])
     main = True
     try:
         results = train(cfg, resume=args.resume, started=args.started)
@@ -51,8 +52,7 @@ def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any,
     finally:
         cleanup()  # leave the process group (torchrun runs)
     if args.output and main:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+        write_text(args.output, json.dumps(results, indent=2) + "\n")
     if main:
         print(json.dumps({k: results.get(k) for k in shown} if shown else results, indent=2))
     if results["stopped"]:

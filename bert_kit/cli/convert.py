@@ -7,6 +7,8 @@ bert-kit / HF folder with `model.safetensors`, choosing which heads to keep.
 encoder and pooler only; the default picks the richest head the checkpoint has. Heads the
 checkpoint lacks are initialised fresh and named in the output. Tokenizer files are copied.
 The written folder loads in `transformers` with the same outputs (weights are only renamed).
+--output must be a new or empty folder, or one that bert-kit wrote (its record lists every file
+in it): a folder holding anything else is refused, naming those files.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from bert_kit.checks import ConfigError
+from bert_kit.outputs import OutputFolder
 
 HEADS = ("pretraining", "mlm", "base")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
@@ -46,6 +49,7 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
     src, dst = resolve_model(input_folder), Path(output_folder)  # a folder, or a hub name's local copy
     if src.resolve() == dst.resolve():
         raise ConfigError(f"--output must differ from --input ({src})")
+    out = OutputFolder(dst, "--output", "bert-kit convert")  # before any work
     state = read_state_dict(src)
     head = head or detect_head(state)
     classes = _head_classes()
@@ -53,10 +57,12 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
         raise ValueError(f"--head must be one of {sorted(classes)}, got {head!r}")
     model = classes[head](load_hf_config(src))
     new_heads = load_into(model, state, source=str(src))
+    out.prepare()
     model.save_pretrained(dst)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)
+    copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for name in copied:
+        shutil.copyfile(src / name, dst / name)
+    out.commit(["config.json", "model.safetensors", *copied])
     return head, new_heads
 
 

@@ -14,6 +14,7 @@ from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 from bert_kit.model_folder import resolve_model
 from bert_kit.onnx_export import onnx_folder
+from bert_kit.outputs import write_file
 from bert_kit.tasks.inference import warn_blank_texts
 
 
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", inputs=[args.input])
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
     warn_blank_texts(texts, args.input)
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
@@ -50,9 +51,7 @@ def run(args: argparse.Namespace) -> int:
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
     seconds = time.perf_counter() - t0
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as f:  # np.save(path) would append .npy to other names
-        np.save(f, vectors)
+    write_file(out, lambda f: np.save(f, vectors), binary=True)  # np.save(path) would append .npy to other names
     print(f"embedded {len(texts)} texts -> {out} {vectors.shape} ({len(texts) / max(seconds, 1e-9):.0f} texts/s "
           f"on {encoder.device})")
     return 0

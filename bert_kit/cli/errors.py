@@ -18,10 +18,10 @@ import errno
 import io
 import os
 import re
-import tempfile
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Iterable
 
+from bert_kit import outputs
 from bert_kit.checks import ConfigError
 
 USAGE, FAILURE = 2, 1
@@ -108,37 +108,16 @@ def _path_in_traceback(exc: BaseException) -> str | None:
 
 # ---- output locations, checked before the work ---------------------------------------------------
 
-def check_output_file(path: str | Path | None, flag: str) -> None:
-    """Refuse an output file that is a folder, or lies under a file or an unwritable folder."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder: name a file to write")
-    _check_writable(path.parent, flag, path)
+def check_output_file(path: str | Path | None, flag: str, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Refuse an output file that is a folder, not a regular file (a device, FIFO or socket), one of
+    the command's input files `inputs`, or lies under a file or an unwritable folder
+    (`bert_kit.outputs` has the rule every command writes by)."""
+    outputs.check_output_file(path, flag, inputs)
 
 
 def check_output_dir(path: str | Path, key: str) -> None:
     """Refuse an output folder that is a file, lies under a file, or cannot be written."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{key}={path} is a file, not a folder: choose another {key}")
-    _check_writable(path, key, path)
-
-
-def _check_writable(folder: Path, key: str, target: Path) -> None:
-    """The nearest existing folder on the way to `folder` must be a folder we can create files in."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{key} {target}: {existing} is a file, not a folder")
-    try:  # a real write: permission bits say nothing for root, or on a read-only mount
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise ConfigError(f"{key} {target}: cannot write in {existing} ({reason}): choose a writable location") from None
+    outputs.check_output_dir(path, key)
 
 
 def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import add_device_option, add_model_option, add_table_options
+from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
 
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", inputs=[args.data])
     task, model, precision = load_task_model(args)
     items = task.read_eval(args.data, args.max_examples)
     if not items:
@@ -69,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
     out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_text(out, json.dumps(result, indent=2) + "\n")
     print(summary_line(task.name, metrics))
     print(f"wrote {out}")
     if task.name == "classification" and "confusion_matrix" in metrics:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.training.progress import PLOT_FILE, plot_losses
+from bert_kit.training.progress import METRICS_FILE, PLOT_FILE, plot_losses
 
 
 
@@ -15,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", inputs=[Path(args.run_dir) / METRICS_FILE])
     out = plot_losses(args.run_dir, args.output)
     print(out)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.evaluate import add_common_arguments
+from bert_kit.outputs import write_file
 from bert_kit.tasks.inference import PREDICTORS, load_task_model
 
 
@@ -23,17 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
-    check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output", inputs=[args.input])
     if not Path(args.input).is_file():
         raise FileNotFoundError(f"input file not found: {args.input}")
     task, model, precision = load_task_model(args, verbose=False)
     records = PREDICTORS[task.name](task, model, args.input, precision, args.input_format)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:  # written whole, then renamed: never half a file
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    tmp.replace(out)
+    write_file(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     print(f"{task.name}: {len(records)} predictions -> {out} ({time.time() - t0:.1f}s on {precision.device})")
     return 0

@@ -5,15 +5,20 @@
 
 The trained folder holds tokenizer.json, vocab.txt and tokenizer_config.json, loadable by
 `get_tokenizer` and by `transformers.BertTokenizerFast`. Special tokens get the first ids:
-[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. --output is a new or empty folder, or one an
+earlier `tokenizer train` wrote; never a model folder (a new vocabulary would silently change
+what its embedding rows mean).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 FORMATS = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikitext": "wikitext"}
+WRITTEN = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # what WordPieceTokenizer.save writes
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.onnx")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     from bert_kit.data import check_text_file
     from bert_kit.checks import ConfigError
-    from bert_kit.cli.errors import check_output_dir
     from bert_kit.data.corpus import iter_documents, resolve_files
+    from bert_kit.outputs import OutputFolder
     from bert_kit.tokenizer import train_tokenizer
 
     if args.vocab_size < 6:
         raise ConfigError(f"--vocab-size must leave room beyond the 5 special tokens, got {args.vocab_size}")
-    check_output_dir(args.output, "--output")
+    model_files = [n for n in MODEL_FILES if (Path(args.output) / n).exists()]
+    if model_files:
+        raise ConfigError(f"--output {args.output} holds a model ({', '.join(model_files)}): a new vocabulary there "
+                          "would change what its embedding rows mean; train the tokenizer into a new folder")
+    out = OutputFolder(args.output, "--output", "bert-kit tokenizer train")
     files = resolve_files(args.files)  # names a missing file before any work
     start = time.time()
     opts = dict(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)
@@ -53,7 +62,9 @@ def _train(args: argparse.Namespace) -> int:
         tokenizer = train_tokenizer([str(f) for f in files], **opts)  # the Rust reader: fast, parallel
     else:
         tokenizer = train_tokenizer(texts=iter_documents(files, FORMATS[args.format], args.text_field), **opts)
+    out.prepare()
     tokenizer.save(args.output)
+    out.commit(WRITTEN)
     print(f"trained a {tokenizer.vocab_size}-token WordPiece vocabulary on {len(files)} file(s) "
           f"in {time.time() - start:.1f}s; saved to {args.output}")
     if tokenizer.vocab_size < args.vocab_size:

@@ -8,6 +8,8 @@ A checkpoint is a folder `step-0000100/` holding
   torch CPU, every CUDA device), the data position (sampler epoch / batch), the step and the
   run config. Only plain containers and tensors, so it loads with `weights_only=True`.
 
+Every folder written here (checkpoints, and best/ or final/ by `write_folder_atomically`) holds
+the record of what bert-kit wrote in it (`.bert-kit-files.json`, bert_kit/outputs.py).
 Everything is written into `step-0000100.tmp/` first, flushed to disk, then renamed in one
 `os.replace`: a process killed mid-write leaves a `.tmp` folder that `latest_checkpoint`
 ignores, and the previous checkpoint intact. `StopSignal` turns SIGINT/SIGTERM into a flag
@@ -39,6 +41,7 @@ import torch
 import torch.nn as nn
 
 from bert_kit.checks import CorruptFileError, writing
+from bert_kit.outputs import entries, remove_entry, write_record
 from bert_kit.training.distributed import all_gather_object, is_fsdp, is_main, rank, unwrap_model, world_size
 
 PREFIX = "step-"
@@ -185,21 +188,25 @@ def save_model(model: nn.Module, folder: str | Path, state: dict[str, torch.Tens
     twin.save_pretrained(folder)
 
 
+WRITTEN_BY = "bert-kit run"
+
+
 def write_folder_atomically(folder: str | Path, write: Any) -> Path:
     """Call `write(tmp)` to fill `FOLDER.tmp`, then swap it in for `folder`: a crash at any point
-    leaves the previous folder (or, between the two renames, a complete FOLDER.tmp)."""
+    leaves the previous folder (or, between the two renames, a complete FOLDER.tmp). The folder's
+    record lists what `write` wrote. A `folder` that is a link is replaced, never followed."""
     folder = Path(folder)
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     for leftover in (tmp, old):  # from a run killed while saving
-        if leftover.exists():
-            shutil.rmtree(leftover)
+        remove_entry(leftover)
     write(tmp)
+    write_record(tmp, entries(tmp), WRITTEN_BY)
     for f in tmp.iterdir():
         _fsync(f)
-    if folder.exists():
+    if os.path.lexists(folder):
         folder.replace(old)
         tmp.replace(folder)
-        shutil.rmtree(old)
+        remove_entry(old)
     else:
         tmp.replace(folder)
     return folder
@@ -221,8 +228,7 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
     directory.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     final, tmp = directory / name, directory / f"{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # a leftover of a crashed attempt at this very step
+    remove_entry(tmp)  # a leftover of a crashed attempt at this very step
     tmp.mkdir()
     save_model(model, tmp, collected.get("model"))
     if tokenizer is not None:
@@ -243,17 +249,17 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
         "run_config": run_config,
         **(extra or {}),
     }
+    write_record(tmp, [*entries(tmp), STATE_FILE], WRITTEN_BY)
     _write_trainer_state(tmp / STATE_FILE, state)  # last: its presence marks a complete folder
     for f in tmp.iterdir():
         _fsync(f)
     _fsync(tmp)
-    if final.exists():  # saving the same step again: move the old one aside first
+    if os.path.lexists(final):  # saving the same step again: move the old one aside first
         old = directory / f"{name}.old"
-        if old.exists():
-            shutil.rmtree(old)
+        remove_entry(old)
         os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old)
+        remove_entry(old)
     else:
         os.replace(tmp, final)  # the commit point
     _fsync(directory)

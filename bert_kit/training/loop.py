@@ -11,8 +11,11 @@ and lr schedule, gradient accumulation, logging windows, evaluation cadence, bes
 checkpoints, stop signals, non-finite losses, resuming, a time budget and the results summary.
 
 What the loop promises:
-* A run folder belongs to one run: a fresh run where another one left checkpoints or metrics stops
-  with an error (resume it, or `overwrite: true` to start over).
+* A run folder belongs to one run at a time: the run holds a lock on it (`FolderLock`), so a second
+  run started into it stops at once. A fresh run where another one left checkpoints or metrics
+  stops with an error (resume it, or `overwrite: true` to start over). The folder's record
+  (bert_kit/outputs.py) lists what runs wrote there: `overwrite` deletes only that, never a user's
+  file, never through a link, and never an input of the new run.
 * Nothing is lost: checkpoints every `save_every` steps and at the end, written atomically;
   SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the step, save and
   exit 130/143; a NaN/inf loss stops the run before it is saved, the last checkpoint stays good.
@@ -20,13 +23,15 @@ What the loop promises:
   are read back at log steps (with a fused optimizer a non-finite loss makes it skip every update
   from then on, so the weights that are saved are those of the last good step).
 * `results.json` describes the whole run, after any number of resumes: it is computed from the
-  run's own metrics.jsonl records (first loss, units trained, time, throughput, final loss).
+  run's own metrics.jsonl records (first loss, units trained, time, throughput, final loss). When
+  records were lost (metrics.jsonl deleted or cut), resuming says so and results.json says which
+  steps its figures cover (`metrics_steps`, `metrics_complete`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import sys
 import time
@@ -37,9 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
+import yaml
 
 from bert_kit.checks import ConfigError
 from bert_kit.model import unchecked_inputs
+from bert_kit.outputs import FolderLock, inside, read_record, remove_entry, write_record, write_text
 from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
                                           save_checkpoint, seed_everything)
@@ -55,9 +62,14 @@ from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
 
 UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
 
-# files and folders of a run; `overwrite: true` deletes these (a token cache is kept: it is keyed by content)
+# files and folders a run writes in its folder (`tensorboard` when asked, `tokenizer` when it trains
+# one), recorded there before they are written; `overwrite: true` deletes what an earlier run
+# recorded. A token cache is not a run's file (it is keyed by content: runs share it).
 RUN_FILES = ("checkpoints", METRICS_FILE, "results.json", "loss_curve.png", "run_config.yaml", "final", "best",
              "final.tmp", "final.old", "best.tmp", "best.old", "tensorboard", "tokenizer")
+WRITTEN_BY = "bert-kit run"
+# settings naming what a run reads: never deleted by `overwrite`, never written over by --output
+INPUT_SETTINGS = ("model", "tokenizer", "train_file", "validation_file", "train_files", "eval_files", "cache_dir")
 
 
 class Job:
@@ -142,20 +154,74 @@ class Run:
 
 # ---- before the job: the run folder, resuming, changed settings -------------------------------
 
-def claim_run_folder(out: Path, resuming: bool, overwrite: bool) -> None:
-    """A fresh run may not start where another run left its files; `overwrite` deletes them first."""
-    found = [name for name in RUN_FILES if (out / name).exists()]
-    if resuming or not found:
-        return
-    if not overwrite:
-        newest = latest_checkpoint(out / "checkpoints")
-        at = f" (newest checkpoint {newest.name})" if newest else ""
-        raise ConfigError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
+def run_files(cfg: RunSettings, fresh: bool) -> list[str]:
+    """The names in its folder that this run may write."""
+    optional = {"tensorboard": cfg.tensorboard, "tokenizer": fresh and getattr(cfg, "train_tokenizer", None) is not None}
+    return [name for name in RUN_FILES if optional.get(name, True)]
+
+
+def recorded_run_files(out: Path) -> set[str]:
+    """What earlier runs wrote in `out`: its record; for the folder of a run from before records
+    existed (it has run_config.yaml), RUN_FILES, `tokenizer` only if that run trained it."""
+    record = read_record(out, WRITTEN_BY)
+    if record is not None:
+        return set(record)
+    config = out / "run_config.yaml"
+    if not config.is_file():
+        return set()  # what is there is the user's
+    try:
+        trained = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("train_tokenizer") is not None
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        trained = False
+    return {name for name in RUN_FILES if name != "tokenizer" or trained}
+
+
+def run_inputs(cfg: RunSettings) -> list[tuple[str, str]]:
+    """(setting, path) of what the run reads: its model, tokenizer, data files and token cache."""
+    found = []
+    for key in INPUT_SETTINGS:
+        value = getattr(cfg, key, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str) and v.strip():
+                found.append((key, v))
+    return found
+
+
+def protected_files(cfg: RunSettings) -> list[Path]:
+    """Files that a run's --output may not be: its inputs, and the run folder's records and settings."""
+    return [Path(value) for _, value in run_inputs(cfg)] + [Path(cfg.output_dir) / n for n in (METRICS_FILE,
+                                                                                              "run_config.yaml")]
+
+
+def claim_run_folder(out: Path, resuming: bool, cfg: RunSettings) -> None:
+    """A fresh run may not start where another run left its files, nor write over files no run
+    wrote; `overwrite` deletes what earlier runs recorded first, unless an input of this run lies
+    inside it. Then the names this run may write are recorded, before it writes them."""
+    ours = recorded_run_files(out)
+    found = [name for name in [*RUN_FILES, *sorted(ours - set(RUN_FILES))] if name in ours and os.path.lexists(out / name)]
+    writes = run_files(cfg, fresh=not resuming)
+    if not resuming:
+        theirs = [name for name in writes if os.path.lexists(out / name) and name not in ours]
+        if theirs:
+            raise ConfigError(f"{out} holds {', '.join(theirs)}, which no bert-kit run wrote there and this run would "
+                              "replace: move it out of the folder, or choose another output_dir")
+    if found and not resuming:
+        if not cfg.overwrite:
+            newest = latest_checkpoint(out / "checkpoints")
+            at = f" (newest checkpoint {newest.name})" if newest else ""
+            raise ConfigError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
                               f"or start over with overwrite=true (deletes those files), or choose another output_dir")
+        for name in found:  # every rank refuses, before anything is deleted
+            for key, value in run_inputs(cfg):
+                if inside(value, out / name):
+                    raise ConfigError(f"overwrite=true would delete {out / name}, which holds this run's {key}={value}: "
+                                      f"move it out of {out} first, or choose another output_dir")
+        if is_main():
+            for name in found:
+                remove_entry(out / name)  # a link is removed, never followed
     if is_main():
-        for name in found:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        write_record(out, [*writes, *(ours if resuming else ())], WRITTEN_BY)
     barrier()
 
 
@@ -189,7 +255,7 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
             print(f"resuming with changed settings: {shown}", file=sys.stderr, flush=True)
         if budget is not None:  # the budget left when the checkpoint was written
             budget = max(0.0, budget - float(state.get("budget_used_s", 0.0)))
-    claim_run_folder(out, checkpoint is not None, cfg.overwrite)
+    claim_run_folder(out, checkpoint is not None, cfg)
     precision = resolve_precision(cfg.precision, cfg.device, verbose=is_main())
     if precision.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
@@ -200,11 +266,20 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
 def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float | None = None) -> dict[str, Any]:
     """The whole of `pretrain` and `finetune`: join the process group (under torchrun), start the
     run, build the job (`make_job(cfg, run)`) and train it. If another rank dies or stalls for
-    longer than `dist_timeout_s`, the others stop with a one-line `DistributedError`."""
+    longer than `dist_timeout_s`, the others stop with a one-line `DistributedError`. Rank 0 holds
+    the run folder's lock from before the run touches the folder to its end."""
     init_distributed(cfg.dist_timeout_s)
     with collective_errors(cfg.dist_timeout_s):
-        run = start_run(cfg, resume, started)
-        return train(make_job(cfg, run), cfg, run)
+        out = Path(cfg.output_dir)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"output_dir={out} is a file, not a folder")
+        lock = FolderLock(out).acquire() if is_main() else None
+        try:
+            run = start_run(cfg, resume, started)
+            return train(make_job(cfg, run), cfg, run)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 # ---- the loop ---------------------------------------------------------------------------------
@@ -234,6 +309,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     # a time budget's schedule runs on the clock: trained_s is the budget's time since a session's
     # first step (evaluations and checkpoints included), train_span_s that time plus what is left
     step, best, trained_s, train_span_s = 0, {"value": None, "step": None, "metrics": None}, 0.0, None
+    records, records_lost = 0, False  # train records the run logged (all sessions); some missing from metrics.jsonl
     state = run.state
     if state is not None:
         load_checkpoint(run.checkpoint, model, optimizer=optimizer, scaler=trainer.scaler, restore_rng=False)
@@ -252,6 +328,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         save_config(cfg, out / "run_config.yaml")
         if state is not None:
             truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
+            records, records_lost = check_records(out, step, state.get("train_records"))
     if step >= total:
         job.total_steps = total = step  # resumed at (or past) the end: evaluate and write the model
 
@@ -268,7 +345,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                                    scaler=trainer.scaler, run_config=run_config, data_state=data,
                                    keep_last=cfg.keep_last, collected=collected,
                                    extra={"best": best, "schedule": schedule.state_dict(), "trained_s": trained_s,
-                                          "train_span_s": train_span_s, "budget_used_s": used})
+                                          "train_span_s": train_span_s, "budget_used_s": used,
+                                          "train_records": records})
             logger.message(f"step {step}: saved {path}")
         barrier()
 
@@ -349,6 +427,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     logger.log("train", step, **losses, lr=lr, grad_norm=float(full_value(trainer.last["grad_norm"])),
                                **{job.unit: units, "seconds": round(seconds, 4), f"{job.unit}_per_s": units / seconds},
                                **({"skipped_steps": skipped} if skipped else {}), **job.log_fields())
+                    records += 1
                     logger.update(step, loss=losses.get("loss"), lr=lr, **{f"{job.unit}/s": f"{units / seconds:,.0f}"})
                     window = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
                 else:
@@ -409,7 +488,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     results = {"steps": step, "stopped": stopped, "output_dir": str(out), "world_size": world_size(),
                "precision": str(precision), **summary,
                "best_value": best["value"], "best_step": best["step"], "best_metrics": best["metrics"],
-               "final_metrics": final_metrics, "wall_time_s": None}
+               "final_metrics": final_metrics, "wall_time_s": None,
+               **({"metrics_complete": not records_lost} if main else {})}
     results.update(job.results(final_metrics, results))
     if main:
         try:
@@ -419,19 +499,34 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         except ImportError as e:  # the run is saved; only the picture is missing
             print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
         results["wall_time_s"] = time.time() - run.started
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     barrier()
     return results
+
+
+def check_records(out: Path, step: int, saved: int | None) -> tuple[int, bool]:
+    """(train records the run logged up to `step`, whether some are missing from metrics.jsonl),
+    with one warning line when they are. `saved`: the count the checkpoint recorded (None for a
+    checkpoint from before it did: then a run's first record, of step 1, must be there)."""
+    path = out / METRICS_FILE
+    kept = [r["step"] for r in (read_metrics(out) if path.is_file() else []) if r.get("type") == "train"]
+    expected = len(kept) if saved is None else max(int(saved), len(kept))
+    lost = len(kept) < expected or (step > 0 and 1 not in kept)
+    if lost:
+        what = f"{len(kept)} of the {expected} train records" if saved is not None else "no record of step 1"
+        print(f"warning: {path} holds {what} up to step {step} (deleted or cut?): training goes on, and results.json "
+              "covers only the steps recorded (metrics_steps; metrics_complete: false)", file=sys.stderr, flush=True)
+    return expected, lost
 
 
 def summarize(out: Path, unit: str) -> dict[str, Any]:
     """First and final train losses, units trained, training time, throughput and steps skipped for
     a non-finite gradient of the whole run, from metrics.jsonl (records of steps lost to a crash
-    were dropped on resume)."""
+    were dropped on resume), and the first and last step those records cover."""
     records = [r for r in read_metrics(out) if r.get("type") == "train"]
     if not records:
         return {"initial_train_loss": None, "train_loss": None, f"train_{unit}": 0, "train_time_s": 0.0,
-                f"{unit}_per_second": None, "skipped_steps": 0}
+                f"{unit}_per_second": None, "skipped_steps": 0, "metrics_steps": None}
     keys = [k for k in records[0] if k.endswith("loss")]
     tail = records[-max(1, len(records) // 10):]  # the final train loss averages the last 10% of records
     units = sum(r.get(unit, 0) for r in records)
@@ -443,5 +538,6 @@ def summarize(out: Path, unit: str) -> dict[str, Any]:
         summary[f"train_{k}" if k != "loss" else "train_loss"] = float(np.mean(values)) if values else None
     summary.update({f"train_{unit}": units, "train_time_s": round(seconds, 3),
                     f"{unit}_per_second": units / seconds if seconds else None,
-                    "skipped_steps": sum(r.get("skipped_steps", 0) for r in records)})
+                    "skipped_steps": sum(r.get("skipped_steps", 0) for r in records),
+                    "metrics_steps": [records[0]["step"], records[-1]["step"]]})
     return summary

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bert_kit.outputs import write_file, write_text
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss_curve.png"
 
@@ -125,9 +127,7 @@ def truncate_metrics(run_dir: str | Path, step: int) -> None:
                 kept.append(line)
         except (json.JSONDecodeError, ValueError, AttributeError):
             continue
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, "".join(line + "\n" for line in kept))
 
 
 # validation metrics a fine-tuning curve shows, in order of preference (higher is better)
@@ -202,7 +202,8 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: s
     axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     out = Path(output) if output is not None else Path(run_dir) / PLOT_FILE
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    try:  # the format from the name, as savefig(path) picks it; written whole, through a link
+        write_file(out, lambda f: fig.savefig(f, format=out.suffix[1:].lower() or None), binary=True)
+    finally:
+        plt.close(fig)
     return out

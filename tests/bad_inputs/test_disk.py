@@ -228,14 +228,26 @@ def test_full_disk_while_logging_metrics(cli, assets, tmp_path, monkeypatch, sin
     result.one_line_error(f"no space left on the device writing {run / 'metrics.jsonl'}", code=FAILURE)
 
 
+def fills_up_for(name: str):
+    """`open` for bert_kit.outputs: the temporary file of output `name` is on a full disk."""
+    def fake_open(path, mode="r", *args, **kwargs):
+        if Path(path).name.startswith(f".{name}.") and "w" in mode:
+            return full_file(path, mode, *args, **kwargs)
+        return open(path, mode, *args, **kwargs)
+
+    return fake_open
+
+
 def test_full_disk_while_writing_predictions(cli, assets, tmp_path, monkeypatch):
-    import bert_kit.cli.predict
+    import bert_kit.outputs
 
     out = tmp_path / "predictions.jsonl"
-    monkeypatch.setattr(bert_kit.cli.predict, "open", full_file, raising=False)
+    out.write_text("the previous predictions\n")
+    monkeypatch.setattr(bert_kit.outputs, "open", fills_up_for(out.name), raising=False)
     cli(*commands(assets, tmp_path, out)["predict"]).one_line_error(
-        f"no space left on the device writing {out}.tmp", code=FAILURE)
-    assert not out.exists()  # never half a file
+        f"no space left on the device writing {out}", code=FAILURE)
+    assert out.read_text() == "the previous predictions\n"  # never half a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]  # no temporary file left
 
 
 def test_full_disk_while_writing_embeddings(cli, assets, tmp_path, monkeypatch):
@@ -252,14 +264,9 @@ def test_full_disk_while_writing_embeddings(cli, assets, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, written", [("evaluate", "metrics.json"), ("pretrain-results", "results.json")])
 def test_full_disk_while_writing_json(cli, assets, tmp_path, monkeypatch, single_thread, name, written):
-    real_write_text = Path.write_text
+    import bert_kit.outputs
 
-    def write_text(self, *args, **kwargs):
-        if self.name == written:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(bert_kit.outputs, "open", fills_up_for(written), raising=False)
     if name == "evaluate":
         out = tmp_path / written
         argv = commands(assets, tmp_path, out)["evaluate"]

@@ -133,6 +133,30 @@ def test_results_describe_the_whole_run_after_a_resume(cli, assets, tmp_path):
     assert resumed["train_mlm_loss"] == pytest.approx(whole["train_mlm_loss"], rel=1e-5)
 
 
+def test_resuming_after_metrics_were_deleted_says_so_and_results_say_what_they_cover(cli, assets, tmp_path):
+    run = interrupted_run(cli, assets, tmp_path)
+    (run / "metrics.jsonl").unlink()
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest")
+    assert out.code == 0, out.err
+    warnings = [ln for ln in out.err.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "metrics.jsonl holds 0 of the 4 train records up to step 4" in warnings[0], out.err
+    results = json.loads((run / "results.json").read_text())
+    assert results["metrics_complete"] is False and results["metrics_steps"] == [5, 6]
+    assert results["train_tokens"] < json.loads((assets.run / "results.json").read_text())["train_tokens"]
+    # resumed again, the gap is still known
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=8", "--resume", "latest")
+    assert out.code == 0 and "2 of the 6 train records up to step 6" in out.err, out.err
+    assert json.loads((run / "results.json").read_text())["metrics_complete"] is False
+
+
+def test_a_complete_record_says_so(cli, assets, tmp_path):
+    run = interrupted_run(cli, assets, tmp_path)
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest")
+    assert out.code == 0 and "warning:" not in out.err, out.err
+    results = json.loads((run / "results.json").read_text())
+    assert results["metrics_complete"] is True and results["metrics_steps"] == [1, 6]
+
+
 # ---- a stop sent to the whole process group ------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
