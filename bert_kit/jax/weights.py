@@ -48,9 +48,14 @@ def torch_state_dict(model: nnx.Module, state: nnx.State | None = None) -> dict[
     out = {}
     for path, value in nnx.to_flat_state(state):
         name, transposed = torch_name(path)
-        array = np.asarray(jax.device_get(value[...] if isinstance(value, nnx.Variable) else value))
+        array = np.asarray(jax.device_get(value.get_value() if isinstance(value, nnx.Variable) else value))
         out[name] = array.T if transposed else array
     return out
+
+
+def torch_state_dict_names(model: nnx.Module) -> list[str]:
+    """The torch names of the model's parameters (of an abstract model too: `nnx.eval_shape`)."""
+    return [torch_name(path)[0] for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
 
 
 def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], source: str = "checkpoint",
@@ -82,7 +87,7 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
     for name, (path, transposed, _) in own.items():
         if name in state:
             array = np.asarray(state[name], dtype=np.float32)
-            flat[path][...] = jnp.asarray(array.T if transposed else array)
+            flat[path].set_value(jnp.asarray(array.T if transposed else array))
     nnx.update(model, nnx.from_flat_state(flat))
     if new_heads:
         log.info("%s: newly initialised head weights %s", source, new_heads)
@@ -117,8 +122,14 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     config = load_hf_config(folder)
     hf_state = read_arrays(folder)
     head_args = {**_infer_head_args(cls, hf_state, read_json(folder / "config.json")), **head_args}
-    model = cls(config, rngs=nnx.Rngs(seed), **head_args)
+    def build() -> nnx.Module:
+        return cls(config, rngs=nnx.Rngs(seed), **head_args)
+
+    # shapes only: drawing random weights that the folder replaces costs a compilation per shape
+    model = nnx.eval_shape(build)
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
+    if set(torch_state_dict_names(model)) - set(state):  # a new head: its weights are drawn for real
+        model = build()
     if unmapped:
         raise ValueError(f"{folder} does not match {cls.__name__}:\n" + "\n".join(f"  unexpected {k}" for k in unmapped))
     load_torch_state_dict(model, state, source=str(folder), strict=strict)

@@ -1,0 +1,43 @@
+"""Helpers of the JAX engine's tests: tiny configs, padded batches, torch weights into a JAX model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bert_kit.config import BertConfig
+
+
+def tiny(**overrides) -> BertConfig:
+    """A 2-layer, 32-wide BERT with dropout off (parity needs deterministic forwards)."""
+    fields = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                  max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertConfig(**{**fields, **overrides})
+
+
+def padded_batch(config: BertConfig, lengths: list[int], T: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded input_ids, attention_mask and token_type_ids (B, T); row b holds lengths[b] tokens."""
+    rng = np.random.default_rng(seed)
+    B = len(lengths)
+    mask = (np.arange(T)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, rng.integers(1, config.vocab_size, (B, T)), config.pad_token_id)
+    types = np.where(mask == 1, rng.integers(0, config.type_vocab_size, (B, T)), 0)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def jax_twin(torch_model, **head_args):
+    """The `bert_kit.jax` model of the torch model's class, holding its weights. Built from shapes
+    only (`nnx.eval_shape`): random weights would cost a compilation per shape, then be replaced."""
+    from flax import nnx
+
+    from bert_kit.jax import HEAD_CLASSES
+    from bert_kit.jax.weights import load_torch_state_dict
+
+    cls = HEAD_CLASSES[torch_model.hf_architecture]
+    model = nnx.eval_shape(lambda: cls(torch_model.config, **head_args))
+    state = {k: v.detach().numpy() for k, v in torch_model.state_dict().items() if k != "mlm.decoder.weight"}
+    load_torch_state_dict(model, state, strict=True)
+    return model
+
+
+def max_abs(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))

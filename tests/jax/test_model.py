@@ -1,0 +1,150 @@
+"""The JAX model against the PyTorch one: the same parameter names, and fp32 forwards of every head
+equal within 1e-5 (max abs) on the same weights, padding included, on random tiny configs and on
+the real all-MiniLM-L6-v2 weights.
+
+Run: .venv/bin/python -m pytest tests/jax/test_model.py -q
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+jnp = jax.numpy
+from flax import nnx  # noqa: E402
+
+import bert_kit.jax as bj  # noqa: E402
+from bert_kit import heads as torch_heads  # noqa: E402
+from bert_kit.jax.model import attention_with_dropout, fused_attention  # noqa: E402
+from bert_kit.jax.weights import torch_name  # noqa: E402
+from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
+
+# name -> (class name in HEAD_CLASSES, head arguments): every head, regression included
+HEADS = {
+    "base": ("BertModel", {}),
+    "pretraining": ("BertForPreTraining", {}),
+    "mlm": ("BertForMaskedLM", {}),
+    "classification": ("BertForSequenceClassification", {"num_labels": 3}),
+    "regression": ("BertForSequenceClassification", {"num_labels": 1}),
+    "tokens": ("BertForTokenClassification", {"num_labels": 5}),
+    "qa": ("BertForQuestionAnswering", {}),
+}
+
+
+def _outputs(out) -> list:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def test_parameters_carry_the_torch_names_and_shapes():
+    config = tiny(position_embedding_type="sinusoidal")
+    for name, (arch, args) in HEADS.items():
+        abstract = nnx.eval_shape(lambda: bj.HEAD_CLASSES[arch](config, **args))  # shapes only: no compute
+        ours = {}
+        for path, value in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
+            name_, transposed = torch_name(path)
+            ours[name_] = tuple(reversed(value.get_value().shape)) if transposed else tuple(value.get_value().shape)
+        theirs = {k: tuple(v.shape) for k, v in torch_heads.HEAD_CLASSES[arch](config, **args).state_dict().items()
+                  if k != "mlm.decoder.weight"}  # tied: the word embeddings, not a parameter of its own
+        assert ours == theirs, name
+
+
+@pytest.mark.parametrize("config, lengths, with_types", [
+    (tiny(), [12, 7, 3, 12], True),
+    (tiny(num_hidden_layers=1, num_attention_heads=2, hidden_act="relu", position_embedding_type="sinusoidal",
+          type_vocab_size=3, layer_norm_eps=1e-5, pad_token_id=3), [5, 16, 9], False),
+], ids=["learned-gelu", "sinusoidal-relu-no-segments"])
+def test_every_head_matches_torch(config, lengths, with_types):
+    batch = padded_batch(config, lengths, max(lengths), seed=len(lengths))
+    types = batch["token_type_ids"] if with_types else None
+    torch_models, jax_models = {}, {}
+    for seed, (name, (arch, args)) in enumerate(HEADS.items()):
+        torch.manual_seed(seed)
+        torch_models[name] = torch_heads.HEAD_CLASSES[arch](config, **args).eval()
+        jax_models[name] = jax_twin(torch_models[name], **args)
+
+    @nnx.jit  # one program for every head: one compilation
+    def forward(models, ids, mask, types):
+        return {name: m(ids, mask, types) for name, m in models.items()}
+
+    got = forward(jax_models, batch["input_ids"], batch["attention_mask"], types)
+    with torch.no_grad():
+        inputs = [torch.as_tensor(batch["input_ids"]), torch.as_tensor(batch["attention_mask"]),
+                  None if types is None else torch.as_tensor(types)]
+        for name, model in torch_models.items():
+            expected = _outputs(model(*inputs))
+            ours = _outputs(got[name])
+            assert [tuple(o.shape) for o in ours] == [tuple(e.shape) for e in expected], name
+            for o, e in zip(ours, expected):
+                assert max_abs(o, e) <= 1e-5, name
+
+
+def test_minilm_matches_torch_on_real_text(minilm_path):
+    """Hidden states within assert_close(rtol=1e-5, atol=1e-5), as tests/test_hf.py holds the torch
+    model to `transformers`: 6 layers of float32 rounding (1-2 ulp a layer, kernels that sum in
+    another order) reach 3e-5 on activations of up to 10. What users take from the model, the
+    pooled output and the normalised mean-pooled sentence embedding, within 1e-5 max abs."""
+    from bert_kit import BERTModel
+    from bert_kit.tokenizer import get_tokenizer
+
+    texts = ["A JAX model that reads the checkpoints everyone else uses.", "Short one.",
+             "The quick brown fox jumps over the lazy dog, twice, and then sleeps."]
+    batch = get_tokenizer(minilm_path)(texts, return_tensors="np")
+    assert batch["attention_mask"].min() == 0  # padded rows are part of the check
+    ours = bj.BERTModel.from_pretrained("sentence-transformers/all-MiniLM-L6-v2")  # the hub name's local copy
+    hidden, pooled = nnx.jit(lambda m, b: (h := m(**b), m.pool(h)))(ours, batch)
+    reference = BERTModel.from_pretrained(minilm_path)
+    with torch.no_grad():
+        expected = reference(**{k: torch.as_tensor(v) for k, v in batch.items()})
+        torch.testing.assert_close(torch.as_tensor(np.asarray(hidden)), expected, rtol=1e-5, atol=1e-5)
+        assert max_abs(pooled, reference.pool(expected)) <= 1e-5
+    mask = batch["attention_mask"][..., None]
+    mean = (np.asarray(hidden) * mask).sum(1) / mask.sum(1)
+    expected_mean = (expected.numpy() * mask).sum(1) / mask.sum(1)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    assert max_abs(unit(mean), unit(expected_mean)) <= 1e-5
+
+
+def test_attention_spelled_out_for_dropout_equals_the_fused_call():
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
+    mask = jnp.asarray(np.arange(6)[None, :] < np.array([[6], [2]]))  # (B, T): row 1 has 2 tokens
+    no_drop = attention_with_dropout(q, k, v, mask, nnx.Dropout(0.0), nnx.Rngs(dropout=0))
+    assert max_abs(no_drop, fused_attention(q, k, v, mask)) <= 1e-6
+    dropped = attention_with_dropout(q, k, v, mask, nnx.Dropout(0.5), nnx.Rngs(dropout=0))
+    assert max_abs(dropped, no_drop) > 1e-2  # the probabilities were dropped
+
+
+def test_dropout_only_when_rngs_are_given():
+    config = tiny(num_hidden_layers=1, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
+    batch = padded_batch(config, [6, 4], 6)
+
+    @jax.jit  # one program (built inside: random weights drawn eagerly cost a compilation per shape)
+    def logits(batch):
+        model = bj.BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
+        return [model(**batch), model(**batch)] + [model(**batch, rngs=nnx.Rngs(dropout=k)) for k in (1, 1, 2)]
+
+    eval_a, eval_b, train_1, train_1_again, train_2 = logits(batch)
+    assert max_abs(eval_a, eval_b) == 0.0  # eval: deterministic
+    assert max_abs(train_1, eval_a) > 1e-4  # training: dropped
+    assert max_abs(train_1, train_1_again) == 0.0 and max_abs(train_1, train_2) > 1e-4  # the key decides
+
+
+def test_shapes_are_checked_with_clear_errors():
+    config = tiny()
+    model = bj.BERTModel(config)
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        model(np.ones((1, config.max_position_embeddings + 1), np.int32))
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        model(np.ones((2, 5), np.int32), np.ones((2, 4), np.int32))
+    with pytest.raises(ValueError, match="integers of shape"):
+        model(np.ones((2, 5), np.float32))
+
+
+def test_the_engine_imports_without_torch():
+    code = "import sys, bert_kit.jax; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
