@@ -10,8 +10,12 @@ The pipeline is the one BERT uses, and the one `transformers.BertTokenizerFast` 
 `WordPieceTokenizer.__call__` encodes batches the way `BertTokenizerFast.__call__` does (same
 ids, type ids, masks, offsets, word ids, overflow windows), so SQuAD feature building and NER
 label alignment written against HF work unchanged. Truncation is set on the Rust backend only
-for the duration of one call (so `tokenizer.backend` is stateless between calls, but one
-tokenizer should not be shared by threads encoding at once; DataLoader workers each get a copy).
+for the duration of one call, under a lock (so `tokenizer.backend` is stateless between calls
+and threads may share a tokenizer; DataLoader workers each get a copy). With truncation, a
+long text is cut to a prefix before it reaches the Rust tokenizer (`bert_kit.long_texts`):
+the tokens kept are the same, and the time and memory are bounded by max_length, not by the
+text. A text that is not valid Unicode (a lone surrogate such as "\ud800") is a ValueError
+naming its index.
 
     tok = get_tokenizer("/path/to/bert-folder")          # tokenizer.json or vocab.txt
     batch = tok(["a sentence", "another"], max_length=128)  # dict of (B, T) torch.long tensors
@@ -22,7 +26,9 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,13 +37,16 @@ from typing import Any
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordPiece
 
-from bert_kit.checks import read_json, read_text, writing
+from bert_kit.checks import Range, read_json, read_text, writing
+from bert_kit.long_texts import Cutter
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 # BERT's learned position table has 512 rows, so that is the cap when a folder does not say
 DEFAULT_MODEL_MAX_LENGTH = 512
 _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only a pair of them is a character, and Python holds it as one
+MAX_VOCAB_SIZE = 1 << 24  # ids past this are no vocabulary: the trainer would only run out of memory
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -108,6 +117,8 @@ class WordPieceTokenizer:
         self.model_max_length = int(model_max_length)
         self.special_tokens = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
         self.source = source
+        self._lock = threading.Lock()  # truncation is backend state, set for one call at a time
+        self._cutter = Cutter(backend)
         backend.no_truncation()
         backend.no_padding()
         vocab = backend.get_vocab(with_added_tokens=True)
@@ -216,7 +227,7 @@ class WordPieceTokenizer:
 
     # pickling goes through the JSON form so DataLoader workers get an independent backend
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k != "backend"}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("backend", "_lock", "_cutter")}
         state["backend_json"] = self.backend.to_str()
         return state
 
@@ -224,6 +235,8 @@ class WordPieceTokenizer:
         state = dict(state)
         self.backend = Tokenizer.from_str(state.pop("backend_json"))
         self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._cutter = Cutter(self.backend)
 
     # ----------------------------------------------------------------------------- vocabulary
     @property
@@ -244,7 +257,9 @@ class WordPieceTokenizer:
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
-        return self.backend.encode(_check_str(text, "text"), add_special_tokens=False).tokens
+        _check_str(text, "text")
+        with self._lock:
+            return self.backend.encode(text, add_special_tokens=False).tokens
 
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
         """Token(s) -> id(s); a token outside the vocabulary maps to [UNK]."""
@@ -272,8 +287,15 @@ class WordPieceTokenizer:
         if text_pair is not None:
             _check_str(text_pair, "text_pair")
         text_pair = text_pair or None  # an empty second text is no pair, as in BertTokenizerFast
-        with self._configured(max_length, truncation, "longest_first", 0, 2 if text_pair is None else 3):
-            return self.backend.encode(text, text_pair).ids
+        n_special = 2 if text_pair is None else 3
+        settings = self._configured(max_length, truncation, "longest_first", 0, n_special)
+        with self._lock:
+            if settings.max_length is not None:
+                [text], pairs = self._cutter.cut([text], None if text_pair is None else [text_pair],
+                                                 settings.max_length - n_special, "longest_first", False)
+                text_pair = pairs and pairs[0]
+            with settings:
+                return self.backend.encode(text, text_pair).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of a 1-D id sequence: "##" pieces glued to the previous token, spaces before
@@ -351,8 +373,12 @@ class WordPieceTokenizer:
         limit = settings.max_length  # None without truncation
         if return_overflowing_tokens and limit is not None and stride >= limit - n_special:
             raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
-        with settings:
-            encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
+        with self._lock:
+            if limit is not None and not return_overflowing_tokens:  # the windows need the whole text
+                batch_a, batch_b = self._cutter.cut(batch_a, batch_b, limit - n_special, strategy, is_split_into_words)
+                inputs = batch_a if batch_b is None else list(zip(batch_a, batch_b))
+            with settings:
+                encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
 
         rows: list[Encoding] = []
         sample_of_row: list[int] = []
@@ -437,6 +463,9 @@ class _BackendSettings:
 def _check_str(text: Any, name: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    if not text.isascii() and (found := _SURROGATE.search(text)):
+        raise ValueError(f"{name} holds a lone surrogate {found.group()!r} at character {found.start()}, which is not "
+                         "Unicode text (a broken escape or a decoding with errors='surrogateescape'); fix or drop it")
     return text
 
 
@@ -445,7 +474,7 @@ def _as_batch(texts: Any, split: bool, name: str) -> tuple[list, bool]:
     if isinstance(texts, str):
         if split:
             raise TypeError(f"{name} with is_split_into_words=True must be a list of words, got a str")
-        return [texts], True
+        return [_check_str(texts, name)], True
     if not isinstance(texts, Iterable) or isinstance(texts, (bytes, dict)):
         raise TypeError(f"{name} must be a str or a list of str, got {type(texts).__name__}")
     texts = list(texts)
@@ -463,6 +492,13 @@ def _as_batch(texts: Any, split: bool, name: str) -> tuple[list, bool]:
         if not ok:
             want = "a list of str words" if split else "a str"
             raise TypeError(f"{name}[{i}] must be {want}, got {type(item).__name__}: {item!r:.80}")
+        where = name if single else f"{name}[{i}]"
+        if split:
+            texts[i] = list(item)
+            for j, word in enumerate(item):
+                _check_str(word, f"{where}[{j}]")
+        else:
+            _check_str(item, where)
     return texts, single
 
 
@@ -529,8 +565,12 @@ def train_tokenizer(
     missing = [t for t in DEFAULT_SPECIAL_TOKENS.values() if t not in special_tokens]
     if missing:
         raise ValueError(f"special_tokens {list(special_tokens)} lacks {missing}")
-    if vocab_size <= len(special_tokens):
-        raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the {len(special_tokens)} special tokens")
+    # checked here: the Rust trainer aborts the process on sizes it cannot allocate
+    Range(len(special_tokens) + 1, MAX_VOCAB_SIZE, integer=True,
+          hint=f"room beyond the {len(special_tokens)} special tokens").check("vocab_size", vocab_size)
+    Range(0, 1 << 32, integer=True).check("min_frequency", min_frequency)
+    Range(1, MAX_VOCAB_SIZE, integer=True, optional=True).check("limit_alphabet", limit_alphabet)
+    Range(1, 1 << 31, integer=True).check("model_max_length", model_max_length)
     with tempfile.TemporaryDirectory(prefix="bert_kit_tokenizer_") as tmp:
         if files is not None:
             paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)

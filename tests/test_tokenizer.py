@@ -430,7 +430,66 @@ def test_train_tokenizer_on_a_binary_file(tmp_path):
     path.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ValueError, match=r"cannot train a tokenizer on .*weights\.bin.*UTF-8"):
         train_tokenizer([path], vocab_size=100)
-    with pytest.raises(ValueError, match="vocab_size 5 leaves no room beyond the 5 special tokens"):
+    with pytest.raises(ValueError, match=r"vocab_size=5 is out of range: .*\[6, .*beyond the 5 special tokens"):
         train_tokenizer(texts=["a"], vocab_size=5)
     with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got bytes"):
         train_tokenizer(texts=["a", b"b"], vocab_size=50)
+
+
+def test_train_tokenizer_refuses_a_vocabulary_it_cannot_allocate():
+    """The Rust trainer aborted the process with a backtrace on vocab_size=10**12."""
+    from bert_kit.checks import ConfigError
+
+    for size in (10**12, 2**24 + 1, 2.5, -1):
+        with pytest.raises(ConfigError, match=r"^vocab_size=.* expected an integer in \[6, 16777216\]"):
+            train_tokenizer(texts=["a b c"], vocab_size=size)
+    with pytest.raises(ConfigError, match="min_frequency=-1"):
+        train_tokenizer(texts=["a b c"], vocab_size=50, min_frequency=-1)
+    assert "a" in train_tokenizer(texts=["a b c"], vocab_size=6, min_frequency=1).get_vocab()  # the smallest size
+
+
+# ------------------------------------------------------------------------------ invalid Unicode, threads
+def test_a_lone_surrogate_is_a_value_error_naming_the_text(tok):
+    """"\\ud800" is no character (JSON and Python let it through); the Rust tokenizer raised a
+    bare TypeError about TextEncodeInput."""
+    with pytest.raises(ValueError, match=r"^texts\[3\] holds a lone surrogate '\\ud800' at character 2"):
+        tok(["a", "b", "c", "ab\ud800"])
+    with pytest.raises(ValueError, match=r"^text_pairs\[1\] holds a lone surrogate '\\udc80'"):
+        tok(["a", "b"], ["c", "\udc80"])
+    with pytest.raises(ValueError, match=r"^texts holds a lone surrogate"):
+        tok("\ud800")
+    with pytest.raises(ValueError, match=r"^texts\[0\]\[1\] holds a lone surrogate"):
+        tok([["a", "\ud800"]], is_split_into_words=True)
+    with pytest.raises(ValueError, match=r"^text holds a lone surrogate"):
+        tok.encode("x\udfff")
+    with pytest.raises(ValueError, match=r"^text holds a lone surrogate"):
+        tok.tokenize("\ud800")
+    assert tok.tokenize("\U0001F600 ok") == tok.tokenize("\ud83d\ude00 ok".encode("utf-16", "surrogatepass")
+                                                           .decode("utf-16"))  # a real pair is one character
+
+
+def test_threads_may_share_a_tokenizer(tok):
+    """Truncation is backend state set for one call: two threads with different max_length
+    must each get their own (before the lock, one thread's call could run without truncation)."""
+    import threading
+
+    text = "word " * 300
+    errors: list[str] = []
+
+    def work(max_length: int) -> None:
+        for _ in range(150):
+            try:
+                got = tok([text, "short"], max_length=max_length, return_tensors=None, padding=False)
+                if len(got["input_ids"][0]) != min(max_length, 302):  # 300 words, [CLS], [SEP]
+                    errors.append(f"{len(got['input_ids'][0])} tokens for max_length={max_length}")
+                if tok.tokenize("one two") != ["one", "two"]:
+                    errors.append("tokenize")
+            except ValueError as e:
+                errors.append(str(e))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (8, 64, 512)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
