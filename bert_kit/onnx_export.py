@@ -11,7 +11,13 @@ What goes into the output folder, so that it alone serves inference:
   outputs named as HF's (last_hidden_state, logits, start_logits, end_logits, prediction_logits,
   seq_relationship_logits). The encoder's graph also outputs `sentence_embedding` (B, H): the
   model's pooling (mean or [CLS], from its metadata) and L2 normalisation, as `SentenceEncoder`;
-- config.json (the source's, plus a `bert_kit.onnx` entry describing the graph), the tokenizer files.
+- config.json (the source's, plus a `bert_kit.onnx` entry describing the graph), the tokenizer files,
+  and the record of what the export wrote (`.bert-kit-files.json`, bert_kit/outputs.py).
+
+The folder is built aside (a hidden temporary folder beside the output), checked, then moved in;
+SIGTERM or SIGINT mid-export, or any failure, removes the temporary folder. An output folder of an
+earlier export gets its recorded files replaced; a folder holding anything else, or the model
+being exported, is refused before any work.
 
 How the graph is made and made fast on CPUs:
 1. the padded forward is traced (TorchScript exporter: reliable dynamic axes, about a second for
@@ -32,11 +38,17 @@ How the graph is made and made fast on CPUs:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
+import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -47,15 +59,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bert_kit.checks import ConfigError
 from bert_kit.embeddings import POOLING_MODES, pool
 from bert_kit.heads import HEAD_CLASSES
 from bert_kit.model import BERTModel, MultiHeadAttention
-from bert_kit.model_folder import read_model_metadata, resolve_model_folder, sentence_transformers_settings
+from bert_kit.model_folder import read_model_metadata, resolve_model, resolve_model_folder, sentence_transformers_settings
 from bert_kit.onnx_runtime import (CALL_OUTPUTS, INPUT_NAMES, ONNX_FILE, OnnxModel, is_onnx_folder,
                                    require_onnxruntime)
+from bert_kit.outputs import OutputFolder, entries, write_record
 
 QUANTIZE_CHOICES = ("int8",)
 OPSET = 17  # LayerNormalization is a standard op from 17 on
+MIN_OPSET = 9  # the graph's position ids need Range (torch.arange), an op from opset 9 on
+WRITTEN_BY = "bert-kit export"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 PER_SEQUENCE_OUTPUTS = ("sentence_embedding", "seq_relationship_logits")  # (B, ...), never (B, T, ...)
 FP32_TOLERANCE = 1e-3  # an fp32 export further than this from PyTorch is a bug: the export fails
@@ -247,30 +263,135 @@ def compare_outputs(model: nn.Module, graph: ExportGraph, session: OnnxModel, na
     return diffs
 
 
-def prepare_output(output: Path, source: Path) -> None:
-    """Refuse to write over anything but an earlier export (e.g. the model folder itself)."""
+def max_opset() -> int:
+    """The newest opset this torch's ONNX exporter writes."""
+    try:
+        from torch.onnx import _constants
+
+        return int(_constants.ONNX_MAX_OPSET)
+    except (ImportError, AttributeError):
+        return OPSET
+
+
+def check_opset(opset: Any) -> int:
+    """The opset, if torch.onnx can export this graph at it; else a one-line ConfigError."""
+    top = max_opset()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= top:
+        raise ConfigError(f"opset {opset!r} is out of range: expected an integer in [{MIN_OPSET}, {top}] (torch "
+                          f"{torch.__version__.split('+')[0]} exports opsets up to {top}; the graph needs {MIN_OPSET} "
+                          f"or later; default {OPSET})")
+    return opset
+
+
+def prepare_output(output: Path, source: Path) -> OutputFolder:
+    """The output folder, checked before any work: not the model folder nor a folder holding it,
+    and new, empty, or holding only what an earlier export recorded (for an export from before
+    records, the files an export writes)."""
     if output.resolve() == source.resolve():
-        raise ValueError(f"--output {output} is the model folder itself; choose a new folder")
-    if output.exists() and any(output.iterdir()) and not is_onnx_folder(output):
-        raise ValueError(f"output folder {output} exists and is not an earlier export; choose a new folder")
+        raise ConfigError(f"--output {output} is the model folder itself; choose a new folder")
+    if source.resolve().is_relative_to(output.resolve()):
+        raise ConfigError(f"--output {output} holds the model folder being exported ({source}): an export replaces "
+                          "its output folder's contents; choose a folder outside it")
+    legacy = (ONNX_FILE, "config.json", *TOKENIZER_FILES) if output.is_dir() and is_onnx_folder(output) else ()
+    return OutputFolder(output, "--output", WRITTEN_BY, legacy)
+
+
+def install(final: Path, folder: OutputFolder) -> None:
+    """Move the finished export into its output folder: the whole folder when it is new (one
+    rename), else file by file over what the earlier export recorded."""
+    names = entries(final)
+    output = folder.path
+    if not os.path.lexists(output):
+        write_record(final, names, WRITTEN_BY)
+        final.replace(output)
+        return
+    folder.prepare()
+    for name in names:
+        os.replace(final / name, output / name)
+    folder.commit(names)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT during an export, raised where the export is, so that it cleans up."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """While active (in the main thread), SIGTERM and SIGINT raise `Interrupted`. After `hold()`
+    (cleaning up) a signal waits: it is raised when the block ends."""
+
+    def __enter__(self) -> "StopSignals":
+        self.signum, self.holding, self._previous = None, False, {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        self.signum = self.signum or signum
+        if first and not self.holding:
+            self.holding = True
+            raise Interrupted(signum)
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if exc_type is None and self.signum is not None:
+            raise Interrupted(self.signum)
+
+
+@contextlib.contextmanager
+def library_output_held():
+    """Hold what the libraries print (torch.onnx prints the whole graph, hundreds of lines, on some
+    errors; ONNX Runtime logs to the file descriptors): shown after the block when it succeeds,
+    dropped when it fails, where the one-line error says what went wrong."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    held = tempfile.TemporaryFile()
+    python_out, python_err = io.StringIO(), io.StringIO()
+    ok = False
+    try:
+        for fd in saved:
+            os.dup2(held.fileno(), fd)
+        with contextlib.redirect_stdout(python_out), contextlib.redirect_stderr(python_err):
+            yield
+        ok = True
+    finally:
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        if ok:
+            held.seek(0)
+            sys.stdout.write(held.read().decode(errors="replace") + python_out.getvalue())
+            sys.stderr.write(python_err.getvalue())
+        held.close()
 
 
 def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | None = None, fuse: bool = False,
                 opset: int = OPSET, verbose: bool = False) -> ExportReport:
     """Write `output`: the folder's model as model.onnx (fp32, or int8 with quantize="int8";
-    fuse=True for ONNX Runtime's fused BERT ops), its config.json and tokenizer. The graph is checked against PyTorch on a test batch; an
-    fp32 graph further than 1e-3 from it is an error. Returns what was written and the check."""
+    fuse=True for ONNX Runtime's fused BERT ops), its config.json and tokenizer. The graph is
+    checked against PyTorch on a test batch; an fp32 graph further than 1e-3 from it is an error.
+    `model_folder` may be a run folder or a hub name with a local copy. Returns what was written
+    and the check."""
     t0 = time.perf_counter()
-    require_onnxruntime()
     if quantize not in (None, *QUANTIZE_CHOICES):
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES} or None, got {quantize!r}")
-    source = resolve_model_folder(model_folder)
-    if source is None:
-        raise FileNotFoundError(f"model folder not found: {model_folder}")
+    check_opset(opset)
+    source = resolve_model(model_folder)  # a folder, a run folder's model, or a hub name's local copy
     if is_onnx_folder(source):
         raise ValueError(f"{source} is already an exported ONNX folder; export the PyTorch model folder instead")
     output = Path(output)
-    prepare_output(output, source)
+    destination = prepare_output(output, source)
+    require_onnxruntime()
     model, architecture = load_for_export(source)
     pooling = encoder_pooling(source) if architecture == "BertModel" else None
     outputs = list(CALL_OUTPUTS[architecture]) + (["sentence_embedding"] if pooling else [])
@@ -278,8 +399,27 @@ def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | No
     inputs = sample_inputs(model.config)
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:  # built aside and moved in at the end: an interrupted export leaves no half folder
+    with StopSignals() as stops:
+        work = None
+        try:  # built aside and moved in at the end: an interrupted export leaves no half folder
+            work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+            report = _build(work, source, destination, model, architecture, graph, inputs, outputs, pooling,
+                            quantize, fuse, opset)
+        finally:
+            stops.hold()  # a signal now waits for the temporary folder to be gone
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    if verbose:
+        print(report.summary())
+    return report
+
+
+def _build(work: Path, source: Path, destination: OutputFolder, model: nn.Module, architecture: str,
+           graph: ExportGraph, inputs: tuple[torch.Tensor, ...], outputs: list[str], pooling: str | None,
+           quantize: str | None, fuse: bool, opset: int) -> ExportReport:
+    """The export's work, in the temporary folder `work`: graph, checks, then the move into place."""
+    with library_output_held():
         traced = work / "traced.onnx"
         trace_to_onnx(graph, inputs, architecture, outputs, traced, opset)
         fused: dict[str, int] = {}
@@ -305,18 +445,11 @@ def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | No
             extra["max_length"] = int(max_length)
         write_folder_files(source, final, onnx_meta, extra)
         diffs = compare_outputs(model, graph, OnnxModel(final, threads=1), outputs, inputs)
-        if quantize is None and max(diffs.values()) > FP32_TOLERANCE:
-            raise RuntimeError(f"the exported graph differs from the PyTorch model by {max(diffs.values()):.2e} "
-                               f"(> {FP32_TOLERANCE}): {diffs}")
-        if output.exists():
-            shutil.rmtree(output)
-        final.replace(output)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    report = ExportReport(output, architecture, quantize or "fp32", outputs, fused, diffs, time.perf_counter() - t0)
-    if verbose:
-        print(report.summary())
-    return report
+    if quantize is None and max(diffs.values()) > FP32_TOLERANCE:
+        raise RuntimeError(f"the exported graph differs from the PyTorch model by {max(diffs.values()):.2e} "
+                           f"(> {FP32_TOLERANCE}): {diffs}")
+    install(final, destination)
+    return ExportReport(destination.path, architecture, quantize or "fp32", outputs, fused, diffs)
 
 
 _TEMPORARY: list[tempfile.TemporaryDirectory] = []  # on-the-fly exports, removed when the process exits

@@ -8,15 +8,25 @@
 - the exported folder alone serves inference: SentenceEncoder, `bert-kit embed/evaluate/predict`
   (a fine-tuned SST-2 classifier) give the PyTorch folder's outputs;
 - clear one-line errors: a folder that cannot be exported, the missing extra, a graph used for
-  another task, the PyTorch backend on an exported folder.
+  another task, the PyTorch backend on an exported folder, an opset torch cannot write (and no
+  library output on the terminal when an export fails);
+- the output folder: an earlier export's recorded files are replaced, a folder holding anything
+  else (or the model being exported) is refused; SIGTERM/SIGINT mid-export leaves no temporary
+  folder; a hub name with a local copy is exported like a folder.
 
 Tests that need onnx/onnxruntime skip with the reason when the extra is not installed.
 Run: .venv/bin/python -m pytest tests/test_export.py -q
 """
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +40,7 @@ from bert_kit.data.sts import read_sts
 from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.heads import HEAD_CLASSES, BERTForSequenceClassification
 from bert_kit.model import BERTModel
+from bert_kit.outputs import RECORD, read_record, write_record
 from bert_kit.tokenizer import get_tokenizer
 
 TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -257,7 +268,7 @@ def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifie
     # an exported folder is not exported again; --output must not overwrite a model folder
     assert cli_main(["export", "--model", str(minilm_onnx), "--output", str(tmp_path / "again")]) == 1
     assert "already an exported ONNX folder" in capsys.readouterr().err
-    assert cli_main(["export", "--model", str(folder), "--output", str(folder)]) == 1
+    assert cli_main(["export", "--model", str(folder), "--output", str(folder)]) == 2
     assert "the model folder itself" in capsys.readouterr().err
     # the PyTorch backend on an exported folder; an exported graph used for another task
     texts = tmp_path / "t.txt"
@@ -294,3 +305,129 @@ def test_missing_extra_is_a_clear_error(monkeypatch, minilm_path, tmp_path, caps
     assert cli_main(["export", "--model", str(minilm_path), "--output", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert 'pip install "bert-kit[onnx]"' in err and "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+# ---- the output folder, stop signals, hub names, opsets -------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_classifier(minilm_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    torch.manual_seed(0)
+    BERTForSequenceClassification(TINY, num_labels=2).save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    return folder
+
+
+def test_export_replaces_only_what_an_earlier_export_wrote(ort, tiny_classifier, tmp_path, capsys):
+    out = tmp_path / "onnx"
+    assert cli_main(["export", "--model", str(tiny_classifier), "--output", str(out)]) == 0
+    written = sorted(read_record(out))
+    assert written == sorted(p.name for p in out.iterdir() if p.name != RECORD)
+    assert {"model.onnx", "config.json", "tokenizer.json", "vocab.txt"} <= set(written)
+    # an earlier export's own file that this one does not write again goes; the rest is replaced
+    (out / "old-graph.onnx").write_bytes(b"an earlier export's graph")
+    write_record(out, [*written, "old-graph.onnx"], "bert-kit export")
+    assert cli_main(["export", "--model", str(tiny_classifier), "--output", str(out), "--quantize", "int8"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([*written, RECORD])
+    assert json.loads((out / "config.json").read_text())["bert_kit"]["onnx"]["precision"] == "int8"
+    # a user's file in it: refused, named, nothing touched
+    (out / "notes.txt").write_text("mine\n")
+    graph = (out / "model.onnx").read_bytes()
+    assert cli_main(["export", "--model", str(tiny_classifier), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {out} holds files that no earlier bert-kit export wrote there (notes.txt)" in err
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "model.onnx").read_bytes() == graph
+    # an export from before records: its graph, config.json and tokenizer files are its own
+    (out / "notes.txt").unlink()
+    (out / RECORD).unlink()
+    assert cli_main(["export", "--model", str(tiny_classifier), "--output", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["bert_kit"]["onnx"]["precision"] == "fp32"
+
+
+def test_export_refuses_an_output_folder_holding_its_model(ort, tiny_classifier, tmp_path, capsys):
+    out = tmp_path / "onnx"
+    assert cli_main(["export", "--model", str(tiny_classifier), "--output", str(out)]) == 0
+    inside = out / "source-model"
+    import shutil
+
+    shutil.copytree(tiny_classifier, inside)
+    assert cli_main(["export", "--model", str(inside), "--output", str(out)]) == 2
+    assert f"--output {out} holds the model folder being exported" in capsys.readouterr().err
+    assert sorted(p.name for p in inside.iterdir()) == sorted(p.name for p in tiny_classifier.iterdir())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_mid_export_leaves_no_temporary_folder(ort, tiny_classifier, tmp_path, sig):
+    """A real process, stopped while its graph is written into the temporary folder: the export
+    waits there (in place of the rest of its work) until the signal comes."""
+    marker = tmp_path / "traced"
+    script = tmp_path / "export_and_wait.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        import bert_kit.onnx_export as export
+        real = export.trace_to_onnx
+
+        def trace_and_wait(*args, **kwargs):
+            real(*args, **kwargs)
+            open({str(marker)!r}, "w").close()
+            time.sleep(600)
+
+        export.trace_to_onnx = trace_and_wait
+        from bert_kit.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """))
+    out = tmp_path / "onnx"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, str(script), "export", "--model", str(tiny_classifier), "--output",
+                             str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300  # a guard against a hang, not a measure of speed
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "the export did not start"
+            time.sleep(0.05)
+        temporary = list(tmp_path.glob(".onnx.*"))
+        assert len(temporary) == 1 and (temporary[0] / "traced.onnx").is_file()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and f"stopped by {signal.Signals(sig).name}: nothing was written" in err, err
+    assert not list(tmp_path.glob(".onnx.*")) and not out.exists()
+
+
+def test_export_takes_a_hub_name(ort, minilm_path, capfd):
+    """The hub name resolves to its local copy (here the packaged folder, refused as the output)."""
+    code = cli_main(["export", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--output", str(minilm_path)])
+    out, err = capfd.readouterr()
+    assert code == 2 and f"--output {minilm_path} is the model folder itself" in err, err
+
+
+def test_an_opset_out_of_range_is_one_line_and_nothing_else(tiny_classifier, tmp_path, capfd):
+    from bert_kit.onnx_export import MIN_OPSET, max_opset
+
+    for opset in (99, MIN_OPSET - 1):
+        code = cli_main(["export", "--model", str(tiny_classifier), "--output", str(tmp_path / "x"),
+                         "--opset", str(opset)])
+        out, err = capfd.readouterr()
+        assert code == 2 and out == "", out[:500]
+        assert err.splitlines() == [f"bert-kit export: error: opset {opset} is out of range: expected an integer in "
+                                    f"[{MIN_OPSET}, {max_opset()}] " + err.split("] ", 1)[1].strip()], err
+    assert not (tmp_path / "x").exists()
+
+
+def test_library_output_of_a_failed_export_stays_off_the_terminal(ort, tiny_classifier, tmp_path, monkeypatch, capfd):
+    def noisy_failure(*args, **kwargs):  # as torch.onnx does: the whole graph on stdout, then the error
+        os.write(1, b"graph(%input_ids : Long(3, 12)):\n" * 150)
+        print("%2140 : Float(3, 2) = onnx::Gemm(...)")
+        raise RuntimeError("the exporter failed")
+
+    monkeypatch.setattr(torch.onnx, "export", noisy_failure)
+    code = cli_main(["export", "--model", str(tiny_classifier), "--output", str(tmp_path / "x")])
+    out, err = capfd.readouterr()
+    assert code == 1 and out == "" and "graph(" not in err, (out[:300], err[:300])
+    assert len(err.splitlines()) == 1 and "the exporter failed" in err
+    assert not list(tmp_path.glob(".x.*")) and not (tmp_path / "x").exists()

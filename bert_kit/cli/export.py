@@ -7,7 +7,9 @@
 
 The folder's head is exported (encoder + pooling, sequence classification / regression, token
 classification, QA, MLM, MLM + NSP) with dynamic batch and sequence axes, next to its
-config.json and tokenizer; `bert_kit.onnx_export` describes the graph. Needs
+config.json and tokenizer; `bert_kit.onnx_export` describes the graph. --model may be a run
+folder or a hub name with a local copy. --output is a new or empty folder, or an earlier export
+(whose files are replaced); SIGTERM or Ctrl-C mid-export leaves nothing behind. Needs
 `pip install "bert-kit[onnx]"`.
 """
 
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 
-from bert_kit.onnx_export import OPSET, QUANTIZE_CHOICES, export_onnx
+import sys
+
+from bert_kit.onnx_export import MIN_OPSET, OPSET, QUANTIZE_CHOICES, Interrupted, export_onnx, max_opset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit; a run folder means its best/ or final/)")
+    parser.add_argument("--model", required=True, help="model folder (HF or bert-kit; a run folder means its best/ or "
+                                                       "final/), or a hub name with a local copy")
     parser.add_argument("--output", required=True, help="folder to write: model.onnx, config.json, tokenizer files")
     parser.add_argument("--format", choices=("onnx",), default="onnx", help="export format")
     parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
@@ -28,10 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse", action="store_true",
                         help="fuse attention, add + LayerNorm and bias + GELU into ONNX Runtime's own ops (the "
                              "graph then needs ONNX Runtime; slower on short texts, measured in benchmarks/RESULTS.md)")
-    parser.add_argument("--opset", type=int, default=OPSET, help="ONNX opset version")
+    parser.add_argument("--opset", type=int, default=OPSET,
+                        help=f"ONNX opset version, {MIN_OPSET} to {max_opset()} (default {OPSET})")
 
 
 def run(args: argparse.Namespace) -> int:
-    report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=args.fuse, opset=args.opset)
+    try:
+        report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=args.fuse, opset=args.opset)
+    except Interrupted as e:  # the temporary folder is gone; an earlier export in --output is as it was
+        print(f"bert-kit export: stopped by {e}: nothing was written", file=sys.stderr)
+        return 128 + e.signum
     print(report.summary())
     return 0
