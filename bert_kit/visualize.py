@@ -16,12 +16,14 @@ which the tests check against the model's own forward pass.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
+from bert_kit.checks import ConfigError
 from bert_kit.model import BERTModel, MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -84,10 +86,10 @@ def _parse_indices(spec: str | None, n: int, what: str) -> list[int]:
             lo, _, hi = part.partition("-")
             out.update(range(int(lo), int(hi or lo) + 1))
         except ValueError:
-            raise ValueError(f"--{what}: cannot read {part!r}; use e.g. 0,2,5 or 1-3") from None
+            raise ConfigError(f"--{what}: cannot read {part!r}; use e.g. 0,2,5 or 1-3") from None
     bad = [i for i in out if not 0 <= i < n]
     if bad:
-        raise ValueError(f"--{what}: index {bad[0]} out of range; the model has {n} {what}")
+        raise ConfigError(f"--{what}: index {bad[0]} out of range; the model has {n} {what}")
     return sorted(out)
 
 
@@ -141,8 +143,28 @@ def attention_figure(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str
     fig.supylabel("query (the token attending), one row per token", fontsize=9)
     fig.supxlabel("key (the token attended to), one column per token", fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fit_title(fig, title)
     return fig
+
+
+def fit_title(fig: Figure, title: str, fontsize: float = 10.0) -> None:
+    """`title` above the figure, wrapped at spaces to the figure's width (a title of two texts
+    is wider than a grid of a few heads, and was clipped), in smaller type if a line still does not fit."""
+    renderer = fig.canvas.get_renderer()
+    room = 0.96 * fig.bbox.width  # pixels
+    text = fig.suptitle(title, fontsize=fontsize)
+    chars = max(12, int(room / (0.6 * fontsize * fig.dpi / 72)))  # a character is about 0.6 em wide
+    while True:
+        text.set_text("\n".join(textwrap.wrap(title, chars, break_on_hyphens=False)))
+        width = text.get_window_extent(renderer).width
+        if width <= room:
+            return
+        if chars > 12:
+            chars = max(12, int(chars * room / width) - 1)
+        elif text.get_fontsize() > 5:
+            text.set_fontsize(text.get_fontsize() - 1)
+        else:
+            return
 
 
 def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[str], path: str | Path,

@@ -113,7 +113,7 @@ def test_attention_cli_writes_png(tmp_path, minilm_path, capsys):
     assert matplotlib.image.imread(small).shape[0] < grid.shape[0]
     # a layer the model does not have is a one-line user error
     assert cli_main(["attention", "--model", str(minilm_path), "--text", "hi", "--output",
-                     str(small), "--layers", "7"]) == 1
+                     str(small), "--layers", "7"]) == 2  # a wrong flag: exit 2
     assert "index 7 out of range" in capsys.readouterr().err
 
 
@@ -140,7 +140,7 @@ def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_p
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(bars) == 1 and bars[0].get_ylabel() == "attention probability"
     assert tuple(bars[0].get_ylim()) == (0.0, 1.0)  # one scale for every map
-    assert fig.get_suptitle() == title
+    assert fig.get_suptitle().replace("\n", " ") == title  # wrapped to the figure's width where wider
     assert fig.get_supylabel().startswith("query") and fig.get_supxlabel().startswith("key")
     grid = [ax for ax in fig.axes if ax not in bars]
     assert len(grid) == 6 and grid[0].get_title() == "head 0" and grid[0].get_ylabel() == "layer 0"
@@ -154,3 +154,22 @@ def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_p
                      "--device", "cpu"]) == 0
     assert "1 layers x 2 heads over 11 tokens" in capsys.readouterr().out and out.is_file()
     assert titles == [f"{minilm_path}: attention over 'The cat sat.' + 'It was tired.'"]
+
+
+@pytest.mark.parametrize("layers, heads", [(1, 1), (2, 3), (6, 12)])
+def test_a_long_title_fits_the_figure(layers, heads):
+    """The title of a model path and two texts (up to 60 characters each) was one line wider than a
+    figure of a few heads, clipped at both sides: it is wrapped (or set smaller) inside the figure."""
+    from bert_kit.visualize import attention_figure, attention_title
+
+    title = attention_title("runs/demo/pretrain/final/a-long-model-folder-name",
+                            "anna lives in rome. rome is a city in italy. she works as a baker there.",
+                            "she speaks italian at home and her dog barks at the postman every day.")
+    att = torch.softmax(torch.randn(layers, heads, 5, 5), dim=-1)
+    fig = attention_figure(att, ["[CLS]", "anna", "lives", "in", "[SEP]"], title=title)
+    fig.canvas.draw()  # the layout is done when drawn
+    renderer, frame = fig.canvas.get_renderer(), fig.bbox
+    for text in (fig._suptitle, fig._supxlabel, fig._supylabel):
+        box = text.get_window_extent(renderer)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, text
+    assert "".join(fig.get_suptitle().split()) == "".join(title.split())  # all of it, only wrapped

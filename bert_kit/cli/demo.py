@@ -12,6 +12,9 @@
    always guessing the most frequent topic;
 6. demo_results.json, the run folders (pretrain/, finetune/) with their loss curves, and
    data/ (the corpus, the task, sentences.txt) for trying the other commands.
+
+Run again, it starts over in a folder that holds an earlier demo (finished or interrupted: the
+entries below are its own) and refuses a folder that holds anything else.
 """
 
 from __future__ import annotations
@@ -23,7 +26,47 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bert_kit.checks import ConfigError
+
 SHOWN_PROBES = 6
+EXAMPLE_WIDTH = 60  # characters of a printed fill-mask example
+# what a demo writes in its folder; data/ is written first, demo_results.json last
+DEMO_ENTRIES = {"demo_results.json", "data", "pretrain", "finetune", "finetune_random_init"}
+DEMO_DATA = {"train.txt", "test.txt", "train.tsv", "dev.tsv", "sentences.txt"}
+
+
+def earlier_demo(out: Path) -> bool:
+    """Whether `out` holds an earlier demo, finished or interrupted, that this run may replace
+    (False: `out` is new or empty). A folder holding anything else is refused, naming it."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+
+    def foreign(folder: Path, names: set[str], prefix: str = "") -> list[str]:
+        return sorted(prefix + p.name for p in folder.iterdir()
+                      if p.name not in names and not p.name.startswith(".bert-kit"))  # bert-kit's bookkeeping
+
+    strangers = foreign(out, DEMO_ENTRIES)
+    strangers += [name for name in sorted(DEMO_ENTRIES - {"demo_results.json"})
+                  if (out / name).exists() and not (out / name).is_dir()]
+    if (out / "data").is_dir():
+        strangers += foreign(out / "data", DEMO_DATA, "data/")
+    ours = (out / "demo_results.json").is_file() or (out / "data" / "train.txt").is_file()
+    if strangers or not ours:
+        shown = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
+        raise ConfigError(f"--output {out} holds files that are not an earlier demo's ({shown or 'no demo data'}): "
+                          "choose another folder with --output (the demo replaces only an earlier demo)")
+    return True
+
+
+def tail_words(text: str, width: int = EXAMPLE_WIDTH) -> str:
+    """The end of `text` in at most `width` characters, cut before a word: '... lyon is in [MASK].'"""
+    if len(text) <= width:
+        return text
+    words = text.split()
+    kept = [words.pop()]
+    while words and len(" ".join(["...", words[-1], *kept])) <= width:
+        kept.insert(0, words.pop())
+    return " ".join(["...", *kept])
 
 
 def score_fill_mask(folder: Path, probes: list[tuple[str, str, str]], train_file: Path) -> dict[str, Any]:
@@ -69,6 +112,10 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
 
     t0 = time.time()
     out = Path(output_dir)
+    again = earlier_demo(out)  # before anything is written: a folder of the user's is refused
+    if again:
+        print(f"starting over: replacing the earlier demo in {out}")
+        (out / "demo_results.json").unlink(missing_ok=True)  # the new one comes when this demo ends
     data = out / "data"
     train_txt, test_txt = write_corpus(data, seed=seed)
     train_tsv, dev_tsv, majority = write_topic_task(data, seed=seed + 1)
@@ -86,7 +133,7 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
         train_tokenizer={"vocab_size": 2000}, train_files=[str(train_txt)], eval_files=[str(test_txt)],
         corpus_format="text", nsp=True, max_length=32, batch_size=64, max_steps=pretrain_steps, lr=2e-3,
         warmup_fraction=0.1, eval_every=250, eval_batches=20, save_every=pretrain_steps, keep_last=1,
-        log_every=25, seed=seed, device=device, output_dir=str(out / "pretrain")))
+        log_every=25, seed=seed, device=device, output_dir=str(out / "pretrain"), overwrite=again))
     fill = score_fill_mask(out / "pretrain" / "final", fill_mask_probes(test_txt), train_txt)
 
     def topic_run(model: str, name: str) -> dict[str, Any]:
@@ -94,8 +141,7 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
             task="classification", model=model, tokenizer=str(out / "pretrain" / "final"),
             train_file=str(train_tsv), validation_file=str(dev_tsv), label_column="label", max_length=32,
             epochs=finetune_epochs, batch_size=16, lr=1e-3, eval_every=10, save_every=10_000, keep_last=1,
-            log_every=5, seed=seed,
-            device=device, output_dir=str(out / name)))
+            log_every=5, seed=seed, device=device, output_dir=str(out / name), overwrite=again))
 
     fin = topic_run(str(out / "pretrain" / "final"), "finetune")
     # the same shape from random weights: what pretraining adds
@@ -125,7 +171,7 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
           f"(guessing the most frequent word of the kind: {fill['guessing']:.0%}); {kinds}")
     for example in fill["examples"]:
         answers = ", ".join(f"{t} {s:.2f}" for t, s in example["predictions"])
-        print(f"  {example['text'][-60:]:>60}  -> {answers:<40} (masked: {example['answer']})")
+        print(f"  {tail_words(example['text']):>{EXAMPLE_WIDTH}}  -> {answers:<40} (masked: {example['answer']})")
     print(f"fine-tuning, topic of held-out sentences: accuracy {fin['accuracy']:.2f}; from random weights "
           f"{fin['random_init_accuracy']:.2f}; always guessing the commonest topic {fin['majority_baseline']:.2f}")
     print(f"results: {out / 'demo_results.json'}; loss curves: {', '.join(results['plots'])}")
@@ -133,7 +179,8 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", default="runs/demo", help="output folder (default runs/demo)")
+    parser.add_argument("--output", default="runs/demo",
+                        help="output folder (default runs/demo); an earlier demo there is replaced")
     parser.add_argument("--pretrain-steps", type=int, default=2000, help="pretraining steps (default 2000)")
     parser.add_argument("--finetune-epochs", type=float, default=3.0, help="fine-tuning epochs (default 3)")
     parser.add_argument("--seed", type=int, default=0)
