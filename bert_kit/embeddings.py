@@ -195,6 +195,12 @@ class SentenceEncoder:
             done.append((chunk, self.encode_ids([ids[i] for i in chunk])))
         for chunk, vectors in done:
             out[chunk] = vectors.cpu().numpy()
+        bad = int((~np.isfinite(out)).any(axis=1).sum())
+        if bad:  # NaN weights (or an overflow) give NaN vectors: an error, never vectors that mean nothing
+            params = getattr(self.model, "named_parameters", lambda: [])()
+            broken = next((name for name, p in params if not torch.isfinite(p).all()), None)
+            why = f"its weights hold NaN or inf values (first in {broken})" if broken else "a layer overflowed"
+            raise FloatingPointError(f"the model's vectors are NaN or inf for {bad} of {len(texts)} text(s): {why}")
         return out[0] if single else out
 
     def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> np.ndarray:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import add_device_option, add_model_option, add_table_options
+from bert_kit.cli.options import (add_device_option, add_model_option, add_table_options, flag_messages,
+                                   name_settings_as_flags)
 from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 from bert_kit.model_folder import resolve_model
@@ -37,16 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
                         help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
                              "auto: onnx for exported folders, else torch")
+    name_settings_as_flags(parser)
 
 
+@flag_messages
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output, "--output", inputs=[args.input])
-    texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where))
-    warn_blank_texts(texts, args.input)
+    texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
+                       args.encoding)
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
     encoder = SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
                                               not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
+    warn_blank_texts(texts, args.input, tokenizer=encoder.tokenizer)  # blank, or only control characters
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)
     seconds = time.perf_counter() - t0

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import add_device_option, add_model_option, add_table_options
+from bert_kit.cli.options import (add_device_option, add_model_option, add_table_options, flag_messages,
+                                   name_settings_as_flags)
 from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
@@ -34,11 +35,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--similarity-mode", choices=("bi-encoder", "cross-encoder"), default=None,
                         help="similarity: cosine of pooled vectors or the regression head (default: from the folder)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="bi-encoder pooling (default mean)")
-    parser.add_argument("--text-column", default="sentence", help="text column of TSV/CSV/JSONL: name or 0-based index")
-    parser.add_argument("--text-pair-column", default=None, help="second text column (similarity: read any pair file)")
+    # the reading flags default to what the folder was fine-tuned with (bert_kit.tasks.inference.read_settings)
+    parser.add_argument("--text-column", default=None,
+                        help="text column of TSV/CSV/JSONL: name or 0-based index (default: the model's, else sentence)")
+    parser.add_argument("--text-pair-column", default=None,
+                        help="second text column (similarity: read any pair file; default: the model's)")
     add_table_options(parser)
     parser.add_argument("--label-pattern", default=None, help="regex with label and text groups splitting the text")
-    parser.add_argument("--word-column", type=int, default=0, help="token-classification: CoNLL column of the word")
+    parser.add_argument("--word-column", type=int, default=None,
+                        help="token-classification: CoNLL column of the word (default: the model's, else 0)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,16 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None,
                         help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
     parser.add_argument("--max-examples", type=int, default=None, help="evaluate on the first N examples only")
-    parser.add_argument("--label-column", default="label", help="classification: label column; similarity: score")
-    parser.add_argument("--tag-column", type=int, default=-1, help="token-classification: CoNLL column of the tag")
+    parser.add_argument("--label-column", default=None,
+                        help="classification: label column; similarity: score (default: the model's, else label)")
+    parser.add_argument("--tag-column", type=int, default=None,
+                        help="token-classification: CoNLL column of the tag (default: the model's, else the last)")
     parser.add_argument("--score-range", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
                         help="similarity: range of the gold scores (default: the model's, else 0 5)")
     parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
     parser.add_argument("--split-articles", type=int, default=None,
                         help="qa: evaluate on the articles after the first N (the held-out part of a "
                              "fine-tuning split)")
+    name_settings_as_flags(parser)
 
 
+@flag_messages
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from typing import Any, Callable
+
+from bert_kit.data import settings_named_as
 
 MODEL_HELP = "model folder, run folder, or hub name with a local copy (e.g. sentence-transformers/all-MiniLM-L6-v2)"
 
@@ -18,8 +22,33 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_table_options(parser: argparse.ArgumentParser, rows: str = "keep only rows with this value") -> None:
-    """--header, --delimiter and --where: how a TSV/CSV/JSONL input is read (the text column is the command's)."""
+    """--header, --delimiter, --where and --encoding: how a TSV/CSV/JSONL input is read (the text column is the
+    command's)."""
     parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
                         help="TSV/CSV: the first line names the columns (default: when a column is given by name)")
     parser.add_argument("--delimiter", default=None, help="field separator (default by extension; tab, comma, ...)")
     parser.add_argument("--where", action="append", metavar="COLUMN=VALUE", help=rows)
+    parser.add_argument("--encoding", default=None,
+                        help="text encoding of the input, a Python codec name such as latin-1, cp1252 or utf-16 "
+                             "(default utf-8, with or without a byte-order mark)")
+
+
+def name_settings_as_flags(parser: argparse.ArgumentParser) -> None:
+    """Record the parser's flags (`text_column` -> `--text-column`), so that `flag_messages` can
+    spell settings as this command takes them; call it after the last add_argument."""
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings[:1] and
+             a.option_strings[0].startswith("--")}
+    if "where" in flags:
+        flags["validation_where"] = flags["where"]
+    parser.set_defaults(setting_flags=flags)
+
+
+def flag_messages(run: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """A command's `run` whose messages advise its flags (`--no-header`), not run-config keys
+    (`header=false`); see `bert_kit.data.setting`."""
+    @functools.wraps(run)
+    def with_flags(args: argparse.Namespace) -> Any:
+        with settings_named_as(getattr(args, "setting_flags", None) or {}):
+            return run(args)
+
+    return with_flags

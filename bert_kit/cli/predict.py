@@ -9,8 +9,9 @@ from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.evaluate import add_common_arguments
+from bert_kit.cli.options import flag_messages, name_settings_as_flags
 from bert_kit.outputs import write_file
-from bert_kit.tasks.inference import PREDICTORS, load_task_model
+from bert_kit.tasks.inference import PREDICTORS, check_input_file, load_task_model
 
 
 
@@ -20,13 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="JSON Lines file to write")
     parser.add_argument("--input-format", choices=("auto", "conll", "lines"), default="auto",
                         help="token-classification: CoNLL columns or one sentence per line (default: detect)")
+    name_settings_as_flags(parser)
 
 
+@flag_messages
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.input])
-    if not Path(args.input).is_file():
-        raise FileNotFoundError(f"input file not found: {args.input}")
+    check_input_file(args.input)  # before the model loads; a pipe or /dev/stdin is read once, later
     task, model, precision = load_task_model(args, verbose=False)
     records = PREDICTORS[task.name](task, model, args.input, precision, args.input_format)
     out = Path(args.output)

@@ -6,61 +6,160 @@ tasks: tables.py (TSV/CSV/JSONL rows as users have them), classification.py, ner
 sts.py.
 
 Every reader takes files as editors and spreadsheets write them: UTF-8 with or without a
-byte-order mark, LF or CRLF line ends. A file that is not UTF-8 text is an error naming the file
-and the line of the first bad byte, never a decode traceback.
+byte-order mark, LF or CRLF line ends, or any other text encoding named by `encoding` (a Python
+codec name: latin-1, cp1252, utf-16, ...). A file that is not text in its encoding is an error
+naming the file and the line of the first bad byte, never a decode traceback. Any readable path
+that is not a folder is read once, whole: a regular file, a FIFO, /dev/stdin, `<(command)`.
+
+Messages that tell the user what to set name the setting as the command at hand spells it:
+`header=false` in a run config, `--no-header` in `evaluate`, `predict` and `embed`, which run
+their work inside `settings_named_as(flags)`; see `setting`.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 BOM = "\ufeff"
+DEFAULT_ENCODING = "utf-8"
+
+# setting -> the command-line flag that sets it, while a command of flags runs (None: key=value)
+_FLAGS: ContextVar[Mapping[str, str] | None] = ContextVar("bert_kit_setting_flags", default=None)
 
 
-def decode_error(path: str | Path, data: bytes, err: UnicodeDecodeError, first_line: int = 1) -> ValueError:
-    """The one-line error for bytes that are not UTF-8, naming the file, line and bad byte.
+@contextmanager
+def settings_named_as(flags: Mapping[str, str]) -> Iterator[None]:
+    """Inside, `setting` spells the settings in `flags` ({"header": "--header", ...}) as flags."""
+    token = _FLAGS.set(dict(flags))
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
+
+
+def setting(key: str, value: Any = None) -> str:
+    """How the user sets `key` (to `value`) in the command at hand, for messages: `header=false`,
+    `score_range=[LOW, HIGH]` in a run config; `--no-header`, `--score-range LOW HIGH` in a command
+    of flags. Booleans are on/off flags (`--header` / `--no-header`); a value given as text is
+    written as it is."""
+    flag = (_FLAGS.get() or {}).get(key)
+    if flag is None:
+        if value is None:
+            return key
+        shown = (str(value).lower() if isinstance(value, bool) else
+                 "[" + ", ".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else value)
+        return f"{key}={shown}"
+    if value is None or value is True:
+        return flag
+    if value is False:
+        return "--no-" + flag[2:]
+    return f"{flag} " + (" ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
+
+
+def check_encoding(encoding: str | None, key: str = "encoding") -> str:
+    """The codec name a reader decodes with (None: UTF-8); an unknown codec, or one that is not a
+    text encoding (base64, zlib), is a ValueError naming the setting."""
+    if encoding is None:
+        return DEFAULT_ENCODING
+    from bert_kit.checks import ConfigError
+
+    try:
+        # bytes-to-bytes codecs (base64, zlib) are known to Python but are no text encodings
+        known = isinstance(encoding, str) and encoding.strip() and getattr(codecs.lookup(encoding),
+                                                                          "_is_text_encoding", True)
+    except LookupError:
+        known = False
+    if not known:
+        raise ConfigError(f"{setting(key, repr(encoding))} is not a known text encoding: name a Python codec, "
+                          "such as utf-8, latin-1, cp1252 or utf-16")
+    return encoding
+
+
+def _is_utf8(encoding: str) -> bool:
+    return codecs.lookup(encoding).name in ("utf-8", "utf-8-sig")
+
+
+def splits_at_newline_bytes(encoding: str) -> bool:
+    """Whether every b"\\n" of a file in `encoding` is a line end, so that lines decode one by one
+    (UTF-8, latin-1, cp1252, Shift-JIS, ...; not UTF-16 or UTF-32)."""
+    return _is_utf8(encoding) or ("\n".encode(encoding) == b"\n" and "a".encode(encoding) == b"a")
+
+
+def decode_error(path: str | Path, data: bytes, err: UnicodeDecodeError, first_line: int = 1,
+                 encoding: str = DEFAULT_ENCODING) -> ValueError:
+    """The one-line error for bytes that are not `encoding` text, naming the file, line and bad
+    byte, and how to name the file's encoding.
 
     data: the bytes that failed to decode (err.start indexes into them); first_line: the line
     of the file that data starts on."""
     line = first_line + data.count(b"\n", 0, err.start)
     column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-    return ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}); "
-                      "save the file as UTF-8")
+    name = "UTF-8" if _is_utf8(encoding) else encoding
+    where = f"{path}:{line}: not {name} text (byte 0x{data[err.start]:02x} at column {column})"
+    if not _is_utf8(encoding):
+        return ValueError(f"{where}; name the file's encoding with {setting('encoding', 'NAME')}")
+    # a UTF-16 byte-order mark gives it away; otherwise the likeliest one-byte encodings
+    guess = "utf-16" if first_line == 1 and data[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin-1"
+    others = "" if guess == "utf-16" else " (or cp1252, ...)"
+    return ValueError(f"{where}; save the file as UTF-8, or name its encoding with "
+                      f"{setting('encoding', guess)}{others}")
 
 
-def decode_text(data: bytes, path: str | Path, first_line: int = 1) -> str:
-    """UTF-8 bytes of a file (from line `first_line` on) -> str without a leading byte-order
-    mark. Invalid UTF-8 or a NUL byte (a binary file) raises ValueError naming file and line."""
+def decode_text(data: bytes, path: str | Path, first_line: int = 1, encoding: str | None = None) -> str:
+    """Bytes of a file (from line `first_line` on) in `encoding` (default UTF-8) -> str without a
+    leading byte-order mark. Bytes that do not decode or a NUL byte (a binary file) raise
+    ValueError naming file and line."""
+    encoding = check_encoding(encoding)
     try:
-        text = data.decode("utf-8")
+        text = data.decode(encoding)
     except UnicodeDecodeError as e:
-        raise decode_error(path, data, e, first_line) from None
+        raise decode_error(path, data, e, first_line, encoding) from None
     nul = text.find("\x00")
     if nul >= 0:
         raise ValueError(f"{path}:{first_line + text.count(chr(10), 0, nul)}: NUL byte: this is a binary file, "
-                         "not UTF-8 text")
+                         "not text")
     return text.removeprefix(BOM)
 
 
-def read_text(path: str | Path, what: str = "data file") -> str:
-    """The whole text of a UTF-8 file (see `decode_text`); a missing file or a folder is a
-    FileNotFoundError naming `what` and the path."""
+def read_bytes(path: str | Path, what: str = "data file") -> bytes:
+    """All bytes of a readable path that is not a folder: a file, a FIFO, /dev/stdin or `<(command)`,
+    read once (no existence check first, which a pipe could not pass twice). A missing path or a
+    folder is a FileNotFoundError naming `what` and the path."""
     path = Path(path)
-    if not path.is_file():
-        kind = "is a folder, not a file" if path.is_dir() else "not found"
-        raise FileNotFoundError(f"{what} {kind}: {path}")
-    return decode_text(path.read_bytes(), path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{what} is a folder, not a file: {path}")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise FileNotFoundError(f"{what} is a folder, not a file: {path}") from None
 
 
-def check_text_file(path: str | Path, chunk_bytes: int = 1 << 23) -> None:
+def read_text(path: str | Path, what: str = "data file", encoding: str | None = None) -> str:
+    """The whole text of a file in `encoding` (default UTF-8; see `decode_text`); a missing path or
+    a folder is a FileNotFoundError naming `what` and the path (see `read_bytes`)."""
+    encoding = check_encoding(encoding)
+    return decode_text(read_bytes(path, what), path, encoding=encoding)
+
+
+def check_text_file(path: str | Path, chunk_bytes: int = 1 << 23, encoding: str | None = None) -> None:
     """Raise the `decode_text` error if a file of any size (read in chunks of whole lines) is not
-    UTF-8 text; for files handed to the Rust readers, whose errors name no file or line."""
+    `encoding` text; for files handed to the Rust readers, whose errors name no file or line."""
+    encoding = check_encoding(encoding)
+    if not splits_at_newline_bytes(encoding):  # UTF-16 / UTF-32: a chunk of lines is no whole text
+        decode_text(read_bytes(path), path, encoding=encoding)
+        return
     with open(path, "rb") as f:
         line = 1
         while chunk := f.read(chunk_bytes) + f.readline():  # whole lines: no character is cut
-            decode_text(chunk, path, line)
+            decode_text(chunk, path, line, encoding)
             line += chunk.count(b"\n")
 
 
@@ -88,9 +187,10 @@ def parse_jsonl(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, A
         yield lineno, value
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """One text per line; line i of the file is row i of the output (blank lines included)."""
-    lines = split_lines(read_text(path, "input file"))
+def read_lines(path: str | Path, encoding: str | None = None, text: str | None = None) -> list[str]:
+    """One text per line; line i of the file is row i of the output (blank lines included).
+    text: the file's text when it was read already (a pipe can be read only once)."""
+    lines = split_lines(read_text(path, "input file", encoding) if text is None else text)
     if not lines:
         raise ValueError(f"{path}: no lines to read (the file is empty)")
     return lines

@@ -9,7 +9,9 @@ float32 tensors accordingly.
 
 Labels are checked, not guessed (:func:`convert_labels`): given `label_names` or `num_labels`
 win; a fractional label among integer classes, a non-finite, null or boolean label, a class
-outside the names or ids, or a mix of numbers and names is an error naming the file and line.
+outside the names or ids, a mix of numbers and names, or two class names that differ only in
+case (`Positive`, `positive`) is an error naming the file and line. :func:`tokenless` finds the
+texts that give the model no token at all (blank, or only control characters).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -25,11 +28,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_kit.data.tables import Column, layout_of, no_garbage_collection, read_table
+from bert_kit.data import read_text, setting
+from bert_kit.data.tables import Column, first_line, no_garbage_collection, read_table, separator_hint, table_layout
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
 _INTEGER = re.compile(r"[+-]?\d+")
+_WORD = re.compile(r"\w")  # a letter, digit or underscore: a text holding one gives a token
 
 
 class ClassificationData(NamedTuple):
@@ -39,6 +44,7 @@ class ClassificationData(NamedTuple):
     labels: list[int] | list[float] | None  # None when no label column was asked for
     text_pairs: list[str] | None  # second sentences, None without a pair column
     label_names: list[str] | None  # names of label ids 0..K-1 when the file has string labels
+    lines: list[str] | None = None  # "file:line" of each example
 
 
 def _parse_label(value: Any, at: str) -> tuple[str, Any, str]:
@@ -88,6 +94,23 @@ def _parse_labels(raw: Sequence[Any], where: Sequence[str]) -> list[tuple[str, A
 def _file_of(at: str) -> str:
     """The file part of a "file:line" location."""
     return at.rsplit(":", 1)[0]
+
+
+def _check_case(names: list[str], parsed: list[tuple[str, Any, str]], where: list[str]) -> None:
+    """Class names that differ only in case would silently become separate classes: refuse them,
+    naming the line of the later spelling and where the other one first appears."""
+    by_fold: dict[str, list[str]] = {}
+    for name in names:
+        by_fold.setdefault(name.casefold(), []).append(name)
+    clash = next((spellings for spellings in by_fold.values() if len(spellings) > 1), None)
+    if clash is None:
+        return
+    first: dict[str, str] = {}
+    for (_, _, text), at in zip(parsed, where):
+        first.setdefault(text, at)
+    a, b = sorted(clash, key=lambda n: where.index(first[n]))[:2]
+    raise ValueError(f"{first[b]}: label {b!r} differs from label {a!r} ({first[a]}) only in case, so they would be "
+                     f"two classes; write one spelling, or list both in {setting('label_names')} to keep them apart")
 
 
 def _class_ids(parsed: list[tuple[str, Any, str]], where: list[str], num_labels: int | None) -> list[int]:
@@ -145,11 +168,12 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
         at, text = next((at, text) for (kind, _, text), at in zip(parsed, where) if (kind == "name") == names_rare)
         if names_rare:
             raise ValueError(f"{at}: label {text!r} is not a number but the other labels are numbers "
-                             "(a header line? set header=true); to use class names give label_names")
+                             f"(a header line? set {setting('header', True)}); to use class names give label_names")
         raise ValueError(f"{at}: label {text!r} is a number but the other labels are class names; "
                          "give label_names to list every class")
     if kinds["name"]:
         names = sorted({text for _, _, text in parsed})  # sorted: the same ids for every split
+        _check_case(names, parsed, where)
         if len(names) < 2 and num_labels is None:
             raise ValueError(f"{_file_of(where[0])}: every label is {names[0]!r}: a classifier needs two or "
                              "more classes; give label_names or num_labels")
@@ -184,7 +208,8 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
                              text_pair_column: Column | None = None, delimiter: str | None = None,
                              label_names: Sequence[str] | None = None, *, num_labels: int | None = None,
                              header: bool | None = None, where: Mapping[Any, Any] | None = None,
-                             label_pattern: str | re.Pattern | None = None) -> ClassificationData:
+                             label_pattern: str | re.Pattern | None = None, encoding: str | None = None,
+                             text: str | None = None, what: str = "classification file") -> ClassificationData:
     """Read a classification / regression file into a :class:`ClassificationData` tuple.
 
     Any layout of :func:`bert_kit.data.tables.read_table` (``header``, ``delimiter``, ``where``;
@@ -193,23 +218,35 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
     ``label_pattern``: a regular expression with ``label`` and ``text`` groups that must match
     the whole text column, for labels written into the text (``__label__pos great film``); the
     label column is then not read. ``label_column=None`` reads texts only (a text that does not
-    match ``label_pattern`` is then kept whole). Errors name the file and line.
+    match ``label_pattern`` is then kept whole). ``encoding``: the file's codec (default UTF-8);
+    ``text``: the file's text when it was read already; ``what``: how errors name the file. Errors
+    name the file and line.
     """
     pattern = re.compile(label_pattern) if isinstance(label_pattern, str) else label_pattern
     labelled = label_column is not None
-    if layout_of(path, delimiter) == "lines":  # a .txt file: the whole line is the text
+    if text is None:
+        text = read_text(path, what, encoding)
+    columns = [text_column] + ([text_pair_column] if text_pair_column is not None else [])
+    if table_layout(path, text, delimiter, header, columns + [label_column] + list(where or {})) == "lines":
+        # a .txt file of one text per line: the whole line is the text
+        columns_hint = "; for a .txt file of columns, " + separator_hint(first_line(text))
+        if "\t" in first_line(text):
+            columns_hint = (f"; its first line holds tabs but names no column asked for (columns are read from a "
+                            f".txt file whose first line names them): check the names, or set "
+                            f"{setting('header', False)} and give 0-based indices")
         if text_pair_column is not None:
             raise ValueError(f"{path}: a .txt file holds one text per line, no second text; "
-                             "use a TSV/CSV/JSONL file for pairs")
+                             "use a TSV/CSV/JSONL file for pairs" + columns_hint)
         if labelled and pattern is None:
-            raise ValueError(f"{path}: a .txt file holds one text per line and no label column; set label_pattern "
-                             "to read labels written into the text, or use a TSV/CSV/JSONL file")
+            raise ValueError(f"{path}: a .txt file holds one text per line and no label column; set "
+                             f"{setting('label_pattern')} to read labels written into the text, or use a "
+                             "TSV/CSV/JSONL file" + columns_hint)
         text_column = 0
-    columns = [text_column] + ([text_pair_column] if text_pair_column is not None else [])
+        columns = [0]
     if labelled and pattern is None:
         columns.append(label_column)
     with no_garbage_collection():  # many small objects, no cycles: see no_garbage_collection
-        rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="classification file")
+        rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what=what, text=text)
         texts, pairs, raw_labels, lines = [], [], [], []
         for at, values in rows:
             text = _text(values[0], at, text_column)
@@ -227,7 +264,24 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
                 pairs.append(_text(values[1], at, text_pair_column))
             lines.append(at)
         labels, names = convert_labels(raw_labels, lines, label_names, num_labels) if labelled else (None, None)
-    return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names)
+    return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names, lines)
+
+
+def tokenless(texts: Sequence[str], tokenizer: Any = None) -> list[int]:
+    """Indices of the texts that give the model no token: blank ones, and those made only of what
+    the tokenizer's cleaning drops (control and format characters, U+FFFD, lone accents).
+
+    A text holding a letter, digit or underscore always gives a token; the few others are
+    tokenized to find out (without a tokenizer: those of whitespace and control characters only)."""
+    candidates = [i for i, t in enumerate(texts) if _WORD.search(t) is None]
+    if not candidates:
+        return []
+    if tokenizer is None:
+        return [i for i in candidates if all(c.isspace() or c == "\ufffd" or unicodedata.category(c)[0] == "C"
+                                             for c in texts[i])]
+    ids = tokenizer([texts[i] for i in candidates], max_length=3, padding=False, truncation=True,
+                    return_tensors=None)["input_ids"]
+    return [i for i, row in zip(candidates, ids) if len(row) <= 2]  # [CLS] [SEP] and nothing between
 
 
 class ClassificationDataset(Dataset):

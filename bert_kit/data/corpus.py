@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bert_kit.data import BOM, decode_error, parse_jsonl
+from bert_kit.data import BOM, check_encoding, decode_error, decode_text, parse_jsonl, splits_at_newline_bytes
 
 __all__ = [
     "MODES",
@@ -67,7 +67,7 @@ def resolve_files(path: PathLike | Sequence[PathLike]) -> list[Path]:
         if not files:
             raise FileNotFoundError(f"corpus directory {p} contains no files")
         return files
-    if not p.is_file():
+    if not p.exists():  # a FIFO or /dev/stdin is read as a file
         raise FileNotFoundError(f"corpus file not found: {p}")
     return [p]
 
@@ -102,13 +102,18 @@ def _is_heading(line: str) -> bool:
 
 def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a text file read lazily; a byte-order mark is dropped and bytes that
-    do not decode are a ValueError naming the file and line (a corpus may be too big to read whole)."""
+    do not decode are a ValueError naming the file and line (a corpus may be too big to read whole).
+    A UTF-16 or UTF-32 file, whose line ends are no single bytes, is decoded whole."""
+    encoding = check_encoding(encoding)
     with _open_binary(path) as f:
+        if not splits_at_newline_bytes(encoding):
+            yield from enumerate(decode_text(f.read(), path, encoding=encoding).splitlines(keepends=True), start=1)
+            return
         for lineno, raw in enumerate(f, start=1):
             try:
                 line = raw.decode(encoding)
             except UnicodeDecodeError as e:
-                raise decode_error(path, raw, e, lineno) from None
+                raise decode_error(path, raw, e, lineno, encoding) from None
             yield lineno, line.removeprefix(BOM) if lineno == 1 else line
 
 
@@ -164,8 +169,9 @@ def iter_documents(
     `wikitext_unk`, the tokenizer's unknown token, so it is one [UNK] and not `<`, `unk`, `>`),
     "jsonl" (one JSON object per line, text under `text_field`), "auto" (jsonl for .jsonl/.json,
     else blank_line). Files ending in .xz, .gz or .bz2 are decompressed as they are read (the
-    mode looks at the suffix before it). Empty documents are skipped. A byte-order mark is ignored; a line that is
-    not `encoding` text raises ValueError naming the file and line.
+    mode looks at the suffix before it). Empty documents are skipped. Files are `encoding` text (a
+    Python codec name; default UTF-8); a byte-order mark is ignored; a line that is not `encoding`
+    text raises ValueError naming the file and line.
     """
     for file in resolve_files(path):
         yield from _iter_file(file, _mode_for(file, mode), text_field, encoding, wikitext_unk)
@@ -248,7 +254,7 @@ class StreamingTextDataset(IterableDataset):
     doc [SEP] doc [SEP] ... as `PackedDataset` cuts them ([CLS] + max_length - 1 tokens, only
     the last block short) plus sequence_ids (L,) numbering the documents of a block. Each dict
     also names its "worker" and "position" (examples of its shard yielded this epoch, itself
-    included), which `StreamingDataLoader` records to resume.
+    included), which `StreamingDataLoader` records to resume. Files are `encoding` text (default UTF-8).
 
     Resuming: `set_epoch(epoch, skip=n)` passes over the first n examples of each shard. The
     order is a function of (seed, epoch, shard) alone, so with the same seed the examples that
@@ -268,8 +274,10 @@ class StreamingTextDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         packing: bool = False,
+        encoding: str = "utf-8",
     ) -> None:
         super().__init__()
+        self.encoding = check_encoding(encoding)
         self.files = resolve_files(files)  # fail early on a missing file
         _mode_for(self.files[0], mode)  # and on an unknown mode
         if packing and tokenizer is None:
@@ -298,7 +306,7 @@ class StreamingTextDataset(IterableDataset):
         k = 0
         unk = getattr(self.tokenizer, "unk_token", "[UNK]")
         for file in self.files:
-            for text in _iter_file(file, _mode_for(file, self.mode), self.text_field, "utf-8", unk):
+            for text in _iter_file(file, _mode_for(file, self.mode), self.text_field, self.encoding, unk):
                 if k % num_shards == shard:
                     yield text
                 k += 1
@@ -443,14 +451,18 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
 
 
-def _cache_key(files: list[Path], tokenizer: Any, mode: str, text_field: str, sentences: bool = False) -> str:
-    """Hash of what the cache depends on: file identities and the whole tokenizer definition."""
+def _cache_key(files: list[Path], tokenizer: Any, mode: str, text_field: str, sentences: bool = False,
+               encoding: str = "utf-8") -> str:
+    """Hash of what the cache depends on: file identities, their encoding and the whole tokenizer
+    definition."""
     stats = []
     for f in files:
         st = f.stat()
         stats.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
     tok_hash = hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
-    blob = json.dumps([_CACHE_VERSION, stats, tok_hash, mode, text_field] + (["sentences"] if sentences else [])).encode()
+    other = [] if encoding == "utf-8" else [encoding]  # UTF-8 caches keep the keys they had before
+    blob = json.dumps([_CACHE_VERSION, stats, tok_hash, mode, text_field] + (["sentences"] if sentences else [])
+                      + other).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
@@ -500,6 +512,7 @@ def tokenize_to_cache(
     batch_size: int = 1000,
     progress: bool = True,
     sentences: bool = False,
+    encoding: str = "utf-8",
 ) -> TokenCache:
     """Tokenise a corpus once into `cache_dir`; return the (memory-mapped) `TokenCache`.
 
@@ -510,11 +523,13 @@ def tokenize_to_cache(
     cache). Each file is written to a temp file and renamed, so a crash leaves no half cache.
     sentences=True splits each document into sentences (`split_sentences`) and caches those as
     the entries, plus `<key>.groups.npy` (D + 1,) marking each document's sentences (for NSP).
+    `encoding`: the files' codec (see `iter_documents`).
     """
+    encoding = check_encoding(encoding)
     paths = resolve_files(files)
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(paths, tokenizer, mode, text_field, sentences)
+    key = _cache_key(paths, tokenizer, mode, text_field, sentences, encoding)
     cached = _load_cache(cache_dir, key)
     if cached is not None:
         return cached
@@ -537,7 +552,7 @@ def tokenize_to_cache(
             bar.update(len(batch))
             batch.clear()
 
-        for doc in iter_documents(paths, mode, text_field, wikitext_unk=getattr(tokenizer, "unk_token", "[UNK]")):
+        for doc in iter_documents(paths, mode, text_field, encoding, getattr(tokenizer, "unk_token", "[UNK]")):
             parts = split_sentences(doc) if sentences else [doc]
             batch.extend(parts)
             groups.append(groups[-1] + len(parts))

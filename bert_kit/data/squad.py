@@ -24,11 +24,12 @@ from typing import Any, Sequence
 import numpy as np
 from torch.utils.data import DataLoader
 
-from bert_kit.data import read_text
+from bert_kit.data import read_text, setting
 from bert_kit.data.classification import pad_collate
 
 
-def read_squad(path: str | Path, skip_bad_answers: bool = False) -> list[dict[str, Any]]:
+def read_squad(path: str | Path, skip_bad_answers: bool = False, encoding: str | None = None,
+               what: str = "SQuAD file") -> list[dict[str, Any]]:
     """Flatten a SQuAD JSON file into one example per question, every field checked.
 
     Each example: {"id", "title", "context", "question", "answers": [{"text",
@@ -38,11 +39,12 @@ def read_squad(path: str | Path, skip_bad_answers: bool = False) -> list[dict[st
     integer ``answer_start`` inside it, and a non-empty ``text`` equal to the context there. A bad
     answer is an error naming its question id, or with ``skip_bad_answers`` it is left out and
     counted (one line on stderr); a question left without answers is then dropped, since it
-    would train as "no answer".
+    would train as "no answer". ``encoding``: the file's codec (default UTF-8); ``what``: how errors
+    name the file.
     """
     path = Path(path)
     try:
-        root = json.loads(read_text(path, "SQuAD file"))
+        root = json.loads(read_text(path, what, encoding))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: invalid JSON at column {e.colno} ({e.msg})") from None
 
@@ -78,7 +80,7 @@ def read_squad(path: str | Path, skip_bad_answers: bool = False) -> list[dict[st
                     if isinstance(answer, str):  # what is wrong with it
                         if not skip_bad_answers:
                             raise ValueError(f"{path}: question {qid!r} ({where_a}): {answer}; fix the answer "
-                                             "or set skip_bad_answers=true to leave such answers out")
+                                             f"or set {setting('skip_bad_answers', True)} to leave such answers out")
                         skipped += 1
                         continue
                     answers.append(answer)

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from torch.utils.data import DataLoader
 
-from bert_kit.data import read_text, split_lines
+from bert_kit.data import read_text, setting, split_lines
 from bert_kit.data.classification import create_classification_dataloader
 from bert_kit.data.tables import Column, read_table
 from bert_kit.metrics import pearson, spearman
@@ -46,22 +46,28 @@ def check_score(value: Any, at: str, score_range: Sequence[float] = STS_RANGE) -
     low, high = score_range
     if not low <= score <= high:
         raise ValueError(f"{at}: score {value!r} is outside the score range [{low:g}, {high:g}]; "
-                         "declare the file's range with score_range=[LOW, HIGH]")
+                         f"declare the file's range with {setting('score_range', ['LOW', 'HIGH'])}")
     return score
 
 
-def read_sts(path: str | Path, score_range: Sequence[float] = STS_RANGE) -> tuple[list[str], list[str], list[float]]:
+def read_sts(path: str | Path, score_range: Sequence[float] = STS_RANGE, encoding: str | None = None,
+             text: str | None = None, lines: list[str] | None = None,
+             what: str = "STS file") -> tuple[list[str], list[str], list[float]]:
     """Read an STS-B file into (sentences1, sentences2, scores).
 
     Reads the original release (no header, fields after the 7th ignored) and, when the first
     line is a header naming ``sentence1``, ``sentence2`` and ``score``, the GLUE copy of STS-B.
     A row with too few fields or a score that is not a finite number in ``score_range`` raises
-    ValueError naming the file and the line.
+    ValueError naming the file and the line. ``encoding``: the file's codec (default UTF-8);
+    ``text``: the file's text when it was read already; ``lines``: a list that receives the
+    "file:line" of each pair; ``what``: how errors name the file ("STS file (validation_file)").
     """
     path = Path(path)
     columns = (SCORE_COLUMN, SENTENCE1_COLUMN, SENTENCE2_COLUMN)
     sentences1, sentences2, scores = [], [], []
-    for i, line in enumerate(split_lines(read_text(path, "STS file")), start=1):
+    if text is None:
+        text = read_text(path, what, encoding)
+    for i, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -80,6 +86,8 @@ def read_sts(path: str | Path, score_range: Sequence[float] = STS_RANGE) -> tupl
         scores.append(check_score(fields[score_col], f"{path}:{i}", score_range))
         sentences1.append(fields[s1_col])
         sentences2.append(fields[s2_col])
+        if lines is not None:
+            lines.append(f"{path}:{i}")
     if not scores:
         raise ValueError(f"{path}: no sentence pairs (the file is empty)")
     return sentences1, sentences2, scores
@@ -88,14 +96,18 @@ def read_sts(path: str | Path, score_range: Sequence[float] = STS_RANGE) -> tupl
 def read_pair_file(path: str | Path, sentence1_column: Column, sentence2_column: Column,
                    score_column: Column | None, score_range: Sequence[float] = STS_RANGE,
                    header: bool | None = None, delimiter: str | None = None,
-                   where: Mapping[Any, Any] | None = None) -> tuple[list[str], list[str], list[float] | None]:
+                   where: Mapping[Any, Any] | None = None, encoding: str | None = None, text: str | None = None,
+                   lines: list[str] | None = None,
+                   what: str = "sentence-pair file") -> tuple[list[str], list[str], list[float] | None]:
     """(sentences1, sentences2, scores) of any pair file (see `bert_kit.data.tables.read_table`).
 
     Columns by name or 0-based index; ``score_column=None`` reads the pairs only (scores None).
     Every score must be a finite number in ``score_range``; errors name the file and line.
+    ``encoding``, ``text``, ``lines`` and ``what`` as for :func:`read_sts`.
     """
     columns = [sentence1_column, sentence2_column] + ([score_column] if score_column is not None else [])
-    rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what="sentence-pair file")
+    rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what=what,
+                      encoding=encoding, text=text)
     s1, s2, scores = [], [], []
     for at, values in rows:
         for value, column in zip(values[:2], columns):
@@ -103,6 +115,8 @@ def read_pair_file(path: str | Path, sentence1_column: Column, sentence2_column:
                 raise ValueError(f"{at}: column {column!r} holds {type(value).__name__}, expected a sentence")
         s1.append(values[0])
         s2.append(values[1])
+        if lines is not None:
+            lines.append(at)
         if score_column is not None:
             scores.append(check_score(values[2], at, score_range))
     return s1, s2, scores if score_column is not None else None

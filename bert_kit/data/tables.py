@@ -11,7 +11,9 @@ The layout follows the file's extension unless `delimiter` names one:
 | .jsonl, .json  | JSON Lines: one object (columns by key) or array (by index) per line; a   |
 |                | .json file may instead hold one JSON array of such records                |
 | .csv           | comma separated, quoted fields as in RFC 4180 (a field may span lines)     |
-| .txt           | one value per line: the whole line is column 0                             |
+| .txt           | one value per line: the whole line is column 0; tab separated instead     |
+|                | when the first line holds tabs and names a column asked for by name (or    |
+|                | header=true): MRPC's msr_paraphrase_train.txt                              |
 | anything else  | tab separated, split on tabs only: GLUE's TSVs hold literal `"` characters |
 
 Columns are names (of the header line, or JSON keys) or 0-based indices. `header=True`: the
@@ -22,6 +24,7 @@ every row must have as many fields as the header (or, without one, as the first 
 `where` keeps the rows whose columns hold given values, compared as text: {"split": "train"},
 {"split": ["train", "extra"]} or {3: "en"}; one file can then hold several splits. Errors name
 the file and line: a missing column, a short row, bad JSON, or a filter that keeps no row.
+Files are UTF-8 unless `encoding` names another codec (see `bert_kit.data`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
 
-from bert_kit.data import parse_jsonl, read_lines, read_text, split_lines
+from bert_kit.data import parse_jsonl, read_lines, read_text, setting, split_lines
 
 Column = Union[str, int]  # a header name / JSON key, or a 0-based index
 Row = tuple[str, list[Any]]  # ("file:line", values of the asked columns)
+DELIMITER_NAMES = {"\\t": "\t", "tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
 
 
 def column_ref(value: Any, setting: str = "column") -> Column:
@@ -55,11 +59,49 @@ def column_ref(value: Any, setting: str = "column") -> Column:
 
 
 def layout_of(path: str | Path, delimiter: str | None = None) -> str:
-    """"jsonl", "lines", or the field delimiter of a delimited file (see the module table)."""
+    """"jsonl", "lines", or the field delimiter of a delimited file, by the file's extension (see
+    the module table) unless `delimiter` (one character, or tab, comma, semicolon, pipe) is given."""
     if delimiter is not None:
+        delimiter = DELIMITER_NAMES.get(delimiter, delimiter)
+        if len(delimiter) != 1 or delimiter in "\r\n\"":
+            raise ValueError(f"{setting('delimiter', repr(delimiter))}: a delimiter is one character "
+                             "(or tab, comma, semicolon, pipe)")
         return delimiter
     suffix = Path(path).suffix.lower()
     return {".jsonl": "jsonl", ".json": "jsonl", ".csv": ",", ".txt": "lines"}.get(suffix, "\t")
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of a text ("" if none), without reading past it."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if text[start:end].strip():
+            return text[start:end].rstrip("\r")
+        start = end + 1
+    return ""
+
+
+def table_layout(path: str | Path, text: str, delimiter: str | None = None, header: bool | None = None,
+                 columns: Sequence[Column] = ()) -> str:
+    """`layout_of`, where a .txt file whose first line holds tabs is tab separated when that line
+    names one of the `columns` given by name, or with header=true (MRPC's release is such a file)."""
+    layout = layout_of(path, delimiter)
+    if layout != "lines":
+        return layout
+    head = first_line(text)
+    names = {field.strip() for field in head.split("\t")}
+    if "\t" in head and (header is True or any(isinstance(c, str) and c in names for c in columns)):
+        return "\t"
+    return layout
+
+
+def separator_hint(head: str) -> str:
+    """How to read a one-text-per-line file as columns: the delimiter its first line seems to use."""
+    found = next((name for name, char in (("tab", "\t"), ("comma", ","), ("semicolon", ";"), ("pipe", "|"))
+                  if char in head), "tab")
+    return f"set {setting('delimiter', found)} to read it as columns"
 
 
 def _json_records(text: str, path: Path) -> list[tuple[str, Any]]:
@@ -121,24 +163,26 @@ def no_garbage_collection() -> Iterator[None]:
 
 def read_table(path: str | Path, columns: Sequence[Column], header: bool | None = None,
                delimiter: str | None = None, where: Mapping[Any, Any] | None = None,
-               what: str = "data file") -> list[Row]:
+               what: str = "data file", encoding: str | None = None, text: str | None = None) -> list[Row]:
     """The rows of a data file kept by `where`: ("file:line", [value of each of `columns`]).
 
     Values are strings for TSV/CSV/text files and JSON values for JSON Lines. A file without
-    data rows (empty, only a header, or nothing kept by `where`) raises ValueError.
+    data rows (empty, only a header, or nothing kept by `where`) raises ValueError. `encoding`:
+    the file's codec (default UTF-8); `text`: the file's text when it was read already.
     """
     with no_garbage_collection():
-        return _read_table(path, columns, header, delimiter, where, what)
+        if text is None:
+            text = read_text(path, what, encoding)
+        return _read_table(path, columns, header, delimiter, where, text)
 
 
 def _read_table(path: str | Path, columns: Sequence[Column], header: bool | None, delimiter: str | None,
-                where: Mapping[Any, Any] | None, what: str) -> list[Row]:
+                where: Mapping[Any, Any] | None, text: str) -> list[Row]:
     path = Path(path)
     columns = [column_ref(c) for c in columns]
     where = {column_ref(k, "where key"): v for k, v in (where or {}).items()}
     wanted = columns + list(where)
-    text = read_text(path, what)
-    layout = layout_of(path, delimiter)
+    layout = table_layout(path, text, delimiter, header, wanted)
     if layout == "jsonl":
         rows = [(at, _json_values(record, wanted, at)) for at, record in _json_records(text, path)]
         if not rows:
@@ -153,7 +197,7 @@ def _read_table(path: str | Path, columns: Sequence[Column], header: bool | None
         header = bool(named)
     if not header and named:
         raise ValueError(f"{path}: column {named[0]!r} is a name but the file is read without a header "
-                         "line (header=false): give its 0-based index")
+                         f"line ({setting('header', False)}): give its 0-based index")
     if header:
         head_line, names = lines[0]
         names = [n.strip() for n in names]
@@ -166,10 +210,14 @@ def _read_table(path: str | Path, columns: Sequence[Column], header: bool | None
                 index.append(names.index(c))
             elif c in names:
                 raise ValueError(f"{path}:{head_line}: the header names column {c!r} twice")
+            elif layout == "lines":  # a .txt file whose first line names none of the columns
+                raise ValueError(f"{path}:{head_line}: no column {c!r}: a .txt file is one text per line unless "
+                                 f"its first line names the columns, tab separated (it reads {names[0][:60]!r}); "
+                                 + separator_hint(names[0]))
             else:
                 raise ValueError(f"{path}:{head_line}: header has no column {c!r} (columns: {names}); "
-                               f"for a file without a header line set header=false and give columns by "
-                               "0-based index")
+                                 f"for a file without a header line set {setting('header', False)} and give "
+                                 "columns by 0-based index")
         width, width_of = len(names), "the header has"
         if not lines:  # after the column check: a header-less one-line file gets the header hint
             raise ValueError(f"{path}: only a header line, no data rows")
@@ -180,8 +228,9 @@ def _read_table(path: str | Path, columns: Sequence[Column], header: bool | None
         width = 1
     for c in index:
         if c >= width:
+            hint = f" (a .txt file is one text per line: {separator_hint(first_line(text))})" if layout == "lines" else ""
             raise ValueError(f"{path}: column index {c} is out of range: rows have {width} field(s) "
-                             f"(0..{width - 1})" + (" (.txt files are one text per line)" if layout == "lines" else ""))
+                             f"(0..{width - 1}){hint}")
     rows, prefix = [], f"{path}:"
     for i, fields in lines:
         if len(fields) != width and layout != "lines":
@@ -213,13 +262,15 @@ def _json_values(record: Any, wanted: list[Column], at: str) -> list[Any]:
 
 
 def read_texts(path: str | Path, column: Column | None = None, header: bool | None = None,
-               delimiter: str | None = None, where: Mapping[Any, Any] | None = None) -> list[str]:
+               delimiter: str | None = None, where: Mapping[Any, Any] | None = None,
+               encoding: str | None = None) -> list[str]:
     """Texts to embed or score: every line of the file (blank ones included, so row i is line i),
     or, with `column` (or `where`), that column of the rows of any layout of `read_table`."""
     if column is None and where is None:
-        return read_lines(path)
+        return read_lines(path, encoding)
     texts = []
-    for at, (value,) in read_table(path, [0 if column is None else column], header, delimiter, where, "input file"):
+    for at, (value,) in read_table(path, [0 if column is None else column], header, delimiter, where, "input file",
+                                   encoding):
         if not isinstance(value, str):
             raise ValueError(f"{at}: column {column!r} holds {type(value).__name__}, expected a text")
         texts.append(value)

@@ -5,18 +5,25 @@ encoder, its loss, how to score a model on held-out data, and how to turn model 
 answers (labels, word tags, spans, scores). `settings` is a `FinetuneConfig` (or any object with
 its fields). Under torchrun every rank evaluates: `Task.outputs` runs each rank's share of the
 examples and gathers all outputs on every rank (`shard_and_gather`), so every rank computes the
-same metrics in 1/N of the time.
+same metrics in 1/N of the time. Every output passes `Task.outputs`, which refuses NaN or inf.
+
+A fine-tuned folder records how its files were read (`Task.metadata`: columns, header,
+delimiter, label_pattern, encoding), so `evaluate` and `predict` read other files the same way.
+Texts that give the model no token (blank, or only control characters) are left out of
+training and counted (`drop_empty_texts`), and flagged where they are scored (`flag_empty_texts`).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
-from bert_kit.data.classification import pad_collate
+from bert_kit.data import setting
+from bert_kit.data.classification import pad_collate, tokenless
 from bert_kit.model import BERTModel, Packed, unchecked_inputs
 from bert_kit.model_folder import locate_model
 from bert_kit.training.distributed import all_gather_object, rank, world_size
@@ -90,6 +97,83 @@ def shard_and_gather(items: Sequence[Any], fn: Callable[[list], Sequence[Any]]) 
     return out
 
 
+def _shown(numbers: Sequence[int], unit: str) -> str:
+    return f"{unit} " + ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+
+
+def empty_rows(tokenizer: Any, *columns: Sequence[str] | None) -> list[int]:
+    """Rows (0-based) where a text of any of the `columns` gives no token: blank, or only what the
+    tokenizer's cleaning drops (control and format characters); see `data.classification.tokenless`."""
+    rows: set[int] = set()
+    for texts in columns:
+        if texts is not None:
+            rows.update(tokenless(texts, tokenizer))
+    return sorted(rows)
+
+
+def flag_empty_texts(path: str | Path, tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                     unit: str = "line", numbers: Sequence[int] | None = None) -> list[int]:
+    """Print a warning naming the inputs of `path` that give no token, which are still scored (as
+    empty texts, so outputs stay one per input row); returns their rows (0-based). numbers: the
+    1-based `unit` number of each row (default row + 1)."""
+    rows = empty_rows(tokenizer, texts, pairs)
+    if rows:
+        numbers = [numbers[r] if numbers is not None else r + 1 for r in rows]
+        blank = all(not texts[r].strip() and (pairs is None or not pairs[r].strip()) for r in rows)
+        what = f"blank {unit}(s)" if blank else f"{unit}(s) blank or of control characters only"
+        print(f"warning: {path}: {len(rows)} {what} ({_shown(numbers, unit)}) scored as empty texts; their outputs "
+              "say nothing about your data (remove them to skip them)", file=sys.stderr)
+    return rows
+
+
+def line_numbers(lines: Sequence[str] | None) -> list[int] | None:
+    """The line numbers of "file:line" locations; None if some location is no line (a record of a
+    JSON array)."""
+    ends = [at.rsplit(":", 1)[-1] for at in lines or []]
+    return [int(e) for e in ends] if lines and all(e.isdigit() for e in ends) else None
+
+
+def drop_empty_texts(path: str | Path, tokenizer: Any, lines: Sequence[str] | None, texts: Sequence[list | None],
+                     others: Sequence[list | None] = ()) -> list[int]:
+    """Leave out of training (in place, from every list of `texts` and `others`) the rows where a
+    text gives no token, and say so on one line naming their lines (lines: "file:line" of each
+    row); returns the rows left out (0-based). A row without text teaches nothing but a label prior."""
+    rows = empty_rows(tokenizer, *texts)
+    if rows and len(rows) == len(texts[0]):
+        raise ValueError(f"{path}: every example's text is blank or only control characters: no token to train on")
+    if rows:
+        numbers = line_numbers(lines)
+        shown = _shown([numbers[r] for r in rows], "line") if numbers else _shown([r + 1 for r in rows], "row")
+        print(f"{path}: left out {len(rows)} example(s) whose text is blank or only control characters "
+              f"({shown}): they give the model no token to learn from", file=sys.stderr)
+        for column in [*texts, *others]:
+            if column is not None:
+                for r in reversed(rows):
+                    del column[r]
+    return rows
+
+
+class NonFiniteOutputError(FloatingPointError):
+    """A model gave NaN or inf outputs: probabilities, scores or vectors made of them mean nothing."""
+
+
+def check_finite(batches: Sequence[torch.Tensor], model: Any, precision: Any = None) -> None:
+    """Raise NonFiniteOutputError if any row of the output batches (B, ...) holds NaN or inf, saying
+    why where it can: weights that hold NaN or inf, or a 16-bit precision that overflowed."""
+    if all(bool(torch.isfinite(b).all()) for b in batches):
+        return
+    bad = sum(int((~torch.isfinite(b)).flatten(1).any(1).sum()) for b in batches)
+    what = f"the model's outputs are NaN or inf for {bad} of {sum(len(b) for b in batches)} input(s)"
+    named = getattr(model, "named_parameters", None)
+    broken = next((name for name, p in named() if not torch.isfinite(p).all()), None) if named else None
+    if broken is not None:
+        raise NonFiniteOutputError(f"{what}: its weights hold NaN or inf values (first in {broken}); the model "
+                                   "folder is broken (a diverged run?): use an earlier checkpoint")
+    if precision is not None and getattr(precision, "use_autocast", False):
+        raise NonFiniteOutputError(f"{what}: {precision.name} overflowed; run in fp32 ({setting('precision', 'fp32')})")
+    raise NonFiniteOutputError(f"{what}: its weights are finite, so a layer overflowed; no output was written")
+
+
 def _label_names(meta_names: Sequence[str] | None, n: int) -> list[str]:
     return list(meta_names) if meta_names else [str(i) for i in range(n)]
 
@@ -124,12 +208,24 @@ class Task:
         or captured once."""
         return 16 if self.static_shapes or getattr(self.s, "compile", False) else 1
 
+    def what(self, path: str | Path, kind: str) -> str:
+        """How errors name a data file: its kind, and the setting that named it when it is one of the
+        run's (`STS file (validation_file)`)."""
+        key = next((k for k in ("train_file", "validation_file") if getattr(self.s, k, None)
+                    and str(getattr(self.s, k)) == str(path)), None)
+        return f"{kind} ({setting(key)})" if key else kind
+
     def bind(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
 
+    # the settings that say how this task's files are read: recorded in the model folder (metadata)
+    # and the defaults of evaluate and predict on it
+    read_settings: tuple[str, ...] = ("encoding",)
+
     def metadata(self) -> dict[str, Any]:
-        return {"task": self.name, "max_length": self.s.max_length}
+        reading = {k: getattr(self.s, k) for k in self.read_settings if getattr(self.s, k, None) is not None}
+        return {"task": self.name, "max_length": self.s.max_length, "data": reading}
 
     def load_metadata(self, meta: dict[str, Any]) -> None:
         """Take label names etc. from a saved folder (evaluate / predict)."""
@@ -170,8 +266,10 @@ class Task:
                     orders.append(idx)
         finally:
             model.train(was_training)
+        results = [result.cpu() for result in results]
+        check_finite(results, model, precision)  # NaN probabilities or scores would mean nothing
         out: list = [None] * len(items)
         for result, idx in zip(results, orders):  # each batch may have its own length: row by row
-            for row, i in zip(result.cpu(), idx):
+            for row, i in zip(result, idx):
                 out[i] = row
         return out

@@ -14,12 +14,15 @@ import torch.nn.functional as F
 from bert_kit.data.classification import ClassificationDataset, read_classification_file
 from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
-from bert_kit.tasks.base import Task, _label_names, build_model, encode
+from bert_kit.tasks.base import (Task, _label_names, build_model, drop_empty_texts, encode, flag_empty_texts,
+                                 line_numbers)
 from bert_kit.training.losses import compute_classification_loss
 
 
 class ClassificationTask(Task):
     name, default_metric = "classification", "accuracy"
+    read_settings = ("text_column", "text_pair_column", "label_column", "header", "delimiter", "label_pattern",
+                     "encoding")
 
     @property
     def regression(self) -> bool:
@@ -30,16 +33,19 @@ class ClassificationTask(Task):
         return getattr(self.s, "metric", None) or ("pearson" if self.regression else "accuracy")
 
     def _read(self, path: str | Path, labelled: bool = True, where: dict | None = None, names: list[str] | None = None,
-              num_labels: int | None = None):
+              num_labels: int | None = None, text: str | None = None):
         s = self.s
         return read_classification_file(
             path, s.text_column, s.label_column if labelled else None, s.text_pair_column, s.delimiter, names,
-            num_labels=num_labels, header=s.header, where=where, label_pattern=s.label_pattern)
+            num_labels=num_labels, header=s.header, where=where, label_pattern=s.label_pattern,
+            encoding=getattr(s, "encoding", None), text=text, what=self.what(path, "classification file"))
 
     def read_train(self, path: str | Path) -> list[dict]:
         # given label_names / num_labels win over what the labels look like (convert_labels)
         names = list(self.s.label_names) if self.s.label_names else None
         data = self._read(path, where=self.s.where, names=names, num_labels=self.s.num_labels)
+        # classes come from every row (the ids stay those of the whole file); rows without text are left out
+        drop_empty_texts(path, self.tokenizer, data.lines, [data.texts, data.text_pairs], [data.labels, data.lines])
         if self.s.num_labels == 1 or any(isinstance(y, float) for y in data.labels):  # scores: one output, MSE
             self.num_labels, self.label_names = 1, ["score"]
         else:  # a classifier has two outputs or more, even if the training slice shows one class
@@ -50,8 +56,12 @@ class ClassificationTask(Task):
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         # the training classes: the same names and ids, and no label the head has no output for
         names = None if self.regression else self.label_names
-        return self._dataset(self._read(path, where=self.s.validation_where, names=names, num_labels=self.num_labels),
-                             limit)
+        data = self._read(path, where=self.s.validation_where, names=names, num_labels=self.num_labels)
+        n = len(data.texts) if limit is None else min(limit, len(data.texts))
+        numbers = line_numbers(data.lines[:n])
+        flag_empty_texts(path, self.tokenizer, data.texts[:n], data.text_pairs and data.text_pairs[:n],
+                         "line" if numbers else "row", numbers)
+        return self._dataset(data, limit)
 
     def _dataset(self, data, limit: int | None = None) -> list[dict]:
         n = len(data.texts) if limit is None else min(limit, len(data.texts))
@@ -90,3 +100,4 @@ class ClassificationTask(Task):
                                                          self.label_names)
         report["loss"] = float(F.cross_entropy(logits, gold))
         return report
+

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from bert_kit.checks import ConfigError
+from bert_kit.data import check_encoding
 from bert_kit.data.tables import column_ref
 
 TABLE_TASKS = ("classification", "similarity")  # tasks whose files are tables (rows and columns)
@@ -55,6 +56,7 @@ def check_data_settings(cfg: Any) -> None:
         cfg.delimiter = _DELIMITER_NAMES.get(cfg.delimiter, cfg.delimiter)
         if len(cfg.delimiter) != 1 or cfg.delimiter in "\r\n\"":
             raise ConfigError(f"delimiter must be one character (or tab, comma, semicolon, pipe), got {cfg.delimiter!r}")
+    cfg.encoding = check_encoding(cfg.encoding)
     cfg.where = _check_where("where", cfg.where)
     cfg.validation_where = _check_where("validation_where", cfg.validation_where)
     if (cfg.where or cfg.validation_where) and cfg.task not in TABLE_TASKS:

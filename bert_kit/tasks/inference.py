@@ -2,7 +2,12 @@
 
 Used by `bert-kit evaluate` and `bert-kit predict`. The task, label names and settings of a
 fine-tuned folder are read from its config.json, so the task may be left out for folders
-written by `bert-kit finetune`.
+written by `bert-kit finetune`; so are the settings its files were read with (columns, header,
+delimiter, label_pattern, encoding), which are the defaults of the flags.
+
+Inputs are read once, whole, from any readable path that is not a folder (a FIFO, /dev/stdin,
+`<(command)` too). Inputs that give the model no token (blank, or only control characters) are
+scored and flagged on stderr; NaN or inf outputs are an error, never NaN probabilities.
 
 evaluate (similarity): Pearson and Spearman correlation of the predicted scores with the gold
 ones. A bi-encoder (any plain encoder such as all-MiniLM-L6-v2, or a bi-encoder fine-tune) scores a
@@ -26,20 +31,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from bert_kit.data import parse_jsonl, read_lines
-from bert_kit.data.tables import parse_where
+from bert_kit.data import parse_jsonl, read_lines, read_text, setting
+from bert_kit.data.tables import parse_where, table_layout
 from bert_kit.model_folder import default_max_length, read_model_metadata, resolve_model, sentence_transformers_settings
 from bert_kit.onnx_export import onnx_folder
 from bert_kit.tasks import TASKS, make_task
-from bert_kit.tasks.base import Task
+from bert_kit.tasks.base import Task, flag_empty_texts
 
 # the head each task runs (similarity: a plain encoder or a regression head, either)
 HEADS = {"classification": "BertForSequenceClassification", "token-classification": "BertForTokenClassification",
          "qa": "BertForQuestionAnswering"}
+# how files are read, and the default of each flag when the folder records none (Task.metadata)
+READ_DEFAULTS = {"text_column": "sentence", "text_pair_column": None, "label_column": "label", "header": None,
+                 "delimiter": None, "label_pattern": None, "word_column": 0, "tag_column": -1, "encoding": "utf-8"}
+
+
+def read_settings(args: argparse.Namespace, folder: Path, meta: dict) -> dict[str, Any]:
+    """How to read the data files: each flag given, else what the folder was fine-tuned with (said
+    on stderr when it is not the default), else the default."""
+    recorded = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    chosen, from_folder = {}, []
+    for key, default in READ_DEFAULTS.items():
+        flag = getattr(args, key, None)
+        chosen[key] = flag if flag is not None else recorded.get(key, default)
+        if flag is None and key in recorded and recorded[key] != default:
+            from_folder.append(setting(key, repr(recorded[key]) if isinstance(recorded[key], str) else recorded[key]))
+    if from_folder:
+        print(f"{folder}: reading files as it was fine-tuned: {', '.join(from_folder)} (a flag overrides each)",
+              file=sys.stderr)
+    return chosen
 
 
 def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dict]:
@@ -72,11 +97,8 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
         task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
         pooling=getattr(args, "pooling", None) or meta.get("pooling") or st.get("pooling") or "mean",
         doc_stride=meta.get("doc_stride", 128), max_query_length=meta.get("max_query_length", 64),
-        squad_train_articles=getattr(args, "split_articles", None), text_column=args.text_column,
-        text_pair_column=args.text_pair_column, label_column=getattr(args, "label_column", "label"),
-        header=getattr(args, "header", None), delimiter=getattr(args, "delimiter", None), validation_where=where,
-        label_pattern=getattr(args, "label_pattern", None), word_column=getattr(args, "word_column", 0),
-        tag_column=getattr(args, "tag_column", -1), skip_bad_answers=getattr(args, "skip_bad_answers", False),
+        squad_train_articles=getattr(args, "split_articles", None), validation_where=where,
+        **read_settings(args, folder, meta), skip_bad_answers=getattr(args, "skip_bad_answers", False),
         score_range=getattr(args, "score_range", None) or meta.get("score_range"),
         eval_batch_size=args.batch_size, unpadded=True, device=args.device or "auto")
     return task, settings, meta
@@ -84,6 +106,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
 
 def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Task, Any, Any]:
     """(task, model on its device in eval mode, precision) for a model folder and CLI flags."""
+    from bert_kit.checks import resolve_device
     from bert_kit.training.precision import resolve_precision
     from bert_kit.tokenizer import get_tokenizer
 
@@ -93,8 +116,17 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     name, settings, meta = task_settings(args, folder)
     # an exported graph runs in ONNX Runtime on the CPU, in the precision it was exported in
     device = (args.device or "cpu") if exported else (args.device or "auto")
-    precision = resolve_precision("fp32" if exported else args.precision, device, verbose=verbose,
-                                  purpose="inference")
+    if exported:
+        import torch
+
+        from bert_kit.training.precision import Precision
+
+        asked = "" if args.precision in ("auto", "fp32") else f"; {setting('precision', args.precision)} does not apply"
+        precision = Precision(resolve_device(device), torch.float32, f"onnx runs fp32 on the cpu{asked}")
+        if verbose:
+            print(f"precision: {precision}", flush=True)
+    else:
+        precision = resolve_precision(args.precision, device, verbose=verbose, purpose="inference")
     task = make_task(name, settings)
     task.bind(get_tokenizer(folder))
     task.load_metadata(meta)
@@ -129,36 +161,47 @@ def summary_line(task: str, metrics: dict[str, Any]) -> str:
 
 # ---- inputs -------------------------------------------------------------------------------------
 
-def warn_blank_texts(texts: list[str], path: str | Path, unit: str = "line") -> list[int]:
-    """Print a warning naming the blank texts of `path` (1-based `unit` numbers), which are still
-    scored (as empty texts, so outputs stay one per input row); returns their numbers."""
-    blank = [i for i, t in enumerate(texts, start=1) if not t.strip()]
-    if blank:
-        shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
-        print(f"warning: {path}: {len(blank)} blank {unit}(s) ({unit} {shown}) scored as empty texts; "
-              "their outputs say nothing about your data (remove them to skip them)", file=sys.stderr)
-    return blank
+def check_input_file(path: str | Path, flag: str = "--input") -> None:
+    """Refuse a missing input or a folder before the model loads; any other path that exists (a
+    FIFO, /dev/stdin, `<(command)`) is read once, later, as a file."""
+    if Path(path).is_dir():
+        raise FileNotFoundError(f"input file is a folder, not a file: {path}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"input file not found: {path} ({flag})")
+
+
+def warn_blank_texts(texts: list[str], path: str | Path, unit: str = "line", tokenizer: Any = None) -> list[int]:
+    """Print a warning naming the texts of `path` (1-based `unit` numbers) that give no token: blank,
+    or (with the tokenizer) only characters its cleaning drops, such as control characters. They
+    are still scored (as empty texts, so outputs stay one per input row); returns their numbers."""
+    return [i + 1 for i in flag_empty_texts(path, tokenizer, texts, None, unit)]
 
 
 def read_classification_inputs(task: Any, path: str | Path) -> tuple[list[str], list[str] | None]:
     """Texts (and second texts): a .txt file has one per line, a tab separating a pair (unless
-    label_pattern or a delimiter is set); other files are read by their text column(s)."""
-    path = Path(path)
-    if path.suffix == ".txt" and task.s.label_pattern is None and task.s.delimiter is None:
-        rows = [line.split("\t", 1) for line in read_lines(path)]
+    label_pattern or a delimiter is set, or its first line names the text column, tab separated);
+    other files are read by their text column(s)."""
+    path, s = Path(path), task.s
+    text = read_text(path, "input file", s.encoding)  # once: the input may be a pipe
+    columns = [s.text_column, s.text_pair_column, *(s.validation_where or {})]
+    if (path.suffix.lower() == ".txt" and s.label_pattern is None and s.delimiter is None
+            and table_layout(path, text, None, s.header, columns) == "lines"):
+        rows = [line.split("\t", 1) for line in read_lines(path, text=text)]
         if all(len(r) == 2 for r in rows):
             return [r[0] for r in rows], [r[1] for r in rows]
         return ["\t".join(r) for r in rows], None
-    data = task._read(path, labelled=False, where=task.s.validation_where)
+    data = task._read(path, labelled=False, where=s.validation_where, text=text)
     return data.texts, data.text_pairs
 
 
-def read_sentences(path: str | Path, fmt: str = "auto", word_column: int = 0) -> list[list[str]]:
+def read_sentences(path: str | Path, fmt: str = "auto", word_column: int = 0,
+                   encoding: str | None = None) -> list[list[str]]:
     """Word lists: a CoNLL file (words in `word_column`; -DOCSTART- or a fixed column count gives
     it away) or one whitespace-split sentence per line."""
     from bert_kit.data.ner import read_conll
 
-    lines = read_lines(path)
+    text = read_text(path, "input file", encoding)  # once: the input may be a pipe
+    lines = read_lines(path, text=text)
     if fmt == "auto":
         head = [ln.split() for ln in lines[:200] if ln.strip()]
         columns = {len(f) for f in head}
@@ -168,19 +211,19 @@ def read_sentences(path: str | Path, fmt: str = "auto", word_column: int = 0) ->
     if fmt == "conll":
         # the tags (if any) are not read; the tag column only has to differ from the word column
         return [words for words, _ in read_conll(path, tag_column=0 if word_column == -1 else -1,
-                                                 word_column=word_column)]
+                                                 word_column=word_column, text=text)]
     return [ln.split() for ln in lines if ln.strip()]
 
 
-def read_questions(path: str | Path, skip_bad_answers: bool = False) -> list[dict]:
+def read_questions(path: str | Path, skip_bad_answers: bool = False, encoding: str | None = None) -> list[dict]:
     """SQuAD JSON, or JSON Lines of {"question", "context"[, "id"]} (texts, unique ids)."""
     from bert_kit.data.squad import read_squad
 
     path = Path(path)
     if path.suffix == ".json":
-        return read_squad(path, skip_bad_answers)
+        return read_squad(path, skip_bad_answers, encoding)
     examples, seen = [], {}
-    for i, row in parse_jsonl(read_lines(path), path):
+    for i, row in parse_jsonl(read_lines(path, encoding), path):
         if not isinstance(row, dict) or "question" not in row or "context" not in row:
             raise KeyError(f"{path}:{i}: needs keys 'question' and 'context'")
         for key in ("question", "context"):
@@ -198,10 +241,11 @@ def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
     """Sentence pairs: the columns of any pair file when text_pair_column is set; else an STS-B
     file, JSON Lines {"sentence1", "sentence2"}, or two tab-separated columns."""
     path = Path(path)
+    text = read_text(path, "input file", task and task.s.encoding)  # once: the input may be a pipe
     if task is not None and task.s.text_pair_column is not None:
-        s1, s2, _ = task._read(path, where=task.s.validation_where, scored=False)
+        s1, s2, _ = task._read(path, where=task.s.validation_where, scored=False, text=text)
         return s1, s2
-    lines = read_lines(path)
+    lines = read_lines(path, text=text)
     if path.suffix == ".jsonl":
         s1, s2 = [], []
         for i, row in parse_jsonl(lines, path):
@@ -213,14 +257,15 @@ def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
             s2.append(row["sentence2"])
         return s1, s2
     if len(lines[0].split("\t")) >= 7:  # genre, file, year, id, score, s1, s2
-        s1, s2, _ = task._read(path)
+        s1, s2, _ = task._read(path, text=text)
         return s1, s2
     s1, s2 = [], []
     for i, line in enumerate(lines, start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(f"{path}:{i}: expected 2 tab-separated sentences, got {len(fields)} fields "
-                             "(for a file with named columns pass --text-column and --text-pair-column)")
+                             f"(for a file with named columns set {setting('text_column')} and "
+                             f"{setting('text_pair_column')})")
         s1.append(fields[0])
         s2.append(fields[1])
     return s1, s2
@@ -233,7 +278,7 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
 
     texts, pairs = read_classification_inputs(task, path)
     unit = "line" if Path(path).suffix == ".txt" else "row"
-    warn_blank_texts(texts, path, unit)
+    flag_empty_texts(path, task.tokenizer, texts, pairs, unit)
     ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
     logits = task.logits(model, [ds[i] for i in range(len(ds))], precision)  # (N, C)
     records = []
@@ -256,9 +301,10 @@ def label_record(task: Any, row: Any) -> dict[str, Any]:
 
 
 def predict_tokens(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
-    sentences = read_sentences(path, fmt, task.s.word_column)
-    dataset = task._dataset([(words, None) for words in sentences])
-    return [tagged_record(words, tags) for words, tags in zip(sentences, task.tag(model, dataset, precision))]
+    sentences = read_sentences(path, fmt, task.s.word_column, task.s.encoding)
+    flag_empty_texts(path, task.tokenizer, [" ".join(words) for words in sentences], unit="sentence")
+    # every word is tagged, however long its sentence (windows: see bert_kit.data.ner)
+    return [tagged_record(words, tags) for words, tags in zip(sentences, task.tag_words(model, sentences, precision))]
 
 
 def tagged_record(words: list[str], tags: list[str]) -> dict[str, Any]:
@@ -273,7 +319,7 @@ def tagged_record(words: list[str], tags: list[str]) -> dict[str, Any]:
 def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     from bert_kit.data.squad import prepare_eval_features
 
-    examples = read_questions(path, task.s.skip_bad_answers)
+    examples = read_questions(path, task.s.skip_bad_answers, task.s.encoding)
     features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.doc_stride,
                                      task.s.max_query_length)
     answers = task.answers(model, examples, features, precision)
@@ -282,6 +328,7 @@ def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt
 
 def predict_similarity(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     s1, s2 = read_pairs(task, path)
+    flag_empty_texts(path, task.tokenizer, s1, s2, "pair")
     scores = task.scores(model, s1, s2, precision)
     return [{"sentence1": a, "sentence2": b, "score": float(x)} for a, b, x in zip(s1, s2, scores)]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.data import check_encoding
 from bert_kit.model_folder import model_config
 from bert_kit.training.settings import RunSettings
 
@@ -38,6 +39,7 @@ class PretrainConfig(RunSettings):
     eval_fraction: float = 0.01  # share of the training corpus held out when eval_files is empty
     corpus_format: Literal["text", "lines", "jsonl", "wikitext"] = "text"  # text: blank line ends a document
     text_field: str = "text"  # JSONL field holding the text
+    encoding: str = "utf-8"  # text encoding of the corpus files, a Python codec name (latin-1, cp1252, utf-16, ...)
     nsp: bool = True  # next-sentence prediction (sentence pairs); false: MLM only
     packing: bool = True  # MLM only: pack documents into full max_length blocks
     streaming: bool = False
@@ -129,6 +131,7 @@ class PretrainConfig(RunSettings):
             for key, rule in TOKENIZER_TRAIN_RULES.items():
                 if key in self.train_tokenizer:
                     rule.check(f"train_tokenizer.{key}", self.train_tokenizer[key])
+        self.encoding = check_encoding(self.encoding)
         # the longest sequence must fit the model's position table, when the model is known here
         # (a folder not written yet is checked when the model is built)
         config = model_config(self.model)

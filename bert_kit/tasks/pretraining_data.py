@@ -57,7 +57,7 @@ def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -
         if is_main():
             opts = {"min_frequency": 2, **cfg.train_tokenizer}
             print(f"training a WordPiece tokenizer on {cfg.train_files} ({opts})", flush=True)
-            texts = iter_documents(cfg.train_files, CORPUS_MODES[cfg.corpus_format], cfg.text_field)
+            texts = iter_documents(cfg.train_files, CORPUS_MODES[cfg.corpus_format], cfg.text_field, cfg.encoding)
             train_tokenizer(texts=texts, **opts).save(folder)
         barrier()
         return get_tokenizer(folder)
@@ -87,10 +87,11 @@ def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any
     def cache(files: list[str], sentences: bool = False) -> Any:
         try:
             if is_main():  # one process tokenises; the others then load the finished cache
-                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, sentences=sentences)
+                tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, sentences=sentences,
+                                  encoding=cfg.encoding)
             barrier()
             result = tokenize_to_cache(files, tokenizer, cache_dir, mode, cfg.text_field, progress=False,
-                                       sentences=sentences)
+                                       sentences=sentences, encoding=cfg.encoding)
         except UnicodeDecodeError as e:
             raise ValueError(f"{files}: not UTF-8 text (byte {e.start}: {e.reason})") from None
         if result.num_tokens == 0:
@@ -122,7 +123,7 @@ def make_datasets(cfg: PretrainConfig, corpus: dict, tokenizer: Any, max_length:
             return StreamingTextDataset(files, tokenizer, max_length, CORPUS_MODES[cfg.corpus_format],
                                         cfg.text_field, cfg.shuffle_buffer, shuffle=train, seed=cfg.seed,
                                         rank=rank() if train else 0, world_size=world_size() if train else 1,
-                                        packing=cfg.packing)
+                                        packing=cfg.packing, encoding=cfg.encoding)
 
         return stream(corpus["train"], True), stream(corpus["eval"], False)
 

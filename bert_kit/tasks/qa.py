@@ -21,7 +21,8 @@ class QATask(Task):
         """SQuAD examples; with `squad_train_articles` N, train on the first N articles, evaluate on the rest."""
         from bert_kit.data.squad import read_squad, split_by_article
 
-        examples = read_squad(path, getattr(self.s, "skip_bad_answers", False))
+        examples = read_squad(path, getattr(self.s, "skip_bad_answers", False), getattr(self.s, "encoding", None),
+                              self.what(path, "SQuAD file"))
         n = self.s.squad_train_articles
         if n:
             train, held_out = split_by_article(examples, n)

@@ -14,7 +14,8 @@ from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import pearson, spearman
 from bert_kit.model import BERTModel
-from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler, shard_and_gather
+from bert_kit.tasks.base import (Task, build_model, drop_empty_texts, encode, flag_empty_texts, freeze_pooler,
+                                 line_numbers, shard_and_gather)
 from bert_kit.training.losses import compute_classification_loss, compute_cosent_loss, compute_cosine_similarity_loss
 
 
@@ -28,6 +29,7 @@ class SimilarityTask(Task):
     indices), rows filtered by where / validation_where; scores must lie in score_range."""
 
     name, default_metric = "similarity", "spearman"
+    read_settings = ("text_column", "text_pair_column", "label_column", "header", "delimiter", "encoding")
 
     @property
     def bi_encoder(self) -> bool:
@@ -39,16 +41,21 @@ class SimilarityTask(Task):
 
         return tuple(getattr(self.s, "score_range", None) or STS_RANGE)
 
-    def _read(self, path: str | Path, limit: int | None = None, where: dict | None = None, scored: bool = True
+    def _read(self, path: str | Path, limit: int | None = None, where: dict | None = None, scored: bool = True,
+              text: str | None = None, lines: list[str] | None = None
               ) -> tuple[list[str], list[str], list[float] | None]:
+        """(sentences1, sentences2, scores) of the first `limit` pairs; `lines` receives their "file:line"."""
         from bert_kit.data.sts import read_pair_file, read_sts
 
-        s = self.s
+        s, encoding, found = self.s, getattr(self.s, "encoding", None), []
         if s.text_pair_column is None:  # the STS-B release (or GLUE) layout
-            s1, s2, scores = read_sts(path, self.score_range)
+            s1, s2, scores = read_sts(path, self.score_range, encoding, text, found, self.what(path, "STS file"))
         else:
             s1, s2, scores = read_pair_file(path, s.text_column, s.text_pair_column, s.label_column if scored else None,
-                                            self.score_range, s.header, s.delimiter, where)
+                                            self.score_range, s.header, s.delimiter, where, encoding, text, found,
+                                            self.what(path, "sentence-pair file"))
+        if lines is not None:
+            lines.extend(found[:limit])
         return s1[:limit], s2[:limit], None if scores is None else scores[:limit]
 
     def _items(self, s1: list[str], s2: list[str], scores: list[float] | None) -> list[dict]:
@@ -66,11 +73,17 @@ class SimilarityTask(Task):
         return items
 
     def read_train(self, path: str | Path) -> list[dict]:
-        self.label_names = ["score"]
-        return self._items(*self._read(path, where=self.s.where))
+        self.label_names, lines = ["score"], []
+        s1, s2, scores = self._read(path, where=self.s.where, lines=lines)
+        drop_empty_texts(path, self.tokenizer, lines, [s1, s2], [scores, lines])  # pairs without text teach nothing
+        return self._items(s1, s2, scores)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
-        self.eval_pairs = self._read(path, limit, self.s.validation_where)
+        lines = []
+        self.eval_pairs = self._read(path, limit, self.s.validation_where, lines=lines)
+        numbers = line_numbers(lines)
+        flag_empty_texts(path, self.tokenizer, self.eval_pairs[0], self.eval_pairs[1], "line" if numbers else "row",
+                         numbers)
         return self._items(*self.eval_pairs)
 
     def collate(self, items: list[dict]) -> dict:

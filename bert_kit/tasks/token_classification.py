@@ -1,5 +1,6 @@
 """Token classification (NER): CoNLL files (any whitespace, any word and tag column), one tag per word,
-entity-level F1."""
+entity-level F1. A sentence longer than max_length is tagged in overlapping windows (`data/ner.py`), so
+every word gets the model's tag; `tag_words` is what `predict` and the server's /tag call."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bert_kit.training.losses import compute_classification_loss
 
 class TokenClassificationTask(Task):
     name, default_metric = "token-classification", "f1"
+    read_settings = ("word_column", "tag_column", "encoding")
 
     def _dataset(self, sentences, limit: int | None = None):
         from bert_kit.data.ner import NERDataset
@@ -29,10 +31,11 @@ class TokenClassificationTask(Task):
         super().load_metadata(meta)
         self.fixed_labels = True
 
-    def _read(self, path: str | Path, names: list[str] | None = None) -> list:
+    def _read(self, path: str | Path, names: list[str] | None = None, names_from: str | None = None) -> list:
         from bert_kit.data.ner import read_conll
 
-        return read_conll(path, self.s.tag_column, getattr(self.s, "word_column", 0), names)
+        return read_conll(path, self.s.tag_column, getattr(self.s, "word_column", 0), names,
+                          getattr(self.s, "encoding", None), names_from=names_from, what=self.what(path, "CoNLL file"))
 
     def read_train(self, path: str | Path) -> list[dict]:
         from bert_kit.data.ner import get_label_list
@@ -44,12 +47,11 @@ class TokenClassificationTask(Task):
         return [ds[i] for i in range(len(ds))]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> Any:
-        # the tags are fixed by a saved head or by given label_names: an unknown one is an error naming its line
-        fixed = self.fixed_labels or bool(self.s.label_names)
-        sentences = self._read(path, self.label_names if fixed else None)[:limit]
-        unseen = sorted({t for _, tags in sentences for t in tags} - set(self.label_names))
-        if unseen:  # before the head exists, a validation-only tag joins the set
-            self.label_names += unseen
+        # the tags are those of a saved head, of given label_names or of the training file: the head has
+        # no output for any other, so an unknown tag is an error naming its line (as an unseen class is)
+        names_from = ("the model's tags" if self.fixed_labels else None if self.s.label_names
+                      else "the training file's tags")
+        sentences = self._read(path, self.label_names, names_from)[:limit]
         self.eval_dataset = self._dataset(sentences)
         return [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
 
@@ -67,10 +69,15 @@ class TokenClassificationTask(Task):
         return compute_classification_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
 
     def tag(self, model: nn.Module, dataset: Any, precision: Any) -> list[list[str]]:
-        """Predicted tags, one per word, for every sentence of an NERDataset."""
+        """Predicted tags, one per word, for every sentence of an NERDataset: each word's from the
+        window where it has the most context (a sentence that fits is one window)."""
         items = [dataset[i] for i in range(len(dataset))]
         logits = self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded))
-        return [dataset.predictions_to_tags(i, row.argmax(-1)) for i, row in enumerate(logits)]
+        return dataset.sentence_tags([row.argmax(-1) for row in logits])
+
+    def tag_words(self, model: nn.Module, sentences: Sequence[Sequence[str]], precision: Any) -> list[list[str]]:
+        """Tags of every word of each word list, whatever its length (predict, the server's /tag)."""
+        return self.tag(model, self._dataset([(list(words), None) for words in sentences]), precision)
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
         from bert_kit.metrics import entity_f1

@@ -99,7 +99,11 @@ PAIR_SETTINGS = ["text_column=a", "text_pair_column=b", "label_column=score", "s
 FINETUNE_CASES = {
     # ---- encodings: every reader names the file and the line of the first bad byte
     "tsv-latin1": Case({"train.tsv": tsv(*GOOD_ROWS).encode() + LATIN1 + b"\t0\n"},
-                       ("train.tsv:5: not UTF-8 text (byte 0xe9 at column 4)",)),
+                       ("train.tsv:5: not UTF-8 text (byte 0xe9 at column 4)", "name its encoding with encoding=latin-1")),
+    "tsv-utf16-as-utf8": Case({"train.tsv": tsv(*GOOD_ROWS).encode("utf-16")},
+                              ("train.tsv:1: not UTF-8 text (byte 0xff at column 1)", "encoding=utf-16")),
+    "tsv-not-cp1252": Case({"train.tsv": tsv(*GOOD_ROWS).encode() + b"\x81\t0\n"},
+                           ("train.tsv:5: not cp1252 text (byte 0x81 at column 1)",), settings=["encoding=cp1252"]),
     "csv-utf16": Case({"train.csv": "sentence,label\na,1\n".encode("utf-16")}, ("train.csv:1: not UTF-8 text (byte 0xff",),
                       train_file="train.csv"),
     "jsonl-latin1": Case({"train.jsonl": b'{"sentence": "ok", "label": 1}\n{"sentence": "' + LATIN1 + b'", "label": 0}\n'},
@@ -122,6 +126,10 @@ FINETUNE_CASES = {
     "long-row": Case({"train.tsv": tsv("a\t1\textra")}, ("train.tsv:2: row has 3 fields but the header has 2",)),
     "no-such-column": Case({"train.tsv": tsv("a\t1", header="text\tlabel")},
                            ("train.tsv:1: header has no column 'sentence'", "set header=false")),
+    "txt-of-comma-columns": Case({"train.txt": "text,label\ngood,1\n"},
+                                 ("train.txt: a .txt file holds one text per line and no label column",
+                                  "set delimiter=comma to read it as columns"),
+                                 settings=["text_column=text"], train_file="train.txt"),
     "headerless-file-by-name": Case({"train.tsv": tsv("a fine film\t1", header=None)},
                                     ("train.tsv:1: header has no column 'sentence'",)),
     "index-out-of-range": Case({"train.tsv": tsv(*GOOD_ROWS, header=None)},
@@ -157,8 +165,8 @@ FINETUNE_CASES = {
                                    ("train.txt:2: text 'no label' does not match label_pattern",),
                                    settings=[r"label_pattern=__label__(?P<label>\S+) (?P<text>.*)"],
                                    train_file="train.txt"),
-    "missing-train-file": Case({}, ("classification file not found: nope.tsv",), train_file="nope.tsv"),
-    "train-file-is-a-folder": Case({}, ("classification file is a folder, not a file: .",), train_file="."),
+    "missing-train-file": Case({}, ("train_file=nope.tsv: file not found",), train_file="nope.tsv"),
+    "train-file-is-a-folder": Case({}, ("train_file=.: is a folder, not a file",), train_file="."),
     # ---- labels
     "fraction-among-classes": Case({"train.tsv": tsv("a\t0", "b\t1", "c\t0.5")},
                                    ("train.tsv:4: label '0.5' is fractional but the other labels are integer classes",
@@ -193,6 +201,9 @@ FINETUNE_CASES = {
     "header-read-as-data": Case({"train.tsv": tsv("sentence\tlabel", *GOOD_ROWS, header=None)},
                                 ("train.tsv:1: label 'label' is not a number but the other labels are numbers",
                                  "set header=true"), settings=["text_column=0", "label_column=1"]),
+    "labels-differ-in-case": Case({"train.tsv": tsv("a\tPositive", "b\tneg", "c\tpositive")},
+                                  ("train.tsv:4: label 'positive' differs from label 'Positive' (train.tsv:2) only in "
+                                   "case", "list both in label_names")),
     "number-among-names": Case({"train.tsv": tsv("a\tpos", "b\tneg", "c\t1")},
                                ("train.tsv:4: label '1' is a number but the other labels are class names",)),
     "one-class-only": Case({"train.tsv": tsv("a\tpos", "b\tpos")}, ("train.tsv: every label is 'pos'",)),
@@ -221,6 +232,13 @@ FINETUNE_CASES = {
                         task="token-classification", train_file="train.txt"),
     "conll-no-tag-column": Case({"train.txt": "EU NNP B-ORG\n"}, ("train.txt:1: no tag_column 5",),
                                 task="token-classification", settings=["tag_column=5"], train_file="train.txt"),
+    "conll-validation-tag-unseen-in-training": Case({"train.txt": "EU B-ORG\nrejects O\n", "dev.txt": "Peter B-PER\n"},
+                                                    ("dev.txt:1: tag 'B-PER' is not one of the training file's tags "
+                                                     "['O', 'B-ORG']: the model has no output for it",),
+                                                    task="token-classification", settings=["validation_file=dev.txt"],
+                                                    train_file="train.txt"),
+    "all-texts-control-characters": Case({"train.tsv": tsv("\x01\x02\t1", " \x7f\t0")},
+                                         ("train.tsv: every example's text is blank or only control characters",)),
     "conll-validation-tag-unknown": Case({"train.txt": "EU B-ORG\n", "dev.txt": "Peter B-PERSON\n"},
                                          ("dev.txt:1: tag 'B-PERSON' is not one of label_names",),
                                          task="token-classification",
@@ -294,7 +312,7 @@ def test_bad_training_file(cli, folders, case):
     write_files(case.files)
     out = cli("finetune", f"task={case.task}", f"model={folders['encoder']}", f"train_file={case.train_file}",
               "output_dir=run", "max_steps=1", "device=cpu", "max_length=64", "max_query_length=16", "doc_stride=16", *case.settings)
-    out.one_line_error(*case.needles, code=1)
+    out.one_line_error(*case.needles, code=2)  # a wrong input
 
 
 # ---- data settings: stopped before anything is read, naming the key and the value
@@ -326,6 +344,8 @@ SETTING_CASES = {
     "label_column=sentence": ["label_column 'sentence' is also a text column"],
     "text_column=-1": ["text_column must be a 0-based column index (>= 0) or a name, got -1"],
     "tag_column=0": ["tag_column and word_column are both 0"],
+    "encoding=utf9": ["encoding='utf9' is not a known text encoding: name a Python codec"],
+    "encoding=base64": ["encoding='base64' is not a known text encoding"],
 }
 
 
@@ -368,7 +388,13 @@ INFERENCE_CASES = {
                                    {"p.jsonl": '{"sentence1": "a", "sentence2": 3}\n'},
                                    ("p.jsonl:1: 'sentence1' and 'sentence2' must be texts",)),
     "evaluate-latin1": ("classifier", ["evaluate", "--data", "dev.tsv", "--output", "e.json"],
-                        {"dev.tsv": tsv("a\t1").encode() + LATIN1 + b"\t0\n"}, ("dev.tsv:3: not UTF-8 text",)),
+                        {"dev.tsv": tsv("a\t1").encode() + LATIN1 + b"\t0\n"},
+                        ("dev.tsv:3: not UTF-8 text", "name its encoding with --encoding latin-1")),
+    "evaluate-unknown-encoding": ("classifier", ["evaluate", "--data", "dev.tsv", "--encoding", "utf9"],
+                                  {"dev.tsv": tsv("a\t1")}, ("--encoding 'utf9' is not a known text encoding",)),
+    "evaluate-no-such-column": ("classifier", ["evaluate", "--data", "dev.tsv", "--output", "e.json"],
+                                {"dev.tsv": tsv("a\t1", header="text\tlabel")},
+                                ("dev.tsv:1: header has no column 'sentence'", "set --no-header and give columns")),
     "evaluate-label-outside-model": ("classifier", ["evaluate", "--data", "dev.tsv", "--output", "e.json"],
                                      {"dev.tsv": tsv("a\t1", "b\t2")},
                                      ("dev.tsv:3: label '2' is not one of label_names ['neg', 'pos'] nor a class id",)),
@@ -380,7 +406,12 @@ INFERENCE_CASES = {
     "evaluate-squad-duplicate": ("qa", ["evaluate", "--data", "dev.json", "--output", "e.json"],
                                  {"dev.json": squad([qa("x"), qa("x")])}, ("question id 'x' appears twice",)),
     "embed-latin1": ("bi-encoder", ["embed", "--input", "in.txt", "--output", "v.npy"],
-                     {"in.txt": b"ok\n" + LATIN1 + b"\n"}, ("in.txt:2: not UTF-8 text",)),
+                     {"in.txt": b"ok\n" + LATIN1 + b"\n"}, ("in.txt:2: not UTF-8 text", "--encoding latin-1")),
+    "embed-txt-comma-columns": ("bi-encoder", ["embed", "--input", "in.txt", "--output", "v.npy", "--text-column", "t"],
+                                {"in.txt": "id,t\n1,ok\n"}, ("in.txt:1: no column 't': a .txt file is one text per "
+                                                              "line", "set --delimiter comma to read it as columns")),
+    "predict-missing-input": ("classifier", ["predict", "--input", "nope.txt", "--output", "o.jsonl"], {},
+                              ("input file not found: nope.txt",)),
     "embed-empty": ("bi-encoder", ["embed", "--input", "in.txt", "--output", "v.npy"], {"in.txt": b""},
                     ("in.txt: no lines to read",)),
     "embed-folder-input": ("bi-encoder", ["embed", "--input", ".", "--output", "v.npy"], {},
@@ -397,7 +428,7 @@ def test_bad_inference_input(cli, folders, case):
     model, argv, files, needles = case
     write_files(files)
     out = cli(*argv, "--model", str(folders[model]), "--device", "cpu")
-    out.one_line_error(*needles, code=1)
+    out.one_line_error(*needles, code=2)
 
 
 # ---- pretraining corpora and tokenizer training
@@ -405,14 +436,14 @@ def test_pretrain_corpus_not_utf8(cli, folders):
     write_files({"corpus.txt": b"first document\n\nsecond " + LATIN1 + b"\n"})
     out = cli("pretrain", f"model={folders['encoder']}", "train_files=[corpus.txt]", "output_dir=run", "max_steps=1",
               "device=cpu", "nsp=false", "batch_size=2", "max_length=32")
-    out.one_line_error("corpus.txt:3: not UTF-8 text (byte 0xe9 at column 11)", code=1)
+    out.one_line_error("corpus.txt:3: not UTF-8 text (byte 0xe9 at column 11)", code=2)
 
 
 def test_pretrain_jsonl_text_not_a_string(cli, folders):
     write_files({"corpus.jsonl": '{"text": "a document"}\n{"text": 7}\n'})
     out = cli("pretrain", f"model={folders['encoder']}", "train_files=[corpus.jsonl]", "corpus_format=jsonl",
               "output_dir=run", "max_steps=1", "device=cpu", "nsp=false")
-    out.one_line_error("corpus.jsonl:2: field 'text' is int, not str", code=1)
+    out.one_line_error("corpus.jsonl:2: field 'text' is int, not str", code=2)
 
 
 @pytest.mark.parametrize("data,fmt,needle", [
@@ -424,7 +455,7 @@ def test_pretrain_jsonl_text_not_a_string(cli, folders):
 def test_tokenizer_train_on_a_binary_or_non_utf8_file(cli, data, fmt, needle):
     write_files({"weights.bin": data})
     out = cli("tokenizer", "train", "--files", "weights.bin", "--vocab-size", "100", "--output", "tok", "--format", fmt)
-    out.one_line_error(needle, code=1)
+    out.one_line_error(needle, code=2)
 
 
 # ---- awkward but valid: the correct result
@@ -435,6 +466,29 @@ def test_bom_crlf_headerless_tsv_trains_on_every_row(cli, folders, tmp_path):
     assert out.code == 0, out.err
     results = json.loads((tmp_path / "r.json").read_text())
     assert results["train_examples"] == 3 and results["steps"] == 1
+
+
+def test_latin1_files_train_with_their_encoding(cli, folders, tmp_path):
+    write_files({"train.tsv": tsv(*GOOD_ROWS).encode() + LATIN1 + b"\t0\n",
+                 "train.txt": b"EU B-ORG\n\n" + LATIN1 + b" O\n"})
+    out = cli("finetune", f"model={folders['encoder']}", "train_file=train.tsv", "output_dir=run", "max_steps=1",
+              "device=cpu", "encoding=latin-1", "--output", "r.json")
+    assert out.code == 0, out.err
+    assert json.loads((tmp_path / "r.json").read_text())["train_examples"] == 4
+    out = cli("finetune", "task=token-classification", f"model={folders['encoder']}", "train_file=train.txt",
+              "output_dir=ner", "max_steps=1", "device=cpu", "encoding=latin-1", "--output", "n.json")
+    assert out.code == 0, out.err
+    assert json.loads((tmp_path / "n.json").read_text())["train_examples"] == 2
+
+
+def test_texts_of_control_characters_are_left_out_of_training_and_counted(cli, folders, tmp_path):
+    write_files({"train.tsv": tsv("a fine film\t1", "\x01\x02\x03\t0", "so dull\t0", "\u200b \t1", "great\t1")})
+    out = cli("finetune", f"model={folders['encoder']}", "train_file=train.tsv", "output_dir=run", "max_steps=1",
+              "device=cpu", "--output", "r.json")
+    assert out.code == 0, out.err
+    assert ("train.tsv: left out 2 example(s) whose text is blank or only control characters (line 3, 5): they give "
+            "the model no token to learn from") in out.err
+    assert json.loads((tmp_path / "r.json").read_text())["train_examples"] == 3
 
 
 def test_conll_with_a_byte_order_mark_is_not_a_bogus_sentence(cli, folders, tmp_path):
@@ -499,7 +553,7 @@ def test_head_and_label_names_disagree(cli, folders, tmp_path, minilm_path):
     write_model_metadata(folder, {"task": "classification"})
     write_files({"in.txt": "fine\n"})
     out = cli("predict", "--model", str(folder), "--input", "in.txt", "--output", "o.jsonl", "--device", "cpu")
-    out.one_line_error("the head has 3 outputs but config.json names 2 labels ['neg', 'pos']", code=1)
+    out.one_line_error("the head has 3 outputs but config.json names 2 labels ['neg', 'pos']", code=2)
 
 
 def test_embed_a_column_of_a_table(cli, folders, tmp_path):

@@ -277,3 +277,32 @@ def test_convert_labels_errors_name_the_line(raw, kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         convert_labels(raw, LOC[: len(raw)], **kwargs)
+
+
+def test_labels_that_differ_only_in_case_are_refused(tmp_path):
+    """`Positive` and `positive` would silently become two classes; given label_names listing both,
+    they are two classes on purpose."""
+    from bert_kit.data.classification import convert_labels
+
+    with pytest.raises(ValueError, match=r"^f\.tsv:4: label 'Positive' differs from label 'positive' \(f\.tsv:2\) "
+                                         r"only in case, so they would be two classes; write one spelling, or list "
+                                         "both in label_names"):
+        convert_labels(["positive", "negative", "Positive", "negative"], LOC[:4])
+    both = ["Positive", "negative", "positive"]
+    assert convert_labels(["positive", "Positive"], LOC[:2], label_names=both) == ([2, 0], both)
+    with pytest.raises(ValueError, match="label 'Positive' is not one of label_names"):
+        convert_labels(["positive", "Positive"], LOC[:2], label_names=["negative", "positive"])
+    path = tmp_path / "t.tsv"
+    path.write_text("sentence\tlabel\ngood\tPOS\nbad\tneg\nfine\tpos\n")
+    with pytest.raises(ValueError, match=r"t\.tsv:4: label 'pos' differs from label 'POS' \(.*t\.tsv:2\)"):
+        read_classification_file(path)
+
+
+def test_tokenless_finds_texts_that_give_no_token(tokenizer):
+    from bert_kit.data.classification import tokenless
+
+    texts = ["a film", "", "   ", "\x01\x02\x7f", "\u200b\u00ad", "\ufffd", "!!", "_", "\x01 ok", "\u0301"]
+    assert tokenless(texts, tokenizer) == [1, 2, 3, 4, 5, 9]  # the accent alone is dropped by lowercasing too
+    assert tokenless(texts) == [1, 2, 3, 4, 5]  # without a tokenizer: whitespace and control characters
+    ids = tokenizer([texts[i] for i in (3, 4, 5, 9)], padding=False, return_tensors=None)["input_ids"]
+    assert all(row == [tokenizer.cls_token_id, tokenizer.sep_token_id] for row in ids)

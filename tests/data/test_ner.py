@@ -11,10 +11,12 @@ from bert_kit.data.ner import (
     IGNORE_INDEX,
     NERDataset,
     align_labels,
+    best_windows,
     get_label_list,
     iob1_to_iob2,
     predictions_to_words,
     read_conll,
+    window_spans,
 )
 from bert_kit.metrics import entity_f1
 
@@ -141,25 +143,43 @@ def test_alignment_on_real_sentences(valid, tokenizer):
 
 
 @pytest.mark.parametrize("max_length", [512, 12])
-def test_predictions_to_words_inverts_alignment(valid, tokenizer, max_length):
+def test_windows_give_every_word_its_tag(valid, tokenizer, max_length):
+    """A sentence longer than max_length is cut into windows; each word is labelled in exactly one
+    window, and read back from it, so every word gets its tag (before windows, the words past
+    max_length were all "O")."""
     sents = valid[:300]
     ds = NERDataset(sents, tokenizer, LABELS, max_length=max_length)
     gen = torch.Generator().manual_seed(0)
-    n_cut = 0
-    for i, (words, tags) in enumerate(sents):
-        labels = torch.tensor(ds[i]["labels"])
+    predictions = []
+    for k in range(len(ds)):
+        labels = torch.tensor(ds[k]["labels"])
+        assert len(labels) <= max_length
         # random ids where the label is ignored: they must not leak into word predictions
         noise = torch.randint(0, len(LABELS), labels.shape, generator=gen)
-        preds = torch.where(labels == IGNORE_INDEX, noise, labels)
-        padded = torch.cat([preds, torch.full((5,), 4)])  # batch padding past the sentence
-        words_pred = predictions_to_words(padded, ds.word_ids[i], num_words=len(words),
-                                          label_list=LABELS)
-        n_kept = len({w for w in ds.word_ids[i] if w is not None})
-        assert words_pred[:n_kept] == tags[:n_kept]
-        assert words_pred[n_kept:] == ["O"] * (len(words) - n_kept)  # cut words get "O"
-        assert ds.predictions_to_tags(i, padded) == words_pred
-        n_cut += n_kept < len(words)
-    assert (n_cut > 50) == (max_length == 12)
+        predictions.append(torch.cat([torch.where(labels == IGNORE_INDEX, noise, labels),
+                                      torch.full((5,), 4)]))  # batch padding past the window
+    assert ds.sentence_tags(predictions) == [tags for _, tags in sents]
+    for s, (words, tags) in enumerate(sents):  # one label per word over all windows of its sentence
+        labelled = sum(lab != IGNORE_INDEX for k in ds.windows_of[s] for lab in ds[k]["labels"])
+        assert labelled == len(words)
+    assert (len(ds) > len(sents)) == (max_length == 12)
+    if max_length == 512:  # one window per sentence: the first sub-token's prediction, as always
+        for i, (words, tags) in enumerate(sents):
+            words_pred = predictions_to_words(predictions[i], ds.word_ids[i], num_words=len(words), label_list=LABELS)
+            assert words_pred == tags == ds.predictions_to_tags(i, predictions[i])
+
+
+def test_windows_overlap_and_pick_the_most_context():
+    word_ids = [w for w in range(10) for _ in range(2)]  # 10 words of 2 pieces: 20 tokens
+    spans = window_spans(word_ids, 8)
+    assert spans == [(0, 8), (4, 12), (8, 16), (12, 20)]  # half of each window shared, starts at word starts
+    assert window_spans(word_ids, 20) == [(0, 20)]
+    best = best_windows(word_ids, spans, 10)
+    # the window where min(tokens before, tokens after) is largest: word 2 (token 4) has 3 on either
+    # side in (0, 8) and none before it in (4, 12); word 4 (token 8) is central in (4, 12), word 5
+    # (token 10) in (8, 16); the last word has most context in the last window
+    assert best == [0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+    assert best_windows([0, 2], [(0, 2)], 3) == [0, None, 0]  # word 1 has no token
 
 
 def test_predictions_to_words_raw_ids():

@@ -82,7 +82,7 @@ def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_en
     code = cli_main(["finetune", f"model={tiny_encoder}", f"train_file={bad}", f"output_dir={tmp_path / 'bad_run'}",
                      "task=similarity", "text_column=text_a", "text_pair_column=text_b", "label_column=relatedness",
                      "score_range=[1, 5]", "max_steps=1", "device=cpu"])
-    assert code == 1
+    assert code == 2
     assert f"{bad}:98: score '0.4' is outside the score range [1, 5]" in capsys.readouterr().err
 
 
@@ -122,3 +122,23 @@ def test_classification_from_a_headerless_bom_crlf_tsv_and_labels_in_the_text(ti
     assert [r["text"] for r in records] == [t for t, _ in examples[40:]]  # the label prefix is not scored
     accuracy = sum(r["label"] == y for r, (_, y) in zip(records, examples[40:])) / 20
     assert metrics["num_examples"] == 20 and metrics["accuracy"] == pytest.approx(accuracy)
+
+
+@pytest.mark.parametrize("task,kind", [("classification", "classification file"), ("similarity", "STS file"),
+                                       ("token-classification", "CoNLL file"), ("qa", "SQuAD file")])
+def test_a_missing_data_file_is_named_with_its_setting(task, kind, minilm_path, tmp_path):
+    """The readers' own errors name the file and the setting that named it (a file can vanish after
+    the run config's checks, and the Python API reads through them too)."""
+    from bert_kit.tasks import make_task
+
+    settings = FinetuneConfig(task=task)
+    settings.train_file, settings.validation_file = str(tmp_path / "train.x"), str(tmp_path / "dev.x")
+    t = make_task(task, settings)
+    t.bind(get_tokenizer(minilm_path))
+    t.label_names, t.num_labels = ["O", "B-PER"], 2  # as read_train leaves them
+    with pytest.raises(FileNotFoundError, match=rf"^{kind} \(train_file\) not found: .*train.x$"):
+        t.read_train(settings.train_file)
+    with pytest.raises(FileNotFoundError, match=rf"^{kind} \(validation_file\) not found: .*dev.x$"):
+        t.read_eval(settings.validation_file)
+    with pytest.raises(FileNotFoundError, match=rf"^{kind} is a folder, not a file: "):
+        t.read_eval(str(tmp_path))
