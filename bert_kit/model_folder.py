@@ -12,13 +12,17 @@ Hub names. Wherever a model is named, a Hugging Face hub name (`bert-base-uncase
 `~/.cache/huggingface/hub`), in the layout `models--ORG--NAME/snapshots/REVISION/` that
 `huggingface-cli download` and `transformers` write, the revision of `refs/main` first;
 (2) a Python package that ships the model folder (`MODEL_PACKAGES`). Nothing is downloaded:
-without a local copy the error says how to make one.
+without a local copy the error says how to make one. A name written as a path (`./x`, `~/x`,
+`/x`, `a/b/c`, or `runs/x` where `runs/` is a folder here) is a folder that is not there: the
+error says so, with the folders of similar names beside it.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -88,6 +92,35 @@ def is_hub_name(name: str | Path) -> bool:
     return isinstance(name, str) and bool(_HUB_NAME.match(name)) and ".." not in name
 
 
+def written_as_path(name: str | Path) -> bool:
+    """Whether `name` can only be a path: ./x, ../x, /x, ~/x, a/b/c, a backslash, or ORG/NAME
+    whose first part is a folder here (`runs/reviewz` beside `runs/`)."""
+    text = str(name)
+    if text.startswith((".", "/", "~")) or "\\" in text or text.count("/") > 1:
+        return True
+    first, slash, _ = text.partition("/")
+    return bool(slash) and Path(first).is_dir()
+
+
+def folder_not_found(name: str | Path, what: str = "model") -> str:
+    """'model folder not found: runs/reviewz (did you mean runs/reviews?)': folders of similar
+    names beside the missing one (at most the first 1,000 entries of its parent are read)."""
+    path = Path(name).expanduser()
+    hint = ""
+    try:
+        if path.parent.is_dir():
+            siblings = [p.name for p in itertools.islice(path.parent.iterdir(), 1000) if p.is_dir()]
+            close = difflib.get_close_matches(path.name, siblings, n=3, cutoff=0.6)
+            if close:
+                hint = f" (did you mean {' or '.join(str(Path(name).parent / c) for c in close)}?)"
+        else:
+            missing = next((p for p in reversed(path.parents) if not p.exists()), None)
+            hint = f" ({missing} does not exist)" if missing is not None and missing != path else ""
+    except OSError:
+        pass
+    return f"{what} folder not found: {name}{hint}"
+
+
 def hub_spellings(name: str) -> list[str]:
     """The repository ids a hub name may be cached under, the name as written first."""
     org, _, bare = name.rpartition("/")
@@ -139,7 +172,10 @@ def find_local_model(name: str, files: tuple[str, ...] = MODEL_FILES) -> Path | 
 
 
 def missing_model_message(name: str, what: str = "model") -> str:
-    """Why `name` is not found and how to provide a local copy (bert-kit downloads nothing)."""
+    """Why `name` is not found and how to provide a local copy (bert-kit downloads nothing); for a
+    name written as a path, that the folder is not there."""
+    if written_as_path(name) or not is_hub_name(name):
+        return folder_not_found(name, what)
     spellings = hub_spellings(name)
     repo_id = name if "/" in name else next((s for s in spellings if s.startswith("google-bert/")), name)
     package = next((f" or `pip install {module.replace('_', '-')}`" for known, (module, _) in MODEL_PACKAGES.items()
@@ -163,8 +199,6 @@ def resolve_model(source: str | Path, files: tuple[str, ...] = MODEL_FILES) -> P
         return found
     if Path(source).expanduser().is_file():
         raise FileNotFoundError(f"{source} is a file; pass the model folder that holds it")
-    if not is_hub_name(str(source)):
-        raise FileNotFoundError(f"model folder not found: {source}")
     raise FileNotFoundError(missing_model_message(str(source)))
 
 
@@ -194,8 +228,10 @@ def locate_model(source: str | Path, presets_first: bool = False) -> tuple[str, 
         shape = name.removesuffix("-uncased")
         raise FileNotFoundError(f"{missing_model_message(name)} (For random weights of that shape, "
                                 f"write model={shape}.)")
-    if is_hub_name(name) and "/" in name:
-        raise FileNotFoundError(missing_model_message(name))
+    if Path(name).suffix in (".json", ".yaml", ".yml"):
+        raise FileNotFoundError(f"model config file not found: {name}")
+    if "/" in name or "\\" in name or name.startswith(("~", ".")):
+        raise FileNotFoundError(missing_model_message(name))  # a folder that is not there, or a hub name without a copy
     raise FileNotFoundError(f"model {name!r} is neither a model folder, a config file, a preset "
                             f"({', '.join(sorted(PRESETS))}) nor a hub name with a local copy; "
                             "`bert-kit models` lists what is available")

@@ -125,3 +125,51 @@ def test_default_max_length_is_the_models_own(tmp_path, minilm_path):
     assert default_max_length(folder) == 48  # the length it was fine-tuned with
     assert default_max_length(minilm_path) == 256  # sentence-transformers' max_seq_length
     assert json.loads((minilm_path / "config.json").read_text())["max_position_embeddings"] == 512
+
+
+@pytest.mark.parametrize("name", ["runs/reviewz", "./reviewz", "../reviewz", "~/no-such-folder/x", "/no/such/x",
+                                  "runs/reviewz/best"])
+def test_a_missing_folder_written_as_a_path_is_not_a_hub_name(hub, name):
+    """`--model runs/reviewz` was told to `hf download runs/reviewz`: a name whose first part is a
+    folder here, or that starts with ./ ../ / ~, or has more parts than ORG/NAME, is a path."""
+    model_folder(hub.parent / "runs" / "reviews")
+    for find in (resolve_model, locate_model):
+        with pytest.raises(FileNotFoundError) as e:
+            find(name)
+        assert str(e.value).startswith(f"model folder not found: {name}") and "hf download" not in str(e.value)
+    with pytest.raises(FileNotFoundError, match="^tokenizer folder not found: ") as e:
+        get_tokenizer(name)
+    assert "hf download" not in str(e.value)
+
+
+def test_a_missing_folder_suggests_the_folders_of_similar_names(hub):
+    for name in ("reviews", "reviews-v2", "other"):
+        (hub.parent / "runs" / name).mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model("runs/reviewz")
+    assert str(e.value) == "model folder not found: runs/reviewz (did you mean runs/reviews or runs/reviews-v2?)"
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: nowhere/a/b \(nowhere does not exist\)$"):
+        resolve_model("nowhere/a/b")
+    with pytest.raises(FileNotFoundError, match="^model config file not found: configs/model.yaml$"):
+        locate_model("configs/model.yaml")
+
+
+def test_a_hub_name_keeps_the_hub_advice_unless_its_org_is_a_folder_here(hub):
+    with pytest.raises(FileNotFoundError, match="hf download google-bert/bert-base-uncased"):
+        resolve_model("google-bert/bert-base-uncased")
+    (hub.parent / "google-bert").mkdir()  # ./google-bert/ exists: google-bert/x means a folder in it
+    with pytest.raises(FileNotFoundError, match="^model folder not found: google-bert/bert-base-uncased$"):
+        resolve_model("google-bert/bert-base-uncased")
+    cached = model_folder(cache_snapshot(hub, "google-bert/bert-base-uncased"))
+    assert resolve_model("google-bert/bert-base-uncased") == cached  # a copy in the cache is still found
+
+
+def test_the_command_line_says_the_folder_is_not_there(hub, capsys):
+    from bert_kit.cli import main
+
+    (hub.parent / "runs" / "reviews").mkdir(parents=True)
+    (hub.parent / "texts.txt").write_text("a text\n")
+    code = main(["embed", "--model", "runs/reviewz", "--input", "texts.txt", "--output", "out.npy"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and err == ["bert-kit embed: error: model folder not found: runs/reviewz "
+                                 "(did you mean runs/reviews?)"]
