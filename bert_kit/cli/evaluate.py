@@ -44,6 +44,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label-pattern", default=None, help="regex with label and text groups splitting the text")
     parser.add_argument("--word-column", type=int, default=None,
                         help="token-classification: CoNLL column of the word (default: the model's, else 0)")
+    parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token-classification: CoNLL column of the tag (default: the model's, else the last)")
     parser.add_argument("--score-range", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
                         help="similarity: range of the gold scores (default: the model's, else 0 5)")
-    parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
     parser.add_argument("--split-articles", type=int, default=None,
                         help="qa: evaluate on the articles after the first N (the held-out part of a "
                              "fine-tuning split)")

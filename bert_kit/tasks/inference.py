@@ -61,7 +61,7 @@ def read_settings(args: argparse.Namespace, folder: Path, meta: dict) -> dict[st
         chosen[key] = flag if flag is not None else recorded.get(key, default)
         if flag is None and key in recorded and recorded[key] != default:
             from_folder.append(setting(key, repr(recorded[key]) if isinstance(recorded[key], str) else recorded[key]))
-    if from_folder:
+    if from_folder and hasattr(args, "setting_flags"):  # a command that reads files (evaluate, predict) says so
         print(f"{folder}: reading files as it was fine-tuned: {', '.join(from_folder)} (a flag overrides each)",
               file=sys.stderr)
     return chosen
