@@ -34,12 +34,11 @@ TREC_PATTERN = r"(?P<label>[A-Z]+):\S+ (?P<text>.*)"
 def test_trec_in_latin1_reads_with_its_encoding_and_names_it_otherwise(tmp_path):
     path = tmp_path / "train_5500.label"
     path.write_bytes(TREC.encode("latin-1"))
-    data = read_classification_file(path, label_pattern=TREC_PATTERN, delimiter="\x01", text_column=0,
-                                    header=False, encoding="latin-1")
+    data = read_classification_file(path, text_column=0, header=False, label_pattern=TREC_PATTERN, encoding="latin-1")
     assert data.texts[2] == "Who was the first Pok\u00e9mon trainer ?"
     assert data.label_names == ["DESC", "ENTY", "HUM"] and data.labels == [0, 1, 2]
     with pytest.raises(ValueError) as e:  # UTF-8 by default: file, line, byte, and the setting to name it
-        read_classification_file(path, label_pattern=TREC_PATTERN, delimiter="\x01", text_column=0, header=False)
+        read_classification_file(path, text_column=0, header=False, label_pattern=TREC_PATTERN)
     assert str(e.value) == (f"{path}:3: not UTF-8 text (byte 0xe9 at column 30); save the file as UTF-8, or name "
                             "its encoding with encoding=latin-1 (or cp1252, ...)")
     with settings_named_as({"encoding": "--encoding"}):  # a command of flags names its flag
