@@ -13,6 +13,8 @@ from typing import Any
 from bert_kit.checks import ConfigError, CorruptFileError, check_settings, fraction, non_negative, positive, read_json, read_text
 
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import.
+# chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
+# outputs are the same. tie_word_embeddings: false is checked against the weights (`bert_kit.hf`).
 _HF_IGNORED_KEYS = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "gradient_checkpointing",
     "use_cache", "classifier_dropout", "torch_dtype", "dtype", "id2label", "label2id", "num_labels",
@@ -23,6 +25,15 @@ _HF_IGNORED_KEYS = {
     "task_specific_params", "return_dict", "output_hidden_states", "output_attentions",
     "torchscript", "bert_kit",
 }
+# HF keys whose other values build a model bert-kit does not implement: (key, allowed, what it would be)
+_HF_REFUSED = (
+    ("is_decoder", (False, None), "a decoder (causal self-attention)"),
+    ("add_cross_attention", (False, None), "cross-attention layers (an encoder-decoder)"),
+    ("position_embedding_type", ("absolute", "learned", "sinusoidal", None),
+     "position embeddings other than absolute ones"),
+)
+# HF's exact GELU under other names
+_HF_GELU = {"gelu_python": "gelu"}
 _ACTIVATIONS = ("gelu", "relu")
 _POSITION_TYPES = ("learned", "sinusoidal")
 # what each numeric field may be (checked in __post_init__; see bert_kit/checks.py)
@@ -36,6 +47,10 @@ _RULES = {
     "initializer_range": positive(),
     "pad_token_id": non_negative(integer=True),
 }
+
+
+class UnsupportedModelError(ConfigError):
+    """config.json describes a model bert-kit does not build (a decoder, relative positions, ...)."""
 
 
 @dataclass
@@ -98,12 +113,19 @@ class BertConfig:
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
         """Build from an HF `config.json` dict, dropping keys that do not shape the model."""
         if d.get("model_type", "bert") != "bert":
-            raise ValueError(f"{source}: model_type is {d.get('model_type')!r}, expected 'bert'")
+            raise UnsupportedModelError(f"{source}: model_type is {d.get('model_type')!r}, expected 'bert'")
+        for key, allowed, what in _HF_REFUSED:
+            if d.get(key) not in allowed:
+                raise UnsupportedModelError(f"{source}: {key}: {json.dumps(d[key])} makes {what}, which bert-kit "
+                                            "does not implement: it builds BERT encoders only")
         kept = {k: v for k, v in d.items() if k not in _HF_IGNORED_KEYS}
         if (d.get("bert_kit") or {}).get("position_embedding_type") == "sinusoidal":
             kept["position_embedding_type"] = "sinusoidal"  # marker written by `to_hf_dict`
-        if kept.get("hidden_act") == "gelu_new":
-            raise ValueError(f"{source}: hidden_act 'gelu_new' (tanh approximation) is not supported; use 'gelu'")
+        act = kept.get("hidden_act", "gelu")
+        kept["hidden_act"] = _HF_GELU.get(act, act) if isinstance(act, str) else act
+        if kept["hidden_act"] not in _ACTIVATIONS:
+            raise UnsupportedModelError(f"{source}: hidden_act {act!r} is not supported: bert-kit implements "
+                                        "'gelu' (exact erf form) and 'relu'")
         return cls.from_dict(kept, source)
 
     @classmethod
@@ -220,5 +242,7 @@ def load_hf_config(folder: str | Path) -> BertConfig:
         raise CorruptFileError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
     try:
         return BertConfig.from_hf_dict(d, source=str(path))
-    except ConfigError as e:  # a broken model folder, not a bad command: the run fails (exit code 1)
+    except UnsupportedModelError:  # a model of another kind: the wrong model for bert-kit
+        raise
+    except ConfigError as e:  # values no BERT can have: a broken model folder
         raise CorruptFileError(str(e)) from None

@@ -7,6 +7,11 @@ so they are concatenated on import and split on export.
 
 The renaming (`to_hf_state_dict`, `from_hf_state_dict`) works on torch tensors and on NumPy
 arrays alike and imports no torch, so the JAX engine (`bert_kit.jax`) maps its weights here too.
+
+Loading checks what would otherwise give silently wrong outputs: a tensor with NaN or inf is an
+error naming the file and the tensor, an MLM decoder that is not the word embeddings (bert-kit
+ties them) is refused, and `from_pretrained` warns (`NewWeightsWarning`) about every weight it
+initialises because the folder does not hold it (a new head: random until trained).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +33,14 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
 log = logging.getLogger(__name__)
+
+
+class NewWeightsWarning(UserWarning):
+    """`from_pretrained` built weights the folder does not hold (a new head): random until trained."""
+
+
+class FiniteTensors(dict):
+    """Tensors `read_state_dict` read and found finite (`load_into` need not check them again)."""
 
 # our name -> HF name; "{i}" stands for the layer index. Names under the `bert.` prefix in heads.
 TO_HF = {
@@ -166,11 +180,33 @@ def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         try:
-            return load_file(str(file))
+            tensors = load_file(str(file))
         except SafetensorError as e:  # a bad header, or a file shorter than its header says
             raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
                                    "or corrupt; copy or save the model again") from None
-    return load_torch_file(file)
+    else:
+        tensors = load_torch_file(file)
+    if not isinstance(tensors, dict):
+        raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
+    check_finite(tensors, str(file))
+    return FiniteTensors(tensors)
+
+
+def check_finite(tensors: dict[str, Any], source: str) -> None:
+    """Raise CorruptFileError naming `source` and the first tensor holding NaN or inf.
+
+    One sum per tensor (NaN and inf propagate into it); only a sum that is not finite, which a
+    float16 sum can also be by overflowing, is confirmed element by element."""
+    import torch
+
+    for name, t in tensors.items():
+        if not (torch.is_tensor(t) and t.is_floating_point() and t.numel()):
+            continue
+        if not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CorruptFileError(f"{source}: tensor {name} holds {bad} NaN or infinite value(s) of {t.numel()}: "
+                                   "these weights cannot give meaningful outputs (a run that diverged?); use an "
+                                   "earlier checkpoint, or save the model again")
 
 
 def weights_file(folder: str | Path) -> Path:
@@ -253,6 +289,15 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     them. Missing head weights (a new classifier on a pretrained encoder) are allowed unless
     strict; keys of other heads (e.g. `cls.*` when fine-tuning) are dropped.
     """
+    import torch
+
+    if not isinstance(hf_state, FiniteTensors):  # tensors from elsewhere than read_state_dict
+        check_finite(hf_state, source)
+    tied = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
+    decoder = hf_state.get("cls.predictions.decoder.weight")
+    if hasattr(model, "mlm") and decoder is not None and tied is not None and not torch.equal(decoder, tied):
+        raise ValueError(f"{source}: its MLM decoder (cls.predictions.decoder.weight) is not the word embeddings "
+                         "(tie_word_embeddings: false); bert-kit ties them, so its predictions would differ")
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
     own = {k: v for k, v in model.state_dict().items() if k != "mlm.decoder.weight"}
     problems = []
@@ -272,8 +317,6 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    if new_heads:
-        log.info("%s: newly initialised head weights %s", source, new_heads)
     if other_heads:
         log.info("%s: ignored weights of other heads %s", source, other_heads)
     return new_heads
@@ -299,7 +342,8 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
     the local copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2".
 
     dtype: parameter dtype to build in (e.g. torch.float64 keeps float64 weights exact).
-    The model comes back in eval mode (dropout off), as with `transformers`.
+    The model comes back in eval mode (dropout off), as with `transformers`. Weights the folder
+    does not hold (a new head) are initialised at random, with one `NewWeightsWarning` naming them.
     """
     folder = Path(folder)
     if not folder.is_dir():  # a hub name: its local copy (nothing is downloaded)
@@ -313,7 +357,10 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
     model = cls(config, **head_args)
     if dtype is not None:
         model = model.to(dtype)
-    load_into(model, hf_state, source=str(folder), strict=strict)
+    new = load_into(model, hf_state, source=str(folder), strict=strict)
+    if new:
+        warnings.warn(f"{cls.__name__}: {', '.join(new)} {'are' if len(new) > 1 else 'is'} newly initialised "
+                      f"(not in {folder}): train them before use", NewWeightsWarning, stacklevel=3)
     return model.eval()  # as HF: inference mode until the caller calls .train()
 
 

@@ -1,14 +1,22 @@
-"""HF checkpoint interop: real all-MiniLM-L6-v2 weights, round trips both ways, mismatches.
+"""HF checkpoint interop: real all-MiniLM-L6-v2 weights, round trips both ways, mismatches;
+what loading refuses (NaN weights, decoders, untied MLM decoders) and what it warns about
+(weights it initialises).
 
 Run: .venv/bin/python -m pytest tests/test_hf.py -q
 """
 
+import json
+import warnings
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch.testing import assert_close
 
-from bert_kit import BERTForPreTraining, BERTForSequenceClassification, BERTModel, BertConfig
-from bert_kit.hf import read_state_dict, to_hf_state_dict
+from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering, BERTForSequenceClassification,
+                      BERTForTokenClassification, BERTModel, BertConfig)
+from bert_kit.checks import ConfigError, CorruptFileError
+from bert_kit.hf import NewWeightsWarning, load_into, read_state_dict, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 TINY = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -84,7 +92,8 @@ def test_pytorch_model_bin_and_legacy_names(tmp_path):
 
 
 def test_fine_tuning_head_on_pretrained_encoder(minilm_path):
-    model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
+    with pytest.warns(NewWeightsWarning, match="classifier.bias, classifier.weight are newly initialised"):
+        model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
     encoder = BERTModel.from_pretrained(minilm_path)
     assert_close(model.bert.embeddings.word_embeddings.weight, encoder.embeddings.word_embeddings.weight)
     assert model.classifier.weight.shape == (3, 384)
@@ -123,3 +132,114 @@ def test_missing_folder_and_weights(tmp_path):
     TINY.save(tmp_path)
     with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
         BERTModel.from_pretrained(tmp_path)
+
+
+# ---- what loading warns about, and refuses ------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [BERTForSequenceClassification, BERTForTokenClassification, BERTForQuestionAnswering,
+                                 BERTForMaskedLM, BERTForPreTraining])
+def test_from_pretrained_warns_about_every_weight_it_initialises(tmp_path, cls):
+    """A head class on a folder without that head's weights came back with a random head and no
+    word (the CLI refuses such folders): one warning line names every weight the folder lacks."""
+    BERTModel(TINY).save_pretrained(tmp_path)  # an encoder: no head weights
+    with pytest.warns(NewWeightsWarning) as caught:
+        model = cls.from_pretrained(tmp_path)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    new = [k for k in model.state_dict() if not k.startswith("bert.") and k != "mlm.decoder.weight"]  # tied
+    assert len(new) >= 2
+    message = str(caught[0].message)
+    assert message.startswith(f"{cls.__name__}: ") and f"(not in {tmp_path}): train them before use" in message
+    assert sorted(message.split(": ")[1].split(" are ")[0].split(", ")) == sorted(new)
+    assert caught[0].filename == __file__  # it points at the caller's line
+    model.save_pretrained(tmp_path / "with_head")  # a folder that holds the head: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls.from_pretrained(tmp_path / "with_head")
+        BERTModel.from_pretrained(tmp_path / "with_head")  # weights of other heads are not new ones
+
+
+def hf_config_with(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("key, value", [("is_decoder", True), ("add_cross_attention", True),
+                                        ("position_embedding_type", "relative_key"),
+                                        ("position_embedding_type", "relative_key_query")])
+def test_configs_of_models_bert_kit_does_not_build_are_refused(tmp_path, key, value):
+    """is_decoder and add_cross_attention in config.json were dropped: a decoder loaded as an encoder."""
+    BERTModel(TINY).save_pretrained(tmp_path)
+    hf_config_with(tmp_path, **{key: value})
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'config.json'}: {key}: {json.dumps(value)} makes .*"
+                                          "bert-kit does not implement: it builds BERT encoders only"):
+        BERTModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh", "silu", "quick_gelu"])
+def test_activations_other_than_exact_gelu_and_relu_are_refused(tmp_path, act):
+    BERTModel(TINY).save_pretrained(tmp_path)
+    hf_config_with(tmp_path, hidden_act=act)
+    with pytest.raises(ConfigError, match=rf"config.json: hidden_act '{act}' is not supported"):
+        BERTModel.from_pretrained(tmp_path)
+
+
+def test_hf_settings_that_give_the_same_outputs_are_accepted(tmp_path):
+    """gelu_python is HF's exact GELU under another name; chunk_size_feed_forward only splits the
+    feed-forward over the sequence: transformers' outputs equal ours."""
+    hf_config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=40, hidden_act="gelu_python",
+                                        chunk_size_feed_forward=3, is_decoder=False)
+    torch.manual_seed(0)
+    hf = transformers.BertModel(hf_config).eval()
+    hf.save_pretrained(tmp_path)
+    ours = BERTModel.from_pretrained(tmp_path)
+    ids = torch.randint(1, 120, (2, 12))  # 4 chunks of 3 positions
+    with torch.no_grad():
+        assert_close(ours(ids), hf(ids).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+def test_an_mlm_decoder_that_is_not_the_word_embeddings_is_refused(tmp_path):
+    """bert-kit ties the MLM decoder to the word embeddings; a checkpoint with its own decoder
+    (tie_word_embeddings: false) would predict differently."""
+    BERTForMaskedLM(TINY).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"] + 0.5
+    save_file(state, str(tmp_path / "model.safetensors"))
+    hf_config_with(tmp_path, tie_word_embeddings=False)
+    with pytest.raises(ValueError, match=r"decoder \(cls.predictions.decoder.weight\) is not the word embeddings"):
+        BERTForMaskedLM.from_pretrained(tmp_path)
+    BERTModel.from_pretrained(tmp_path)  # the encoder alone is what the folder says it is
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].clone()
+    save_file(state, str(tmp_path / "model.safetensors"))
+    BERTForMaskedLM.from_pretrained(tmp_path)  # a decoder stored equal to the embeddings is tied
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_an_error_naming_the_file_and_tensor(tmp_path, bad):
+    """NaN weights gave NaN probabilities (invalid JSON) and NaN embeddings with exit 0."""
+    BERTForMaskedLM(TINY).save_pretrained(tmp_path)
+    file = tmp_path / "model.safetensors"
+    state = load_file(file)
+    state["bert.encoder.layer.1.output.dense.weight"][3, 5] = bad
+    save_file(state, str(file))
+    message = rf"^{file}: tensor bert.encoder.layer.1.output.dense.weight holds 1 NaN or infinite value\(s\) of 2048"
+    with pytest.raises(CorruptFileError, match=message):
+        read_state_dict(tmp_path)
+    with pytest.raises(CorruptFileError, match=message):
+        BERTForMaskedLM.from_pretrained(tmp_path)
+    torch.save(state, tmp_path / "pytorch_model.bin")  # the legacy format too
+    file.unlink()
+    with pytest.raises(CorruptFileError, match=f"^{tmp_path / 'pytorch_model.bin'}: tensor bert.encoder"):
+        BERTModel.from_pretrained(tmp_path)
+    with pytest.raises(CorruptFileError, match="^mine: tensor bert.encoder.layer.1.output.dense.weight"):
+        load_into(BERTModel(TINY), dict(state), source="mine")  # tensors from anywhere else
+
+
+def test_large_half_precision_weights_are_not_mistaken_for_non_finite(tmp_path):
+    """The check sums each tensor; a float16 sum can overflow where every value is finite."""
+    model = BERTModel(TINY).half()
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.fill_(60000.0)  # finite, but 120 x 32 of them sum past 65504
+    model.save_pretrained(tmp_path)
+    loaded = BERTModel.from_pretrained(tmp_path, dtype=torch.float16)
+    assert loaded.embeddings.word_embeddings.weight.dtype == torch.float16

@@ -33,11 +33,16 @@ from bert_kit.training.trainer import to_device
 def build_model(cls: type, source: str | Path, vocab_size: int, **head_args: Any) -> nn.Module:
     """`cls` from a model folder (pretrained weights, new head) or, for a preset name or config
     file, freshly initialised with the tokenizer's vocabulary size."""
+    import warnings
+
     from bert_kit.config import BertConfig
+    from bert_kit.hf import NewWeightsWarning
 
     kind, where = locate_model(source)
     if kind == "folder":
-        model = cls.from_pretrained(where, **head_args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NewWeightsWarning)  # the new head is what this run trains
+            model = cls.from_pretrained(where, **head_args)
     elif kind == "file":
         model = cls(BertConfig.from_file(where), **head_args)
     else:
