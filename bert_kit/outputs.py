@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
@@ -286,8 +287,10 @@ class FolderLock:
         self.created = False
 
     def acquire(self) -> "FolderLock":
-        import fcntl
-
+        try:
+            import fcntl
+        except ImportError:  # not a POSIX system: runs are not locked there
+            return self
         self.created = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / LOCK
@@ -301,6 +304,10 @@ class FolderLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 os.close(fd)
+                if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    print(f"warning: cannot lock {path} ({e.strerror}): a second run started into {self.folder} "
+                          "would not be stopped", file=sys.stderr, flush=True)
+                    return self
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 raise FolderBusyError(f"{self.folder} is in use by another run (pid {self._holder(path)}, which holds "

@@ -98,6 +98,17 @@ def test_an_output_that_is_an_input_is_refused(cli, assets, tmp_path, name, flag
     assert data.read_bytes() == before
 
 
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_the_results_file_of_a_run_follows_the_rule(cli, assets, tmp_path, command):
+    config = assets.pretrain_yaml if command == "pretrain" else assets.finetune_yaml
+    device = tmp_path / "device"
+    device.symlink_to("/dev/null")
+    argv = [command, "--config", config, f"output_dir={tmp_path / 'run'}", "max_steps=2"]
+    cli(*argv, "--output", device).one_line_error(f"--output {device} is a character device", code=USAGE)
+    cli(*argv, "--output", config).one_line_error(f"--output {config} is the input file {config}", code=USAGE)
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
 def test_plot_refuses_to_write_over_the_metrics_it_reads(cli, assets, tmp_path):
     run = assets.copy("run", tmp_path / "run")
     before = (run / "metrics.jsonl").read_bytes()
@@ -242,6 +253,19 @@ def test_a_second_run_into_a_locked_folder_stops_at_once(cli, assets, tmp_path):
         assert not (run / "metrics.jsonl").exists()
     result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=2")
     assert result.code == 0, result.err
+
+
+def test_a_file_system_without_locks_warns_and_runs(assets, tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = FolderLock(tmp_path / "run").acquire()
+    assert lock.fd is None and "warning: cannot lock" in capsys.readouterr().err
+    lock.release()
 
 
 def test_the_lock_of_another_process_and_its_release_when_killed(cli, assets, tmp_path):
