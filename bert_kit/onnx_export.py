@@ -63,7 +63,8 @@ from bert_kit.checks import ConfigError
 from bert_kit.embeddings import POOLING_MODES, pool
 from bert_kit.heads import HEAD_CLASSES
 from bert_kit.model import BERTModel, MultiHeadAttention
-from bert_kit.model_folder import read_model_metadata, resolve_model, resolve_model_folder, sentence_transformers_settings
+from bert_kit.model_folder import (read_model_metadata, resolve_model, resolve_model_folder,
+                                   sentence_transformers_settings)
 from bert_kit.onnx_runtime import (CALL_OUTPUTS, INPUT_NAMES, ONNX_FILE, OnnxModel, is_onnx_folder,
                                    require_onnxruntime)
 from bert_kit.outputs import OutputFolder, entries, write_record

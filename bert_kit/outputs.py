@@ -125,7 +125,8 @@ def check_writable(folder: Path, key: str, target: Path) -> None:
             pass
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
-        raise ConfigError(f"{key} {target}: cannot write in {existing} ({reason}): choose a writable location") from None
+        raise ConfigError(f"{key} {target}: cannot write in {existing} ({reason}): "
+                          "choose a writable location") from None
 
 
 def write_file(path: PathLike, write: Callable[[IO[Any]], Any], binary: bool = False) -> Path:

@@ -156,7 +156,8 @@ class Run:
 
 def run_files(cfg: RunSettings, fresh: bool) -> list[str]:
     """The names in its folder that this run may write."""
-    optional = {"tensorboard": cfg.tensorboard, "tokenizer": fresh and getattr(cfg, "train_tokenizer", None) is not None}
+    trains_tokenizer = fresh and getattr(cfg, "train_tokenizer", None) is not None
+    optional = {"tensorboard": cfg.tensorboard, "tokenizer": trains_tokenizer}
     return [name for name in RUN_FILES if optional.get(name, True)]
 
 
@@ -198,7 +199,8 @@ def claim_run_folder(out: Path, resuming: bool, cfg: RunSettings) -> None:
     wrote; `overwrite` deletes what earlier runs recorded first, unless an input of this run lies
     inside it. Then the names this run may write are recorded, before it writes them."""
     ours = recorded_run_files(out)
-    found = [name for name in [*RUN_FILES, *sorted(ours - set(RUN_FILES))] if name in ours and os.path.lexists(out / name)]
+    found = [name for name in [*RUN_FILES, *sorted(ours - set(RUN_FILES))]
+             if name in ours and os.path.lexists(out / name)]
     writes = run_files(cfg, fresh=not resuming)
     if not resuming:
         theirs = [name for name in writes if os.path.lexists(out / name) and name not in ours]
@@ -214,8 +216,8 @@ def claim_run_folder(out: Path, resuming: bool, cfg: RunSettings) -> None:
         for name in found:  # every rank refuses, before anything is deleted
             for key, value in run_inputs(cfg):
                 if inside(value, out / name):
-                    raise ConfigError(f"overwrite=true would delete {out / name}, which holds this run's {key}={value}: "
-                                      f"move it out of {out} first, or choose another output_dir")
+                    raise ConfigError(f"overwrite=true would delete {out / name}, which holds this run's "
+                                      f"{key}={value}: move it out of {out} first, or choose another output_dir")
         if is_main():
             for name in found:
                 remove_entry(out / name)  # a link is removed, never followed

@@ -271,8 +271,9 @@ def test_a_file_system_without_locks_warns_and_runs(assets, tmp_path, monkeypatc
 def test_the_lock_of_another_process_and_its_release_when_killed(cli, assets, tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bert_kit.outputs import FolderLock; FolderLock(sys.argv[1]).acquire(); "
-                               "print('locked', flush=True); sys.stdin.read()", str(run)],
+        [sys.executable, "-c", "import sys; from bert_kit.outputs import FolderLock; "
+                               "FolderLock(sys.argv[1]).acquire(); print('locked', flush=True); sys.stdin.read()",
+         str(run)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert holder.stdout.readline().strip() == "locked"
