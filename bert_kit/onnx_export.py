@@ -315,9 +315,9 @@ def install(final: Path, folder: OutputFolder) -> None:
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGINT during an export, raised where the export is, so that it cleans up."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, finished: bool = False):
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        self.signum, self.finished = signum, finished  # finished: it came as the export was done
 
 
 class StopSignals:
@@ -345,7 +345,7 @@ class StopSignals:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         if exc_type is None and self.signum is not None:
-            raise Interrupted(self.signum)
+            raise Interrupted(self.signum, finished=True)
 
 
 @contextlib.contextmanager
@@ -404,22 +404,24 @@ def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | No
         work = None
         try:  # built aside and moved in at the end: an interrupted export leaves no half folder
             work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-            report = _build(work, source, destination, model, architecture, graph, inputs, outputs, pooling,
-                            quantize, fuse, opset)
+            final, report = _build(work, source, model, architecture, graph, inputs, outputs, pooling, quantize,
+                                   fuse, opset)
+            stops.hold()  # from here a signal waits: the earlier export is replaced whole, never half
+            install(final, destination)
         finally:
             stops.hold()  # a signal now waits for the temporary folder to be gone
             if work is not None:
                 shutil.rmtree(work, ignore_errors=True)
-    report.seconds = time.perf_counter() - t0
+    report.folder, report.seconds = destination.path, time.perf_counter() - t0
     if verbose:
         print(report.summary())
     return report
 
 
-def _build(work: Path, source: Path, destination: OutputFolder, model: nn.Module, architecture: str,
-           graph: ExportGraph, inputs: tuple[torch.Tensor, ...], outputs: list[str], pooling: str | None,
-           quantize: str | None, fuse: bool, opset: int) -> ExportReport:
-    """The export's work, in the temporary folder `work`: graph, checks, then the move into place."""
+def _build(work: Path, source: Path, model: nn.Module, architecture: str, graph: ExportGraph,
+           inputs: tuple[torch.Tensor, ...], outputs: list[str], pooling: str | None, quantize: str | None,
+           fuse: bool, opset: int) -> tuple[Path, ExportReport]:
+    """The export's work in the temporary folder `work`: the graph, its folder (returned) and the check."""
     with library_output_held():
         traced = work / "traced.onnx"
         trace_to_onnx(graph, inputs, architecture, outputs, traced, opset)
@@ -449,8 +451,7 @@ def _build(work: Path, source: Path, destination: OutputFolder, model: nn.Module
     if quantize is None and max(diffs.values()) > FP32_TOLERANCE:
         raise RuntimeError(f"the exported graph differs from the PyTorch model by {max(diffs.values()):.2e} "
                            f"(> {FP32_TOLERANCE}): {diffs}")
-    install(final, destination)
-    return ExportReport(destination.path, architecture, quantize or "fp32", outputs, fused, diffs)
+    return final, ExportReport(Path(), architecture, quantize or "fp32", outputs, fused, diffs)
 
 
 _TEMPORARY: list[tempfile.TemporaryDirectory] = []  # on-the-fly exports, removed when the process exits

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=args.fuse, opset=args.opset)
     except Interrupted as e:  # the temporary folder is gone; an earlier export in --output is as it was
-        print(f"bert-kit export: stopped by {e}: nothing was written", file=sys.stderr)
+        done = f"{args.output} was written first" if e.finished else "nothing was written"
+        print(f"bert-kit export: stopped by {e}: {done}", file=sys.stderr)
         return 128 + e.signum
     print(report.summary())
     return 0
