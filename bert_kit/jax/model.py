@@ -115,7 +115,8 @@ class BertEmbeddings(nnx.Module):
                  rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
         T = input_ids.shape[-1]
-        words = self.word_embeddings(input_ids)  # (B, T, H)
+        # lookups in the tables' own dtype (nnx.Embed's call would compute in its float32 param_dtype)
+        words = jnp.take(self.word_embeddings.embedding[...], input_ids, axis=0)  # (B, T, H)
         words = jnp.where((input_ids == self.pad_token_id)[..., None], jax.lax.stop_gradient(words), words)
         if self.learned_positions:
             positions = self.position_embeddings.embedding[:T]  # (T, H)
@@ -124,7 +125,7 @@ class BertEmbeddings(nnx.Module):
         if token_type_ids is None:  # all sentence A: row 0 of the segment table
             segments = self.token_type_embeddings.embedding[0]
         else:
-            segments = self.token_type_embeddings(token_type_ids)
+            segments = jnp.take(self.token_type_embeddings.embedding[...], token_type_ids, axis=0)
         x = words + positions.astype(words.dtype) + segments
         return dropout(self.dropout, self.norm(x), rngs)
 

@@ -216,10 +216,11 @@ def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: 
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, mesh: Mesh,
-                    precision: str = "fp32", loss_fn: Callable = task_loss) -> Callable:
+                    precision: str = "fp32", loss_fn: Callable = task_loss, return_grads: bool = False) -> Callable:
     """The jitted `step(state, batch) -> (state, metrics)`; `batch` from `shard_batch`.
 
-    metrics: loss, its parts (mlm_loss, nsp_loss), grad_norm (before clipping), all device scalars.
+    metrics: loss, its parts (mlm_loss, nsp_loss), grad_norm (before clipping), all device scalars;
+    with return_grads, also "grads" (shaped as the parameters: for tests and debugging).
     precision: "fp32", or "bf16" (bfloat16 forward and backward, float32 weights and updates).
     """
     compute_dtype = DTYPES[precision]
@@ -235,6 +236,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **parts}
+        if return_grads:
+            metrics["grads"] = grads
         return TrainState(state.step + 1, params, opt_state, state.key), metrics
 
     return jax.jit(step, in_shardings=(replicated(mesh), data_sharding(mesh)),

@@ -41,3 +41,21 @@ def jax_twin(torch_model, **head_args):
 
 def max_abs(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+def random_model(cls, config: BertConfig, seed: int = 0, **head_args):
+    """A `bert_kit.jax` model of random weights drawn by NumPy: N(0, 0.05) matrices and biases,
+    LayerNorm scales around 1. Nonzero biases and scales catch more than BERT's init would; and
+    NumPy draws them without compiling a random-number program per parameter shape, as nnx would."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    model = nnx.eval_shape(lambda: cls(config, **head_args))
+    rng = np.random.default_rng(seed)
+    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = variable.get_value().shape
+        value = rng.normal(0.0, 0.05, shape)
+        if "norm" in str(path[-2]) and path[-1] == "weight":
+            value += 1.0
+        variable.set_value(jnp.asarray(value, jnp.float32))
+    return model

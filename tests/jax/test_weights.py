@@ -1,0 +1,123 @@
+"""Model folders between the JAX engine, bert-kit's PyTorch side and `transformers`: a folder saved
+from JAX loads in both with the JAX model's outputs (1e-5); torch-saved folders (safetensors or a
+legacy pytorch_model.bin) load into JAX and save back unchanged; mismatches are listed.
+
+Run: .venv/bin/python -m pytest tests/jax/test_weights.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+from flax import nnx  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+import bert_kit.jax as bj  # noqa: E402
+from bert_kit import BERTForPreTraining, BERTForSequenceClassification, BERTModel  # noqa: E402
+from bert_kit.checks import CorruptFileError  # noqa: E402
+from bert_kit.hf import to_hf_state_dict  # noqa: E402
+from bert_kit.jax.weights import torch_state_dict  # noqa: E402
+from tests.jax.common import max_abs, padded_batch, random_model, tiny  # noqa: E402
+
+
+def test_a_folder_saved_from_jax_loads_in_transformers_and_torch(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = tiny(num_hidden_layers=1)
+    pretraining = random_model(bj.BERTForPreTraining, config, seed=1)
+    classifier = random_model(bj.BERTForSequenceClassification, config, seed=2, num_labels=3)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "vocab.txt").write_text("\n".join(f"w{i}" for i in range(config.vocab_size)) + "\n")
+    pretraining.save_pretrained(tmp_path / "pt", tokenizer=tokenizer)
+    classifier.save_pretrained(tmp_path / "cls")
+    assert (tmp_path / "pt" / "vocab.txt").read_text() == (tokenizer / "vocab.txt").read_text()
+
+    batch = padded_batch(config, [9, 4, 6], 9)
+
+    @nnx.jit
+    def outputs(pretraining, classifier, batch):
+        hidden = pretraining.bert(**batch)
+        mlm, nsp = pretraining(**batch)
+        return hidden, pretraining.bert.pool(hidden), mlm, nsp, classifier(**batch)
+
+    hidden, pooled, mlm, nsp, logits = outputs(pretraining, classifier, batch)
+    inputs = {k: torch.as_tensor(v) for k, v in batch.items()}
+    with torch.no_grad():
+        hf_base = transformers.BertModel.from_pretrained(tmp_path / "pt", attn_implementation="eager").eval()(**inputs)
+        assert max_abs(hf_base.last_hidden_state, hidden) <= 1e-5
+        assert max_abs(hf_base.pooler_output, pooled) <= 1e-5
+        hf_mlm = transformers.BertForMaskedLM.from_pretrained(tmp_path / "pt", attn_implementation="eager").eval()
+        assert max_abs(hf_mlm(**inputs).logits, mlm) <= 1e-5
+        hf_cls = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "cls",
+                                                                            attn_implementation="eager").eval()
+        assert max_abs(hf_cls(**inputs).logits, logits) <= 1e-5
+        ours_mlm, ours_nsp = BERTForPreTraining.from_pretrained(tmp_path / "pt")(**inputs)
+        assert max_abs(ours_mlm, mlm) <= 1e-5 and max_abs(ours_nsp, nsp) <= 1e-5
+        assert max_abs(BERTForSequenceClassification.from_pretrained(tmp_path / "cls")(**inputs), logits) <= 1e-5
+
+
+def test_a_torch_folder_round_trips_through_jax(tmp_path):
+    torch.manual_seed(0)
+    source = BERTForSequenceClassification(tiny(), num_labels=3)
+    source.save_pretrained(tmp_path / "torch")
+    model = bj.BERTForSequenceClassification.from_pretrained(tmp_path / "torch")  # num_labels from the folder
+    assert model.num_labels == 3
+    expected = {k: v.numpy() for k, v in source.state_dict().items()}
+    got = torch_state_dict(model)
+    assert got.keys() == expected.keys()
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)
+
+    model.save_pretrained(tmp_path / "jax")
+    before, after = load_file(str(tmp_path / "torch" / "model.safetensors")), load_file(str(tmp_path / "jax" / "model.safetensors"))
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+    assert json.loads((tmp_path / "jax" / "config.json").read_text()) == \
+        json.loads((tmp_path / "torch" / "config.json").read_text())
+
+
+def test_a_legacy_pytorch_model_bin_folder_loads(tmp_path):
+    torch.manual_seed(1)
+    source = BERTForPreTraining(tiny())
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    torch.save(to_hf_state_dict(source), folder / "pytorch_model.bin")
+    source.config.save(folder)
+    got = torch_state_dict(bj.BERTForPreTraining.from_pretrained(folder))
+    expected = {k: v.numpy() for k, v in source.state_dict().items() if k != "mlm.decoder.weight"}
+    assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_new_head_is_drawn_and_strict_refuses_it(tmp_path):
+    config = tiny(num_hidden_layers=1)
+    torch.manual_seed(2)
+    base = BERTModel(config)
+    base.save_pretrained(tmp_path / "base")
+    model = bj.BERTForSequenceClassification.from_pretrained(tmp_path / "base", num_labels=4, seed=3)
+    got = torch_state_dict(model)
+    for name, value in base.state_dict().items():
+        assert np.array_equal(got["bert." + name], value.numpy()), name
+    weight = got["classifier.weight"]
+    assert weight.shape == (4, config.hidden_size) and 0.01 < weight.std() < 0.03  # N(0, 0.02), BERT's init
+    with pytest.raises(ValueError, match="missing classifier.weight"):
+        bj.BERTForSequenceClassification.from_pretrained(tmp_path / "base", num_labels=4, strict=True)
+
+
+def test_mismatches_are_listed_together_and_corrupt_files_named(tmp_path):
+    torch.manual_seed(3)
+    BERTModel(tiny()).save_pretrained(tmp_path / "bad")
+    file = tmp_path / "bad" / "model.safetensors"
+    tensors = load_file(str(file))
+    tensors["embeddings.word_embeddings.weight"] = tensors["embeddings.word_embeddings.weight"][:-1]
+    tensors["encoder.layer.0.attention.self.gate.weight"] = np.zeros((2, 2), np.float32)
+    save_file(tensors, str(file))
+    with pytest.raises(ValueError) as error:
+        bj.BERTModel.from_pretrained(tmp_path / "bad")
+    assert "shape mismatch embeddings.word_embeddings.weight" in str(error.value)
+    assert "unexpected encoder.layer.0.attention.self.gate.weight" in str(error.value)
+    file.write_bytes(file.read_bytes()[:100])
+    with pytest.raises(CorruptFileError, match="model.safetensors"):
+        bj.BERTModel.from_pretrained(tmp_path / "bad")
