@@ -59,12 +59,13 @@ def torch_state_dict_names(model: nnx.Module) -> list[str]:
 
 
 def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], source: str = "checkpoint",
-                          strict: bool = False) -> list[str]:
+                          strict: bool = False, unmapped: list[str] = ()) -> list[str]:
     """Copy torch-named arrays into `model`; returns the names of head weights left as initialised.
 
     The rules of `bert_kit.hf.load_into`: missing backbone weights, unknown names and shape
     mismatches raise one error listing all of them; missing head weights (a new classifier on a
     pretrained encoder) are allowed unless strict; weights of other heads are dropped.
+    unmapped: checkpoint names no parameter of ours answers to (`from_hf_state_dict`), listed too.
     """
     params = nnx.state(model, nnx.Param)
     own = {}  # torch name -> (path, transposed, shape in torch layout)
@@ -78,7 +79,7 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
     missing_core = [k for k in missing if k not in new_heads or strict]
     unexpected = sorted(set(state) - set(own))
     other_heads = [] if strict else [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
-    unexpected = [k for k in unexpected if k not in other_heads]
+    unexpected = [k for k in unexpected if k not in other_heads] + list(unmapped)
     problems += [f"  missing {k} {own[k][2]}" for k in missing_core]
     problems += [f"  unexpected {k}" for k in unexpected]
     if problems:
@@ -129,10 +130,8 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     model = nnx.eval_shape(build)
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
     if set(torch_state_dict_names(model)) - set(state):  # a new head: its weights are drawn for real
-        model = build()
-    if unmapped:
-        raise ValueError(f"{folder} does not match {cls.__name__}:\n" + "\n".join(f"  unexpected {k}" for k in unmapped))
-    load_torch_state_dict(model, state, source=str(folder), strict=strict)
+        model = nnx.jit(build)()  # one program draws them all
+    load_torch_state_dict(model, state, source=str(folder), strict=strict, unmapped=unmapped)
     return model
 
 
