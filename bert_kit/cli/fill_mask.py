@@ -1,4 +1,8 @@
-"""`bert-kit fill-mask`: top-k predictions for the [MASK] tokens of a text."""
+"""`bert-kit fill-mask`: top-k predictions for the [MASK] tokens of a text.
+
+Every text is checked before the model loads: 1 to 16 [MASK] tokens within the model's positions
+(`bert_kit.tasks.fill_mask.encode_masked`), and --top-k from 1 to the vocabulary size.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ import json
 import sys
 
 from bert_kit.cli.options import add_device_option, add_model_option
-from bert_kit.tasks.fill_mask import fill_mask, load_mlm_model
+from bert_kit.tasks.fill_mask import MAX_MASKS, check_top_k, encode_masked, fill_masks, load_mlm_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("text", nargs="+", help='text with one or more [MASK] tokens (several texts allowed)')
+    parser.add_argument("text", nargs="+",
+                        help=f"text with 1 to {MAX_MASKS} [MASK] tokens (several texts allowed)")
     add_model_option(parser, "with MLM head weights")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default 5)")
@@ -20,16 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.config import load_hf_config
     from bert_kit.model_folder import resolve_model
     from bert_kit.tokenizer import get_tokenizer
     from bert_kit.training.precision import resolve_device
 
     folder = resolve_model(args.model)  # a run folder's final/, or a hub name's local copy
-    model = load_mlm_model(folder, resolve_device(args.device or "auto"))
     tokenizer = get_tokenizer(args.tokenizer or folder)
+    config = load_hf_config(folder)
+    rows = [encode_masked(tokenizer, text, config.max_position_embeddings) for text in args.text]  # before the model
+    check_top_k(args.top_k, config.vocab_size)
+    model = load_mlm_model(folder, resolve_device(args.device or "auto"))
     everything = []
-    for text in args.text:
-        predictions = fill_mask(model, tokenizer, text, args.top_k)
+    for text, predictions in zip(args.text, fill_masks(model, tokenizer, rows, args.top_k)):
         everything.append({"text": text, "predictions": predictions})
         if args.json:
             continue

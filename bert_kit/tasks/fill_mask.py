@@ -10,6 +10,11 @@ Python:
 `model` is any bert-kit MLM model (`BERTForMaskedLM` or `BERTForPreTraining`); the model
 folder must hold MLM head weights (`cls.predictions.*`), which encoder-only checkpoints such as
 sentence-transformers models do not have.
+
+Bounds, each a ConfigError that says what to change: a text holds 1 to MAX_MASKS [MASK] tokens,
+all within the model's positions (a mask past them would be cut off with the text); top_k is an
+integer from 1 to the vocabulary size. Each prediction carries its whole filled-in text, so
+masks x top_k is what an answer costs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,29 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from bert_kit.checks import positive, resolve_device
+from bert_kit.checks import ConfigError, Range, resolve_device
+
+MAX_MASKS = 16  # [MASK] tokens per text: each is predicted on its own, with the others still masked
+
+
+def encode_masked(tokenizer: Any, text: str, max_length: int | None = None, max_masks: int = MAX_MASKS) -> list[int]:
+    """Token ids (with [CLS]/[SEP], at most `max_length`) of a text holding 1 to `max_masks` [MASK]
+    tokens, all within `max_length`; otherwise a ConfigError saying which bound the text breaks."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    mask = tokenizer.convert_ids_to_tokens(tokenizer.mask_token_id)
+    ids = tokenizer(text, max_length=max_length, return_tensors=None)["input_ids"][0]
+    kept, written = ids.count(tokenizer.mask_token_id), text.count(mask)
+    shown = repr(text if len(text) <= 60 else text[:57] + "...")
+    if kept < written:  # the tokenizer cut the text before some of its masks
+        raise ConfigError(f"{written - kept} of the {written} {mask} token(s) of the text {shown} lie past the "
+                          f"model's {max_length} positions, where the text is cut: shorten the text before them")
+    if kept == 0:
+        raise ConfigError(f"no {mask} token in the text {shown}: write {mask} where a word is to be predicted")
+    if kept > max_masks:
+        raise ConfigError(f"the text {shown} holds {kept} {mask} tokens; at most {max_masks} (each is predicted on "
+                          "its own, with the others still masked): split it into several texts")
+    return ids
 
 
 @torch.no_grad()
@@ -30,12 +57,19 @@ def fill_mask(model: nn.Module, tokenizer: Any, text: str, top_k: int = 5) -> li
     Returns one list per mask of `top_k` dicts: token (str), token_id (int), score (softmax
     probability over the vocabulary) and sequence (the text with this token filled in).
     """
+    check_top_k(top_k, vocab_size(model, tokenizer))
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    ids = tokenizer(text, max_length=limit, return_tensors=None)["input_ids"][0]
-    if tokenizer.mask_token_id not in ids:
-        mask = tokenizer.convert_ids_to_tokens(tokenizer.mask_token_id)
-        raise ValueError(f"no {mask} token in the text {text!r}")
-    return fill_masks(model, tokenizer, [ids], top_k)[0]
+    return fill_masks(model, tokenizer, [encode_masked(tokenizer, text, limit)], top_k)[0]
+
+
+def check_top_k(top_k: int, vocab_size: int) -> None:
+    """top_k is an integer from 1 to the vocabulary size."""
+    Range(1, vocab_size, integer=True, hint="the vocabulary size").check("top_k", top_k)
+
+
+def vocab_size(model: nn.Module, tokenizer: Any) -> int:
+    """Rows of the model's MLM decoder (its config's vocab_size), else the tokenizer's vocabulary."""
+    return getattr(getattr(model, "config", None), "vocab_size", None) or tokenizer.vocab_size
 
 
 @torch.no_grad()
@@ -43,7 +77,7 @@ def fill_masks(model: nn.Module, tokenizer: Any, rows: Sequence[Sequence[int]],
                top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
     """`fill_mask` for a batch of token id lists (with [CLS]/[SEP]): one padded forward pass, the
     MLM head only at the [MASK] positions. Returns, per row, one list of `top_k` dicts per mask."""
-    positive(integer=True).check("top_k", top_k)
+    check_top_k(top_k, vocab_size(model, tokenizer))
     lengths = torch.tensor([len(r) for r in rows])
     ids = torch.full((len(rows), int(lengths.max())), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
     for i, row in enumerate(rows):
