@@ -92,6 +92,14 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def num_parameters(self) -> int:
+        """Parameters of the encoder (`BERTModel`: embeddings, layers, pooler), known without building it."""
+        H, I = self.hidden_size, self.intermediate_size
+        positions = self.max_position_embeddings if self.position_embedding_type == "learned" else 0
+        embeddings = (self.vocab_size + positions + self.type_vocab_size) * H + 2 * H
+        layer = 4 * H * H + 4 * H + 2 * H * I + I + H + 4 * H  # attention (qkv, out), feed-forward, 2 LayerNorms
+        return embeddings + self.num_hidden_layers * layer + H * H + H  # + the pooler
+
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod

@@ -29,7 +29,9 @@ so a run resumes on any number of ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +53,23 @@ from bert_kit.training.progress import read_metrics
 from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
+# lr: auto, by the encoder's parameters (embeddings included): (up to this many, lr). Evidence
+# (benchmarks/RESULTS.md): the demo's 0.5M-parameter model fine-tunes at 1e-3; all-MiniLM-L6-v2
+# (22.7M) is best at 1e-4 on SST-2, CoNLL-2003, STS-B and SQuAD, as is bert-small (29M) from
+# scratch; bert-base takes the top of BERT's grid (5e-5, with 3 epochs of small data sets in
+# mind) and bert-large its bottom (2e-5: larger steps diverge on small data sets).
+AUTO_LR = ((2e6, 1e-3), (60e6, 1e-4), (200e6, 5e-5), (math.inf, 2e-5))
+
+
+@dataclass(frozen=True)
+class PositiveOrAuto(Range):
+    """A positive number, or the word auto."""
+
+    def allows(self, value: Any) -> bool:
+        return value == "auto" or super().allows(value)
+
+    def describe(self) -> str:
+        return super().describe() + " or auto"
 
 
 @dataclass
@@ -99,7 +118,9 @@ class FinetuneConfig(RunSettings):
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total
-    lr: float = 2e-5  # peak learning rate
+    lr: float | Literal["auto"] = "auto"
+    """peak learning rate; auto: from the model's size, printed at the start (up to 2M parameters
+    1e-3, 60M 1e-4 (all-MiniLM-L6-v2, bert-small), 200M 5e-5 (bert-base), larger 2e-5)"""
     warmup_fraction: float = 0.1  # warmup share of the steps (when warmup_steps is unset)
     # hardware
     eval_batch_size: int = 64  # examples per evaluation batch
@@ -130,6 +151,7 @@ class FinetuneConfig(RunSettings):
         # what each setting may be; the errors name key, value and range (bert_kit/checks.py)
         self.check({
             "max_steps": positive(integer=True, optional=True, hint="null: from epochs"),
+            "lr": PositiveOrAuto(0, low_open=True),
             "epochs": positive(),
             "eval_batch_size": positive(integer=True),
             "max_length": Range(3, integer=True, hint="room for [CLS] text [SEP]"),
@@ -323,11 +345,43 @@ class FinetuningJob(Job):
                 "best_model": str(out / "best") if (out / "best").is_dir() else None}
 
 
+def auto_lr(num_parameters: int) -> float:
+    """The fine-tuning lr for an encoder of `num_parameters` (see AUTO_LR)."""
+    return next(lr for most, lr in AUTO_LR if num_parameters <= most)
+
+
+def resolve_lr(cfg: FinetuneConfig) -> FinetuneConfig:
+    """`cfg` with lr: auto replaced by the lr for its model's size, which is printed with its reason
+    (the run's config records the number); a number is kept. The model's config is read, not
+    its weights: a preset counts the vocabulary of its tokenizer, as the run builds it."""
+    if cfg.lr != "auto" or not cfg.model:
+        return cfg  # a number wins; no model is the job's error to report
+    from bert_kit.config import BertConfig, load_hf_config
+
+    kind, where = locate_model(cfg.model)
+    if kind == "folder":
+        config = load_hf_config(where)
+    elif kind == "file":
+        config = BertConfig.from_file(where)
+    else:
+        from bert_kit.tokenizer import get_tokenizer
+
+        vocab = get_tokenizer(cfg.tokenizer).vocab_size if cfg.tokenizer else BertConfig().vocab_size
+        config = BertConfig.from_name(where, vocab_size=vocab)
+    n = config.num_parameters()
+    lr = auto_lr(n)
+    if os.environ.get("RANK", "0") == "0":  # before torchrun's group is joined: rank 0 by its environment
+        size = f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
+        print(f"lr auto: {lr:.0e} for a {size}-parameter encoder (set lr=... to choose another)".replace("e-0", "e-"),
+              flush=True)
+    return dataclasses.replace(cfg, lr=lr)
+
+
 def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
-    Under torchrun every rank calls this (see `run_job`).
+    Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
-    return run_job(FinetuningJob, cfg, resume, started)
+    return run_job(FinetuningJob, resolve_lr(cfg), resume, started)
