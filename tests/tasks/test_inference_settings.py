@@ -157,7 +157,8 @@ def test_a_pipe_is_an_input_file(tmp_path, capsys):
 
 
 def test_nan_weights_are_an_error_not_nan_outputs(tmp_path, capsys):
-    """Before, predict wrote NaN probabilities (not even valid JSON) and embed NaN vectors, with exit 0."""
+    """Before, predict wrote NaN probabilities (not even valid JSON) and embed NaN vectors, with exit 0.
+    A folder's weights are checked when they are read: the error names the file and the tensor."""
     torch.manual_seed(0)
     model = BERTForSequenceClassification(CONFIG, num_labels=2)
     model.id2label = {"0": "negative", "1": "positive"}
@@ -175,10 +176,10 @@ def test_nan_weights_are_an_error_not_nan_outputs(tmp_path, capsys):
             ["embed", "--model", str(encoder), "--input", str(tmp_path / "t.txt"), "--output", str(tmp_path / "v.npy")]]
     for argv in runs:
         capsys.readouterr()
-        assert cli_main(argv + ["--device", "cpu"]) == 1
+        assert cli_main(argv + ["--device", "cpu"]) == 2  # a broken model folder: the input is wrong
         errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-        assert len(errors) == 1 and "NaN or inf" in errors[0] and "Traceback" not in errors[0]
-        assert "its weights hold NaN or inf values (first in " in errors[0]
+        assert len(errors) == 1 and "NaN or infinite value(s)" in errors[0] and "Traceback" not in errors[0]
+        assert "model.safetensors: tensor " in errors[0]
     assert not any((tmp_path / name).exists() for name in ("p.jsonl", "e.json", "v.npy"))
 
 
