@@ -13,20 +13,28 @@ A bad value raises `ConfigError` naming the key, the value and what is allowed:
 
     clip_grad=-1.0 is out of range: expected a finite number >= 0 (0 turns clipping off)
 
-The command line exits with code 2 for a `ConfigError` (the command is wrong) and 1 for the
-other errors (the run failed: a bad data file, a corrupt model, a full disk). `CorruptFileError`
-says that a file exists but cannot be used (truncated, garbage, unsafe to unpickle).
+An unknown key or choice gets the nearest valid one (`suggestion`): `did you mean 'cosine'?`.
 
-Files: `read_text` and `read_json` name the file and line of a decode error; `writing(path)`
-turns a failed write that torch or safetensors report as a RuntimeError (a full disk, say) into
-an OSError that names the file. This module imports without torch.
+The command line exits with code 2 when the command or its inputs are wrong (a `ConfigError`, a
+missing input, a bad data file, a corrupt model) and 1 when the run itself failed (see
+bert_kit/cli/errors.py). `CorruptFileError` says that a file exists but cannot be used
+(truncated, garbage, unsafe to unpickle); `InputNotFoundError`, that a file a setting names
+does not exist.
+
+Files: `read_text` and `read_json` name the file and line of a decode error; `load_yaml` reads
+run settings (plain scalars stay text for the setting's type to decide, duplicate keys, deep
+nesting and alias bombs refused); `writing(path)` turns a failed write that torch or safetensors
+report as a RuntimeError (a full disk, say) into an OSError that names the file. This module
+imports without torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import errno
 import functools
+import glob
 import json
 import math
 import os
@@ -44,8 +52,11 @@ class ConfigError(ValueError):
     """A setting (config key or command-line flag) has a bad value: the command is wrong."""
 
 
-class ConfigFileNotFoundError(FileNotFoundError, ConfigError):
-    """The run config file named on the command line does not exist."""
+class InputNotFoundError(FileNotFoundError, ConfigError):
+    """A file or folder that a setting or flag names does not exist (the command is wrong)."""
+
+
+ConfigFileNotFoundError = InputNotFoundError  # the run config file named on the command line
 
 
 class CorruptFileError(ValueError):
@@ -93,11 +104,25 @@ class Range:
             return False
         if self.integer and not isinstance(value, int):
             return False
-        if not math.isfinite(value):
+        if not math.isfinite(value) or abs(value) > MAX_INTEGER:  # torch and timers take 64-bit values
             return False
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             return False
         return not (self.high is not None and (value > self.high or (self.high_open and value == self.high)))
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` does not fit ("is out of range: expected an integer >= 1"), or None."""
+        if self.allows(value):
+            return None
+        if not _is_number(value):
+            what = "is not a number"
+        elif self.integer and not isinstance(value, int):
+            what = "is not an integer"
+        elif math.isfinite(value) and abs(value) > MAX_INTEGER:
+            return f"is out of range: expected {self.describe()}, at most {MAX_INTEGER:.3g} in size"
+        else:
+            what = "is out of range"
+        return f"{what}: expected {self.describe()}"
 
     def check(self, name: str, value: Any) -> None:
         """Raise ConfigError naming `name`, `value` and the allowed range unless the value fits."""
@@ -105,14 +130,12 @@ class Range:
             for i, item in enumerate(value):
                 self.check(f"{name}[{i}]", item)
             return
-        if not self.allows(value):
-            if not _is_number(value):
-                what = "is not a number"
-            elif self.integer and not isinstance(value, int):
-                what = "is not an integer"
-            else:
-                what = "is out of range"
-            raise ConfigError(f"{name}={value!r} {what}: expected {self.describe()}")
+        problem = self.problem(value)
+        if problem:
+            raise ConfigError(f"{name}={value!r} {problem}")
+
+
+MAX_INTEGER = 2**63 - 1  # the largest size of a setting: beyond it torch and timers overflow
 
 
 def _is_number(value: Any) -> bool:
@@ -155,13 +178,31 @@ def _choices(cls: type) -> dict[str, tuple]:
     return found
 
 
+def suggestion(word: Any, options: typing.Iterable[Any], quote: bool = True) -> str:
+    """The nearest of `options` to a mistyped `word`, as a hint: "did you mean 'cosine'?", or ""."""
+    names = {str(o): o for o in options}
+    close = difflib.get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    if not close:  # case slips: 'Linear', 'FP32'
+        close = [n for n in names if n.lower() == str(word).strip().lower()][:1]
+    if not close:
+        return ""
+    return f"did you mean {names[close[0]]!r}?" if quote else f"did you mean {close[0]}?"
+
+
+def choice_error(name: str, value: Any, options: typing.Sequence[Any]) -> ConfigError:
+    """`name=value is not a valid choice: expected one of ...; did you mean ...?`"""
+    shown = ", ".join(repr(o) for o in options)
+    hint = suggestion(value, [o for o in options if isinstance(o, str)]) if isinstance(value, str) else ""
+    message = f"{name}={value!r} is not a valid choice: expected one of {shown}"
+    return ConfigError(f"{message}; {hint}" if hint else message)
+
+
 def check_choices(cfg: Any) -> None:
     """Every Literal-typed field of dataclass instance `cfg` holds one of its choices."""
     for name, options in _choices(type(cfg)).items():
         value = getattr(cfg, name)
         if value not in options:
-            shown = ", ".join(repr(o) for o in options)
-            raise ConfigError(f"{name}={value!r} is not a valid choice: expected one of {shown}")
+            raise choice_error(name, value, options)
 
 
 def check_settings(cfg: Any, rules: dict[str, Range]) -> None:
@@ -224,6 +265,178 @@ def read_json(path: str | Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise CorruptFileError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+
+
+def check_input_path(setting: str, value: str | Path, folder_ok: bool = False) -> None:
+    """Refuse, before any model or data is loaded, a file that a setting names but that is not
+    there: `train_file=mydata/trian.csv: file not found (did you mean train.csv?)`. A glob must
+    match something; `folder_ok` allows a folder (a corpus folder, a tokenizer folder)."""
+    text = str(value)
+    if any(c in text for c in "*?["):
+        if not glob.glob(text, recursive=True):
+            raise InputNotFoundError(f"{setting}={text}: no file matches this pattern")
+        return
+    path = Path(text)
+    if path.is_dir() and not folder_ok:
+        raise ConfigError(f"{setting}={text}: is a folder, not a file: name the file in it")
+    if path.exists():
+        return
+    folder = path.parent if str(path.parent) else Path(".")
+    hint = ""
+    try:
+        if folder.is_dir():
+            names = [p.name for _, p in zip(range(1000), folder.iterdir())]
+            close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+            hint = f" (did you mean {folder / close[0] if str(path.parent) != '.' else close[0]}?)" if close else ""
+        else:
+            hint = f" (no folder {folder})"
+    except OSError:
+        pass
+    raise InputNotFoundError(f"{setting}={text}: {'folder or file' if folder_ok else 'file'} not found{hint}")
+
+
+# ---- YAML -----------------------------------------------------------------------------------------
+
+MAX_YAML_DEPTH = 32  # run settings nest a few levels (model: {...}, phases: [{...}])
+MAX_YAML_VALUES = 10_000  # values a document may expand to through anchors and aliases
+
+
+class PlainText(str):
+    """A plain (unquoted) YAML scalar, kept as written: the setting it is given to decides what it
+    is (`010` is the text "010" for a folder, the number 10 for a count; see `resolve_plain`)."""
+
+
+_YAML_INT = re.compile(r"^[-+]?[0-9][0-9_]*$")
+_YAML_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$")
+_YAML_SPECIAL = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan,
+                 "true": True, "false": False}
+
+
+def resolve_plain(value: Any) -> Any:
+    """`value` with every PlainText read as YAML 1.2 reads it: decimal numbers, true/false, .inf,
+    .nan; anything else (010 is 10, but 0x1F, 12:30, yes, 2024-01-01 stay text). For settings
+    whose type does not say (a mapping of model fields)."""
+    if isinstance(value, list):
+        return [resolve_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {(str(k) if isinstance(k, PlainText) else k): resolve_plain(v) for k, v in value.items()}
+    if not isinstance(value, PlainText):
+        return value
+    text = str(value)
+    if len(text) > 100:  # no setting is a 5,000-digit number (and int() refuses those)
+        return text
+    special = _YAML_SPECIAL.get(text.lower())
+    if special is not None:
+        return special
+    if _YAML_INT.match(text):
+        return int(text.replace("_", ""))
+    if _YAML_FLOAT.match(text):
+        return float(text.replace("_", ""))
+    return text
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """A safe loader whose only implicit types are null and merge keys: every other plain scalar
+    is PlainText (no YAML 1.1 octals, sexagesimals, dates or yes/no), and a duplicate key is an
+    error (YAML forbids them; PyYAML would keep the last)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers: dict = {}
+        source = "YAML"
+        with_lines = True
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[str, int] = {}
+                for key, _ in node.value:
+                    if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        where = f"{self.source}:{line}" if self.with_lines else self.source
+                        raise ConfigError(f"{where}: duplicate key {key.value!r} (first on line {seen[key.value]}): "
+                                          "keep one")
+                    seen[key.value] = line
+            return super().construct_mapping(node, deep)
+
+    def plain_or_quoted(loader: Any, node: Any) -> str:
+        text = loader.construct_scalar(node)
+        return PlainText(text) if node.style is None else text
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"),
+                                 ["~", "n", "N", ""])
+    Loader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+    Loader.add_constructor("tag:yaml.org,2002:str", plain_or_quoted)
+    return Loader
+
+
+def load_yaml(text: str, source: str, with_lines: bool = True, key_lines: dict[str, int] | None = None) -> Any:
+    """The YAML document in `text`, read safely (tags that build Python objects refused) and with
+    plain scalars as PlainText. Errors are ConfigErrors naming `source` (and the line, unless
+    `with_lines` is off, e.g. for a one-line `key=value` override): invalid YAML, a duplicate
+    key, nesting deeper than MAX_YAML_DEPTH, aliases expanding past MAX_YAML_VALUES values.
+    `key_lines`, if given, receives {top-level key: line}."""
+    import yaml
+
+    loader_class = _yaml_loader()
+
+    def at(mark: Any) -> str:
+        return f"{source}:{mark.line + 1}" if with_lines and mark is not None else source
+
+    try:
+        _check_yaml_shape(yaml.parse(text, Loader=loader_class), at)
+        loader = loader_class(text)
+        loader.source, loader.with_lines = source, with_lines
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"{at(mark)}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    if key_lines is not None and isinstance(node, yaml.MappingNode):
+        key_lines.update({k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)})
+    return data
+
+
+def _check_yaml_shape(events: Iterator[Any], at: Any) -> None:
+    """Refuse, from the parser's events (before any recursion), nesting deeper than MAX_YAML_DEPTH
+    and aliases that expand the document past MAX_YAML_VALUES values (9 levels of 9 aliases of
+    the level below are 9**9 values: a 'billion laughs')."""
+    import yaml
+
+    sizes: dict[str, int] = {}  # anchor -> values of the node it names, its aliases expanded
+    open_nodes: list[list] = []  # [anchor, values so far] of each collection being read
+    total = 0
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_nodes.append([event.anchor, 1])
+            if len(open_nodes) > MAX_YAML_DEPTH:
+                raise ConfigError(f"{at(event.start_mark)}: YAML nested more than {MAX_YAML_DEPTH} levels deep: "
+                                  "run settings are mappings and lists a few levels deep")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, n = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, n = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            if any(event.anchor == a for a, _ in open_nodes):
+                raise ConfigError(f"{at(event.start_mark)}: the alias *{event.anchor} refers to a node that holds "
+                                  "it: a setting cannot contain itself")
+            anchor, n = None, sizes.get(event.anchor, 1)
+            if total + n > MAX_YAML_VALUES:
+                raise ConfigError(f"{at(event.start_mark)}: the alias *{event.anchor} expands this YAML past "
+                                  f"{MAX_YAML_VALUES} values: write the settings out instead of nesting aliases")
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = n
+        if open_nodes:
+            open_nodes[-1][1] += n
+        total += n if isinstance(event, (yaml.AliasEvent, yaml.ScalarEvent)) else 1
 
 
 # messages by which torch (C++) and safetensors (Rust) report a failed write

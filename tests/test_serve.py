@@ -509,7 +509,7 @@ def test_cli_errors_without_the_extra_or_the_folder(monkeypatch, capsys, folders
     assert "pip install 'bert-kit[serve]'" in capsys.readouterr().err
     for module in ("starlette", "uvicorn"):
         pytest.importorskip(module)
-    assert cli_main(["serve", "--model", str(tmp_path / "nowhere"), "--port", "0"]) == 1
+    assert cli_main(["serve", "--model", str(tmp_path / "nowhere"), "--port", "0"]) == 2
     assert "model folder not found" in capsys.readouterr().err
 
 

@@ -7,8 +7,12 @@ After the subcommand, options, positional arguments and `key=value` overrides ma
 order (`bert-kit finetune --config run.yaml --output r.json lr=1e-4`).
 
 A failing command prints one line, `bert-kit COMMAND: error: ...`, naming the file (and line or
-key) at fault and what to do, and exits with 2 when the command is wrong (a bad flag or setting)
-or 1 when the run failed (bad data, a corrupt model, a full disk); see `bert_kit.cli.errors`.
+key, or the setting) at fault and what to do. Exit codes, one rule for every command
+(`bert_kit.cli.errors`): 2 when the command or its inputs are wrong (a bad flag or setting, an
+unknown command, a missing, unreadable or malformed input file or model folder, a bad data file,
+a corrupt model, text that is not UTF-8); 1 when the run itself failed (a non-finite loss, out of
+memory, a full disk or another I/O failure while writing, a failure of the distributed group, an
+unexpected error); 130 / 143 when interrupted (SIGINT / SIGTERM).
 `--debug` (anywhere on the line) or BERT_KIT_DEBUG=1 also prints the traceback.
 """
 
@@ -21,6 +25,7 @@ import time
 from importlib import import_module
 from pathlib import Path
 
+from bert_kit.checks import suggestion
 from bert_kit.cli.errors import debug_requested, describe, print_traceback
 
 # subcommand -> (module, one-line help)
@@ -84,8 +89,11 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
     but cannot handle nested subcommands (`bert-kit tokenizer train`), which parse as usual."""
     at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     command = argv[at] if at is not None else None
-    if command not in COMMANDS:
-        return parser.parse_args(argv)  # help, --version, or the error for an unknown command
+    if command is not None and command not in COMMANDS:
+        hint = suggestion(command, COMMANDS, quote=False)
+        parser.error(f"unknown command {command!r}{f' ({hint})' if hint else ''}; `bert-kit --help` lists the commands")
+    if command is None:
+        return parser.parse_args(argv)  # help, --version
     parser.parse_args(argv[:at])  # options before the command: --help, --version
     sub = parser.command_parsers[command]
     nested = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in sub._actions)

@@ -28,13 +28,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 def load_run_settings(args: argparse.Namespace, cls: type, overrides: list[str]) -> Any:
     """The config file (or, resuming without one, the checkpoint's run config), then overrides."""
+    listed = f"`bert-kit {args.command} --help` lists the settings"  # the end of an unknown-key error
     if args.config is None and args.resume not in (None, "latest"):
         # resuming without --config: start from the run config stored in the checkpoint
         data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
-        return config_from_dict(cls, apply_overrides(data, overrides, cls), str(args.resume))
+        return config_from_dict(cls, apply_overrides(data, overrides, cls, listed), str(args.resume), listed)
     if args.config is None and not overrides:
         raise ConfigError(f"pass --config FILE (and optional key=value overrides); see bert-kit {args.command} --help")
-    return load_config(cls, args.config, overrides)
+    return load_config(cls, args.config, overrides, listed)
 
 
 def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any, shown: tuple[str, ...] | None) -> int:

@@ -2,11 +2,18 @@
 
     bert-kit pretrain: error: run.yaml:7: clip_grad=-1.0 is out of range: expected a finite number >= 0 ...
 
-Exit code 2: the command is wrong (a bad flag, setting or config file: `ConfigError`, or an
-output location that cannot be used). Exit code 1: the run failed (a bad data file, a corrupt
-model or checkpoint, a permission problem, a full disk, a non-finite loss). An error that is not
-a known user error still gets one line, with a hint to rerun with `--debug` (or BERT_KIT_DEBUG=1)
-to see the traceback.
+One exit-code rule for every command:
+
+- 2: the command or its inputs are wrong, and rerunning it unchanged fails again: a bad flag or
+  setting (`ConfigError`), an unknown key or choice, a missing, unreadable or malformed input
+  file, config file or model folder (`InputNotFoundError`, ENOENT, EACCES), a bad line in a data
+  file, a corrupt model or checkpoint (`CorruptFileError`), text that is not UTF-8, an input
+  nested too deeply, an output location that cannot be used.
+- 1: the run itself failed, or cannot run here: a non-finite loss, out of memory, a full disk or
+  another I/O failure while writing, a failure of the distributed group, a missing optional
+  package, an unexpected error (one line with a hint to rerun with `--debug`, or BERT_KIT_DEBUG=1,
+  to see the traceback; please report it).
+- 130 / 143: interrupted by SIGINT / SIGTERM (a training run continues with `--resume latest`).
 
 `check_output_file` and `check_output_dir` let a command refuse an unusable output location
 before any work is done, rather than failing when it writes its results.
@@ -26,28 +33,39 @@ from bert_kit.checks import ConfigError
 
 USAGE, FAILURE = 2, 1
 
+# errno of a path that is wrong (exit 2); any other OS error is a failed run (exit 1): a full disk, EIO
+WRONG_PATH = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EEXIST,
+              errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS}
+
 
 def describe(exc: BaseException) -> tuple[int, str]:
-    """(exit code, one-line message) for an exception that ended a command."""
-    if isinstance(exc, ConfigError):
+    """(exit code, one-line message) for an exception that ended a command (the rule above)."""
+    if isinstance(exc, ConfigError):  # also InputNotFoundError
         return USAGE, one_line(str(exc))
     if isinstance(exc, OSError) and exc.errno is not None:
-        return FAILURE, describe_os_error(exc)
-    if isinstance(exc, OSError):  # raised with a message of ours (e.g. "config file not found: ...")
-        return FAILURE, one_line(str(exc))
+        return (USAGE if exc.errno in WRONG_PATH else FAILURE), describe_os_error(exc)
+    if isinstance(exc, OSError):  # raised with a message of ours ("model folder not found: ...")
+        wrong = isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError))
+        return (USAGE if wrong else FAILURE), one_line(str(exc))
     code = re.search(r"\(os error (\d+)\)", str(exc))  # an I/O error from Rust (tokenizers, safetensors)
     if code:
-        return FAILURE, describe_os_error(OSError(int(code.group(1)), str(exc), _path_in_traceback(exc)))
+        error = OSError(int(code.group(1)), str(exc), _path_in_traceback(exc))
+        return (USAGE if error.errno in WRONG_PATH else FAILURE), describe_os_error(error)
     if isinstance(exc, UnicodeDecodeError):
         where = _path_in_traceback(exc)
-        return FAILURE, (f"{where or 'an input file'} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
-                         "save it as UTF-8")
-    if isinstance(exc, (MemoryError,)) or type(exc).__name__ == "OutOfMemoryError":
+        return USAGE, (f"{where or 'an input file'} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                       "save it as UTF-8")
+    if isinstance(exc, RecursionError):  # json.loads of [[[[...]]]]: the input, not the code
+        return USAGE, ("an input is nested too deeply to read (a JSON or YAML value thousands of levels deep?): "
+                       "rerun with --debug to see which file")
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return FAILURE, f"out of memory ({one_line(str(exc))[:200]}): lower batch_size or max_length"
-    if isinstance(exc, KeyError):  # str(KeyError) is the repr of its argument
-        return FAILURE, one_line(str(exc.args[0]) if exc.args else "KeyError")
-    if isinstance(exc, (ValueError, LookupError, ImportError)):
-        return FAILURE, one_line(str(exc))
+    if isinstance(exc, KeyError):  # str(KeyError) is the repr of its argument; ours name the file and key
+        return USAGE, one_line(str(exc.args[0]) if exc.args else "KeyError")
+    if isinstance(exc, ValueError):  # a bad data file, a corrupt model (CorruptFileError)
+        return USAGE, one_line(str(exc))
+    if isinstance(exc, (LookupError, FloatingPointError, ImportError)) or type(exc).__name__ == "DistributedError":
+        return FAILURE, one_line(str(exc))  # a non-finite loss; a rank that failed or timed out; a missing extra
     return FAILURE, (f"{type(exc).__name__}: {one_line(str(exc))} (unexpected: rerun with --debug to see the "
                      "traceback, and please report it)")
 

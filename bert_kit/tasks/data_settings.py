@@ -2,16 +2,19 @@
 
 Each bad value stops the run before anything is read, with an error that names the key, the
 value and what is allowed: a column given as "2" on the command line would be looked
-up as a header name. Columns are normalised here to an int index or a name.
+up as a header name. Columns are normalised here to an int index or a name. Every file the
+run names (train_file, validation_file, a tokenizer folder) must exist before the model loads:
+`train_file=mydata/trian.csv: file not found (did you mean mydata/train.csv?)`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import ConfigError
+from bert_kit.checks import ConfigError, InputNotFoundError, check_input_path
 from bert_kit.data import check_encoding
 from bert_kit.data.tables import column_ref
 
@@ -32,6 +35,18 @@ def _check_where(name: str, where: Any) -> dict | None:
             raise ConfigError(f"{name}: the value of {column!r} must be a value or a list of values, got {value!r}")
         out[column_ref(column, f"{name} key")] = value
     return out
+
+
+def check_tokenizer_setting(value: str | None) -> None:
+    """`tokenizer` names a folder or file that exists, or a hub name with a local copy."""
+    from bert_kit.model_folder import TOKENIZER_FILES, find_local_model, is_hub_name, missing_model_message
+
+    if not value or Path(value).exists():
+        return
+    if not is_hub_name(value):
+        check_input_path("tokenizer", value, folder_ok=True)
+    elif find_local_model(value, TOKENIZER_FILES) is None:
+        raise InputNotFoundError(f"tokenizer={value}: {missing_model_message(value, 'tokenizer')}")
 
 
 def check_data_settings(cfg: Any) -> None:
@@ -84,3 +99,8 @@ def check_data_settings(cfg: Any) -> None:
                                        for b in bounds) or not bounds[0] < bounds[1]:
             raise ConfigError(f"score_range must be [low, high] with finite low < high, got {bounds}")
         cfg.score_range = [float(b) for b in bounds]
+    # last: a run config with a wrong value and a missing file names the value first
+    for key in ("train_file", "validation_file"):
+        if getattr(cfg, key):
+            check_input_path(key, getattr(cfg, key))
+    check_tokenizer_setting(cfg.tokenizer)

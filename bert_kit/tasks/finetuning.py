@@ -90,8 +90,8 @@ class FinetuneConfig(RunSettings):
     header: bool | None = None  # TSV/CSV: the first line names the columns (default: when a column is given by name)
     delimiter: str | None = None  # field separator; by extension: .csv comma, .jsonl/.json JSON, .txt lines, else tab
     encoding: str = "utf-8"  # text encoding of the data files, a Python codec name (latin-1, cp1252, utf-16, ...)
-    where: dict | None = None  # keep only the train_file rows whose columns hold these values, e.g. {split: train}
-    validation_where: dict | None = None  # the same for validation_file rows, e.g. {split: dev}
+    where: dict[str, str | list[str]] | None = None  # keep the train_file rows with these values, e.g. {split: train}
+    validation_where: dict[str, str | list[str]] | None = None  # the same for validation_file rows, e.g. {split: dev}
     # classification (columns: a name, or a 0-based index for files without a header)
     text_column: int | str = "sentence"  # column (or JSON key) of the text; similarity: of the first sentence
     text_pair_column: int | str | None = None  # column of the second text; similarity: set it to read any pair file

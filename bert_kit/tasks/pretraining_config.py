@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.checks import ConfigError, Range, check_input_path, fraction, non_negative, positive
 from bert_kit.data import check_encoding
 from bert_kit.model_folder import model_config
+from bert_kit.tasks.data_settings import check_tokenizer_setting
+from bert_kit.training.runconfig import coerce
 from bert_kit.training.settings import RunSettings
 
 PHASE_KEYS = ("fraction", "max_length", "batch_size", "grad_accum")
 TOKENIZER_TRAIN_KEYS = ("vocab_size", "min_frequency", "lowercase", "limit_alphabet")
+TOKENIZER_TRAIN_TYPES = {"vocab_size": int, "min_frequency": int, "lowercase": bool, "limit_alphabet": int}
 TOKENIZER_TRAIN_RULES = {"vocab_size": Range(6, integer=True, hint="the 5 special tokens and more"),
                          "min_frequency": non_negative(integer=True), "limit_alphabet": positive(integer=True)}
 
@@ -28,7 +31,7 @@ class PretrainConfig(RunSettings):
     shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`."""
 
     # model and tokenizer
-    model: Any = "bert-mini"
+    model: str | dict = "bert-mini"
     """preset name, model folder (continues from its weights), config file, or a mapping of
     BertConfig fields with an optional `preset`, e.g. {preset: bert-mini, hidden_dropout_prob: 0}"""
     tokenizer: str | None = None  # tokenizer folder (tokenizer.json or vocab.txt); default: the model folder's
@@ -128,6 +131,8 @@ class PretrainConfig(RunSettings):
             if unknown:
                 raise ConfigError(f"train_tokenizer: unknown key(s) {unknown}; "
                                   f"valid keys: {', '.join(TOKENIZER_TRAIN_KEYS)}")
+            self.train_tokenizer = {key: coerce(value, TOKENIZER_TRAIN_TYPES[key], f"train_tokenizer.{key}")
+                                    for key, value in self.train_tokenizer.items()}  # lowercase: no -> False
             for key, rule in TOKENIZER_TRAIN_RULES.items():
                 if key in self.train_tokenizer:
                     rule.check(f"train_tokenizer.{key}", self.train_tokenizer[key])
@@ -139,6 +144,11 @@ class PretrainConfig(RunSettings):
         if config is not None and longest > config.max_position_embeddings:
             raise ConfigError(f"max_length={longest} is out of range: the model holds "
                               f"{config.max_position_embeddings} positions (max_position_embeddings)")
+        # last, so that a wrong value is named before a missing file: the files the run reads
+        for key in ("train_files", "eval_files"):
+            for i, name in enumerate(getattr(self, key)):
+                check_input_path(f"{key}[{i}]", name, folder_ok=True)
+        check_tokenizer_setting(self.tokenizer)
 
 
 @dataclass

@@ -12,23 +12,33 @@ line after it) or else the comment on its own line:
     cfg = load_config(RunConfig, "run.yaml", ["lr=3e-4", "schedule=cosine"])
     save_config(cfg, "out/run_config.yaml")
 
-Values from YAML and from overrides are coerced to the field's type (int, float, bool, str,
-Literal choices, Optional, list[...], dict). Errors are ValueError / FileNotFoundError that
-name the file, the key and what was expected; an unknown key lists the valid ones.
-An override `a.b=v` sets key `b` inside the dict-valued field `a`.
+Values are typed by the field they set (int, float, bool, str, Literal choices, Optional,
+list[...], dict[...]): YAML is read with plain scalars kept as written (`checks.load_yaml`), so
+`output_dir: 010` is the folder "010" and `batch_size: 010` the number 10; no YAML 1.1 octal,
+sexagesimal, date or yes/no reading. A mapping whose values the type does not name (`model:
+{hidden_size: 128}`) reads numbers and true/false as YAML 1.2 does (`checks.resolve_plain`).
+Errors are ConfigErrors that name the file (and line), the key and what was expected; an unknown
+key or choice gets the nearest valid one (`did you mean epochs?`).
 
-String values may name environment variables, `${NAME}` or `${NAME:-default}`, expanded when
-the config is built. `${BERT_KIT_DATA}` is the data root (`bert_kit.data.root`; default
-./data): the shipped configs name their data files through it, and a file below it that is
-missing is an error saying where to get the data.
+An override `key=value` sets one setting: the value is the text as typed (`text_column=#1 String`),
+unless the setting takes a list or mapping and the value starts with `[` or `{` (flow YAML:
+`betas=[0.9, 0.98]`, `where={fold: 010}`). An override `a.b=v` sets key `b` inside the
+dict-valued field `a`.
+
+String values may name environment variables, `${NAME}`, `${NAME:-default}` (the default may
+itself be `${OTHER}` or `${OTHER:-...}`), expanded when the config is built; any other `${` is
+refused. `${BERT_KIT_DATA}` is the data root (`bert_kit.data.root`; default ./data): the shipped
+configs name their data files through it, and a file below it that is missing is an error saying
+where to get the data.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import re
 import dataclasses
+import difflib
+import re
 import inspect
 import glob
 import io
@@ -40,8 +50,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
-from bert_kit.checks import (ConfigError, ConfigFileNotFoundError, CorruptFileError, Range, check_device, check_settings,
-                             read_text)
+from bert_kit.checks import (ConfigError, ConfigFileNotFoundError, CorruptFileError, PlainText, Range, check_device,
+                             check_settings, choice_error, load_yaml, read_text, resolve_plain)
 
 T = TypeVar("T")
 
@@ -112,17 +122,29 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """repr(value), cut in the middle when long (a 5,000-digit number); plain text that reads as a
+    number is shown as one (`got 1.5`, `got 'ten'`)."""
+    text = repr(resolve_plain(value))
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text)} characters)"
+
+
+_INTEGER = re.compile(r"^[-+]?[0-9]+$")
+
+
 def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert `value` to type `tp` or raise ValueError naming `where` (e.g. "run.yaml: lr")."""
+    """Convert `value` to type `tp` or raise ConfigError naming `where` (e.g. "run.yaml: lr").
+
+    Text (PlainText from YAML, str from overrides) becomes a number or a boolean only where `tp`
+    asks for one; a field typed Any or a bare dict/list reads its plain scalars as YAML 1.2 does."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
-        return value
+        return resolve_plain(value)
     if origin is Literal:
-        text = value if not isinstance(value, str) else value.strip()
+        text = str(value).strip() if isinstance(value, str) else value
         if text in args:
             return text
-        shown = ", ".join(repr(a) for a in args)
-        raise ConfigError(f"{where}={value!r} is not a valid choice: expected one of {shown}")
+        raise choice_error(where, str(value) if isinstance(value, str) else value, args)
     if origin in (Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
             if type(None) in args:
@@ -135,71 +157,80 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return coerce(value, arg, where)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {_shown(value)}")
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, (str, int)) and str(value).strip().lower() in _TRUE | _FALSE:
             return str(value).strip().lower() in _TRUE
-        raise ConfigError(f"{where}: expected a boolean (true/false), got {value!r}")
+        raise ConfigError(f"{where}: expected a boolean (true/false), got {_shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) < 100:  # decimal only: 010 is 10, 0x1F is refused
+            text = value.strip().replace("_", "")
+            if _INTEGER.match(text):
+                return int(text)
             try:
-                number = float(value.replace("_", ""))
+                number = float(text)  # 6e0, 1.0e3
             except ValueError:
                 number = None
             if number is not None and number.is_integer():
                 return int(number)
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {_shown(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) < 100:
+            number = resolve_plain(PlainText(value.strip()))  # YAML's .inf and .nan too
+            if isinstance(number, (int, float)) and not isinstance(number, bool):
+                return float(number)
             try:
-                return float(value)  # YAML reads "1e-4" (no dot) as a string
+                return float(value.strip())  # 1e-4, 3.0, nan (refused by the ranges, with the key)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {_shown(value)}")
     if tp is str:
         if isinstance(value, str):
-            return value
+            return str(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {_shown(value)}")
     if origin in (list, tuple) or tp in (list, tuple):
         if isinstance(value, (str, int, float)):
             value = [value]  # a single file name is a one-element list
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {_shown(value)}")
         item = args[0] if args else Any
         return [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping (key: value), got {value!r}")
-        return dict(value)
+            raise ConfigError(f"{where}: expected a mapping (key: value), got {_shown(value)}")
+        if not args:
+            return resolve_plain(dict(value))
+        return {coerce(k, args[0], f"{where} key"): coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{where}: cannot convert {value!r} to {_type_name(tp)}")
+    raise ConfigError(f"{where}: cannot convert {_shown(value)} to {_type_name(tp)}")
 
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def expand_variables(value: Any, where: str) -> Any:
     """`value` with `${NAME}` / `${NAME:-default}` replaced in every string (lists and dicts too).
 
-    An unset variable without a default is a ValueError naming `where`; `${BERT_KIT_DATA}` falls
-    back to the default data root, and a path built on it must exist (FileNotFoundError that says
-    where to get the data)."""
-    from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root, missing_data_message
+    A default may itself hold variables (`${A:-${B:-c}}`), expanded only when it is used. An
+    unset variable without a default, or a `${` that starts neither form, is a ConfigError
+    naming `where`; `${BERT_KIT_DATA}` falls back to the default data root, and a path built on
+    it must exist (FileNotFoundError that says where to get the data)."""
+    from bert_kit.data.root import missing_data_message
 
     if isinstance(value, list):
         return [expand_variables(v, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -207,29 +238,107 @@ def expand_variables(value: Any, where: str) -> Any:
         return {k: expand_variables(v, f"{where}.{k}") for k, v in value.items()}
     if not isinstance(value, str) or "${" not in value:
         return value
-
-    def replace(m: re.Match) -> str:
-        name, default = m.group(1), m.group(2)
-        if name == DATA_ROOT_VARIABLE:
-            return str(data_root())
-        if os.environ.get(name) is not None:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"{where}: {value!r} names ${{{name}}}, which is not set in the environment")
-
-    expanded = _VARIABLE.sub(replace, value)
-    if "${" + DATA_ROOT_VARIABLE + "}" in value:  # a data file: missing is an error worth explaining
+    used_root: list[bool] = []
+    expanded = _expand(value, 0, len(value), value, where, used_root)
+    if used_root:  # a data file: missing is an error worth explaining
         found = glob.glob(expanded) if any(c in expanded for c in "*?[") else Path(expanded).exists()
         if not found:
             raise FileNotFoundError(missing_data_message(expanded, where))
-    return expanded
+    return PlainText(expanded) if isinstance(value, PlainText) else expanded
 
 
-def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
+def _expand(text: str, start: int, end: int, value: str, where: str, used_root: list[bool]) -> str:
+    """text[start:end] with its variables replaced (`value`, the whole string, for messages)."""
+    from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
+
+    out = []
+    i = start
+    while (j := text.find("${", i, end)) >= 0:
+        out.append(text[i:j])
+        name = _NAME.match(text, j + 2, end)
+        k = name.end() if name else j + 2
+        if name and text.startswith("}", k, end):
+            default, i = None, k + 1
+        elif name and text.startswith(":-", k, end):
+            close = _closing_brace(text, k + 2, end)
+            if close is None:
+                raise _malformed(value, where)
+            default, i = (k + 2, close), close + 1
+        else:
+            raise _malformed(value, where)
+        variable = name.group()
+        if variable == DATA_ROOT_VARIABLE:
+            used_root.append(True)
+            out.append(str(data_root()))
+        elif os.environ.get(variable) is not None:
+            out.append(os.environ[variable])
+        elif default is not None:
+            out.append(_expand(text, *default, value, where, used_root))
+        else:
+            raise ConfigError(f"{where}: {value!r} names ${{{variable}}}, which is not set in the environment")
+    out.append(text[i:end])
+    return "".join(out)
+
+
+def _closing_brace(text: str, start: int, end: int) -> int | None:
+    """Index of the `}` that closes a `${` whose default starts at `start` (nested `${...}` skipped)."""
+    depth, i = 0, start
+    while i < end:
+        if text.startswith("${", i):
+            depth, i = depth + 1, i + 2
+            continue
+        if text[i] == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return None
+
+
+def _malformed(value: str, where: str) -> ConfigError:
+    return ConfigError(f"{where}: {value!r} has a '${{' that is not a variable: write ${{NAME}} or ${{NAME:-default}}")
+
+
+class UnknownKeyError(ConfigError):
+    """A key that is not a setting of the run config."""
+
+
+# names other tools give these settings (transformers' TrainingArguments, mostly)
+_SYNONYMS = {"learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs", "epoch": "epochs",
+             "per_device_train_batch_size": "batch_size", "train_batch_size": "batch_size",
+             "per_device_eval_batch_size": "eval_batch_size", "max_seq_length": "max_length",
+             "max_seq_len": "max_length", "seq_len": "max_length", "gradient_accumulation_steps": "grad_accum",
+             "warmup_ratio": "warmup_fraction", "lr_scheduler_type": "schedule", "max_grad_norm": "clip_grad",
+             "model_name_or_path": "model", "output": "output_dir", "eval_steps": "eval_every",
+             "save_steps": "save_every", "logging_steps": "log_every", "save_total_limit": "keep_last",
+             "adam_epsilon": "eps", "fp16": "precision", "bf16": "precision", "metric_for_best_model": "metric",
+             "train_data": "train_file", "eval_file": "validation_file", "dev_file": "validation_file"}
+
+
+def _key_hint(key: str, valid: list[str]) -> str:
+    """ "did you mean epochs?" for a key close to a setting (or to another tool's name for one)."""
+    aliases = {a: t for a, t in _SYNONYMS.items() if t in valid}
+    close = difflib.get_close_matches(str(key), valid + list(aliases), n=1, cutoff=0.6)
+    return f"did you mean {aliases.get(close[0], close[0])}?" if close else ""
+
+
+def unknown_keys(keys: list[str], valid: list[str], settings_help: str = "") -> UnknownKeyError:
+    """`unknown key 'epoch' (did you mean epochs?)`, and where the settings are listed."""
+    parts = [f"{k!r} ({hint})" if (hint := _key_hint(k, valid)) else repr(str(k)) for k in keys]
+    message = f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(parts)}"
+    return UnknownKeyError(f"{message}; {settings_help}" if settings_help else message)
+
+
+def _settings_help(cls: type, settings_help: str | None) -> str:
+    return settings_help if settings_help is not None else f"the settings are the fields of {cls.__name__}"
+
+
+def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config",
+                     settings_help: str | None = None) -> T:
     """Build dataclass `cls` from a dict; unknown keys, bad types and bad values (the checks of
     `cls.__post_init__`) raise ConfigError naming `source` and the key. Environment variables in
-    string values are expanded first (`expand_variables`)."""
+    string values are expanded first (`expand_variables`). `settings_help` says where the valid
+    keys are listed (e.g. "bert-kit finetune --help lists the settings")."""
     prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix}expected a mapping of settings, got {type(data).__name__}")
@@ -237,37 +346,55 @@ def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config")
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in valid]
     if unknown:
-        raise ConfigError(f"{prefix}unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    values = {k: coerce(expand_variables(v, f"{prefix}{k}"), hints[k], f"{prefix}{k}") for k, v in data.items()}
+        error = unknown_keys(unknown, valid, _settings_help(cls, settings_help))
+        raise UnknownKeyError(f"{prefix}{error}")
+    values = {str(k): coerce(expand_variables(v, f"{prefix}{k}"), hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
         return cls(**values)
     except ValueError as e:  # __post_init__ checks: a bad setting, whatever error class it used
+        if isinstance(e, ConfigError):  # kept as it is (InputNotFoundError is a FileNotFoundError too)
+            raise (type(e)(f"{prefix}{e}") if prefix else e) from None
         raise ConfigError(f"{prefix}{e}") from None
 
 
-def _parse_override(text: str) -> tuple[str, Any]:
-    import yaml
-
+def _split_override(text: str) -> tuple[str, str]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # not YAML: keep the text, coercion decides
-    return key, value
+    return key, raw
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> dict[str, Any]:
+def _is_scalar_type(tp: Any) -> bool:
+    """str, int, float, bool, Literal, or a union of them (Optional included)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return all(_is_scalar_type(a) for a in typing.get_args(tp))
+    return tp in (str, int, float, bool, type(None)) or typing.get_origin(tp) is Literal
+
+
+def _parse_override(text: str, tp: Any = Any) -> tuple[str, Any]:
+    """(key, value) of `key=value`: the value is the text as typed (PlainText, typed later by the
+    setting), or flow YAML (`[...]`, `{...}`) for a setting of type `tp` that takes a list or mapping."""
+    key, raw = _split_override(text)
+    value = raw.strip()
+    if value[:1] in ("[", "{") and not _is_scalar_type(tp):
+        return key, load_yaml(value, f"override {text!r}", with_lines=False)
+    return key, PlainText(value) if value else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
+                    settings_help: str | None = None) -> dict[str, Any]:
     """Return a copy of `data` with `key=value` strings applied (`a.b=v` sets a nested key)."""
     data = dict(data)
+    hints = _hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
     for text in overrides:
-        key, value = _parse_override(text)
+        key, _ = _split_override(text)
         head, _, rest = key.partition(".")
         if head not in valid:
-            raise ConfigError(f"override {text!r}: unknown key {head!r}; valid keys: {', '.join(valid)}")
+            error = unknown_keys([head], valid, _settings_help(cls, settings_help))
+            raise UnknownKeyError(f"override {text!r}: {error}")
+        _, value = _parse_override(text, Any if rest else hints[head])
         if rest:
             inner = data.get(head)
             if inner is None:
@@ -285,15 +412,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type) -> di
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML mapping from `path`; a missing file, bad text or bad YAML give errors naming the file
-    (and line). Only plain YAML is read: tags that would build Python objects are refused."""
+    (and line). Only plain YAML is read: tags that would build Python objects are refused, plain
+    scalars are PlainText (see `checks.load_yaml`), duplicate keys and alias bombs are refused."""
     data, _ = _read_yaml_lines(path)
     return data
 
 
 def _read_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     """(mapping, {top-level key: line number}) of a YAML run config."""
-    import yaml
-
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder: name a YAML file")
@@ -301,24 +427,23 @@ def _read_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
         raise ConfigFileNotFoundError(f"config file not found: {path}")
     try:
         text = read_text(path)
-        data = yaml.safe_load(text) or {}
     except CorruptFileError as e:  # not UTF-8
         raise ConfigError(str(e)) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"{mark.line + 1}:" if mark is not None else ""
-        raise ConfigError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    lines: dict[str, int] = {}
+    data = load_yaml(text, str(path), key_lines=lines)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    root = yaml.compose(text)
-    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value} if root is not None else {}
-    return data, lines
+    return {str(k) if isinstance(k, PlainText) else k: v for k, v in data.items()}, lines
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                settings_help: str | None = None) -> T:
     """Dataclass `cls` from an optional YAML file, then `key=value` overrides.
 
     A bad value from the file is reported with its line: `run.yaml:7: clip_grad=-1.0 is out of range ...`.
+    `settings_help` ends an unknown-key error (default: "the settings are the fields of CLS").
     """
     data, lines = _read_yaml_lines(path) if path is not None else ({}, {})
     source = str(path) if path is not None else "overrides"
@@ -327,21 +452,21 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     unknown = [k for k in data if k not in valid]
     if unknown:
         where = f"{source}:{lines[unknown[0]]}" if unknown[0] in lines else source
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
+        raise UnknownKeyError(f"{where}: {unknown_keys(unknown, valid, _settings_help(cls, settings_help))}")
     overrides = list(overrides or [])
-    merged = apply_overrides(data, overrides, cls)
-    overridden = {_parse_override(o)[0].partition(".")[0] for o in overrides}
+    merged = apply_overrides(data, overrides, cls, settings_help)
+    overridden = {_split_override(o)[0].partition(".")[0] for o in overrides}
     try:
-        return config_from_dict(cls, merged, "")
-    except FileNotFoundError as e:  # a data file the config names (below the data root)
-        raise type(e)(f"{source}: {e}") from None
+        return config_from_dict(cls, merged, "", settings_help)
     except ConfigError as e:
         message = str(e)
         key = re.match(r"(\w+)", message)
         if key and key.group(1) in lines and key.group(1) not in overridden:
-            raise ConfigError(f"{source}:{lines[key.group(1)]}: {message}") from None
+            raise type(e)(f"{source}:{lines[key.group(1)]}: {message}") from None
         with_overrides = overrides and path is not None
-        raise ConfigError(f"{source} (+ overrides): {message}" if with_overrides else f"{source}: {message}") from None
+        raise type(e)(f"{source} (+ overrides): {message}" if with_overrides else f"{source}: {message}") from None
+    except FileNotFoundError as e:  # a data file the config names (below the data root)
+        raise type(e)(f"{source}: {e}") from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -110,7 +110,7 @@ RUN_RULES: dict[str, Range] = {
     "min_lr_ratio": fraction(),
     "clip_grad": non_negative(hint="0 turns clipping off"),
     "num_workers": non_negative(integer=True),
-    "dist_timeout_s": positive(),
+    "dist_timeout_s": Range(0, 10**9, low_open=True),  # torch's timedelta overflows past ~1e14 s
     "seed": Range(0, 2**32 - 1, integer=True),
     "log_every": positive(integer=True),
     "eval_every": non_negative(integer=True),

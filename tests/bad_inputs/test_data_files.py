@@ -332,7 +332,7 @@ SETTING_CASES = {
     "label_pattern=(?P<label>.) (?P<text>.*)|task=token-classification": ["label_pattern reads labels of classification"],
     "delimiter=;;": ["delimiter must be one character (or tab, comma, semicolon, pipe), got ';;'"],
     "where=train": ["where: expected a mapping (key: value), got 'train'"],
-    "where={split: {a: 1}}": ["where: the value of 'split' must be a value or a list of values"],
+    "where={split: {a: 1}}": ["where.split: expected str | list[str], got {'a': 1}"],
     "validation_where={}": ["validation_where must be a mapping of column to value"],
     "where={split: train}|task=token-classification": ["where / validation_where filter the rows of TSV/CSV/JSONL files",
                                                        "task token-classification"],

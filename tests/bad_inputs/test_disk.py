@@ -125,7 +125,7 @@ def test_unreadable_weights(cli, assets, tmp_path, monkeypatch):
 
     monkeypatch.setattr(safetensors.torch, "load_file", denied)
     cli("convert", "--input", assets.mlm, "--output", tmp_path / "out").one_line_error(
-        f"permission denied: {assets.mlm / 'model.safetensors'}", code=FAILURE)
+        f"permission denied: {assets.mlm / 'model.safetensors'}", code=USAGE)  # a wrong input, not a failed run
 
 
 # ---- a disk that fills up -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-FAILURE = 1  # exit code of a failed run (2: a wrong command)
+WRONG_INPUT = 2  # exit code of a wrong input: a missing or corrupt model, tokenizer or checkpoint (1: a failed run)
 
 
 def truncate(path: Path, keep: int | float) -> None:
@@ -70,7 +70,7 @@ def test_broken_weights(cli, assets, tmp_path, single_thread, name, damage):
     WEIGHT_DAMAGE[damage](folder / "model.safetensors")
     result = cli(*command(name, folder, assets, tmp_path))
     result.one_line_error(f"{folder / 'model.safetensors'} is not a readable safetensors file", "truncated or corrupt",
-                          code=FAILURE)
+                          code=WRONG_INPUT)
 
 
 CONFIG_DAMAGE = {
@@ -100,7 +100,7 @@ def test_broken_config_json(cli, assets, tmp_path, name, damage):
     else:
         config.write_text(json.dumps({**json.loads(config.read_text()), **CONFIG_CHANGES[damage]}))
     result = cli(*command(name, folder, assets, tmp_path))
-    line = result.one_line_error(*needles, code=FAILURE)
+    line = result.one_line_error(*needles, code=WRONG_INPUT)
     assert str(folder) in line
 
 
@@ -111,7 +111,7 @@ def test_weights_that_do_not_fit_the_config(cli, assets, tmp_path, name):
     config.update(hidden_size=64, intermediate_size=128)
     (folder / "config.json").write_text(json.dumps(config))
     result = cli(*command(name, folder, assets, tmp_path))
-    line = result.one_line_error(f"{folder} does not match", "shape mismatch", "checkpoint (", code=FAILURE)
+    line = result.one_line_error(f"{folder} does not match", "shape mismatch", "checkpoint (", code=WRONG_INPUT)
     assert "\n" not in line
 
 
@@ -139,7 +139,7 @@ def test_unsafe_pytorch_model_bin_is_refused(cli, assets, tmp_path, name, pickle
         (folder / "pytorch_model.bin").write_bytes(pickle.dumps(weights, protocol=2))
     result = cli(*command(name, folder, assets, tmp_path))
     result.one_line_error(f"{folder / 'pytorch_model.bin'} is not a safe checkpoint", "refuses to unpickle",
-                          code=FAILURE)
+                          code=WRONG_INPUT)
     assert not marker.exists()
 
 
@@ -149,14 +149,14 @@ def test_truncated_pytorch_model_bin(cli, assets, tmp_path):
     torch.save(load_file(assets.mlm / "model.safetensors"), folder / "pytorch_model.bin")
     truncate(folder / "pytorch_model.bin", 0.5)
     result = cli(*command("convert", folder, assets, tmp_path))
-    result.one_line_error(f"{folder / 'pytorch_model.bin'} is truncated", code=FAILURE)
+    result.one_line_error(f"{folder / 'pytorch_model.bin'} is truncated", code=WRONG_INPUT)
 
 
 def test_garbage_tokenizer_json(cli, assets, tmp_path):
     folder = assets.copy("mlm", tmp_path / "model")
     (folder / "tokenizer.json").write_text('{"model": {"type": "WordPiece", "vocab": 12}}')
     cli(*command("embed", folder, assets, tmp_path)).one_line_error(f"cannot read {folder / 'tokenizer.json'}",
-                                                                    code=FAILURE)
+                                                                    code=WRONG_INPUT)
 
 
 def test_vocab_txt_not_utf8(cli, assets, tmp_path):
@@ -166,14 +166,14 @@ def test_vocab_txt_not_utf8(cli, assets, tmp_path):
     vocab[7] = b"caf\xe9"
     (folder / "vocab.txt").write_bytes(b"\n".join(vocab))
     cli(*command("fill-mask", folder, assets, tmp_path)).one_line_error(f"{folder / 'vocab.txt'}:8: not UTF-8 text",
-                                                                        code=FAILURE)
+                                                                        code=WRONG_INPUT)
 
 
 def test_tokenizer_config_not_json(cli, assets, tmp_path):
     folder = assets.copy("mlm", tmp_path / "model")
     (folder / "tokenizer_config.json").write_text("{'do_lower_case': True}")
     cli(*command("attention", folder, assets, tmp_path)).one_line_error(
-        f"{folder / 'tokenizer_config.json'}:1: invalid JSON", code=FAILURE)
+        f"{folder / 'tokenizer_config.json'}:1: invalid JSON", code=WRONG_INPUT)
 
 
 def test_no_tokenizer_files(cli, assets, tmp_path):
@@ -181,27 +181,27 @@ def test_no_tokenizer_files(cli, assets, tmp_path):
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
         (folder / name).unlink()
     cli(*command("fill-mask", folder, assets, tmp_path)).one_line_error("no tokenizer.json or vocab.txt", str(folder),
-                                                                        code=FAILURE)
+                                                                        code=WRONG_INPUT)
 
 
 @pytest.mark.parametrize("name", ["fill-mask", "embed", "evaluate", "convert", "attention"])
 def test_model_folder_missing(cli, assets, tmp_path, name):
     result = cli(*command(name, tmp_path / "no-such-model", assets, tmp_path))
-    result.one_line_error("no-such-model", code=FAILURE)
+    result.one_line_error("no-such-model", code=WRONG_INPUT)
 
 
 def test_model_is_a_file(cli, assets, tmp_path):
-    cli(*command("embed", assets.corpus, assets, tmp_path)).one_line_error(str(assets.corpus), code=FAILURE)
+    cli(*command("embed", assets.corpus, assets, tmp_path)).one_line_error(str(assets.corpus), code=WRONG_INPUT)
 
 
 def test_fill_mask_on_an_encoder_without_mlm_head(cli, assets, tmp_path):
     cli(*command("fill-mask", assets.encoder, assets, tmp_path)).one_line_error("has no MLM head weights",
-                                                                                code=FAILURE)
+                                                                                code=WRONG_INPUT)
 
 
 def test_evaluate_a_folder_that_records_no_task(cli, assets, tmp_path):
     cli(*command("evaluate", assets.mlm, assets, tmp_path)).one_line_error("does not record its task", "--task",
-                                                                           code=FAILURE)
+                                                                           code=WRONG_INPUT)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_corrupt_checkpoint_named_directly_is_an_error(cli, assets, tmp_path, da
     newest = run / "checkpoints" / "step-0000006"
     STATE_DAMAGE[damage](newest, tmp_path)
     result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", newest)
-    result.one_line_error(f"cannot resume from {newest}", STATE_MESSAGE[damage], "earlier checkpoint", code=FAILURE)
+    result.one_line_error(f"cannot resume from {newest}", STATE_MESSAGE[damage], "earlier checkpoint", code=WRONG_INPUT)
     assert not (tmp_path / "payload-ran").exists()
 
 
@@ -261,7 +261,7 @@ def test_resume_without_config_from_a_corrupt_checkpoint(cli, assets, tmp_path):
     run = assets.copy("run", tmp_path / "run")
     newest = run / "checkpoints" / "step-0000006"
     (newest / "trainer_state.pt").write_bytes(b"")
-    cli("pretrain", "--resume", newest).one_line_error(f"cannot resume from {newest}", "is empty", code=FAILURE)
+    cli("pretrain", "--resume", newest).one_line_error(f"cannot resume from {newest}", "is empty", code=WRONG_INPUT)
 
 
 def test_every_checkpoint_corrupt(cli, assets, tmp_path):
@@ -269,7 +269,7 @@ def test_every_checkpoint_corrupt(cli, assets, tmp_path):
     for ckpt in (run / "checkpoints").glob("step-*"):
         truncate(ckpt / "trainer_state.pt", 500)
     result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest")
-    result.one_line_error("no complete checkpoint", "3 corrupt checkpoint(s) skipped", code=FAILURE)
+    result.one_line_error("no complete checkpoint", "3 corrupt checkpoint(s) skipped", code=WRONG_INPUT)
     assert len([ln for ln in result.err.splitlines() if ln.startswith("warning: skipping")]) == 3
 
 
@@ -281,12 +281,12 @@ def test_resume_from_nothing(cli, assets, tmp_path, where):
     elif where == "file":
         target.write_text("not a checkpoint")
     result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={tmp_path / 'out'}", "--resume", target)
-    result.one_line_error(f"no checkpoint at {target}", code=FAILURE)
+    result.one_line_error(f"no checkpoint at {target}", code=WRONG_INPUT)
 
 
 def test_resume_latest_in_a_fresh_folder(cli, assets, tmp_path):
     result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={tmp_path / 'new'}", "--resume", "latest")
-    result.one_line_error("no complete checkpoint", str(tmp_path / "new"), code=FAILURE)
+    result.one_line_error("no complete checkpoint", str(tmp_path / "new"), code=WRONG_INPUT)
 
 
 def test_finetune_resume_skips_a_corrupt_newest_checkpoint(cli, assets, tmp_path, single_thread):

@@ -10,6 +10,7 @@ Run: python -m pytest -q tests/bad_inputs/test_run_configs.py
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -68,7 +69,9 @@ PRETRAIN_CASES = [
     case("shuffle_buffer=0", "shuffle_buffer=0", ">= 1"),
     case("seed=-1", "seed=-1", "[0, 4294967295]"),
     case("seed=4294967296", "seed=4294967296", "[0, 4294967295]"),
-    case("dist_timeout_s=0", "dist_timeout_s=0.0", "> 0"),
+    case("dist_timeout_s=0", "dist_timeout_s=0.0", "(0, 1000000000]"),
+    case("dist_timeout_s=1e15", "dist_timeout_s=1000000000000000.0", "(0, 1000000000]"),  # past a timedelta
+    case("max_steps=1e30", "max_steps=1000000000000000019884624838656 is out of range", "at most 9.22e+18"),
     case("device=bogus", "device='bogus' is not a device", "cpu, cuda, cuda:N"),
     case("device=cuda:x", "device='cuda:x' is not a device"),
     case("precision=fp8", "precision='fp8'", "'fp32'", "'bf16'"),
@@ -77,7 +80,7 @@ PRETRAIN_CASES = [
     case("corpus_format=csv", "corpus_format='csv'", "'jsonl'"),
     case("parallel=horovod", "parallel='horovod'", "'fsdp'"),
     case("nsp=maybe", "nsp: expected a boolean (true/false), got 'maybe'"),
-    case("lerning_rate=0.1", "unknown key 'lerning_rate'", "valid keys"),
+    case("lerning_rate=0.1", "unknown key 'lerning_rate' (did you mean lr?)", "`bert-kit pretrain --help` lists"),
     case("lr", "override 'lr' is not of the form key=value"),
     case("model=bert-huge", "model='bert-huge' is neither a model folder, a config file nor a preset", "bert-tiny"),
     case("model.num_attention_heads=3", "hidden_size (32) must be divisible by num_attention_heads (3)"),
@@ -85,7 +88,7 @@ PRETRAIN_CASES = [
     case("model.layer_norm_eps=nan", "layer_norm_eps=nan", "> 0"),
     case("model.initializer_range=-1e-2", "initializer_range=-0.01", "> 0"),
     case("model.num_hidden_layers=0", "num_hidden_layers=0", ">= 1"),
-    case("model=[1, 2]", "model=[1, 2] must be a preset name"),
+    case("model=[1, 2]", "model: expected str | dict, got [1, 2]"),
     case("train_tokenizer={vocab_size: 3}", "train_tokenizer.vocab_size=3", ">= 6"),
     case("train_tokenizer={size: 100}", "train_tokenizer: unknown key(s) ['size']"),
     case("streaming=true", "streaming: true trains MLM only", "nsp: false"),
@@ -170,7 +173,9 @@ def test_unknown_key_in_the_file_names_its_line(cli, assets, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("max_steps: 2\nlr: 1.0e-3\nlerning_rate: 0.1\n")
     result = cli("pretrain", "--config", config)
-    result.one_line_error(f"{config}:3: unknown key(s) ['lerning_rate']", "valid keys", code=USAGE)
+    line = result.one_line_error(f"{config}:3: unknown key 'lerning_rate' (did you mean lr?); "
+                                 "`bert-kit pretrain --help` lists the settings", code=USAGE)
+    assert "max_steps" not in line  # a suggestion, not all the valid keys
 
 
 def test_wrong_type_in_the_file(cli, tmp_path):
@@ -311,5 +316,141 @@ def test_unexpected_error_is_one_line_with_a_hint(cli, assets, monkeypatch):
 def test_exit_codes_seen_by_a_shell(cli_process, assets, tmp_path):
     usage = cli_process("pretrain", "--config", assets.pretrain_yaml, "weight_decay=-1", timeout=60)
     usage.one_line_error("weight_decay=-1.0", code=USAGE)
-    failure = cli_process("fill-mask", "--model", tmp_path / "no-model", "a [MASK]", timeout=60)
-    failure.one_line_error("no-model", code=1)
+    missing = cli_process("fill-mask", "--model", tmp_path / "no-model", "a [MASK]", timeout=60)
+    missing.one_line_error("no-model", code=USAGE)  # a wrong input, not a failed run
+
+
+# ---- values as written, YAML that misleads, names that are close -----------------------------------------
+
+def test_a_column_named_with_a_hash_is_text_not_a_comment(assets):
+    """MRPC's columns are `#1 String` and `#2 String`."""
+    cfg = load_config(FinetuneConfig, assets.finetune_yaml, ["text_column=#1 String", "text_pair_column=#2 String"])
+    assert (cfg.text_column, cfg.text_pair_column) == ("#1 String", "#2 String")
+
+
+@pytest.mark.parametrize("override, key, value", [
+    ("output_dir=010", "output_dir", "010"),  # YAML 1.1: 8
+    ("output_dir=yes", "output_dir", "yes"),  # YAML 1.1: True, refused
+    ("output_dir=2024-01-01", "output_dir", "2024-01-01"),  # YAML 1.1: a date, refused
+    ("output_dir=12:30", "output_dir", "12:30"),  # YAML 1.1: 750
+    ("output_dir=0x1F", "output_dir", "0x1F"),  # YAML 1.1: 31
+    ("label_names=[no, yes]", "label_names", ["no", "yes"]),  # YAML 1.1: [False, True], refused
+    ("where={fold: 010}", "where", {"fold": "010"}),  # YAML 1.1: fold 8
+    ("where={split: [train, 'dev']}", "where", {"split": ["train", "dev"]}),
+    ("validation_where.fold=010", "validation_where", {"fold": "010"}),
+    ("max_steps=010", "max_steps", 10),  # a count is a decimal number
+    ("header=no", "header", False),  # a boolean setting takes yes/no
+])
+def test_values_are_typed_by_the_setting(assets, override, key, value):
+    assert getattr(load_config(FinetuneConfig, assets.finetune_yaml, [override]), key) == value
+
+
+def test_where_selects_the_fold_as_written(cli, assets, tmp_path, single_thread):
+    """`where={fold: 010}` keeps the rows of fold "010" (YAML 1.1 read it as fold 8: no rows)."""
+    rows = [f"the {w} cat\t{i % 2}\t{'010' if i < 8 else '8'}" for i, w in enumerate("a b c d e f g h i j".split())]
+    (tmp_path / "folds.tsv").write_text("sentence\tlabel\tfold\n" + "\n".join(rows) + "\n")
+    result = cli("finetune", "--config", assets.finetune_yaml, "train_file=folds.tsv", "validation_file=folds.tsv",
+                 "where={fold: 010}", "validation_where={fold: '010'}", "max_steps=1", f"output_dir={tmp_path / 'o'}")
+    assert result.code == 0, result.err
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["train_examples"] == 8
+
+
+def test_an_output_dir_of_digits_is_that_folder(cli, assets, tmp_path, single_thread):
+    result = cli("pretrain", "--config", assets.pretrain_yaml, "output_dir=010", "max_steps=1", "eval_every=0")
+    assert result.code == 0, result.err
+    assert (tmp_path / "010" / "final").is_dir() and not (tmp_path / "8").exists()
+
+
+def test_duplicate_key_in_the_file_names_both_lines(cli, assets, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(assets.pretrain_yaml.read_text() + "lr: 5.0e-4\n")
+    line_no = len(config.read_text().splitlines())
+    first = next(i for i, line in enumerate(config.read_text().splitlines(), 1) if line.startswith("lr:"))
+    cli("pretrain", "--config", config).one_line_error(
+        f"{config}:{line_no}: duplicate key 'lr' (first on line {first}): keep one", code=USAGE)
+
+
+def test_an_alias_bomb_is_refused_at_once(cli, assets, tmp_path):
+    """Nine levels of nine aliases in `where:` (9**9 values) once ran for minutes and a gigabyte."""
+    levels = ["  l0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"  l{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    config = tmp_path / "run.yaml"
+    config.write_text(assets.finetune_yaml.read_text() + "where:\n" + "\n".join(levels) + "\n")
+    line = cli("finetune", "--config", config).one_line_error("the alias *a", "expands this YAML past 10000 values",
+                                                            code=USAGE)
+    assert line.split(": error: ")[1].startswith(f"{config}:")
+
+
+@pytest.mark.parametrize("yaml_text", ["where: " + "[" * 3000 + "]" * 3000,
+                                       "where: " + "{a: " * 3000 + "1" + "}" * 3000])
+def test_deep_yaml_is_refused_with_its_own_message(cli, assets, tmp_path, yaml_text):
+    config = tmp_path / "run.yaml"
+    config.write_text(assets.finetune_yaml.read_text() + yaml_text + "\n")
+    line = cli("finetune", "--config", config).one_line_error("YAML nested more than 32 levels deep", code=USAGE)
+    assert "RecursionError" not in line and "report it" not in line
+
+
+def test_nested_default_variables(cli, assets, tmp_path, monkeypatch, single_thread):
+    """`${A:-${B}}` with both unset once made a folder named `${NOPE_B}`."""
+    monkeypatch.delenv("NOPE_A", raising=False)
+    monkeypatch.delenv("NOPE_B", raising=False)
+    cli("pretrain", "--config", assets.pretrain_yaml, "output_dir=runs/${NOPE_A:-${NOPE_B}}").one_line_error(
+        "output_dir: 'runs/${NOPE_A:-${NOPE_B}}' names ${NOPE_B}, which is not set in the environment", code=USAGE)
+    assert not (tmp_path / "runs").exists()
+    cfg = load_config(PretrainConfig, assets.pretrain_yaml, ["output_dir=runs/${NOPE_A:-${NOPE_B:-x}}/y"])
+    assert cfg.output_dir == "runs/x/y"
+
+
+@pytest.mark.parametrize("command, override, needle", [
+    ("finetune", "epoch=1",
+     "unknown key 'epoch' (did you mean epochs?); `bert-kit finetune --help` lists the settings"),
+    ("finetune", "learning_rate=1e-4", "unknown key 'learning_rate' (did you mean lr?)"),
+    ("finetune", "num_train_epochs=2", "unknown key 'num_train_epochs' (did you mean epochs?)"),
+    ("finetune", "task=clasification", "task='clasification' is not a valid choice: expected one of 'classification', "
+                                       "'token-classification', 'qa', 'similarity'; did you mean 'classification'?"),
+    ("pretrain", "precision=fp23", "did you mean 'fp32'?"),
+    ("pretrain", "schedule=Linear", "did you mean 'linear'?"),
+    ("pretrain", "batchsize=4", "unknown key 'batchsize' (did you mean batch_size?)"),
+])
+def test_close_matches_are_suggested(cli, assets, command, override, needle):
+    config = assets.finetune_yaml if command == "finetune" else assets.pretrain_yaml
+    line = cli(command, "--config", config, override).one_line_error(needle, code=USAGE)
+    assert "valid keys" not in line and "eval_batch_size" not in line  # one suggestion, not all 67 keys
+
+
+def test_an_unknown_command_gets_the_nearest(cli):
+    result = cli("finetun", "--config", "x.yaml")
+    assert result.code == USAGE
+    assert "unknown command 'finetun' (did you mean finetune?)" in result.err and "Traceback" not in result.err
+
+
+# ---- every file a run names is checked when its settings are read, before any model loads ---------------
+
+def test_a_missing_train_file_names_the_setting(cli, assets, tmp_path):
+    (tmp_path / "mydata").mkdir()
+    (tmp_path / "mydata" / "train.csv").write_text("sentence,label\na,0\nb,1\n")
+    cli("finetune", "--config", assets.finetune_yaml, "train_file=mydata/trian.csv").one_line_error(
+        "train_file=mydata/trian.csv: file not found (did you mean mydata/train.csv?)", code=USAGE)
+    config = tmp_path / "run.yaml"
+    config.write_text(assets.finetune_yaml.read_text().replace(str(assets.train_tsv), "nowhere/train.tsv"))
+    line_no = next(i for i, line in enumerate(config.read_text().splitlines(), 1) if line.startswith("train_file"))
+    cli("finetune", "--config", config).one_line_error(
+        f"{config}:{line_no}: train_file=nowhere/train.tsv: file not found (no folder nowhere)", code=USAGE)
+
+
+def test_a_missing_validation_file_is_named_before_the_model_loads(cli, assets, tmp_path):
+    """An STS run once loaded its model before it said `STS file not found`; the model here does
+    not exist, so an error about the file shows that nothing was loaded first."""
+    cli("finetune", "--config", assets.finetune_yaml, "task=similarity", "model=no/such-model",
+        "validation_file=sts-dev.csv").one_line_error("validation_file=sts-dev.csv: file not found", code=USAGE)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train_files=[corpus/*.txt]", "train_files[0]=corpus/*.txt: no file matches this pattern"),
+    ("eval_files=[held-out.txt]", "eval_files[0]=held-out.txt: folder or file not found"),
+    ("tokenizer=./my-tokenizer", "tokenizer=./my-tokenizer: folder or file not found"),
+])
+def test_pretraining_files_are_checked_with_the_settings(cli, assets, tmp_path, override, needle):
+    cli("pretrain", "--config", assets.pretrain_yaml, override, f"output_dir={tmp_path / 'out'}").one_line_error(
+        needle, code=USAGE)
+    assert not (tmp_path / "out").exists()

@@ -90,5 +90,5 @@ def test_cli_prints_predictions_and_rejects_encoder_only_folders(tokenizer, tmp_
     BERTModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=32, max_position_embeddings=32)).save_pretrained(encoder_only)
     tokenizer.save(encoder_only)
-    assert cli(["fill-mask", "--model", str(encoder_only), "the [MASK]"]) == 1
+    assert cli(["fill-mask", "--model", str(encoder_only), "the [MASK]"]) == 2
     assert "no MLM head weights" in capsys.readouterr().err

@@ -215,13 +215,13 @@ def test_classification_regression_predictions(tokenizer, tmp_path):
 def test_clear_errors(minilm_path, tmp_path, capsys, data_dir):
     dev = data_dir / "sst2" / "dev.tsv"
     # an encoder without a classifier is not a classification model
-    assert cli_main(["evaluate", "--task", "classification", "--model", str(minilm_path), "--data", str(dev)]) == 1
+    assert cli_main(["evaluate", "--task", "classification", "--model", str(minilm_path), "--data", str(dev)]) == 2
     assert "holds a BertModel, but task classification runs BertForSequenceClassification" in capsys.readouterr().err
     # a folder that does not record its task needs --task
-    assert cli_main(["evaluate", "--model", str(minilm_path), "--data", str(dev)]) == 1
+    assert cli_main(["evaluate", "--model", str(minilm_path), "--data", str(dev)]) == 2
     assert "pass --task" in capsys.readouterr().err
     assert cli_main(["predict", "--task", "similarity", "--model", str(minilm_path), "--input",
-                     str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.jsonl")]) == 1
+                     str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "input file not found" in capsys.readouterr().err
 
 

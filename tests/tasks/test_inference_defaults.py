@@ -84,7 +84,7 @@ def test_max_length_defaults_to_the_models_positions(tmp_path, capsys):
     assert np.load(tmp_path / "e.npy").shape == (2, 16)
     capsys.readouterr()
     assert cli_main(["evaluate", "--task", "similarity", "--model", str(encoder), "--data", str(pairs),
-                     "--output", str(out), "--max-length", "256"]) == 1
+                     "--output", str(out), "--max-length", "256"]) == 2
     assert "--max-length 256 exceeds the 128 positions of" in capsys.readouterr().err
 
 

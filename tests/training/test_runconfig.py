@@ -6,14 +6,17 @@ Run: .venv/bin/python -m pytest tests/training/test_runconfig.py -q
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import pytest
 import yaml
 
-from bert_kit.training.runconfig import (add_config_arguments, apply_overrides, coerce, config_from_dict, field_help,
-                                load_config, save_config)
+from bert_kit.checks import ConfigError
+from bert_kit.training.runconfig import (add_config_arguments, apply_overrides, coerce, config_from_dict,
+                                         config_to_dict, field_help, load_config, read_yaml, save_config)
 
 
 @dataclass
@@ -46,17 +49,19 @@ def test_yaml_and_overrides_are_coerced_to_field_types(tmp_path):
     assert load_config(Settings, path).lr == pytest.approx(1e-3, rel=0, abs=0)
 
 
-def test_unknown_key_is_named_with_the_valid_keys(tmp_path):
+def test_unknown_key_is_named_with_the_nearest_valid_one(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("lr: 1.0e-3\nlearning_rate: 3\n")
     with pytest.raises(ValueError) as err:
         load_config(Settings, path)
-    message = str(err.value)
-    assert "learning_rate" in message and str(path) in message
-    for key in ("lr", "steps", "schedule", "files"):
-        assert key in message
-    with pytest.raises(ValueError, match=r"unknown key 'stepz'.*valid keys: lr, steps"):
-        load_config(Settings, None, ["stepz=3"])
+    assert str(err.value) == (f"{path}:2: unknown key 'learning_rate' (did you mean lr?); "
+                              "the settings are the fields of Settings")  # not a list of every key
+    with pytest.raises(ValueError, match=r"^override 'stepz=3': unknown key 'stepz' \(did you mean steps\?\); see"):
+        load_config(Settings, None, ["stepz=3"], settings_help="see --help")
+    with pytest.raises(ValueError, match=r"^overrides: unknown keys 'step' \(did you mean steps\?\), 'zzz';"):
+        config_from_dict(Settings, {"step": 1, "zzz": 2}, "overrides")
+    with pytest.raises(ValueError, match=r"schedule='cosin' is not a valid choice: .*; did you mean 'cosine'\?$"):
+        load_config(Settings, None, ["schedule=cosin"])
 
 
 def test_missing_file_is_named(tmp_path):
@@ -89,9 +94,9 @@ def test_invalid_yaml_names_file_and_line(tmp_path):
 
 def test_dotted_override_sets_a_key_inside_a_mapping():
     data = apply_overrides({"model": "bert-mini"}, ["model.hidden_dropout_prob=0.0"], Settings)
-    assert data["model"] == {"preset": "bert-mini", "hidden_dropout_prob": 0.0}
+    assert config_from_dict(Settings, data).model == {"preset": "bert-mini", "hidden_dropout_prob": 0.0}
     data = apply_overrides({"model": {"preset": "bert-tiny"}}, ["model.num_hidden_layers=3"], Settings)
-    assert data["model"] == {"preset": "bert-tiny", "num_hidden_layers": 3}
+    assert config_from_dict(Settings, data).model == {"preset": "bert-tiny", "num_hidden_layers": 3}
 
 
 def test_coerce_union_and_lists():
@@ -170,41 +175,202 @@ def test_environment_variables_and_the_data_root(tmp_path, monkeypatch):
     assert config_from_dict(Settings, {"name": r"^\d{2}$"}).name == r"^\d{2}$"
 
 
-def test_every_shipped_config_reads_its_data_below_the_root(tmp_path, monkeypatch):
-    """configs/*.yaml: all keys valid, every data path below ${BERT_KIT_DATA} (present here as empty
-    files), models named by hub name or preset, never by a folder a fresh clone lacks."""
-    from pathlib import Path
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
-    from bert_kit.tasks.finetuning import FinetuneConfig
-    from bert_kit.tasks.pretraining import PretrainConfig
 
-    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+@pytest.fixture()
+def shipped_inputs(tmp_path, monkeypatch):
+    """What the shipped configs read, as empty files: the data sets below ${BERT_KIT_DATA}, your own
+    corpus/ and the tokenizer folder a config's header writes (in the working directory), and a
+    local copy of bert-base-uncased's vocabulary in a Hugging Face cache. Returns the data root."""
+    root = tmp_path / "data"
     datasets = {"sst2": ["train.tsv", "dev.tsv"], "stsb": ["sts-train.csv", "sts-dev.csv", "sts-test.csv"],
                 "conll2003": ["train.txt", "valid.txt", "test.txt"], "squad-v1.1": ["dev-v1.1.json"],
                 "wikitext-2": ["train.txt", "valid.txt", "test.txt"]}
     for part in ("wiki", "gutenberg", "heldout"):  # the pretraining corpus, as distributed
-        (tmp_path / "corpus" / part).mkdir(parents=True)
+        (root / "corpus" / part).mkdir(parents=True)
     for folder, names in datasets.items():
-        (tmp_path / folder).mkdir()
+        (root / folder).mkdir()
         for name in names:
-            (tmp_path / folder / name).write_text("")
-    monkeypatch.setenv("BERT_KIT_DATA", str(tmp_path))
+            (root / folder / name).write_text("")
+    work = tmp_path / "work"
+    (work / "corpus").mkdir(parents=True)
+    (work / "corpus" / "a.txt").write_text("")
+    (work / "runs" / "cram_tokenizer").mkdir(parents=True)
+    snapshot = tmp_path / "hub" / "models--bert-base-uncased" / "snapshots" / "0"
+    snapshot.mkdir(parents=True)
+    (snapshot / "vocab.txt").write_text("[PAD]\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("BERT_KIT_DATA", str(root))
+    monkeypatch.chdir(work)
+    return root
+
+
+def config_class(path: Path):
+    from bert_kit.tasks.finetuning import FinetuneConfig
+    from bert_kit.tasks.pretraining import PretrainConfig
+
+    raw = yaml.safe_load(path.read_text())
+    return FinetuneConfig if "task" in raw else PretrainConfig if "train_files" in raw else None
+
+
+def test_every_shipped_config_reads_its_data_below_the_root(shipped_inputs):
+    """configs/*.yaml: all keys valid, every data path below ${BERT_KIT_DATA} (present here as empty
+    files), models named by hub name or preset, never by a folder a fresh clone lacks."""
     checked = 0
-    for path in configs:
-        raw = yaml.safe_load(path.read_text())
-        if "task" in raw:
-            cfg = load_config(FinetuneConfig, path)
+    for path in CONFIGS:
+        cls = config_class(path)
+        if cls is None:
+            continue  # numpy_ref.yaml: the NumPy engine's synthetic task reads no files
+        cfg = load_config(cls, path)
+        if hasattr(cfg, "task"):
             files = [cfg.train_file] + ([cfg.validation_file] if cfg.validation_file else [])
             assert cfg.model == "sentence-transformers/all-MiniLM-L6-v2", path
-        elif "train_files" in raw:
-            cfg = load_config(PretrainConfig, path)
+        else:
             files = [f for f in cfg.train_files + cfg.eval_files if not f.startswith("corpus/")]  # your own
             assert "/" not in str(cfg.model), path  # presets, hub names
             # a tokenizer folder is a hub name, or the output of a command the config's header shows
             assert "/" not in str(cfg.tokenizer or "") or cfg.tokenizer.startswith("runs/"), path
-        else:
-            continue  # numpy_ref.yaml: the NumPy engine's synthetic task reads no files
-        assert all(f.startswith(str(tmp_path)) for f in files), (path, files)
+        assert all(f.startswith(str(shipped_inputs)) for f in files), (path, files)
         assert files or path.name == "pretrain_bert_base.yaml"  # that one reads your own corpus
         checked += 1
     assert checked == 10
+
+
+def assert_same_values(reference, got, where: str) -> None:
+    """Every number and boolean that PyYAML's YAML 1.1 reading gives (`reference`) is in `got`."""
+    if isinstance(reference, dict):
+        assert isinstance(got, dict), where
+        for key, value in reference.items():
+            assert_same_values(value, got[str(key)], f"{where}.{key}")
+    elif isinstance(reference, list):
+        assert isinstance(got, list) and len(got) == len(reference), where
+        for i, (a, b) in enumerate(zip(reference, got)):
+            assert_same_values(a, b, f"{where}[{i}]")
+    elif isinstance(reference, (bool, int, float)) and reference is not None:
+        assert type(got) is type(reference) or (type(reference) is int and type(got) is float), (where, got)
+        assert got == reference, (where, got, reference)
+
+
+def test_shipped_configs_keep_their_numbers_and_booleans(shipped_inputs):
+    """Reading plain scalars as text typed by the setting changes no value of a shipped config:
+    nested model mappings, phases and lists (betas, score_range) keep their numbers."""
+    import dataclasses
+
+    seen = set()
+    for path in CONFIGS:
+        cls = config_class(path)
+        if cls is None:
+            continue
+        reference = yaml.safe_load(path.read_text())
+        cfg = load_config(cls, path)
+        values = dataclasses.asdict(cfg)
+        for key, value in reference.items():
+            assert_same_values(value, values[key], f"{path.name}: {key}")
+            seen.add(key)
+        yaml.safe_dump(values)  # plain types only: the run config is saved as YAML
+    assert {"model", "lr", "betas", "nsp", "max_steps", "batch_size"} <= seen
+
+
+# ---- YAML read as text, typed by the setting ----------------------------------------------------------
+
+def test_an_override_value_is_the_text_as_typed():
+    """MRPC's text column is named `#1 String`: not a YAML comment, nor a mapping for `a: b`."""
+    cfg = load_config(Settings, None, ["name=#1 String", "files=#a.txt"])
+    assert cfg.name == "#1 String" and cfg.files == ["#a.txt"]
+    assert load_config(Settings, None, ["name=a: b"]).name == "a: b"
+    assert load_config(Settings, None, ["name=[x]"]).name == "[x]"  # a text setting takes no YAML list
+    assert load_config(Settings, None, ["files=[a, '#b']"]).files == ["a", "#b"]  # a list setting does
+
+
+@pytest.mark.parametrize("text", ["010", "0x1F", "12:30", "yes", "no", "on", "2024-01-01", "1e3", ".inf", "0o17"])
+def test_a_text_setting_keeps_the_text_as_written(tmp_path, text):
+    """YAML 1.1 would read these as 8, 31, 750, True, False, True, a date, ...: a name or a path
+    stays text, in a config file and in an override."""
+    (tmp_path / "run.yaml").write_text(f"name: {text}\nfiles: [{text}, b]\n")
+    cfg = load_config(Settings, tmp_path / "run.yaml")
+    assert (cfg.name, cfg.files) == (text, [text, "b"])
+    cfg = load_config(Settings, None, [f"name={text}", f"files=[{text}]"])
+    assert (cfg.name, cfg.files) == (text, [text])
+
+
+def test_a_number_setting_reads_decimal_numbers_only(tmp_path):
+    assert load_config(Settings, None, ["steps=010"]).steps == 10  # YAML 1.1: octal 8
+    (tmp_path / "run.yaml").write_text("steps: 010\nlr: 1e-4\nflag: no\nwarmup: ~\n")
+    cfg = load_config(Settings, tmp_path / "run.yaml")
+    assert (cfg.steps, cfg.lr, cfg.flag, cfg.warmup) == (10, 1e-4, False, None)
+    assert coerce(".inf", float, "x") == float("inf") and coerce("-.Inf", float, "x") == -float("inf")  # YAML's
+    for text in ("0x1F", "12:30", "0o17"):
+        with pytest.raises(ConfigError, match=rf"^overrides: steps: expected an integer, got '{text}'$"):
+            load_config(Settings, None, [f"steps={text}"])
+    # a mapping whose values the type does not name reads numbers and true/false as YAML 1.2 does
+    cfg = load_config(Settings, None, ["model={hidden_size: 010, dropout: 0.1, act: gelu, x: 0x1F, y: yes, z: true}"])
+    assert cfg.model == {"hidden_size": 10, "dropout": 0.1, "act": "gelu", "x": "0x1F", "y": "yes", "z": True}
+    yaml.safe_dump(config_to_dict(cfg))  # plain types: the run config is saved as YAML
+
+
+def test_duplicate_keys_are_refused_with_their_lines(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 1.0e-3\nsteps: 2\nlr: 2.0e-3\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:3: duplicate key 'lr' \(first on line 1\)"):
+        load_config(Settings, path)
+    path.write_text("model:\n  hidden_size: 64\n  hidden_size: 128\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:3: duplicate key 'hidden_size' \(first on line 2\)"):
+        load_config(Settings, path)
+    with pytest.raises(ConfigError, match=r"^override 'model=\{a: 1, a: 2\}': duplicate key 'a'"):
+        load_config(Settings, None, ["model={a: 1, a: 2}"])
+    path.write_text("base: &base {a: 1, b: 2}\n")  # a merge key's values may be overridden: not duplicates
+    assert read_yaml(path)["base"] == {"a": "1", "b": "2"}
+    path.write_text("model:\n  <<: {a: 1, b: 2}\n  b: 3\n")
+    assert load_config(Settings, path).model == {"a": 1, "b": 3}
+
+
+def test_aliases_that_expand_past_the_bound_are_refused(tmp_path):
+    """Five levels of nine aliases are 59,049 values: refused at the alias, before anything expands
+    (nine levels, the 'billion laughs', once ran for minutes); a few aliases are fine."""
+    levels = ["  l0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"  l{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 5)]
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n" + "\n".join(levels) + "\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:6: the alias \*a3 expands this YAML past 10000 values"):
+        load_config(Settings, path)
+    path.write_text("files: &f [a.txt, b.txt]\nmodel: {x: *f, y: *f}\n")
+    assert load_config(Settings, path).model == {"x": ["a.txt", "b.txt"], "y": ["a.txt", "b.txt"]}
+    path.write_text("model: &m {self: *m}\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:1: the alias \*m refers to a node that holds it"):
+        load_config(Settings, path)
+
+
+def test_deep_nesting_is_refused_with_a_message(tmp_path):
+    """Not a RecursionError (nor the catch-all 'unexpected ... please report it')."""
+    path = tmp_path / "run.yaml"
+    path.write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"run.yaml:1: YAML nested more than 32 levels deep"):
+        load_config(Settings, path)
+    with pytest.raises(ConfigError, match=r"^override 'model=\[\[\[.*nested more than 32 levels deep"):
+        load_config(Settings, None, ["model=" + "[" * 5000])
+
+
+def test_defaults_of_variables_may_hold_variables(monkeypatch):
+    for name in ("NOPE_A", "NOPE_B"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SET_B", "b")
+    expanded = {"${NOPE_A:-${SET_B}}/x": "b/x", "${NOPE_A:-${NOPE_B:-c}}": "c", "${SET_B:-${NOPE_B}}": "b",
+                "${NOPE_A:-}": "", "x${NOPE_A:-{y}}": "x{y}", "${NOPE_A:-a}${SET_B}": "ab", r"^\d{2}$": r"^\d{2}$"}
+    for text, value in expanded.items():
+        assert config_from_dict(Settings, {"name": text}).name == value, text
+    with pytest.raises(ConfigError, match=r"names \$\{NOPE_B\}, which is not set in the environment"):
+        config_from_dict(Settings, {"name": "${NOPE_A:-${NOPE_B}}"})
+    for text in ("${NOPE_A", "${1X}", "${A:=x}", "a${}b", "${NOPE_A:-${B}", "${NOPE_A:-a}x${"):
+        with pytest.raises(ConfigError, match=r"has a '\$\{' that is not a variable: write \$\{NAME\}"):
+            config_from_dict(Settings, {"name": text})
+
+
+def test_huge_numbers_are_out_of_range_not_overflows():
+    from bert_kit.tasks.pretraining import PretrainConfig
+
+    with pytest.raises(ConfigError, match=r"max_steps=1\d{30} is out of range: expected an integer >= 1 or null, "
+                                          r"at most 9.22e\+18 in size"):
+        load_config(PretrainConfig, None, ["max_steps=1e30"])
+    with pytest.raises(ConfigError, match=r"^overrides: steps: expected an integer, got '1111.*' \(5002 characters\)$"):
+        load_config(Settings, None, ["steps=" + "1" * 5000])
