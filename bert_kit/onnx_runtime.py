@@ -8,7 +8,12 @@ and what it outputs. `OnnxModel(folder)` takes the call of the model it was expo
 
 shaped as the PyTorch head returns them (`bert_kit.heads`), so `SentenceEncoder`, the tasks'
 evaluation and prediction, and `bert-kit embed/predict/evaluate` run an exported folder
-unchanged. The graph is padded (unpadded is accepted and ignored) and runs on the CPU.
+unchanged. The graph is padded (unpadded is accepted and ignored) and runs on the CPU. A head's
+graph that also outputs the encoder's `last_hidden_state` gives `model.encoder()`, the encoder's
+call, for sentence embeddings.
+
+What the folder says is checked against the graph when it loads: the graph file must lie inside
+the folder (config.json names it), and a classifier's `id2label` must name one label per output.
 
 Needs the optional extra: `pip install "bert-kit[onnx]"` (onnx, onnxruntime).
 """
@@ -17,6 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import copy
+from pathlib import PurePath
 
 import numpy as np
 import torch
@@ -81,7 +89,12 @@ class OnnxModel:
         if meta is None:
             raise ValueError(f"{folder} is not an exported ONNX folder (no bert_kit.onnx entry in its config.json); "
                              f"write one with: bert-kit export --model {folder} --output DIR")
-        graph = folder / meta.get("file", ONNX_FILE)
+        name = meta.get("file", ONNX_FILE)
+        parts = PurePath(name).parts if isinstance(name, str) else ("..",)
+        if not parts or PurePath(name).is_absolute() or ".." in parts:
+            raise ValueError(f"{folder / 'config.json'}: the graph file {name!r} is not inside {folder}; an exported "
+                             f"folder holds its own graph (file: {ONNX_FILE!r})")
+        graph = folder / name
         if not graph.is_file():
             raise FileNotFoundError(f"{graph} is missing (config.json names it as the exported graph)")
         self.folder = folder
@@ -96,9 +109,41 @@ class OnnxModel:
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.num_labels = self._check_labels(graph)
+
+    def _check_labels(self, graph: Path) -> int | None:
+        """A classifier's outputs per text (or token); config.json's id2label must name as many."""
+        if self.architecture not in ("BertForSequenceClassification", "BertForTokenClassification"):
+            return None
+        from bert_kit.model_folder import read_model_metadata
+
+        shape = next(o.shape for o in self.session.get_outputs() if o.name == "logits")
+        outputs = shape[-1] if shape and isinstance(shape[-1], int) else None
+        names = read_model_metadata(self.folder).get("label_names")
+        if outputs is not None and names is not None and len(names) != outputs:
+            raise ValueError(f"{self.folder / 'config.json'} names {len(names)} labels in id2label but the graph "
+                             f"{graph.name} outputs {outputs} logits: give id2label one name per output (or export "
+                             "the folder again)")
+        return outputs
 
     def __repr__(self) -> str:
         return f"OnnxModel({str(self.folder)!r}, {self.architecture}, {self.precision})"
+
+    @property
+    def has_encoder_states(self) -> bool:
+        return "last_hidden_state" in self.output_names
+
+    def encoder(self) -> OnnxModel:
+        """The same graph called as its encoder: (B, T, H) last_hidden_state (it shares the session).
+        A head's graph has it when `bert-kit export` added it as an extra output."""
+        if not self.has_encoder_states:
+            raise ValueError(f"the graph of {self.folder} ({self.architecture}) does not output the encoder's "
+                             "states (last_hidden_state): export the folder again to embed with it")
+        view = copy.copy(self)
+        view.architecture, view.call_outputs, view.num_labels = "BertModel", ["last_hidden_state"], None
+        if self.architecture != "BertModel":
+            view.pooling = None  # only the encoder's own graph pools
+        return view
 
     # the nn.Module calls that the inference code makes on a model
     def eval(self) -> OnnxModel:

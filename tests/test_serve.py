@@ -35,7 +35,7 @@ from bert_kit.heads import (
     BERTForSequenceClassification,
     BERTForTokenClassification,
 )
-from bert_kit.serving.batcher import Batcher, Item, QueueFull, batch_bounds
+from bert_kit.serving.batcher import Batcher, BatcherStopped, Item, QueueFull, batch_bounds
 from bert_kit.tokenizer import get_tokenizer
 from tests.tasks.test_inference import saved
 
@@ -157,6 +157,28 @@ def test_batcher_refuses_past_its_queue_bound_and_drains_on_close():
         assert await closing is True
 
     asyncio.run(main())
+
+
+def test_a_dead_batching_thread_answers_every_request_at_once():
+    """Whatever kills the worker thread (here the OverflowError that `--max-wait-ms inf` caused
+    in Condition.wait), the requests inside get BatcherStopped at once and so do later ones:
+    before, they waited forever."""
+    op = Doubler()
+    batcher = Batcher(lambda o, items: o.run(items), max_wait=0.05)
+    batcher.max_wait = float("inf")  # refused by the constructor (and by ServeConfig): forced here
+
+    async def main():
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(op, [Item(1, 3)]))
+        with pytest.raises(BatcherStopped, match="OverflowError"):
+            await asyncio.wait_for(first, 30)
+        with pytest.raises(BatcherStopped, match="the batching thread stopped"):
+            await batcher.submit(op, [Item(1, 4)])
+        assert not batcher.alive and batcher.in_flight == 0
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="max_wait <= 3600"):
+        Batcher(lambda o, items: o.run(items), max_wait=float("inf"))
 
 
 # ---- model folders and server processes ---------------------------------------------------------

@@ -6,10 +6,17 @@
     GET  /metrics       Prometheus text format
     GET  /openapi.json  OpenAPI 3.1 description of all of the above
 
-A request is refused before it costs model time: 400 when the body is not JSON, 413 past a size
-limit (body bytes, inputs per request, characters per input), 422 when a field has the wrong type
-or content (the message names the field, e.g. "inputs[2].context"), 503 with Retry-After when the
-batcher already holds `max_queue` requests. Errors are JSON: {"error": message, "field": name}.
+A request is refused before it costs model time: 400 when the body is not JSON (or nests too
+deeply, or holds a number past Python's 4,300 digits), 408 when the body does not arrive within
+`read_timeout` seconds, 413 past a size limit (body bytes, inputs per request, characters per
+input, an operation's own: masks per request), 422 when a field has the wrong type or content
+(the message names the field, e.g. "inputs[2].context"; a lone surrogate such as "\ud800" is no
+text), 503 with Retry-After when `max_queue` requests are already being tokenized or computed.
+Errors are JSON: {"error": message, "field": name}; a client's mistake is never a 500.
+
+The event loop only reads bodies and writes answers: parsing, checking and tokenizing run on one
+`Preparer` thread, the model on the batcher's, so /health answers while both work. A model
+output that is not finite (NaN or inf) is a 500 saying so, never invalid JSON.
 """
 
 from __future__ import annotations
@@ -17,34 +24,36 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from bert_kit.serving.batcher import Batcher, QueueFull
+from bert_kit.serving.batcher import Batcher, BatcherStopped, QueueFull
 from bert_kit.serving.metrics import CONTENT_TYPE, ServerMetrics
-from bert_kit.serving.operations import Operation
-from bert_kit.serving.schema import InputError, check
+from bert_kit.serving.operations import NonFiniteOutput, Operation
+from bert_kit.serving.schema import InputError, check, check_text
 
 log = logging.getLogger("bert_kit.serve")
-INLINE_CHARS = 20_000  # smaller requests are tokenized on the event loop; larger ones in a thread
 
 
 @dataclass
 class Limits:
-    """What one request may ask for; past these the server answers 413."""
+    """What one request may ask for; past these the server answers 413 (408 past read_timeout)."""
 
     max_inputs: int = 64  # inputs per request
     max_chars: int = 20_000  # characters per text (each question and context count apart)
     retry_after: int = 1  # seconds a 503 asks the client to wait
+    read_timeout: float = 30.0  # seconds a client may take to send a request's body
+    max_queue: int = 256  # requests being tokenized or computed at once; past it 503
 
     @property
     def max_body_bytes(self) -> int:
@@ -52,28 +61,62 @@ class Limits:
         return self.max_inputs * self.max_chars * 6 + 65_536
 
 
-def error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"error": message}
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate written as \ud800
+
+
+def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
+    """Always valid JSON: a NaN or inf in `content` is NonFiniteOutput, never a `NaN` token."""
+    try:
+        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        raise NonFiniteOutput("the model produced non-finite values (NaN or inf) in its output") from None
+    return Response(body.encode("utf-8"), status, headers, media_type="application/json")
+
+
+def error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> Response:
+    body: dict[str, Any] = {"error": _printable(message)}
     if field is not None:
-        body["field"] = field
-    return JSONResponse(body, status_code=status, headers=headers)
+        body["field"] = _printable(field)
+    return json_response(body, status, headers)
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The parsed body; InputError 413 past `limit` bytes (read no further), 400 when not JSON."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body's bytes; InputError 413 past `limit` bytes (read no further), 408 when it has not
+    all arrived after `timeout` seconds (a stalled or trickling client holds a connection)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise InputError("body", f"has {declared} bytes; the limit is {limit}", 413)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InputError("body", f"is over the limit of {limit} bytes", 413)
-        chunks.append(chunk)
+
+    async def chunks() -> bytes:
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InputError("body", f"is over the limit of {limit} bytes", 413)
+            parts.append(chunk)
+        return b"".join(parts)
+
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError("body", f"is not valid JSON: {e}", 400) from None
+        return await asyncio.wait_for(chunks(), timeout)
+    except asyncio.TimeoutError:
+        raise InputError("body", f"did not arrive within {timeout:g} s (the server's read timeout)", 408) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(raw: bytes) -> Any:
+    """The parsed body; InputError 400 when it is not standard JSON or cannot be held."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise InputError("body", "is nested too deeply", 400) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, an integer past 4,300 digits
+        reason = "holds an integer of more than 4300 digits" if "integer string conversion" in str(e) else \
+            f"is not valid JSON: {e}"
+        raise InputError("body", reason, 400) from None
 
 
 def validate(op: Operation, body: Any, limits: Limits) -> tuple[list, dict]:
@@ -81,11 +124,46 @@ def validate(op: Operation, body: Any, limits: Limits) -> tuple[list, dict]:
     if isinstance(body, dict) and isinstance(body.get("inputs"), list) and len(body["inputs"]) > limits.max_inputs:
         raise InputError("inputs", f"has {len(body['inputs'])} items; at most {limits.max_inputs} per request", 413)
     check(body, op.request_schema())
+    check_text(body)
     for i, value in enumerate(body["inputs"]):
         for text in op.strings(value):
             if len(text) > limits.max_chars:
                 raise InputError(f"inputs[{i}]", f"has {len(text)} characters; at most {limits.max_chars}", 413)
     return body["inputs"], op.with_defaults(body)
+
+
+class Preparer:
+    """One daemon thread that parses, checks and tokenizes requests off the event loop, in
+    arrival order. (Daemon: a stuck call can never keep the process from exiting.)"""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="prepare", daemon=True)
+        self._thread.start()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._calls.put((fn, args, loop, future))
+        return await future
+
+    def _work(self) -> None:
+        while True:
+            fn, args, loop, future = self._calls.get()
+            try:
+                result, failure = fn(*args), None
+            except BaseException as e:  # handed to the request: nothing kills this thread
+                result, failure = None, e
+
+            def resolve(future: asyncio.Future = future, result: Any = result,
+                        failure: BaseException | None = failure) -> None:
+                if not future.done():  # cancelled: the grace period ran out
+                    future.set_exception(failure) if failure is not None else future.set_result(result)
+
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # the event loop has closed
+                pass
 
 
 class Server:
@@ -96,31 +174,52 @@ class Server:
         self.info, self.operations, self.batcher, self.limits = info, list(operations), batcher, limits
         self.metrics = metrics
         self.accepted = self.answered = 0  # requests that reached an operation, and their responses
+        self.pending = 0  # requests being prepared or computed: at most limits.max_queue
+        self.preparer = Preparer()
 
     async def handle(self, request: Request, op: Operation) -> Response:
         start = time.perf_counter()
         self.accepted += 1
-        response = await self._compute(request, op)  # cancelled (grace period over): not answered
+        try:
+            response = await self._compute(request, op)
+        except asyncio.CancelledError:  # uvicorn cancels what the grace period after SIGTERM did not finish
+            self.metrics.requests.inc(op.path, "503")
+            return error(503, "the server stopped before this request was answered (its grace period ran out)")
         self.answered += 1
         self.metrics.requests.inc(op.path, str(response.status_code))
         self.metrics.latency.observe(time.perf_counter() - start, op.path)
         return response
 
+    def _prepare(self, op: Operation, raw: bytes) -> tuple[list, dict]:
+        """(items, options) of a request's body: parsed, checked, tokenized (the Preparer's thread)."""
+        inputs, options = validate(op, parse_json(raw), self.limits)
+        return op.prepare(inputs, options), options
+
     async def _compute(self, request: Request, op: Operation) -> Response:
         try:
-            inputs, options = validate(op, await read_json(request, self.limits.max_body_bytes), self.limits)
-            if sum(len(s) for x in inputs for s in op.strings(x)) <= INLINE_CHARS:
-                items = op.prepare(inputs, options)
-            else:  # long texts: tokenize off the event loop (the Rust tokenizer releases the GIL)
-                items = await run_in_threadpool(op.prepare, inputs, options)
-            outputs = await self.batcher.submit(op, items)
-            return JSONResponse({op.output_key: op.respond(outputs, options)})
+            raw = await read_body(request, self.limits.max_body_bytes, self.limits.read_timeout)
+            if self.pending >= self.limits.max_queue:
+                raise QueueFull(f"{self.pending} requests are in progress (the bound is {self.limits.max_queue})")
+            self.pending += 1
+            self.metrics.pending.set(self.pending)
+            try:
+                items, options = await self.preparer.run(self._prepare, op, raw)
+                outputs = await self.batcher.submit(op, items)
+            finally:
+                self.pending -= 1
+                self.metrics.pending.set(self.pending)
+            return json_response({op.output_key: op.respond(outputs, options)})
         except InputError as e:
             return error(e.status, str(e), e.field)
         except ClientDisconnect:  # gone before its body arrived: nobody reads this answer
             return error(400, "client disconnected while sending the body")
         except QueueFull as e:
             return error(503, f"server busy: {e}; retry later", headers={"Retry-After": str(self.limits.retry_after)})
+        except BatcherStopped as e:
+            return error(503, f"{e}; the server cannot answer: restart it")
+        except NonFiniteOutput as e:  # the weights (or the precision) are broken, not the request
+            log.error("%s: %s", op, e)
+            return error(500, f"{e}; the model cannot be served as it is")
         except Exception as e:  # a bug or a model failure: answer, log, keep serving
             log.exception("%s failed", op)
             return error(500, f"internal error: {type(e).__name__}: {e}")
@@ -129,20 +228,24 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         if not self.batcher.alive:
-            return error(503, "the batching thread has stopped")
-        return JSONResponse({"status": "ok"})
+            why = self.batcher.stopped
+            return error(503, "the batching thread has stopped" + (f": {type(why).__name__}: {why}" if why else ""))
+        return json_response({"status": "ok"})
 
     async def describe(self, request: Request) -> Response:
         limits = {"max_inputs_per_request": self.limits.max_inputs, "max_chars_per_input": self.limits.max_chars,
                   "max_batch_tokens": self.batcher.max_batch_tokens, "max_wait_ms": self.batcher.max_wait * 1000,
-                  "max_queue": self.batcher.max_queue}
-        return JSONResponse({**self.info, "endpoints": [op.path for op in self.operations], "limits": limits})
+                  "max_queue": self.limits.max_queue, "read_timeout_s": self.limits.read_timeout}
+        for op in self.operations:  # its own limits (413), and its options' largest values (422 past them)
+            limits.update(op.limits)
+            limits.update({f"max_{name}": o["maximum"] for name, o in op.options.items() if "maximum" in o})
+        return json_response({**self.info, "endpoints": [op.path for op in self.operations], "limits": limits})
 
     async def prometheus(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_description(self.info, self.operations, self.limits))
+        return json_response(openapi_description(self.info, self.operations, self.limits))
 
     async def http_error(self, request: Request, exc: Exception) -> Response:
         """404 and 405 as JSON, like every other error (405 keeps its Allow header)."""
@@ -158,23 +261,26 @@ def openapi_description(info: dict, operations: Sequence[Operation], limits: Lim
         return {"description": description, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/Error"}}}}
 
-    errors = {"400": reply("the body is not JSON"),
-              "413": reply(f"over a limit: {limits.max_inputs} inputs per request, {limits.max_chars} characters "
-                           "per text"),
-              "422": reply("a field has the wrong type or content; `field` names it"),
-              "503": {**reply("the queue is full; retry after the Retry-After header's seconds"),
-                      "headers": {"Retry-After": {"schema": {"type": "integer"}}}}}
+    errors = {"400": reply("the body is not JSON (or nests too deeply, or holds an integer past 4300 digits)"),
+              "408": reply(f"the body did not arrive within {limits.read_timeout:g} s"),
+              "422": reply("a field has the wrong type or content (a lone surrogate is no text); `field` names it"),
+              "500": reply("the model failed, e.g. produced non-finite values (NaN or inf)"),
+              "503": {**reply("the queue is full (retry after the Retry-After header's seconds), or the batching "
+                              "thread has stopped"), "headers": {"Retry-After": {"schema": {"type": "integer"}}}}}
     paths: dict[str, Any] = {}
     for op in operations:
         body = op.request_schema()
         body["properties"]["inputs"]["maxItems"] = limits.max_inputs
+        over = [f"{limits.max_inputs} inputs per request", f"{limits.max_chars} characters per text"]
+        over += [f"{value} {name.removeprefix('max_').replace('_', ' ')}" for name, value in op.limits.items()]
         out = {"type": "object", "properties": {op.output_key: {"type": "array", "items": op.output_schema}}}
         paths[op.path] = {"post": {
             "summary": op.summary, "operationId": op.path.strip("/").replace("-", "_"),
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": body, "example": {"inputs": [op.example]}}}},
             "responses": {"200": {"description": "one output per input, in order",
-                                  "content": {"application/json": {"schema": out}}}, **errors}}}
+                                  "content": {"application/json": {"schema": out}}},
+                          "413": reply("over a limit: " + ", ".join(over)), **errors}}}
     for path, summary, kind in (("/health", "200 while the server can answer", "application/json"),
                                 ("/info", "model, task, labels and limits", "application/json"),
                                 ("/metrics", "Prometheus text format", "text/plain"),
@@ -198,8 +304,9 @@ def create_app(info: dict, operations: Sequence[Operation], batcher: Batcher, li
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         batcher.start()
         yield
-        # uvicorn calls this after the last connection closed: the queue is empty unless requests were cancelled
-        await asyncio.to_thread(batcher.close, 5.0)
+        # uvicorn calls this after the last connection closed: the queue is empty unless the grace
+        # period ran out, and then nobody waits for a batch still running (a daemon thread)
+        await asyncio.to_thread(batcher.close, 1.0)
 
     def route(op: Operation) -> Route:
         async def endpoint(request: Request) -> Response:

@@ -16,7 +16,8 @@ Every output goes back to its request at its input's position; a request is answ
 last input is done (its inputs may span batches). At most `max_queue` requests are inside the
 batcher at once; past that `submit` raises `QueueFull` at once (the server answers 503), so the
 backlog, and with it the wait, stays bounded. `close()` lets the worker finish everything
-accepted before it stops.
+accepted before it stops. Should the worker thread die (a bug), every request inside gets
+`BatcherStopped` at once and so does every later one: nothing waits for a thread that is gone.
 
 The model runs in this one thread: torch releases the GIL inside its kernels, so the event loop
 keeps reading and answering requests while a batch computes.
@@ -25,6 +26,7 @@ keeps reading and answering requests while a batch computes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -47,6 +49,10 @@ class QueueFull(Exception):
     """The batcher holds `max_queue` requests already; try again later."""
 
 
+class BatcherStopped(RuntimeError):
+    """The worker thread has stopped (closed, or died of an error): no request can be answered."""
+
+
 @dataclass(eq=False)
 class _Job:
     """One accepted request: its items, where their outputs go, and the future that awaits them."""
@@ -58,6 +64,7 @@ class _Job:
     outputs: list = field(default_factory=list)
     remaining: int = 0
     failed: bool = False
+    finished: bool = False
 
 
 def batch_bounds(lengths: Sequence[int], budget: int, padded: bool) -> list[tuple[int, int]]:
@@ -90,9 +97,10 @@ class Batcher:
     def __init__(self, run: Callable[[Any, list[Item]], Sequence[Any]], max_batch_tokens: int = 8192,
                  max_wait: float = 0.005, max_queue: int = 256, metrics: ServerMetrics | None = None,
                  window: int = 4):
-        if max_batch_tokens < 1 or max_queue < 1 or max_wait < 0 or window < 1:
-            raise ValueError(f"need max_batch_tokens >= 1, max_queue >= 1, max_wait >= 0, window >= 1; got "
-                             f"{max_batch_tokens}, {max_queue}, {max_wait}, {window}")
+        # a wait of inf (or 1e300) s would be an OverflowError inside Condition.wait: the thread would die
+        if max_batch_tokens < 1 or max_queue < 1 or not 0 <= max_wait <= 3600 or window < 1:
+            raise ValueError(f"need max_batch_tokens >= 1, max_queue >= 1, 0 <= max_wait <= 3600 s, window >= 1; "
+                             f"got {max_batch_tokens}, {max_queue}, {max_wait}, {window}")
         self.run, self.metrics = run, metrics or ServerMetrics()
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
         self.window = window
@@ -100,7 +108,9 @@ class Batcher:
         self._queues: dict[Any, deque[tuple[_Job, int]]] = {}  # op -> (job, item index), oldest first
         self._queued_tokens: dict[Any, int] = {}
         self._jobs = 0  # requests inside the batcher
+        self._live: set[_Job] = set()  # the same requests, to answer them should the thread die
         self._closing = False
+        self.stopped: BaseException | None = None  # why the worker thread died
         self._thread = threading.Thread(target=self._work, name="batcher", daemon=True)
 
     # ---- event-loop side ----------------------------------------------------------------------
@@ -110,7 +120,7 @@ class Batcher:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.stopped is None
 
     @property
     def in_flight(self) -> int:
@@ -123,18 +133,22 @@ class Batcher:
     async def submit(self, op: Any, items: Sequence[Item]) -> list:
         """Outputs of `op` for `items`, in order, once their batches have run.
 
-        Raises QueueFull when `max_queue` requests are inside already, RuntimeError after
-        `close()`, and whatever `run` raised for a batch that held one of the items."""
+        Raises QueueFull when `max_queue` requests are inside already, BatcherStopped after
+        `close()` or once the worker thread has died, and whatever `run` raised for a batch that
+        held one of the items."""
         if not items:
             return []
         loop = asyncio.get_running_loop()
         job = _Job(items, loop, loop.create_future(), time.perf_counter(), [None] * len(items), len(items))
         with self._cond:
+            if self.stopped is not None:
+                raise BatcherStopped(f"the batching thread stopped: {type(self.stopped).__name__}: {self.stopped}")
             if self._closing:
-                raise RuntimeError("the batcher is closed")
+                raise BatcherStopped("the batcher is closed")
             if self._jobs >= self.max_queue:
                 raise QueueFull(f"{self._jobs} requests are queued (the bound is {self.max_queue})")
             self._jobs += 1
+            self._live.add(job)
             queue = self._queues.setdefault(op, deque())
             queue.extend((job, i) for i in range(len(items)))
             self._queued_tokens[op] = self._queued_tokens.get(op, 0) + sum(it.tokens for it in items)
@@ -186,6 +200,20 @@ class Batcher:
                 return op, batch
 
     def _work(self) -> None:
+        try:
+            self._batches()
+        except BaseException as e:  # a bug: answer everyone inside, and everyone after, at once
+            logging.getLogger("bert_kit.serve").exception("the batching thread stopped")
+            with self._cond:
+                self.stopped = e
+                self._queues.clear()
+                self._queued_tokens.clear()
+                jobs = list(self._live)
+            error = BatcherStopped(f"the batching thread stopped: {type(e).__name__}: {e}")
+            for job in jobs:
+                self._finish(job, None, error)
+
+    def _batches(self) -> None:
         while True:
             found = self._next_batch()
             if found is None:
@@ -237,6 +265,10 @@ class Batcher:
 
     def _finish(self, job: _Job, outputs: list | None, error: Exception | None) -> None:
         with self._cond:
+            if job.finished:
+                return
+            job.finished = True
+            self._live.discard(job)
             self._jobs -= 1
             self._update_gauges()
             self._cond.notify_all()

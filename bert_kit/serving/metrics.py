@@ -152,8 +152,11 @@ class ServerMetrics:
                                        LATENCY_BUCKETS, ("path",))
         self.queue_depth = Gauge("bert_kit_queue_depth", "inputs waiting for a batch")
         self.in_flight = Gauge("bert_kit_requests_in_flight", "requests accepted by the batcher and not yet answered")
+        self.pending = Gauge("bert_kit_requests_pending", "requests read and not yet answered: being tokenized, "
+                             "queued or computed (at most --max-queue)")
         self.families: list[_Family] = [self.requests, self.inputs, self.latency, self.queue_wait, self.batch_inputs,
-                                        self.batch_tokens, self.batch_seconds, self.queue_depth, self.in_flight]
+                                        self.batch_tokens, self.batch_seconds, self.queue_depth, self.in_flight,
+                                        self.pending]
 
     def render(self) -> str:
         return "\n".join(line for family in self.families for line in family.lines()) + "\n"

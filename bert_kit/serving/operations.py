@@ -11,18 +11,22 @@
 | POST /fill-mask  | an MLM head          | text with [MASK]                | top-k tokens per mask                |
 
 An operation splits a request into three steps, so the batcher can mix requests: `prepare`
-tokenizes one request's inputs on the event loop (one `Item` per input, its token count the
-batch cost), `run` computes one batch of items from many requests on the batching thread, and
-`respond` shapes one request's outputs as JSON. The model work in `run` is the existing task
+tokenizes one request's inputs on the server's preparing thread (one `Item` per input, its token
+count the batch cost), `run` computes one batch of items from many requests on the batching
+thread, and `respond` shapes one request's outputs as JSON. Every model call is guarded: an
+output with NaN or inf raises `NonFiniteOutput` (a 500 that says so), since labels, tags and
+spans read from NaN logits would pass for answers. The model work in `run` is the existing task
 code (`Task.logits`, `Task.tag`, `Task.answers`, `Task.scores`, `SentenceEncoder.encode_ids`,
 `fill_masks`), so the server answers exactly what `predict`, `embed` and `fill-mask` answer.
 
 Backends: `load_torch` builds these around torch modules, or around an exported folder's ONNX Runtime
-session (the same call and outputs, `bert_kit.onnx_runtime.OnnxModel`). Everything above the model call
-(HTTP, limits, batching, metrics) only sees `Operation`s, so another runtime (ONNX Runtime for
-an exported folder) plugs in as one more loader in `BACKENDS` that returns the same operations
-around its own callable (the task code calls `model(input_ids, attention_mask, token_type_ids,
-unpadded=...)`, the encoder calls `SentenceEncoder.forward`).
+session (the same call and outputs, `bert_kit.onnx_runtime.OnnxModel`; /embed of an exported head
+pools the encoder states its graph also outputs). Tokens per input default to the folder's own
+length (`model_folder.default_max_length`) and may not exceed its positions. Everything above the
+model call (HTTP, limits, batching, metrics) only sees `Operation`s, so another runtime plugs in
+as one more loader in `BACKENDS` that returns the same operations around its own callable (the
+task code calls `model(input_ids, attention_mask, token_type_ids, unpadded=...)`, the encoder
+calls `SentenceEncoder.forward`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,31 @@ NUMBER, INTEGER = {"type": "number"}, {"type": "integer"}
 BATCH = 1 << 30  # the task code's own batch size: a dynamic batch is always one forward pass
 
 
+class NonFiniteOutput(RuntimeError):
+    """The model computed NaN or inf: its weights (or its precision) are broken, not the request."""
+
+
+def guard_finite(*models: Any) -> None:
+    """Make every call of each model raise NonFiniteOutput when a float output holds NaN or inf."""
+    def check(outputs: Any) -> None:
+        for out in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+            if torch.is_tensor(out) and out.is_floating_point() and not bool(torch.isfinite(out).all()):
+                raise NonFiniteOutput("the model produced non-finite values (NaN or inf) in its output")
+
+    for model in {id(m): m for m in models if m is not None}.values():
+        if isinstance(model, torch.nn.Module):
+            model.register_forward_hook(lambda module, args, out: check(out))
+        else:  # an exported graph (OnnxModel): every output comes through its run()
+            run = model.run
+
+            def checked(*args: Any, run: Callable = run, **kwargs: Any) -> list:
+                outs = run(*args, **kwargs)
+                check([torch.from_numpy(o) for o in outs])
+                return outs
+
+            model.run = checked
+
+
 class Operation:
     """One endpoint: its schemas, and prepare / run / respond (see the module docstring)."""
 
@@ -55,6 +84,7 @@ class Operation:
     output_schema: dict = {}
     example: Any = "A man is playing a guitar."  # one input: the OpenAPI example and the warm-up batch
     pads_batches = False  # the model computes every input at the batch's longest length
+    limits: dict[str, int] = {}  # the operation's own limits (413 past them), shown in /info and the OpenAPI
 
     def request_schema(self) -> dict:
         inputs = {"type": "array", "minItems": 1, "items": self.input_schema}
@@ -154,10 +184,7 @@ class Tag(_TaskOperation):
             "text": TEXT}}}}}
 
     def _dataset(self, sentences: list[list[str]]) -> Any:
-        from bert_kit.data.ner import NERDataset
-
-        return NERDataset([(words, None) for words in sentences], self.tokenizer, self.task.label_names,
-                          self.max_length)
+        return self.task._dataset([(words, None) for words in sentences])  # the task's windows over long sentences
 
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         sentences = []
@@ -170,7 +197,9 @@ class Tag(_TaskOperation):
                 raise InputError(f"inputs[{i}][{blank}]", "is a blank word")
             sentences.append(words)
         dataset = self._dataset(sentences)
-        return [Item(len(dataset[i]["input_ids"]), words) for i, words in enumerate(sentences)]
+        windows = getattr(dataset, "windows_of", None) or [[i] for i in range(len(sentences))]
+        return [Item(sum(len(dataset[k]["input_ids"]) for k in windows[i]), words)
+                for i, words in enumerate(sentences)]
 
     def run(self, items: list[Item]) -> list:
         from bert_kit.tasks.inference import tagged_record
@@ -233,6 +262,8 @@ class FillMask(Operation):
     path, summary = "/fill-mask", "Top-k tokens for every [MASK] in each text (models with an MLM head)."
     options = {"top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5,
                          "description": "predictions per mask"}}
+    # each prediction carries its whole filled-in text: masks x top_k bounds the work and the answer
+    limits = {"max_masks_per_input": 16, "max_masks_per_request": 64}
     output_schema = {"type": "array", "description": "one list per [MASK], in order", "items": {
         "type": "array", "items": {"type": "object", "properties": {
             "token": TEXT, "token_id": INTEGER, "score": NUMBER, "sequence": TEXT}}}}
@@ -244,10 +275,19 @@ class FillMask(Operation):
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         rows = self.tokenizer(inputs, max_length=self.max_length, padding=False, return_tensors=None)["input_ids"]
         mask = self.tokenizer.mask_token_id
+        token = self.tokenizer.convert_ids_to_tokens(mask)
+        per_input, per_request = self.limits["max_masks_per_input"], self.limits["max_masks_per_request"]
         for i, ids in enumerate(rows):
             if mask not in ids:
-                token = self.tokenizer.convert_ids_to_tokens(mask)
                 raise InputError(f"inputs[{i}]", f"has no {token} token (within the first {self.max_length} tokens)")
+            if ids.count(mask) > per_input:
+                raise InputError(f"inputs[{i}]", f"has {ids.count(mask)} {token} tokens; at most {per_input}", 413)
+            if ids.count(mask) < inputs[i].count(token):  # predictions for fewer masks than were sent
+                raise InputError(f"inputs[{i}]", f"has {inputs[i].count(token) - ids.count(mask)} {token} token(s) "
+                                 f"past its first {self.max_length} tokens, where the text is cut")
+        total = sum(ids.count(mask) for ids in rows)
+        if total > per_request:
+            raise InputError("inputs", f"hold {total} {token} tokens; at most {per_request} per request", 413)
         return [Item(len(ids), (ids, options["top_k"])) for ids in rows]
 
     def run(self, items: list[Item]) -> list:
@@ -275,6 +315,24 @@ def _has_mlm_head(folder: Path) -> bool:
     return any(k.startswith("cls.predictions.") for k in keys)
 
 
+def serve_length(folder: Path, max_length: int | None) -> int:
+    """Tokens per input: `max_length`, else the folder's own (`default_max_length`: its fine-tuning
+    length, its sentence-transformers length, else its positions); a ConfigError past its positions."""
+    from bert_kit.checks import Range
+    from bert_kit.config import load_hf_config
+    from bert_kit.model_folder import default_max_length
+
+    positions = load_hf_config(folder).max_position_embeddings
+    length = max_length or default_max_length(folder)
+    Range(3, positions, integer=True, hint=f"the model in {folder} has {positions} positions").check("max_length",
+                                                                                                    length)
+    return length
+
+
+TASK_OPERATIONS: dict[str, type[_TaskOperation]] = {"classification": Classify, "token-classification": Tag,
+                                                   "qa": Answer, "similarity": Similarity}
+
+
 def load_torch(folder: str | Path, device: str | None = None, precision: str = "auto",
                max_length: int | None = None) -> tuple[dict[str, Any], list[Operation]]:
     """(description, operations) of a model folder, run by PyTorch.
@@ -283,49 +341,45 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
     BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
     from bert_kit.embeddings import SentenceEncoder
     from bert_kit.model import BERTModel
-    from bert_kit.model_folder import (
-        read_model_metadata,
-        resolve_model_folder,
-        sentence_transformers_settings,
-    )
+    from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
     from bert_kit.tasks.inference import load_task_model
     from bert_kit.tokenizer import get_tokenizer
     from bert_kit.training.precision import resolve_precision
 
-    found = resolve_model_folder(folder)
-    if found is None:
-        raise FileNotFoundError(f"model folder not found: {folder}")
+    found = resolve_model(folder)  # a folder, a run folder, or a hub name's local copy
     meta, st = read_model_metadata(found), sentence_transformers_settings(found)
     info: dict[str, Any] = {"model": str(found), "task": meta.get("task")}
-    ops: list[Operation] = []
+    length = serve_length(found, max_length)
     if meta.get("onnx"):  # written by `bert-kit export`: ONNX Runtime on the CPU
-        return _exported(found, meta, info, max_length)
+        return _exported(found, meta, info, length)
+    ops: list[Operation] = []
     if info["task"]:
-        flags = argparse.Namespace(model=str(found), task=None, max_length=max_length, device=device,
+        flags = argparse.Namespace(model=str(found), task=None, max_length=length, device=device,
                                    precision=precision, batch_size=BATCH, text_column="sentence",
                                    text_pair_column=None)
         task, model, prec = load_task_model(flags, verbose=False)
         encoder_model = model if isinstance(model, BERTModel) else model.bert  # /embed shares the weights
-        pooling, length = getattr(task.s, "pooling", "mean"), task.s.max_length
-        op = {"classification": Classify, "token-classification": Tag, "qa": Answer, "similarity": Similarity}
-        ops.append(op[task.name](task, model, prec))
+        pooling = getattr(task.s, "pooling", "mean")
+        ops.append(TASK_OPERATIONS[task.name](task, model, prec))
         info.update(labels=task.label_names, device=str(prec.device), precision=str(prec.dtype).removeprefix("torch."))
         if task.name == "similarity":
             info["similarity_mode"] = task.s.similarity_mode
         tokenizer = task.tokenizer
+        guard_finite(model, encoder_model)
     else:
         prec = resolve_precision(precision, device or "auto", verbose=False)
         pooling = meta.get("pooling") or st.get("pooling") or "mean"
-        length = max_length or meta.get("max_length") or st.get("max_length") or 256
         tokenizer = get_tokenizer(found)
         if _has_mlm_head(found):
             from bert_kit.tasks.fill_mask import load_mlm_model
 
             mlm = load_mlm_model(found, prec.device)
-            ops.append(FillMask(mlm, tokenizer, min(length, mlm.config.max_position_embeddings)))
+            ops.append(FillMask(mlm, tokenizer, length))
             encoder_model = mlm.bert
+            guard_finite(mlm)
         else:
             encoder_model = BERTModel.from_pretrained(found)
+        guard_finite(encoder_model)
         info.update(device=str(prec.device), precision="float32")
     encoder = SentenceEncoder(encoder_model, tokenizer, pooling, normalize=False, max_length=length,
                               device=prec.device)
@@ -333,24 +387,41 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
     return info, [Embed(encoder), *ops]
 
 
-def _exported(folder: Path, meta: dict, info: dict[str, Any], max_length: int | None) -> tuple[dict, list[Operation]]:
-    """(description, operations) of an exported folder: its task, or /embed for an exported encoder."""
+def _exported(folder: Path, meta: dict, info: dict[str, Any], length: int) -> tuple[dict, list[Operation]]:
+    """(description, operations) of an exported folder: its task and /embed, as a PyTorch folder.
+    /embed pools the graph's encoder states; a head graph exported without them serves its task only."""
     from bert_kit.embeddings import SentenceEncoder
+    from bert_kit.onnx_runtime import OnnxModel
     from bert_kit.tasks.inference import load_task_model
+    from bert_kit.tokenizer import get_tokenizer
 
-    info.update(device="cpu", precision=meta["onnx"].get("precision", "fp32"), backend="onnx")
+    info.update(device="cpu", precision=meta["onnx"].get("precision", "fp32"), backend="onnx", max_length=length)
+    pooling = meta.get("pooling") or "mean"
+    ops: list[Operation] = []
     if info["task"]:
-        flags = argparse.Namespace(model=str(folder), task=None, max_length=max_length, device="cpu", precision="fp32",
+        flags = argparse.Namespace(model=str(folder), task=None, max_length=length, device="cpu", precision="fp32",
                                    batch_size=BATCH, text_column="sentence", text_pair_column=None)
         task, model, prec = load_task_model(flags, verbose=False)
-        op = {"classification": Classify, "token-classification": Tag, "qa": Answer, "similarity": Similarity}
-        info.update(labels=task.label_names, max_length=task.s.max_length)
+        guard_finite(model)
+        ops.append(TASK_OPERATIONS[task.name](task, model, prec))
+        info.update(labels=task.label_names)
         if task.name == "similarity":
             info["similarity_mode"] = task.s.similarity_mode
-        return info, [op[task.name](task, model, prec)]
-    encoder = SentenceEncoder.from_pretrained(folder, normalize=False, max_length=max_length)
-    info.update(max_length=encoder.max_length, pooling=encoder.pooling, hidden_size=encoder.dim)
-    return info, [Embed(encoder)]
+            pooling = task.s.pooling
+        encoder_model, tokenizer = model, task.tokenizer
+    else:
+        encoder_model, tokenizer = OnnxModel(folder), get_tokenizer(folder)
+        guard_finite(encoder_model)
+    if isinstance(encoder_model, OnnxModel) and encoder_model.has_encoder_states:
+        encoder = SentenceEncoder(encoder_model.encoder(), tokenizer, pooling, normalize=False, max_length=length,
+                                  device="cpu", unpadded=False)
+        info.update(pooling=pooling, hidden_size=encoder.dim)
+        ops.insert(0, Embed(encoder))
+    if not ops:
+        raise ValueError(f"{folder} holds an exported {encoder_model.architecture} graph that records no task and "
+                         "does not output the encoder's states: nothing to serve (export a fine-tuned folder or "
+                         "an encoder)")
+    return info, ops
 
 
 # backend name -> loader(folder, device, precision, max_length) -> (description, operations)

@@ -4,14 +4,20 @@ Each operation declares the JSON Schema of its request body; `check` walks a par
 it and raises `InputError` naming the first field at fault ("inputs[3].context must be a
 string, got number"), so the 422 message, the validation and the published description can never
 disagree. Only the part of JSON Schema the operations use is understood: type, properties,
-required, additionalProperties, items, minItems, maxItems, minimum, maximum, oneOf.
+required, additionalProperties, items, minItems, maxItems, minimum, maximum, oneOf. `check`
+recurses only as deep as the schema, so a deeply nested value costs no more than a shallow one.
+
+`check_text` finds the strings that JSON allows and Unicode does not: a lone surrogate
+("\ud800" escaped in the body) cannot be tokenized, printed or encoded as UTF-8.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "boolean": bool}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InputError(ValueError):
@@ -92,3 +98,22 @@ def check(value: Any, schema: dict, where: str = "body") -> None:
             raise InputError(where, f"must be >= {schema['minimum']}, got {value}")
         if "maximum" in schema and value > schema["maximum"]:
             raise InputError(where, f"must be <= {schema['maximum']}, got {value}")
+
+
+def check_text(value: Any, where: str = "body") -> None:
+    """Raise InputError naming the first string (or key) of `value` that holds a lone surrogate."""
+    stack = [(value, where)]
+    while stack:  # no recursion: the depth of a value is the client's
+        item, where = stack.pop()
+        if isinstance(item, str):
+            found = None if item.isascii() else _SURROGATE.search(item)
+            if found:
+                raise InputError(where, f"holds a lone surrogate {found.group()!r} at character {found.start()}, "
+                                 "which is not Unicode text")
+        elif isinstance(item, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in reversed(list(enumerate(item))))
+        elif isinstance(item, dict):
+            for key in item:
+                if not key.isascii() and _SURROGATE.search(key):
+                    raise InputError(where, "has a key that holds a lone surrogate, which is not Unicode text")
+            stack.extend((x, f"{where}.{k}" if where != "body" else k) for k, x in reversed(list(item.items())))

@@ -5,6 +5,13 @@ closes the listening socket (new connections are refused), lets every request it
 its response (the batcher keeps computing), closes idle keep-alive connections, and the app stops
 the batching thread. A request still unanswered after `grace_period` seconds is cancelled; the
 exit status says whether that happened (0: every accepted request answered, 1: some were cut).
+The batching and preparing threads are daemons: a batch still running when the grace period
+ends does not hold up the exit.
+
+Every setting is checked when `ServeConfig` is made (finite, in range: a ConfigError naming it);
+max_length also against the model's positions when it loads. A client gets `read_timeout`
+seconds to send a request's head (else the connection closes) and its body (else 408); an idle
+keep-alive connection closes after 5 s at most.
 """
 
 from __future__ import annotations
@@ -13,10 +20,14 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from bert_kit.checks import ConfigError, Range, check_device, check_settings
 from bert_kit.serving.batcher import Batcher
 from bert_kit.serving.metrics import ServerMetrics
 from bert_kit.serving.operations import BACKENDS
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -35,8 +46,26 @@ class ServeConfig:
     max_inputs: int = 64  # inputs per request (413 past it)
     max_chars: int = 20_000  # characters per text (413 past it)
     grace_period: float = 30.0  # seconds to finish accepted requests after SIGTERM
+    read_timeout: float = 30.0  # seconds a client may take to send a request's head and its body (408 past it)
     backend: str = "torch"  # what runs the model (see operations.BACKENDS)
     access_log: bool = False  # log every request (costs time under load)
+
+    RULES = {"port": Range(0, 65535, integer=True, hint="0 picks a free port"),
+             "max_length": Range(3, integer=True, optional=True, hint="at most the model's positions"),
+             "max_batch_tokens": Range(1, 1 << 24, integer=True, optional=True),
+             "max_wait_ms": Range(0, 60_000), "max_queue": Range(1, 1_000_000, integer=True),
+             "max_inputs": Range(1, 1_000_000, integer=True), "max_chars": Range(1, 100_000_000, integer=True),
+             "grace_period": Range(0, 86_400), "read_timeout": Range(0, 86_400, low_open=True)}
+
+    def __post_init__(self) -> None:
+        check_settings(self, self.RULES)
+        check_device(self.device)
+        for name, choices in (("precision", PRECISIONS), ("backend", tuple(BACKENDS))):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not a valid choice: expected one of "
+                                  f"{', '.join(map(repr, choices))}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError("model is required: a model folder, a run folder or a hub name")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -55,6 +84,50 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def http_protocol(read_timeout: float) -> type:
+    """uvicorn's HTTP protocol with a deadline for a request's head: a connection that does not
+    send a whole request line and headers within `read_timeout` seconds of opening (or of its last
+    response) is closed. uvicorn times out only idle keep-alive connections, and any byte resets that."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm(None)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not self._awaited:  # a request's head arrived: its body has a deadline of its own
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            done = self.cycle
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm(done)  # the next request's head
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self, cycle: Any) -> None:
+            self._disarm()
+            self._awaited = cycle  # the cycle of the last request: a new one means a head arrived
+            self._deadline = self.loop.call_later(read_timeout, self._timed_out)
+
+        def _disarm(self) -> None:
+            if getattr(self, "_deadline", None) is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _timed_out(self) -> None:
+            self._deadline = None
+            if self.cycle is self._awaited and not self.transport.is_closing():
+                self.transport.close()
+
+    return Protocol
+
+
 def warm_up(operations: list) -> None:
     """A batch of one input and one of three through every operation: the first forward passes pay
     one-off costs (allocations, kernel selection) that should not land on the first clients."""
@@ -70,19 +143,17 @@ def serve(cfg: ServeConfig) -> int:
 
     from bert_kit.serving.app import Limits, create_app
 
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {cfg.backend!r}")
-    if cfg.max_inputs < 1 or cfg.max_chars < 1 or cfg.grace_period < 0:
-        raise ValueError("max_inputs and max_chars must be >= 1 and grace_period >= 0")
     t0 = time.perf_counter()
     info, operations = BACKENDS[cfg.backend](cfg.model, cfg.device, cfg.precision, cfg.max_length)
     warm_up(operations)
     metrics = ServerMetrics()
     # a GPU gains from batches as large as memory allows; on a CPU big batches overflow the caches
     # (MiniLM on 2 shared cores: batches of 64 sentences of ~15 tokens ran 2-4x faster than of 512)
-    budget = cfg.max_batch_tokens or (16384 if info["device"].startswith("cuda") else 2048)
+    budget = cfg.max_batch_tokens if cfg.max_batch_tokens is not None else (
+        16384 if info["device"].startswith("cuda") else 2048)
     batcher = Batcher(lambda op, items: op.run(items), budget, cfg.max_wait_ms / 1000, cfg.max_queue, metrics)
-    app = create_app(info, operations, batcher, Limits(cfg.max_inputs, cfg.max_chars), metrics)
+    limits = Limits(cfg.max_inputs, cfg.max_chars, read_timeout=cfg.read_timeout, max_queue=cfg.max_queue)
+    app = create_app(info, operations, batcher, limits, metrics)
     sock = listen(cfg.host, cfg.port)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     print(f"loaded {info['model']} ({info['task'] or 'encoder'}, {info['device']}) in {time.perf_counter() - t0:.1f}s",
@@ -90,7 +161,8 @@ def serve(cfg: ServeConfig) -> int:
     print(f"serving on http://{host}:{sock.getsockname()[1]}  "
           f"POST {', '.join(op.path for op in operations)}; GET /health, /info, /metrics, /openapi.json", flush=True)
     config = uvicorn.Config(app, lifespan="on", access_log=cfg.access_log, log_level="info",
-                            timeout_graceful_shutdown=cfg.grace_period)
+                            timeout_graceful_shutdown=cfg.grace_period, http=http_protocol(cfg.read_timeout),
+                            timeout_keep_alive=min(5, cfg.read_timeout))  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it is done; with these handlers in place
     # that is a no-op, so a graceful stop ends with our exit status instead of "killed by SIGTERM"
