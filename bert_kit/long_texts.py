@@ -97,12 +97,15 @@ class Cutter:
         """(end, tokens of text[:end]) at successive boundaries from `end`; the last is (len(text),
         all tokens). Steps of CHARS_PER_TOKEN per token short of `budget` + 1, else of CHUNK."""
         while end < len(text):
-            missing = CHUNK if budget is None else CHARS_PER_TOKEN * max(budget + 1 - count, 1)
-            found = self.boundary.search(text, end + missing) if self.boundary else None
-            stop = found.start() if found else len(text)
+            stop = self._stop(text, end, CHUNK if budget is None else CHARS_PER_TOKEN * max(budget + 1 - count, 1))
             count += self.count(text[end:stop])
             end = stop
             yield end, count
+
+    def _stop(self, text: str, end: int, step: int) -> int:
+        """The first boundary at least `step` characters after `end`, else the end of the text."""
+        found = self.boundary.search(text, end + step) if self.boundary else None
+        return found.start() if found else len(text)
 
     def prefix(self, text: str, budget: int) -> tuple[int, int] | None:
         """(end, tokens) of the shortest walked prefix of `text` holding more than `budget` tokens,
@@ -179,10 +182,11 @@ class Cutter:
     def _longer(self, a: str, ea: int, ca: int, b: str, eb: int, cb: int) -> bool:
         """Whether text a holds more tokens than text b, counting on from prefixes (ea, ca) and
         (eb, cb) side by side until the shorter text ends."""
+        while ea < len(a) and eb < len(b):  # a chunk of each at once: the Rust tokenizer gives each a core
+            sa, sb = self._stop(a, ea, CHUNK), self._stop(b, eb, CHUNK)
+            na, nb = (len(e.ids) for e in self.backend.encode_batch([a[ea:sa], b[eb:sb]], add_special_tokens=False))
+            ea, ca, eb, cb = sa, ca + na, sb, cb + nb
         walk_a, walk_b = self.walk(a, ea, ca), self.walk(b, eb, cb)
-        while ea < len(a) and eb < len(b):
-            ea, ca = next(walk_a)
-            eb, cb = next(walk_b)
         while ea < len(a) and ca <= cb:  # b is counted: is a longer?
             ea, ca = next(walk_a)
         while eb < len(b) and cb < ca:  # a is counted: is b as long?
