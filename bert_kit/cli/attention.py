@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_kit.checks import ConfigError
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import add_device_option, add_model_option
+from bert_kit.cli.options import MAX_LENGTH, add_device_option, add_model_option
 from bert_kit.visualize import _parse_indices, attention_maps, attention_title, plot_attention_grid
 
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="attention.png", help="PNG to write (default ./attention.png)")
     parser.add_argument("--layers", default=None, help="layers to draw, e.g. 0,5 or 0-2 (default: all)")
     parser.add_argument("--heads", default=None, help="heads to draw, e.g. 0-3 (default: all)")
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="longer texts are truncated (default: the model's positions)")
     parser.add_argument("--save-npy", default=None, help="also write the (L, nh, T, T) probabilities here")
     add_device_option(parser)

@@ -179,11 +179,13 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bert_kit.cli.options import COUNT, POSITIVE, SEED
+
     parser.add_argument("--output", default="runs/demo",
                         help="output folder (default runs/demo); an earlier demo there is replaced")
-    parser.add_argument("--pretrain-steps", type=int, default=2000, help="pretraining steps (default 2000)")
-    parser.add_argument("--finetune-epochs", type=float, default=3.0, help="fine-tuning epochs (default 3)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrain-steps", type=COUNT, default=2000, help="pretraining steps (default 2000)")
+    parser.add_argument("--finetune-epochs", type=POSITIVE, default=3.0, help="fine-tuning epochs (default 3)")
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 (default: cuda if available)")
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import (add_device_option, add_model_option, add_table_options, flag_messages,
-                                   name_settings_as_flags)
+from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_model_option, add_table_options,
+                                   flag_messages, name_settings_as_flags)
 from bert_kit.data.tables import parse_where, read_texts
 from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 from bert_kit.model_folder import resolve_model
@@ -28,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
     parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text, longer ones are truncated (default: the model's own length: its "
                              "fine-tuning or sentence-transformers length, else its positions)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=COUNT, default=32)
     add_device_option(parser)
     parser.add_argument("--compile", action="store_true",
                         help="compile the encoder first (a one-off ~10 s; about 2x faster on the CPU after)")

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from bert_kit.cli.errors import check_output_file
-from bert_kit.cli.options import (add_device_option, add_model_option, add_table_options, flag_messages,
-                                   name_settings_as_flags)
+from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
+                                  add_table_options, flag_messages, name_settings_as_flags)
 from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 from bert_kit.tasks.inference import load_task_model, summary_line
@@ -24,8 +24,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared with `bert-kit predict`."""
     parser.add_argument("--task", choices=TASKS, default=None, help="default: the task recorded in the model folder")
     add_model_option(parser, "fine-tuned, or any encoder for similarity")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--batch-size", type=COUNT, default=64)
+    parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text (default: the model's fine-tuning length, else its positions)")
     add_device_option(parser)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
@@ -42,7 +42,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="second text column (similarity: read any pair file; default: the model's)")
     add_table_options(parser)
     parser.add_argument("--label-pattern", default=None, help="regex with label and text groups splitting the text")
-    parser.add_argument("--word-column", type=int, default=None,
+    parser.add_argument("--word-column", type=INDEX, default=None,
                         help="token-classification: CoNLL column of the word (default: the model's, else 0)")
     parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
 
@@ -52,14 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
     parser.add_argument("--output", default=None,
                         help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
-    parser.add_argument("--max-examples", type=int, default=None, help="evaluate on the first N examples only")
+    parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default=None,
                         help="classification: label column; similarity: score (default: the model's, else label)")
-    parser.add_argument("--tag-column", type=int, default=None,
+    parser.add_argument("--tag-column", type=INTEGER, default=None,
                         help="token-classification: CoNLL column of the tag (default: the model's, else the last)")
-    parser.add_argument("--score-range", type=float, nargs=2, metavar=("LOW", "HIGH"), default=None,
+    parser.add_argument("--score-range", type=FINITE, nargs=2, metavar=("LOW", "HIGH"), default=None,
                         help="similarity: range of the gold scores (default: the model's, else 0 5)")
-    parser.add_argument("--split-articles", type=int, default=None,
+    parser.add_argument("--split-articles", type=COUNT, default=None,
                         help="qa: evaluate on the articles after the first N (the held-out part of a "
                              "fine-tuning split)")
     name_settings_as_flags(parser)

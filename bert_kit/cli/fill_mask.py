@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from bert_kit.cli.options import add_device_option, add_model_option
+from bert_kit.cli.options import COUNT, add_device_option, add_model_option
 from bert_kit.tasks.fill_mask import MAX_MASKS, check_top_k, encode_masked, fill_masks, load_mlm_model
 
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"text with 1 to {MAX_MASKS} [MASK] tokens (several texts allowed)")
     add_model_option(parser, "with MLM head weights")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
-    parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default 5)")
+    parser.add_argument("--top-k", type=COUNT, default=5, help="predictions per mask (default 5)")
     add_device_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

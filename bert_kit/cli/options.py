@@ -1,4 +1,11 @@
-"""Options that several commands share, written once so they read the same everywhere."""
+"""Options that several commands share, written once so they read the same everywhere.
+
+Numeric flags are checked where they are defined, with the `Range` rules of the settings
+(`bert_kit.checks`): `type=number(positive(integer=True))` turns `--batch-size 0` or
+`--batch-size nan` into one usage line naming the flag and the range (exit 2):
+
+    bert-kit embed: error: argument --batch-size: 0 is out of range: expected an integer >= 1
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,35 @@ import argparse
 import functools
 from typing import Any, Callable
 
+from bert_kit.checks import Range, non_negative, positive
 from bert_kit.data import settings_named_as
+
+
+def number(rule: Range) -> Callable[[str], int | float]:
+    """An argparse `type=` reading an int (`rule.integer`) or a float and checking it against `rule`."""
+    kind = "an integer" if rule.integer else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = int(text) if rule.integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}: expected {rule.describe()}") from None
+        problem = rule.problem(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text} {problem}")
+        return value
+
+    parse.__name__ = "integer" if rule.integer else "number"  # argparse's fallback messages name the type
+    return parse
+
+
+COUNT = number(positive(integer=True))  # batch sizes, top-k, examples: an integer >= 1
+INDEX = number(non_negative(integer=True))  # a 0-based column
+MAX_LENGTH = number(Range(3, integer=True, hint="room for [CLS] text [SEP]"))  # tokens per text
+INTEGER = number(Range(integer=True))  # any integer (a column counted from the end: -1)
+FINITE = number(Range())  # any finite number
+POSITIVE = number(positive())  # a finite number > 0
+SEED = number(Range(0, 2**32 - 1, integer=True))
 
 MODEL_HELP = "model folder, run folder, or hub name with a local copy (e.g. sentence-transformers/all-MiniLM-L6-v2)"
 

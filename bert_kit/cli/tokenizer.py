@@ -22,13 +22,15 @@ MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bert_kit.cli.options import INDEX
+
     sub = parser.add_subparsers(dest="tokenizer_command", metavar="ACTION")
     sub.required = True
     train = sub.add_parser("train", help="train a WordPiece vocabulary on text files")
     train.add_argument("--files", nargs="+", required=True, help="text files, folders or globs")
     train.add_argument("--vocab-size", type=int, default=30522, help="vocabulary size (default 30522)")
     train.add_argument("--output", required=True, help="folder to write the tokenizer into")
-    train.add_argument("--min-frequency", type=int, default=2, help="drop merges seen fewer times (default 2)")
+    train.add_argument("--min-frequency", type=INDEX, default=2, help="drop merges seen fewer times (default 2)")
     train.add_argument("--cased", action="store_true", help="keep case and accents (default: lowercase)")
     train.add_argument("--format", choices=sorted(FORMATS), default="text",
                        help="text / lines are read as they are; jsonl and wikitext are parsed into documents")
