@@ -57,12 +57,12 @@ def test_module_entry_point(tmp_path):
     config = write(tmp_path, "".join(f"{k}: {v}\n" for k, v in TINY.items()))
     output = tmp_path / "results.json"
     command = [sys.executable, "-m", "bert_kit.numpy_ref", "--config", str(config), "--output", str(output)]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "step 3/3" in proc.stderr  # progress is logged
     assert 0.0 <= json.loads(output.read_text())["test_nsp_accuracy"] <= 1.0
     bad = subprocess.run([sys.executable, "-m", "bert_kit.numpy_ref", "--config", str(tmp_path / "nope.yaml")],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "config file not found" in bad.stderr
 
 
