@@ -305,9 +305,12 @@ def test_classify_equals_predict_and_the_model(servers, http, folders, tokenizer
 
 
 def test_tag_equals_predict(servers, http, folders, tmp_path):
-    sentences = ["John Smith lives in New York .", "EU rejects German call to boycott British lamb ."]
-    got = http.post(f"{servers['ner'].url}/tag", json={"inputs": [sentences[0], sentences[1].split()]})
+    """Also on a sentence of 300 words, 5 times the folder's 64 tokens: every word is tagged."""
+    sentences = ["John Smith lives in New York .", "EU rejects German call to boycott British lamb .",
+                 " ".join(f"Paris{i} is in France ." for i in range(60))]
+    got = http.post(f"{servers['ner'].url}/tag", json={"inputs": [sentences[0], sentences[1].split(), sentences[2]]})
     assert got.json()["predictions"] == predicted(tmp_path, folders["ner"], "ner.txt", "\n".join(sentences) + "\n")
+    assert len(got.json()["predictions"][2]["tags"]) == 300
 
 
 def test_answer_equals_predict(servers, http, folders, tmp_path):

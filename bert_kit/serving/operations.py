@@ -183,9 +183,6 @@ class Tag(_TaskOperation):
             "type": TEXT, "start": INTEGER, "end": {**INTEGER, "description": "word index, exclusive"},
             "text": TEXT}}}}}
 
-    def _dataset(self, sentences: list[list[str]]) -> Any:
-        return self.task._dataset([(words, None) for words in sentences])  # the task's windows over long sentences
-
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         sentences = []
         for i, x in enumerate(inputs):
@@ -196,16 +193,15 @@ class Tag(_TaskOperation):
             if blank is not None:
                 raise InputError(f"inputs[{i}][{blank}]", "is a blank word")
             sentences.append(words)
-        dataset = self._dataset(sentences)
-        windows = getattr(dataset, "windows_of", None) or [[i] for i in range(len(sentences))]
-        return [Item(sum(len(dataset[k]["input_ids"]) for k in windows[i]), words)
+        dataset = self.task._dataset([(words, None) for words in sentences])  # a long sentence is several windows
+        return [Item(sum(len(dataset[k]["input_ids"]) for k in dataset.windows_of[i]), words)
                 for i, words in enumerate(sentences)]
 
     def run(self, items: list[Item]) -> list:
         from bert_kit.tasks.inference import tagged_record
 
         sentences = [it.data for it in items]
-        tags = self.task.tag(self.model, self._dataset(sentences), self.precision)
+        tags = self.task.tag_words(self.model, sentences, self.precision)  # every word, however long the sentence
         return [tagged_record(words, t) for words, t in zip(sentences, tags)]
 
 
