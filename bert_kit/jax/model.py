@@ -115,18 +115,22 @@ class BertEmbeddings(nnx.Module):
                  rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
         T = input_ids.shape[-1]
-        # lookups in the tables' own dtype (nnx.Embed's call would compute in its float32 param_dtype)
-        words = jnp.take(self.word_embeddings.embedding[...], input_ids, axis=0)  # (B, T, H)
+        table = self.word_embeddings.embedding[...]  # (V, H), float32 or the compute dtype (`train.cast`)
+        # gathered from a float32 copy: the backward adds each token's gradient into its row (a
+        # scatter-add), which in 16 bits would lose precision and, on a GPU, run 10x slower
+        words = jnp.take(table.astype(jnp.float32), input_ids, axis=0).astype(table.dtype)  # (B, T, H)
         words = jnp.where((input_ids == self.pad_token_id)[..., None], jax.lax.stop_gradient(words), words)
         if self.learned_positions:
             positions = self.position_embeddings.embedding[:T]  # (T, H)
         else:
-            positions = jnp.asarray(sinusoidal_table(self.max_positions, words.shape[-1])[:T], words.dtype)
+            positions = jnp.asarray(sinusoidal_table(self.max_positions, words.shape[-1])[:T])
+        segment_table = self.token_type_embeddings.embedding[...]  # (type_vocab_size, H)
         if token_type_ids is None:  # all sentence A: row 0 of the segment table
-            segments = self.token_type_embeddings.embedding[0]
-        else:
-            segments = jnp.take(self.token_type_embeddings.embedding[...], token_type_ids, axis=0)
-        x = words + positions.astype(words.dtype) + segments
+            segments = segment_table[0]
+        else:  # a one-hot matmul: its backward is a matmul, not B * T scatter-adds into two rows
+            one_hot = jax.nn.one_hot(token_type_ids, segment_table.shape[0], dtype=jnp.float32)
+            segments = (one_hot @ segment_table.astype(jnp.float32)).astype(table.dtype)  # (B, T, H), exact
+        x = words + positions.astype(words.dtype) + segments.astype(words.dtype)
         return dropout(self.dropout, self.norm(x), rngs)
 
 
