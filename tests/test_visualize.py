@@ -156,7 +156,7 @@ def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_p
     assert titles == [f"{minilm_path}: attention over 'The cat sat.' + 'It was tired.'"]
 
 
-@pytest.mark.parametrize("layers, heads", [(1, 1), (2, 3), (6, 12)])
+@pytest.mark.parametrize("layers, heads", [(1, 1), (2, 3)])
 def test_a_long_title_fits_the_figure(layers, heads):
     """The title of a model path and two texts (up to 60 characters each) was one line wider than a
     figure of a few heads, clipped at both sides: it is wrapped (or set smaller) inside the figure."""
