@@ -20,7 +20,8 @@ What differs from the torch file, and why:
 - randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
   `dropout` stream). Without it the model is in eval mode; a jitted step passes a key it is given;
 - precision: parameters live in float32. Cast them to bfloat16 (`train.cast`) and the forward runs
-  in bfloat16, with LayerNorm statistics, softmax and losses in float32;
+  in bfloat16, with LayerNorm statistics, softmax and losses in float32; embedding gradients add up
+  in float32 too (the word table is gathered from a float32 copy, segments by a one-hot matmul);
 - the MLM head predicts at fixed slots per row, `masked_positions` (B, P), as Google's BERT did
   (max_predictions_per_seq): shapes stay static under jit and the slots shard with the batch.
 """

@@ -73,7 +73,8 @@ def test_a_torch_folder_round_trips_through_jax(tmp_path):
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
 
     model.save_pretrained(tmp_path / "jax")
-    before, after = load_file(str(tmp_path / "torch" / "model.safetensors")), load_file(str(tmp_path / "jax" / "model.safetensors"))
+    before = load_file(str(tmp_path / "torch" / "model.safetensors"))
+    after = load_file(str(tmp_path / "jax" / "model.safetensors"))
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
     assert json.loads((tmp_path / "jax" / "config.json").read_text()) == \
         json.loads((tmp_path / "torch" / "config.json").read_text())
