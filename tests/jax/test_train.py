@@ -38,6 +38,7 @@ def make_task(kind: str) -> tuple[torch.nn.Module, dict]:
     """A seeded torch model of the head `kind` and a padded batch with its labels."""
     torch.manual_seed(0)
     batch = padded_batch(CONFIG, [11, 6, 9, 3], 11, seed=1)
+    batch["input_ids"][0, 5] = CONFIG.pad_token_id  # a padding id among the tokens: its row takes no gradient
     rng = np.random.default_rng(1)
     real = batch["attention_mask"] == 1
     if kind == "pretraining":
