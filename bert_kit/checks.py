@@ -212,7 +212,7 @@ def check_settings(cfg: Any, rules: dict[str, Range]) -> None:
     check_choices(cfg)
 
 
-_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
+_DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d{1,6})?)$")  # torch cannot parse a 20-digit index
 
 
 def check_device(device: Any, name: str = "device") -> None:
@@ -265,6 +265,8 @@ def read_json(path: str | Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise CorruptFileError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:  # [[[[...]]]] thousands deep: no file we read nests that far
+        raise CorruptFileError(f"{path}: JSON nested too deeply to read (thousands of levels)") from None
 
 
 def check_input_path(setting: str, value: str | Path, folder_ok: bool = False) -> None:

@@ -96,6 +96,8 @@ class PretrainConfig(RunSettings):
             "short_seq_prob": fraction(),
             "eval_batches": positive(integer=True),
         })
+        if isinstance(self.model, str) and not self.model.strip():
+            raise ConfigError("model is empty: name a preset (e.g. bert-mini), a model folder or a config file")
         if self.max_steps is None and self.time_budget is None:
             raise ConfigError("max_steps=null needs a time_budget (e.g. time_budget=6m) to end the run")
         if self.max_steps is None and len(self.phases) > 1:

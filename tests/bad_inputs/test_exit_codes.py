@@ -83,10 +83,20 @@ WRONG_INPUTS = {
     "embed: corrupt safetensors": (lambda a, t: ["embed", "--model", corrupt_copy(a, t), "--input", a.corpus,
                                                  "--output", t / "o.npy", "--device", "cpu"],
                                    "is not a readable safetensors file"),
+    "embed: config.json nested too deeply": (lambda a, t: ["embed", "--model", deep_config_copy(a, t), "--input",
+                                                           a.corpus, "--output", t / "o.npy", "--device", "cpu"],
+                                             "config.json: JSON nested too deeply to read"),
     "pretrain: --resume a missing checkpoint": (lambda a, t: ["pretrain", "--config", a.pretrain_yaml,
                                                               f"output_dir={t / 'o'}", "--resume", t / "nowhere"],
                                                 "nowhere"),
 }
+
+
+def deep_config_copy(assets, tmp_path):
+    folder = tmp_path / "deep"
+    shutil.copytree(assets.mlm, folder)
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return folder
 
 
 def corrupt_copy(assets, tmp_path):

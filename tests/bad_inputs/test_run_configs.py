@@ -74,6 +74,8 @@ PRETRAIN_CASES = [
     case("max_steps=1e30", "max_steps=1000000000000000019884624838656 is out of range", "at most 9.22e+18"),
     case("device=bogus", "device='bogus' is not a device", "cpu, cuda, cuda:N"),
     case("device=cuda:x", "device='cuda:x' is not a device"),
+    case("device=cuda:99999999999999999999", "is not a device"),  # torch cannot parse the index
+    case("model=", "model is empty: name a preset"),
     case("precision=fp8", "precision='fp8'", "'fp32'", "'bf16'"),
     case("schedule=cosinus", "schedule='cosinus'", "'cosine'"),
     case("optimizer=sgd", "optimizer='sgd'", "'adamw'"),
