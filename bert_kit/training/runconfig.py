@@ -357,11 +357,16 @@ def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config",
         raise ConfigError(f"{prefix}{e}") from None
 
 
+def _quoted(text: str, limit: int = 60) -> str:
+    """repr(text) for a message, cut short: an override may be thousands of characters long."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def _split_override(text: str) -> tuple[str, str]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override {text!r} is not of the form key=value")
+        raise ConfigError(f"override {_quoted(text)} is not of the form key=value")
     return key, raw
 
 
@@ -378,7 +383,7 @@ def _parse_override(text: str, tp: Any = Any) -> tuple[str, Any]:
     key, raw = _split_override(text)
     value = raw.strip()
     if value[:1] in ("[", "{") and not _is_scalar_type(tp):
-        return key, load_yaml(value, f"override {text!r}", with_lines=False)
+        return key, load_yaml(value, f"override {_quoted(text)}", with_lines=False)
     return key, PlainText(value) if value else ""
 
 
@@ -393,7 +398,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
         head, _, rest = key.partition(".")
         if head not in valid:
             error = unknown_keys([head], valid, _settings_help(cls, settings_help))
-            raise UnknownKeyError(f"override {text!r}: {error}")
+            raise UnknownKeyError(f"override {_quoted(text)}: {error}")
         _, value = _parse_override(text, Any if rest else hints[head])
         if rest:
             inner = data.get(head)
@@ -402,7 +407,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
             if isinstance(inner, str):  # e.g. model=bert-mini then model.hidden_dropout_prob=0
                 inner = {"preset": inner}
             if not isinstance(inner, dict):
-                raise ConfigError(f"override {text!r}: {head} is not a mapping, cannot set {rest!r}")
+                raise ConfigError(f"override {_quoted(text)}: {head} is not a mapping, cannot set {rest!r}")
             inner = dict(inner)
             inner[rest] = value
             value = inner
