@@ -17,6 +17,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -339,3 +340,32 @@ def test_sigterm_exits_within_the_grace_period_with_stuck_requests(servers):
     assert any(re.match(r"stopped: answered 0 of 2 accepted", line) for line in server.lines)
     assert [r.status_code for r in replies] == [503, 503]
     assert all("grace period ran out" in r.json()["error"] for r in replies)
+
+
+def test_a_model_with_nan_on_every_input_is_refused_at_start(folders, tmp_path):
+    """Warm-up runs each endpoint's example: a model that answers nothing but NaN is not served."""
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(folders["cls"], tmp_path / "all-nan")
+    weights = load_file(folder / "model.safetensors")
+    scale = "bert.embeddings.LayerNorm.weight"  # finite; the attention scores overflow
+    weights[scale] = torch.full_like(weights[scale], 1e20)
+    save_file(weights, folder / "model.safetensors")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "bert_kit", "serve", "--model", str(folder), "--port", "0"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "serving on" not in done.stdout, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "POST /embed on its example" in done.stderr
+    assert "the model produced non-finite values (NaN or inf)" in done.stderr
+
+
+def test_a_word_list_counts_its_characters_together():
+    """A sentence sent to /tag as a list of words is as long as the same sentence sent as a text."""
+    from bert_kit.serving.app import Limits, validate
+    from bert_kit.serving.operations import Tag
+
+    op = object.__new__(Tag)  # the schema only
+    assert validate(op, {"inputs": [["ab"] * 13]}, Limits(max_chars=40))[0] == [["ab"] * 13]  # 38 characters
+    with pytest.raises(InputError, match=r"inputs\[0\] has 41 characters; at most 40") as caught:
+        validate(op, {"inputs": [["ab"] * 14]}, Limits(max_chars=40))
+    assert caught.value.status == 413

@@ -183,6 +183,10 @@ class Tag(_TaskOperation):
             "type": TEXT, "start": INTEGER, "end": {**INTEGER, "description": "word index, exclusive"},
             "text": TEXT}}}}}
 
+    def strings(self, value: Any) -> list[str]:
+        # a list of words is one sentence: its characters count together, as those of the same text would
+        return [value] if isinstance(value, str) else [" ".join(w for w in value if isinstance(w, str))]
+
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         sentences = []
         for i, x in enumerate(inputs):

@@ -25,7 +25,7 @@ from typing import Any
 from bert_kit.checks import ConfigError, Range, check_device, check_settings
 from bert_kit.serving.batcher import Batcher
 from bert_kit.serving.metrics import ServerMetrics
-from bert_kit.serving.operations import BACKENDS
+from bert_kit.serving.operations import BACKENDS, NonFiniteOutput
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -133,8 +133,12 @@ def warm_up(operations: list) -> None:
     one-off costs (allocations, kernel selection) that should not land on the first clients."""
     for op in operations:
         options = op.with_defaults({})
-        for n in (1, 3):
-            op.respond(op.run(op.prepare([op.example] * n, options)), options)
+        try:
+            for n in (1, 3):
+                op.respond(op.run(op.prepare([op.example] * n, options)), options)
+        except NonFiniteOutput as e:  # no input would get an answer: refuse to serve
+            raise ValueError(f"{op} on its example {op.example!r}: {e}: the model's weights (or its precision) "
+                             "are broken") from None
 
 
 def serve(cfg: ServeConfig) -> int:
