@@ -196,17 +196,24 @@ def check_finite(tensors: dict[str, Any], source: str) -> None:
     """Raise CorruptFileError naming `source` and the first tensor holding NaN or inf.
 
     One sum per tensor (NaN and inf propagate into it); only a sum that is not finite, which a
-    float16 sum can also be by overflowing, is confirmed element by element."""
-    import torch
-
+    float16 sum can also be by overflowing, is confirmed element by element. Torch tensors or
+    NumPy arrays (the JAX engine's)."""
     for name, t in tensors.items():
-        if not (torch.is_tensor(t) and t.is_floating_point() and t.numel()):
-            continue
-        if not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise CorruptFileError(f"{source}: tensor {name} holds {bad} NaN or infinite value(s) of {t.numel()}: "
-                                   "these weights cannot give meaningful outputs (a run that diverged?); use an "
-                                   "earlier checkpoint, or save the model again")
+        if isinstance(t, np.ndarray):  # the JAX engine's arrays
+            if t.dtype.kind != "f" or not t.size or np.isfinite(t.sum()) or np.isfinite(t).all():
+                continue
+            bad, size = int((~np.isfinite(t)).sum()), t.size
+        else:
+            import torch
+
+            if not (torch.is_tensor(t) and t.is_floating_point() and t.numel()):
+                continue
+            if torch.isfinite(t.sum()) or bool(torch.isfinite(t).all()):
+                continue
+            bad, size = int((~torch.isfinite(t)).sum()), t.numel()
+        raise CorruptFileError(f"{source}: tensor {name} holds {bad} NaN or infinite value(s) of {size}: "
+                               "these weights cannot give meaningful outputs (a run that diverged?); use an "
+                               "earlier checkpoint, or save the model again")
 
 
 def weights_file(folder: str | Path) -> Path:
@@ -281,6 +288,24 @@ def _first_line(e: BaseException) -> str:
     return first if len(first) <= 160 else first[:157] + "..."
 
 
+def check_decoder_tied(hf_state: dict[str, Any], source: str) -> None:
+    """Refuse an MLM decoder stored apart from the word embeddings (tie_word_embeddings: false):
+    bert-kit ties them, so its predictions would differ. Torch tensors or NumPy arrays."""
+    tied = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
+    decoder = hf_state.get("cls.predictions.decoder.weight")
+    if decoder is None or tied is None:
+        return
+    if isinstance(decoder, np.ndarray):
+        same = np.array_equal(decoder, tied)
+    else:
+        import torch
+
+        same = torch.equal(decoder, tied)
+    if not same:
+        raise ValueError(f"{source}: its MLM decoder (cls.predictions.decoder.weight) is not the word embeddings "
+                         "(tie_word_embeddings: false); bert-kit ties them, so its predictions would differ")
+
+
 def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str = "checkpoint",
               strict: bool = False) -> list[str]:
     """Copy HF-named tensors into `model`; returns the names of freshly initialised head weights.
@@ -289,15 +314,10 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     them. Missing head weights (a new classifier on a pretrained encoder) are allowed unless
     strict; keys of other heads (e.g. `cls.*` when fine-tuning) are dropped.
     """
-    import torch
-
     if not isinstance(hf_state, FiniteTensors):  # tensors from elsewhere than read_state_dict
         check_finite(hf_state, source)
-    tied = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
-    decoder = hf_state.get("cls.predictions.decoder.weight")
-    if hasattr(model, "mlm") and decoder is not None and tied is not None and not torch.equal(decoder, tied):
-        raise ValueError(f"{source}: its MLM decoder (cls.predictions.decoder.weight) is not the word embeddings "
-                         "(tie_word_embeddings: false); bert-kit ties them, so its predictions would differ")
+    if hasattr(model, "mlm"):
+        check_decoder_tied(hf_state, source)
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
     own = {k: v for k, v in model.state_dict().items() if k != "mlm.decoder.weight"}
     problems = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import jax
@@ -21,8 +22,9 @@ from flax import nnx
 
 from bert_kit.checks import CorruptFileError, read_json
 from bert_kit.config import load_hf_config
-from bert_kit.hf import HEAD_PREFIXES, _first_line, _infer_head_args, from_hf_state_dict, load_torch_file, \
-    save_pretrained as save_hf_folder, to_hf_state_dict, weights_file
+from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _first_line, _infer_head_args, check_decoder_tied,
+                         check_finite, from_hf_state_dict, load_torch_file, to_hf_state_dict, weights_file)
+from bert_kit.hf import save_pretrained as save_hf_folder
 
 log = logging.getLogger(__name__)
 
@@ -90,31 +92,37 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
             array = np.asarray(state[name], dtype=np.float32)
             flat[path].set_value(jnp.asarray(array.T if transposed else array))
     nnx.update(model, nnx.from_flat_state(flat))
-    if new_heads:
-        log.info("%s: newly initialised head weights %s", source, new_heads)
     if other_heads:
         log.info("%s: ignored weights of other heads %s", source, other_heads)
     return new_heads
 
 
 def read_arrays(folder: str | Path) -> dict[str, np.ndarray]:
-    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`."""
+    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`,
+    with the checks of `bert_kit.hf.read_state_dict`: a corrupt file or NaN / inf weights are named."""
     file = weights_file(folder)
     if file.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         try:
-            return load_file(str(file))
+            arrays = load_file(str(file))
         except SafetensorError as e:
             raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
                                    "or corrupt; copy or save the model again") from None
-    return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in load_torch_file(file).items()}
+    else:
+        tensors = load_torch_file(file)
+        if not isinstance(tensors, dict):
+            raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
+        arrays = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
+    check_finite(arrays, str(file))
+    return arrays
 
 
 def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: int = 0, **head_args) -> nnx.Module:
     """Build `cls` (a `bert_kit.jax` model class) from an HF or bert-kit folder, or from the local
-    copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2". Parameters are float32."""
+    copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2". Parameters are float32.
+    Weights the folder does not hold (a new head) are drawn at random, with one `NewWeightsWarning`."""
     folder = Path(folder)
     if not folder.is_dir():  # a hub name: its local copy (nothing is downloaded)
         from bert_kit.model_folder import resolve_model
@@ -128,10 +136,15 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
 
     # shapes only: drawing random weights that the folder replaces costs a compilation per shape
     model = nnx.eval_shape(build)
+    if hasattr(model, "mlm"):
+        check_decoder_tied(hf_state, str(folder))
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
     if set(torch_state_dict_names(model)) - set(state):  # a new head: its weights are drawn for real
         model = nnx.jit(build)()  # one program draws them all
-    load_torch_state_dict(model, state, source=str(folder), strict=strict, unmapped=unmapped)
+    new = load_torch_state_dict(model, state, source=str(folder), strict=strict, unmapped=unmapped)
+    if new:
+        warnings.warn(f"{cls.__name__}: {', '.join(new)} {'are' if len(new) > 1 else 'is'} newly initialised "
+                      f"(not in {folder}): train them before use", NewWeightsWarning, stacklevel=3)
     return model
 
 

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 import bert_kit.jax as bj  # noqa: E402
 from bert_kit import BERTForPreTraining, BERTForSequenceClassification, BERTModel  # noqa: E402
 from bert_kit.checks import CorruptFileError  # noqa: E402
-from bert_kit.hf import to_hf_state_dict  # noqa: E402
+from bert_kit.hf import NewWeightsWarning, to_hf_state_dict  # noqa: E402
 from bert_kit.jax.weights import torch_state_dict  # noqa: E402
 from tests.jax.common import max_abs, padded_batch, random_model, tiny  # noqa: E402
 
@@ -97,7 +97,8 @@ def test_a_new_head_is_drawn_and_strict_refuses_it(tmp_path):
     torch.manual_seed(2)
     base = BERTModel(config)
     base.save_pretrained(tmp_path / "base")
-    model = bj.BERTForSequenceClassification.from_pretrained(tmp_path / "base", num_labels=4, seed=3)
+    with pytest.warns(NewWeightsWarning, match="classifier.bias, classifier.weight are newly initialised"):
+        model = bj.BERTForSequenceClassification.from_pretrained(tmp_path / "base", num_labels=4, seed=3)
     got = torch_state_dict(model)
     for name, value in base.state_dict().items():
         assert np.array_equal(got["bert." + name], value.numpy()), name
@@ -122,3 +123,20 @@ def test_mismatches_are_listed_together_and_corrupt_files_named(tmp_path):
     file.write_bytes(file.read_bytes()[:100])
     with pytest.raises(CorruptFileError, match="model.safetensors"):
         bj.BERTModel.from_pretrained(tmp_path / "bad")
+
+
+def test_nan_weights_and_an_untied_decoder_are_refused(tmp_path):
+    torch.manual_seed(4)
+    BERTForPreTraining(tiny()).save_pretrained(tmp_path / "pt")
+    file = tmp_path / "pt" / "model.safetensors"
+    good = load_file(str(file))
+    untied = dict(good, **{"cls.predictions.decoder.weight": good["bert.embeddings.word_embeddings.weight"] + 1.0})
+    save_file(untied, str(file))
+    with pytest.raises(ValueError, match="MLM decoder .* is not the word embeddings"):
+        bj.BERTForMaskedLM.from_pretrained(tmp_path / "pt")
+    broken = dict(good)
+    broken["bert.encoder.layer.0.output.dense.weight"] = good["bert.encoder.layer.0.output.dense.weight"].copy()
+    broken["bert.encoder.layer.0.output.dense.weight"][0, :3] = np.nan
+    save_file(broken, str(file))
+    with pytest.raises(CorruptFileError, match="tensor bert.encoder.layer.0.output.dense.weight holds 3 NaN"):
+        bj.BERTModel.from_pretrained(tmp_path / "pt")
