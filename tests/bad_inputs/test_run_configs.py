@@ -131,7 +131,7 @@ FINETUNE_CASES = [
     case("tag_column=1.5", "tag_column: expected an integer, got 1.5"),
     case("batch_size=-8", "batch_size=-8", ">= 1"),
     case("device=gpu", "device='gpu' is not a device"),
-    case("lr=1e", "lr: expected a number, got '1e'"),
+    case("lr=1e", "lr: expected float | 'auto', got '1e'"),
     case("cuda_graphs=sometimes", "cuda_graphs: expected bool | 'auto', got 'sometimes'"),
 ]
 
