@@ -11,6 +11,7 @@ What goes into the output folder, so that it alone serves inference:
   outputs named as HF's (last_hidden_state, logits, start_logits, end_logits, prediction_logits,
   seq_relationship_logits). The encoder's graph also outputs `sentence_embedding` (B, H): the
   model's pooling (mean or [CLS], from its metadata) and L2 normalisation, as `SentenceEncoder`;
+  a head's graph also outputs its encoder's `last_hidden_state`, so every exported folder embeds;
 - config.json (the source's, plus a `bert_kit.onnx` entry describing the graph), the tokenizer files,
   and the record of what the export wrote (`.bert-kit-files.json`, bert_kit/outputs.py).
 
@@ -125,6 +126,14 @@ class ExportGraph(nn.Module):
         self.eval()  # dropout off; torch.onnx.export restores this mode after tracing
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> Any:
+        if not isinstance(self.model, BERTModel):  # a head: its encoder's states too, for sentence embeddings
+            states: list[torch.Tensor] = []
+            hook = self.model.bert.register_forward_hook(lambda module, args, out: states.append(out))
+            try:
+                out = self.model(input_ids, attention_mask, token_type_ids)
+            finally:
+                hook.remove()
+            return (*(out if isinstance(out, tuple) else (out,)), states[0])
         out = self.model(input_ids, attention_mask, token_type_ids)
         if self.pooling is None:
             return out
@@ -395,7 +404,9 @@ def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | No
     require_onnxruntime()
     model, architecture = load_for_export(source)
     pooling = encoder_pooling(source) if architecture == "BertModel" else None
-    outputs = list(CALL_OUTPUTS[architecture]) + (["sentence_embedding"] if pooling else [])
+    # the encoder's graph adds its pooled vectors; a head's graph its encoder's states (for /embed)
+    outputs = list(CALL_OUTPUTS[architecture]) + (["sentence_embedding"] if pooling else
+                                                  [] if architecture == "BertModel" else ["last_hidden_state"])
     graph = ExportGraph(model, pooling)
     inputs = sample_inputs(model.config)
 

@@ -133,7 +133,7 @@ def test_classification_head_on_real_weights_equals_pytorch(export, minilm_path,
     model.save_pretrained(tmp_path / "pt")
     get_tokenizer(minilm_path).save(tmp_path / "pt")
     report = export(tmp_path / "pt", tmp_path / "onnx", fuse=True)  # ONNX Runtime's fused ops, this time
-    assert report.architecture == "BertForSequenceClassification" and report.outputs == ["logits"]
+    assert report.architecture == "BertForSequenceClassification" and report.outputs == ["logits", "last_hidden_state"]
     assert report.fused.get("Attention") == 6  # every layer's attention fused
     onnx_model = OnnxModel(report.folder)
     with torch.no_grad():

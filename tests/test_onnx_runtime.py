@@ -3,8 +3,8 @@ and every exported folder serves what a PyTorch folder serves.
 
 - config.json naming 3 labels for a 2-output graph predicted 2 and reported 3 in /info;
 - config.json naming "../other/model.onnx" ran another folder's graph;
-- an exported head serves /embed from the encoder states its graph outputs (a head graph
-  without them serves its task only), equal to the PyTorch encoder's;
+- an exported head serves /embed from the encoder states its graph outputs (`bert-kit export`
+  writes them; a head graph without them serves its task only), equal to the PyTorch encoder's;
 - a non-finite output of an exported graph is an error, as for PyTorch.
 
 Run: .venv/bin/python -m pytest tests/test_onnx_runtime.py -q
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def exported(minilm_path, tmp_path_factory) -> dict[str, Path]:
-    """A tiny fine-tuned classifier, its export, and the same export whose graph also outputs the
-    encoder's states (as `ExportGraph` traces a head plus its encoder's last_hidden_state)."""
+    """A tiny fine-tuned classifier, its export (whose graph also outputs the encoder's states),
+    and the same folder with a graph of the logits alone (as exports made before that)."""
     pytest.importorskip("onnxruntime")
     from bert_kit.onnx_export import ExportGraph, export_onnx, sample_inputs, trace_to_onnx
     from bert_kit.tokenizer import get_tokenizer
@@ -43,23 +43,20 @@ def exported(minilm_path, tmp_path_factory) -> dict[str, Path]:
                    max_length=64)
     export_onnx(folder, root / "onnx")
 
-    class WithStates(nn.Module):
+    class LogitsOnly(nn.Module):
         def __init__(self, graph: ExportGraph):
             super().__init__()
             self.graph = graph
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            head = self.graph.model
-            hidden = head.bert(input_ids, attention_mask, token_type_ids)
-            return head.classifier(head.dropout(head.bert.pool(hidden))), hidden
+            return self.graph.model(input_ids, attention_mask, token_type_ids)
 
-    states = root / "onnx-states"
-    shutil.copytree(root / "onnx", states)
-    outputs = ["logits", "last_hidden_state"]
-    trace_to_onnx(WithStates(ExportGraph(model)), sample_inputs(model.config), "BertForSequenceClassification",
-                  outputs, states / "model.onnx")
-    edit_config(states, lambda c: c["bert_kit"]["onnx"].update(outputs=outputs))
-    return {"torch": folder, "onnx": root / "onnx", "states": states}
+    logits_only = root / "onnx-logits"
+    shutil.copytree(root / "onnx", logits_only)
+    trace_to_onnx(LogitsOnly(ExportGraph(model)), sample_inputs(model.config), "BertForSequenceClassification",
+                  ["logits"], logits_only / "model.onnx")
+    edit_config(logits_only, lambda c: c["bert_kit"]["onnx"].update(outputs=["logits"]))
+    return {"torch": folder, "onnx": root / "onnx", "logits_only": logits_only}
 
 
 def edit_config(folder: Path, change) -> None:
@@ -96,7 +93,7 @@ def test_an_exported_head_serves_embed_from_its_encoder_states(exported):
     from bert_kit.serving.operations import BACKENDS
     from bert_kit.tokenizer import get_tokenizer
 
-    info, ops = BACKENDS["torch"](exported["states"], "cpu", "auto", None)
+    info, ops = BACKENDS["torch"](exported["onnx"], "cpu", "auto", None)
     assert [op.path for op in ops] == ["/embed", "/classify"] and info["hidden_size"] == 32
     embed = ops[0]
     options = embed.with_defaults({})
@@ -104,7 +101,7 @@ def test_an_exported_head_serves_embed_from_its_encoder_states(exported):
     encoder = SentenceEncoder(BERTModel.from_pretrained(exported["torch"]), get_tokenizer(exported["torch"]),
                               max_length=64, device="cpu")
     np.testing.assert_allclose(got, encoder.encode(TEXTS), atol=1e-4, rtol=0)
-    info, ops = BACKENDS["torch"](exported["onnx"], "cpu", "auto", None)  # a graph without the states
+    info, ops = BACKENDS["torch"](exported["logits_only"], "cpu", "auto", None)  # a graph without the states
     assert [op.path for op in ops] == ["/classify"] and "hidden_size" not in info
 
 
