@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from bert_kit.serving.batcher import Item
 from bert_kit.serving.schema import InputError
+from bert_kit.tasks.fill_mask import MAX_MASKS, fill_masks, vocab_size
 
 TEXT = {"type": "string"}
 PAIR = {"type": "array", "minItems": 2, "maxItems": 2, "items": TEXT}
@@ -263,7 +264,7 @@ class FillMask(Operation):
     options = {"top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5,
                          "description": "predictions per mask"}}
     # each prediction carries its whole filled-in text: masks x top_k bounds the work and the answer
-    limits = {"max_masks_per_input": 16, "max_masks_per_request": 64}
+    limits = {"max_masks_per_input": MAX_MASKS, "max_masks_per_request": 64}
     output_schema = {"type": "array", "description": "one list per [MASK], in order", "items": {
         "type": "array", "items": {"type": "object", "properties": {
             "token": TEXT, "token_id": INTEGER, "score": NUMBER, "sequence": TEXT}}}}
@@ -271,6 +272,10 @@ class FillMask(Operation):
     def __init__(self, model: Any, tokenizer: Any, max_length: int):
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
         self.example = f"paris is the {tokenizer.convert_ids_to_tokens(tokenizer.mask_token_id)} of france."
+        top_k = dict(self.options["top_k"])  # no more predictions than the vocabulary has words
+        top_k["maximum"] = min(top_k["maximum"], vocab_size(model, tokenizer))
+        top_k["default"] = min(top_k["default"], top_k["maximum"])
+        self.options = {**self.options, "top_k": top_k}
 
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         rows = self.tokenizer(inputs, max_length=self.max_length, padding=False, return_tensors=None)["input_ids"]
@@ -291,8 +296,6 @@ class FillMask(Operation):
         return [Item(len(ids), (ids, options["top_k"])) for ids in rows]
 
     def run(self, items: list[Item]) -> list:
-        from bert_kit.tasks.fill_mask import fill_masks
-
         k = max(top_k for _, top_k in (it.data for it in items))
         results = fill_masks(self.model, self.tokenizer, [ids for ids, _ in (it.data for it in items)], k)
         return [[row[:top_k] for row in masks] for masks, (_, top_k) in zip(results, (it.data for it in items))]

@@ -68,3 +68,19 @@ def test_the_command_checks_every_text_before_it_answers(cli, assets, mlm, argv,
     result = cli("fill-mask", "--model", assets.mlm, *argv)
     result.one_line_error(needle, code=2)
     assert result.out == ""  # not the first text's answers, then an error
+
+
+def test_the_server_offers_no_more_predictions_than_the_vocabulary_has(mlm):
+    """/fill-mask's top_k maximum is 100, or the vocabulary size where that is smaller: a model of
+    fewer words asked for top_k=100 failed inside the batch instead of answering 422."""
+    from bert_kit.config import BertConfig
+    from bert_kit.heads import BERTForMaskedLM
+    from bert_kit.serving.operations import FillMask
+
+    model, tokenizer = mlm
+    assert FillMask(model, tokenizer, 64).options["top_k"]["maximum"] == 100  # 110 words
+    small = BERTForMaskedLM(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=64))
+    op = FillMask(small, tokenizer, 64)
+    assert op.options["top_k"]["maximum"] == 60 and op.request_schema()["properties"]["top_k"]["maximum"] == 60
+    assert FillMask.options["top_k"]["maximum"] == 100  # the class's own schema is left as it was
