@@ -35,7 +35,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bert_kit.embeddings import mean_pool  # noqa: E402
-from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune, resolve_lr  # noqa: E402
 from bert_kit.training.precision import resolve_precision  # noqa: E402
 from bert_kit.training.runconfig import load_config  # noqa: E402
 from bert_kit.model_folder import read_model_metadata  # noqa: E402
@@ -219,7 +219,8 @@ def main() -> None:
                 p.error(f"--impl takes bertkit and/or hf, got {impl!r}")
             with tempfile.TemporaryDirectory() as tmp:
                 extra = args.bertkit_set if impl == "bertkit" else []
-                cfg = run_config(task_name, args, Path(tmp) / task_name, extra)
+                # lr: auto as bert-kit finetune resolves it: both runs, and the row, get the number
+                cfg = resolve_lr(run_config(task_name, args, Path(tmp) / task_name, extra))
                 row = run_bertkit(cfg, test_file) if impl == "bertkit" else run_hf(task_name, cfg, test_file)
             metric = make_task(cfg.task, cfg).metric if cfg.task != "classification" else "accuracy"
             row = {"task": task_name, "impl": impl, "metric": metric, "lr": cfg.lr, "epochs": cfg.epochs,
