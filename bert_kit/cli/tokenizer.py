@@ -22,7 +22,7 @@ MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bert_kit.cli.options import INDEX
+    from bert_kit.cli.options import INDEX, name_settings_as_flags
 
     sub = parser.add_subparsers(dest="tokenizer_command", metavar="ACTION")
     sub.required = True
@@ -35,13 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--format", choices=sorted(FORMATS), default="text",
                        help="text / lines are read as they are; jsonl and wikitext are parsed into documents")
     train.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    train.add_argument("--encoding", default=None,
+                       help="text encoding of the files, a Python codec name such as latin-1 or cp1252 "
+                            "(default utf-8, with or without a byte-order mark)")
+    name_settings_as_flags(train)  # messages advise --encoding, not encoding=
     encode = sub.add_parser("encode", help="print the tokens and ids of a text")
     encode.add_argument("--tokenizer", required=True, help="tokenizer folder")
     encode.add_argument("text", nargs="+", help="text(s) to encode")
 
 
 def _train(args: argparse.Namespace) -> int:
-    from bert_kit.data import check_text_file
+    from bert_kit.data import DEFAULT_ENCODING, check_encoding, check_text_file
     from bert_kit.checks import ConfigError
     from bert_kit.data.corpus import iter_documents, resolve_files
     from bert_kit.outputs import OutputFolder
@@ -53,17 +57,19 @@ def _train(args: argparse.Namespace) -> int:
     if model_files:
         raise ConfigError(f"--output {args.output} holds a model ({', '.join(model_files)}): a new vocabulary there "
                           "would change what its embedding rows mean; train the tokenizer into a new folder")
+    encoding = check_encoding(args.encoding)
     out = OutputFolder(args.output, "--output", "bert-kit tokenizer train")
     files = resolve_files(args.files)  # names a missing file before any work
     start = time.time()
     opts = dict(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency)
     compressed = any(f.suffix.lower() in (".xz", ".lzma", ".gz", ".bz2") for f in files)
-    if args.format in ("text", "lines") and not compressed:
+    if args.format in ("text", "lines") and not compressed and encoding == DEFAULT_ENCODING:
         for f in files:  # the Rust reader's errors name no file: a binary or non-UTF-8 file, by line
             check_text_file(f)
         tokenizer = train_tokenizer([str(f) for f in files], **opts)  # the Rust reader: fast, parallel
-    else:
-        tokenizer = train_tokenizer(texts=iter_documents(files, FORMATS[args.format], args.text_field), **opts)
+    else:  # parsed, compressed or another encoding: Python reads the documents (the Rust reader takes UTF-8)
+        documents = iter_documents(files, FORMATS[args.format], args.text_field, encoding)
+        tokenizer = train_tokenizer(texts=documents, **opts)
     out.prepare()
     tokenizer.save(args.output)
     out.commit(WRITTEN)
@@ -86,4 +92,6 @@ def _encode(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return _train(args) if args.tokenizer_command == "train" else _encode(args)
+    from bert_kit.cli.options import flag_messages
+
+    return flag_messages(_train)(args) if args.tokenizer_command == "train" else _encode(args)

@@ -172,3 +172,23 @@ def test_a_fifo_is_read_once_by_every_reader(tmp_path):
         read_table(tmp_path, ["a"])
     with pytest.raises(FileNotFoundError, match="^STS file not found: .*nope.csv$"):
         read_sts(tmp_path / "nope.csv")
+
+
+def test_tokenizer_train_takes_the_encoding(tmp_path, capsys):
+    """`bert-kit tokenizer train` read only UTF-8: a latin-1 corpus could not be trained on, and the
+    error advised no flag."""
+    from bert_kit.cli import main
+    from bert_kit.tokenizer import get_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(("caf\u00e9 au lait. " * 50 + "\n\n" + TREC * 20).encode("latin-1"))
+    assert main(["tokenizer", "train", "--files", str(corpus), "--vocab-size", "200", "--cased",
+                 "--output", str(tmp_path / "utf8")]) == 2
+    error = capsys.readouterr().err
+    assert "corpus.txt:1: not utf-8 text" in error.lower() and "--encoding latin-1" in error
+    assert main(["tokenizer", "train", "--files", str(corpus), "--vocab-size", "200", "--cased",
+                 "--encoding", "latin-1", "--output", str(tmp_path / "latin1")]) == 0
+    assert "\u00e9" in get_tokenizer(tmp_path / "latin1").get_vocab()
+    assert main(["tokenizer", "train", "--files", str(corpus), "--encoding", "utf9",
+                 "--output", str(tmp_path / "bad")]) == 2
+    assert "--encoding 'utf9' is not a known text encoding" in capsys.readouterr().err
