@@ -26,6 +26,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from bert_kit.outputs import write_file
+
 # ----------------------------------------------------------------------------------------------
 # classification
 
@@ -233,10 +235,8 @@ def plot_confusion_matrix(cm, labels: Sequence[str], path: str | Path,
             ax.text(j, i, f"{cm[i, j]:g}", ha="center", va="center",
                     color="white" if cm[i, j] > threshold else "black")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    return path
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=100), binary=True)  # whole, through a link
+    return Path(path)
 
 
 # ----------------------------------------------------------------------------------------------

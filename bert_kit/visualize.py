@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from bert_kit.checks import ConfigError
+from bert_kit.outputs import write_file
 from bert_kit.model import BERTModel, MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -172,7 +173,5 @@ def plot_attention_grid(attentions: torch.Tensor | np.ndarray, tokens: Sequence[
                         title: str | None = None) -> Path:
     """Write `attention_figure(...)` as a PNG; returns the path."""
     fig = attention_figure(attentions, tokens, layers, heads, title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110)
-    return path
+    write_file(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)  # whole, through a link
+    return Path(path)

@@ -10,11 +10,13 @@ the colour bar gives the probability scale, the same for every map.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
 from bert_kit.checks import ConfigError
 from bert_kit.cli.errors import check_output_file
+from bert_kit.outputs import write_file
 from bert_kit.cli.options import MAX_LENGTH, add_device_option, add_model_option
 from bert_kit.visualize import _parse_indices, attention_maps, attention_title, plot_attention_grid
 
@@ -42,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--text is empty: give the text to show attention for")
     check_output_file(args.output, "--output")
     check_output_file(args.save_npy, "--save-npy")
+    if args.save_npy and Path(args.save_npy).absolute() == Path(args.output).absolute():
+        raise ConfigError(f"--save-npy {args.save_npy} is also --output: name two files")
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
     device = resolve_device(args.device or "auto")
     model = BERTModel.from_pretrained(folder).to(device)
@@ -56,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     title = attention_title(str(args.model), args.text, args.text_pair)
     path = plot_attention_grid(att, tokens, args.output, layers, heads, title=title)
     if args.save_npy:
-        with open(args.save_npy, "wb") as f:
-            np.save(f, att.numpy())
+        write_file(args.save_npy, lambda f: np.save(f, att.numpy()), binary=True)
     print(f"wrote {path}: {len(layers)} layers x {len(heads)} heads over {len(tokens)} tokens")
     return 0

@@ -70,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
     task, model, precision = load_task_model(args)
+    out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
+    png = out.with_name(out.stem + "_confusion_matrix.png") if task.name == "classification" else None
+    named = "--output" if args.output else "the default --output"  # checked before the evaluation too
+    check_output_file(out, named, inputs=[args.data])
+    check_output_file(png, f"the confusion matrix beside {named}", inputs=[args.data])
     items = task.read_eval(args.data, args.max_examples)
     if not items:
         raise ValueError(f"{args.data}: no examples to evaluate")
@@ -78,15 +83,13 @@ def run(args: argparse.Namespace) -> int:
               "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
-    out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
     write_text(out, json.dumps(result, indent=2) + "\n")
     print(summary_line(task.name, metrics))
     print(f"wrote {out}")
     if task.name == "classification" and "confusion_matrix" in metrics:
         from bert_kit.metrics import plot_confusion_matrix
 
-        png = plot_confusion_matrix(metrics["confusion_matrix"], task.label_names,
-                                    out.with_name(out.stem + "_confusion_matrix.png"),
+        png = plot_confusion_matrix(metrics["confusion_matrix"], task.label_names, png,
                                     title=f"{Path(args.data).name}: accuracy {metrics['accuracy']:.3f}")
         print(f"wrote {png}")
     return 0

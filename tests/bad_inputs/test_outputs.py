@@ -84,6 +84,40 @@ def test_an_output_that_is_a_fifo_is_refused(cli, assets, tmp_path):
     assert stat.S_ISFIFO(os.lstat(out).st_mode)  # not replaced by a file
 
 
+def test_the_pictures_and_arrays_beside_an_output_follow_the_rule(cli, assets, tmp_path):
+    """attention's PNG and --save-npy, and evaluate's confusion matrix, were written in place with
+    savefig/np.save: through a link but not whole, and a device behind the name was written to."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in ("grid.png", "maps.npy", "eval_confusion_matrix.png"):
+        (kept / name).write_text("old")
+        (tmp_path / name).symlink_to(kept / name)
+    result = cli("attention", "--model", assets.mlm, "--text", "the cat", "--output", tmp_path / "grid.png",
+                 "--save-npy", tmp_path / "maps.npy")
+    assert result.code == 0, result.err
+    assert cli("evaluate", "--model", assets.classifier, "--data", assets.train_tsv,
+               "--output", tmp_path / "eval.json").code == 0
+    for name, magic in (("grid.png", b"\x89PNG"), ("maps.npy", b"\x93NUMPY"), ("eval_confusion_matrix.png", b"\x89PNG")):
+        assert (tmp_path / name).is_symlink() and (kept / name).read_bytes().startswith(magic), name
+    assert sorted(p.name for p in kept.iterdir()) == ["eval_confusion_matrix.png", "grid.png", "maps.npy"]
+    cli("attention", "--model", assets.mlm, "--text", "the cat", "--output", tmp_path / "a.png",
+        "--save-npy", tmp_path / "a.png").one_line_error("--save-npy", code=USAGE)
+
+
+def test_evaluates_default_outputs_are_checked_before_the_evaluation(cli, assets, tmp_path):
+    """Without --output, evaluate writes eval_{task}_{data}.json and its confusion matrix in the
+    working directory: a device or folder there was found only after the evaluation."""
+    (tmp_path / "eval_classification_train.json").symlink_to("/dev/null")
+    cli("evaluate", "--model", assets.classifier, "--data", assets.train_tsv).one_line_error(
+        "the default --output eval_classification_train.json is a character device", code=USAGE)
+    (tmp_path / "eval_classification_train.json").unlink()
+    (tmp_path / "eval_classification_train_confusion_matrix.png").mkdir()
+    cli("evaluate", "--model", assets.classifier, "--data", assets.train_tsv).one_line_error(
+        "the confusion matrix beside the default --output eval_classification_train_confusion_matrix.png is a folder",
+        code=USAGE)
+    assert not (tmp_path / "eval_classification_train.json").exists()  # refused before anything was written
+
+
 @pytest.mark.parametrize("name, flag", [("predict", "--input"), ("embed", "--input"), ("evaluate", "--data")])
 def test_an_output_that_is_an_input_is_refused(cli, assets, tmp_path, name, flag):
     data = tmp_path / "data.tsv"
