@@ -76,7 +76,7 @@ class RunSettings:
     dist_timeout_s: float = DEFAULT_TIMEOUT_S  # seconds a rank waits for the others before failing
     # bookkeeping
     output_dir: str = "runs/run"  # run folder
-    overwrite: bool = False  # start afresh in an output_dir that holds another run (its run files are deleted)
+    overwrite: bool = False  # start afresh where another run was (deletes only what earlier runs recorded there)
     force_resume: bool = False  # resume even if settings that shape the run (model, data, batch...) changed
     seed: int = 0  # seeds model init, data order, masks and dropout
     log_every: int = 10  # steps between metrics.jsonl train records
