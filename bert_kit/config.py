@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import ConfigError, CorruptFileError, check_settings, fraction, non_negative, positive, read_json, read_text
+from bert_kit.checks import (ConfigError, CorruptFileError, check_settings, fraction, load_yaml, non_negative, positive,
+                             read_json, read_text, resolve_plain)
 
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import.
 # chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
@@ -47,6 +48,9 @@ _RULES = {
     "initializer_range": positive(),
     "pad_token_id": non_negative(integer=True),
 }
+
+
+MAX_PARAMETERS = 2 * 10**10  # 80 GB of fp32 weights: 60x BERT-large, past any encoder trained
 
 
 class UnsupportedModelError(ConfigError):
@@ -87,6 +91,13 @@ class BertConfig:
         if self.pad_token_id >= self.vocab_size:
             raise ConfigError(f"pad_token_id={self.pad_token_id} is out of range: expected an integer in "
                               f"[0, vocab_size={self.vocab_size})")
+        n = self.num_parameters()  # a typo of a few digits would otherwise end in the kernel's OOM killer
+        if n > MAX_PARAMETERS:
+            raise ConfigError(f"these settings describe a {n:.3g}-parameter encoder (num_hidden_layers="
+                              f"{self.num_hidden_layers}, hidden_size={self.hidden_size}, intermediate_size="
+                              f"{self.intermediate_size}, vocab_size={self.vocab_size}, max_position_embeddings="
+                              f"{self.max_position_embeddings}); bert-kit builds encoders of at most "
+                              f"{MAX_PARAMETERS:.0e} parameters: check those sizes".replace("e+10", "e10"))
 
     @property
     def head_dim(self) -> int:
@@ -152,15 +163,8 @@ class BertConfig:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            try:
-                d = yaml.safe_load(read_text(path)) or {}
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                line = f"{mark.line + 1}:" if mark is not None else ""
-                raise ConfigError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        if path.suffix in (".yaml", ".yml"):  # as run configs are read: duplicate keys and alias bombs refused
+            d = resolve_plain(load_yaml(read_text(path), str(path))) or {}
         else:
             d = read_json(path)
         if not isinstance(d, dict):

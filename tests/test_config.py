@@ -55,6 +55,20 @@ def test_yaml_round_trip_and_bad_key(tmp_path):
         BertConfig.from_file(tmp_path / "broken.yaml")
 
 
+def test_model_yaml_is_read_as_run_configs_are(tmp_path):
+    """A model YAML took the last of two equal keys, expanded alias bombs and read YAML 1.1 numbers."""
+    (tmp_path / "twice.yaml").write_text("hidden_size: 64\nnum_attention_heads: 2\nhidden_size: 128\n")
+    with pytest.raises(ValueError, match=r"twice.yaml:3: duplicate key 'hidden_size' \(first on line 1\)"):
+        BertConfig.from_file(tmp_path / "twice.yaml")
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    with pytest.raises(ValueError, match=r"bomb.yaml:\d+: the alias \*\w+ expands this YAML past"):
+        BertConfig.from_file(tmp_path / "bomb.yaml")
+    (tmp_path / "decimal.yaml").write_text("preset: bert-tiny\nvocab_size: 0500\n")  # YAML 1.1: octal 320
+    assert BertConfig.from_file(tmp_path / "decimal.yaml").vocab_size == 500
+
+
 def test_hf_config_json_round_trip(tmp_path):
     transformers = pytest.importorskip("transformers")
     c = create_model_config("bert-small", vocab_size=1234)
@@ -82,3 +96,12 @@ def test_config_imports_without_torch():
 
 def test_preset_aliases_point_to_same_sizes():
     assert PRESETS["bert-base"] == PRESETS["bert-base-uncased (110M)"]
+
+
+def test_a_model_too_large_to_build_is_refused_first():
+    """model.num_hidden_layers=99999999999 passed every check and was killed for memory when built."""
+    with pytest.raises(ValueError, match=r"describe a 7.09e\+17-parameter encoder \(num_hidden_layers=99999999999, "
+                                         r".*at most 2e10 parameters: check those sizes"):
+        BertConfig(num_hidden_layers=99_999_999_999)
+    assert create_model_config("bert-large-uncased (340M)").num_parameters() < 4e8  # the real ones pass
+    BertConfig(hidden_size=8192, num_attention_heads=64, intermediate_size=32768, num_hidden_layers=24)  # 19.6B

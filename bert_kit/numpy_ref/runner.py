@@ -120,18 +120,12 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RunConfig":
-        import yaml
+        from bert_kit.checks import load_yaml, read_text, resolve_plain  # the YAML reader of every run config
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        try:
-            values = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
-            problem = getattr(err, "problem", None) or str(err)
-            raise ValueError(f"{where}: invalid YAML: {problem}") from None
+        values = resolve_plain(load_yaml(read_text(path), str(path)))  # YAML 1.2 numbers; duplicate keys refused
         if values is None:
             values = {}
         if not isinstance(values, dict):

@@ -79,10 +79,12 @@ def test_missing_file_is_named(tmp_path):
 
 def test_yaml_syntax_error_gives_the_line(tmp_path):
     path = write(tmp_path, "steps: 5\nlr: [0.1\nseed: 1\n")
-    with pytest.raises(ValueError, match=r"run.yaml, line 3, column 5: invalid YAML: expected ',' or '\]'"):
+    with pytest.raises(ValueError, match=r"run.yaml:3: invalid YAML: expected ',' or '\]'"):
         BertRunner(path)
     with pytest.raises(ValueError, match="top level must be a mapping"):
         BertRunner(write(tmp_path, "- steps\n- lr\n"))
+    with pytest.raises(ValueError, match=r"run.yaml:3: duplicate key 'steps' \(first on line 1\)"):
+        BertRunner(write(tmp_path, "steps: 5\nlr: 0.1\nsteps: 50\n"))  # the last one won, silently
 
 
 def test_bad_values_are_rejected(tmp_path):
