@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+import warnings
 from importlib import import_module
 from pathlib import Path
+from typing import NoReturn
 
 from bert_kit.checks import suggestion
-from bert_kit.cli.errors import debug_requested, describe, print_traceback
+from bert_kit.cli.errors import debug_requested, describe, one_line, print_traceback
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -61,10 +64,23 @@ def version() -> str:
     return f"bert-kit {__version__} (torch {torch}, Python {sys.version.split()[0]})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" error also names the nearest choice
+    (`--task clasification` -> did you mean 'classification'?); its subparsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.match(r"argument (\S+): invalid choice: '?(.*?)'? \(choose from (.*)\)$", message)
+        if found:  # choices are quoted up to Python 3.12, plain from 3.12.8 on
+            choices = [c.strip().strip("'") for c in found.group(3).split(", ")]
+            hint = suggestion(found.group(2), choices)
+            message += f"; {hint}" if hint else ""
+        super().error(message)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with `only`, import just that subcommand's module ("" imports none, which
     is all that --help, --version and the list of commands need: they start without torch)."""
-    parser = argparse.ArgumentParser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
+    parser = Parser(prog="bert-kit", description="Pretrain, fine-tune and evaluate BERT models.")
     parser.add_argument("--version", action="version", version=version())
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error too (or set BERT_KIT_DEBUG=1)")
@@ -129,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.started = started
     try:
-        module = import_module(COMMANDS[args.command][0])
-        return int(module.run(args) or 0)
+        with warnings.catch_warnings():  # a warning is one line too, not Python's two with a source line
+            warnings.showwarning = lambda message, *_, **__: print(
+                f"bert-kit {args.command}: warning: {one_line(str(message))}", file=sys.stderr)
+            module = import_module(COMMANDS[args.command][0])
+            return int(module.run(args) or 0)
     except KeyboardInterrupt:
         print(f"bert-kit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -163,3 +163,20 @@ def test_a_numeric_flag_out_of_range_is_a_usage_error(cli, command, flag, value,
     result = cli(command, *REQUIRED[command], flag, *value.split())
     line = result.one_line_error(needle, code=USAGE)
     assert line.startswith(f"bert-kit {command}")
+
+
+def test_a_warning_is_one_line_naming_the_command(cli, assets, tmp_path):
+    """Python printed a warning in two lines, the second the source line that raised it."""
+    result = cli("pretrain", "--config", assets.pretrain_yaml, f"model={assets.encoder}", "max_steps=1",
+                 f"output_dir={tmp_path / 'run'}")
+    assert result.code == 0, result.err
+    warned = [line for line in result.err.splitlines() if "newly initialised" in line]
+    assert len(warned) == 1 and warned[0].startswith("bert-kit pretrain: warning: BERTForPreTraining: mlm.decoder.bias")
+    assert "warnings.warn" not in result.err and "NewWeightsWarning" not in result.err
+
+
+def test_an_invalid_choice_of_a_flag_names_the_nearest(cli):
+    result = cli("evaluate", "--model", "m", "--data", "d", "--precision", "bf61")
+    assert result.code == USAGE and "invalid choice: 'bf61'" in result.err and "did you mean 'bf16'?" in result.err
+    result = cli("tokenizer", "trian")
+    assert result.code == USAGE and "did you mean 'train'?" in result.err
