@@ -7,7 +7,11 @@
   WordPieces follow it, so the expected fraction of chosen tokens is still 0.15;
 * a chosen token becomes [MASK] 80% of the time, a random non-special token 10% of the time
   and stays unchanged 10% of the time (decided per token, as in Google's reference code);
-* labels hold the original id at chosen positions and -100 (the ignore index) elsewhere.
+* labels hold the original id at chosen positions and -100 (the ignore index) elsewhere;
+* with `max_per_row`, no row holds more chosen tokens than that (Google's max_predictions_per_seq):
+  a row over it keeps the tokens (whole words, with `whole_word`) of its lowest draws, so a model
+  that predicts at fixed per-row slots (`row_prediction_slots`, the JAX engine) has room for
+  every target. Rows under it, and runs without it, are masked exactly as before.
 
 Masking is *dynamic*: `DataCollatorForMLM` masks each batch as it is built, so every epoch sees
 a fresh mask (RoBERTa). With a seed, the mask of a batch depends only on (seed, epoch, global
@@ -31,6 +35,8 @@ __all__ = [
     "continuation_table",
     "DataCollatorForMLM",
     "MLMCollator",
+    "cap_per_row",
+    "row_prediction_slots",
 ]
 
 
@@ -89,6 +95,7 @@ def mask_tokens(
     *,
     is_continuation: torch.Tensor | None = None,
     random_exclude_ids: Iterable[int] | None = None,
+    max_per_row: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply BERT's 80/10/10 masking to a batch.
 
@@ -105,6 +112,7 @@ def mask_tokens(
         is_continuation: bool (B, T), True for '##' tokens (see `continuation_table`).
         random_exclude_ids: ids never drawn as random replacements; defaults to the special ids
             when those are given as ids, else to `{mask_token_id}`.
+        max_per_row: at most this many chosen tokens per row (`cap_per_row`); None: no cap.
 
     Returns:
         (masked_input_ids, labels): both LongTensor (B, T); labels are the original ids at chosen
@@ -139,10 +147,12 @@ def mask_tokens(
             )
         groups = _word_groups(is_continuation.to(device), special)
         # One uniform draw per group, read back at every token of the group: all-or-none.
-        chosen = rand(input_ids.shape).gather(1, groups) < mask_probability
+        draws = rand(input_ids.shape).gather(1, groups)
     else:
-        chosen = rand(input_ids.shape) < mask_probability
-    chosen &= ~special
+        draws = rand(input_ids.shape)
+    chosen = (draws < mask_probability) & ~special
+    if max_per_row is not None:
+        chosen = cap_per_row(chosen, draws, max_per_row)
 
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     action = rand(input_ids.shape)
@@ -158,6 +168,37 @@ def mask_tokens(
     random_ids = pool[picks].to(device=device, dtype=input_ids.dtype)
     masked[to_random] = random_ids[to_random]
     return masked, labels
+
+
+def cap_per_row(chosen: torch.Tensor, draws: torch.Tensor, k: int) -> torch.Tensor:
+    """`chosen` (B, T) bool with at most `k` True per row: those of the lowest `draws` (B, T).
+
+    A token is kept when the chosen tokens drawn at or below its draw number k or fewer; the
+    pieces of a whole word share one draw, so a word is kept or dropped whole. Rows holding k or
+    fewer are unchanged. Uses no random numbers: the masks' stream is the same with or without it.
+    """
+    keyed = torch.where(chosen, draws, torch.full_like(draws, 2.0))  # draws are in [0, 1): the rest sort last
+    at_or_below = torch.searchsorted(keyed.sort(dim=1).values, keyed.contiguous(), right=True)  # (B, T)
+    return chosen & (at_or_below <= k)
+
+
+def row_prediction_slots(batch: dict, slots: int) -> dict:
+    """`batch` plus masked_positions and masked_labels (B, slots): each row's labelled positions
+    first, in order, then -100 targets (at position 0) in the spare slots. Fixed shapes: a model
+    compiled once predicts at every row's slots (the JAX engine's MLM head). Needs labels (B, T)
+    with at most `slots` labelled per row (`max_per_row` of the masking)."""
+    labels = batch["labels"]
+    masked = labels != IGNORE_INDEX
+    most = int(masked.sum(1).max()) if labels.numel() else 0
+    if most > slots:
+        raise ValueError(f"a row has {most} masked tokens, more than its {slots} prediction slots")
+    if slots > labels.shape[1]:  # a short batch: every position is a slot, the rest padding
+        labels = torch.nn.functional.pad(labels, (0, slots - labels.shape[1]), value=IGNORE_INDEX)
+        masked = labels != IGNORE_INDEX
+    order = torch.sort((~masked).to(torch.uint8), dim=1, stable=True).indices[:, :slots]  # labelled first
+    targets = labels.gather(1, order)
+    positions = torch.where(targets != IGNORE_INDEX, order, torch.zeros_like(order))
+    return {**batch, "masked_positions": positions, "masked_labels": targets}
 
 
 def _mix_seed(*parts: int) -> int:
@@ -189,6 +230,7 @@ class DataCollatorForMLM:
     With `segment_pairs`, an example without token_type_ids gets type 1 from a random point on
     (uniform over its length; at the end: none), as the second text of a pair task does: packed
     MLM would otherwise never train the segment-1 embedding that a cross-encoder gives sentence B.
+    With `max_predictions`, no row gets more masked tokens than that (`mask_tokens`' max_per_row).
     """
 
     def __init__(
@@ -201,6 +243,7 @@ class DataCollatorForMLM:
         mlm: bool = True,
         postprocess: Callable[[dict], dict] | None = None,
         segment_pairs: bool = False,
+        max_predictions: int | None = None,
     ) -> None:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.mask_token_id = int(tokenizer.mask_token_id)
@@ -213,6 +256,7 @@ class DataCollatorForMLM:
         self.mlm = mlm
         self.postprocess = postprocess
         self.segment_pairs = segment_pairs
+        self.max_predictions = max_predictions
         self.continuation = continuation_table(tokenizer) if whole_word else None
         self.epoch = 0
         self.start_step = 0
@@ -271,7 +315,7 @@ class DataCollatorForMLM:
             batch["input_ids"], batch["labels"] = mask_tokens(
                 input_ids, special, self.vocab_size, self.mask_token_id, self.mask_probability,
                 generator=generator, whole_word=self.whole_word, is_continuation=cont,
-                random_exclude_ids=self.special_ids.tolist(),
+                random_exclude_ids=self.special_ids.tolist(), max_per_row=self.max_predictions,
             )
             self._calls += 1
         nsp_key = next((k for k in ("next_sentence_label", "nsp_label") if k in rows[0]), None)

@@ -11,6 +11,7 @@ from bert_kit.data.masking import (
     DataCollatorForMLM,
     continuation_from_word_ids,
     mask_tokens,
+    row_prediction_slots,
 )
 
 CLS, SEP, PAD, MASK, UNK = 101, 102, 0, 103, 100
@@ -220,3 +221,54 @@ def test_cuda_gives_the_cpu_mask():
                           whole_word=whole_word, is_continuation=cont.cuda())
         assert gpu[0].is_cuda and gpu[1].is_cuda
         assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
+
+
+def test_a_cap_per_row_keeps_the_lowest_draws_and_leaves_other_rows_alone(tokenizer, wiki_lines):
+    """max_per_row (the JAX engine's fixed per-row prediction slots): no row over the cap; rows under
+    it masked exactly as without it, and so is everything else drawn (same random stream); whole
+    words stay whole; a cap above every row changes nothing."""
+    ids = _synthetic_batch(B=64, T=128)
+    g = lambda: torch.Generator().manual_seed(11)  # noqa: E731
+    masked, labels = mask_tokens(ids, SPECIAL, V, MASK, 0.3, generator=g())
+    counts = (labels != IGNORE_INDEX).sum(1)
+    cap = int(counts.float().median())
+    capped, capped_labels = mask_tokens(ids, SPECIAL, V, MASK, 0.3, generator=g(), max_per_row=cap)
+    kept = (capped_labels != IGNORE_INDEX).sum(1)
+    assert (kept <= cap).all() and (kept == cap)[counts >= cap].all()  # over the cap: cut to it exactly
+    under = counts <= cap
+    assert under.any() and (~under).any()
+    assert torch.equal(capped_labels[under], labels[under]) and torch.equal(capped[under], masked[under])
+    chosen = capped_labels != IGNORE_INDEX
+    assert ((labels != IGNORE_INDEX) | ~chosen).all()  # a subset of the uncapped choice
+    assert torch.equal(capped[chosen], masked[chosen])  # the same 80/10/10 action at what is kept
+    assert torch.equal(capped[~chosen], ids[~chosen])
+    same = mask_tokens(ids, SPECIAL, V, MASK, 0.3, generator=g(), max_per_row=128)
+    assert torch.equal(same[0], masked) and torch.equal(same[1], labels)
+
+    collator = DataCollatorForMLM(tokenizer, 0.4, whole_word=True, seed=0, max_predictions=12)
+    examples = [tokenizer.encode(t, max_length=96) for t in wiki_lines[:48]]
+    batch = collator(examples)
+    chosen = batch["labels"] != IGNORE_INDEX
+    assert chosen.sum(1).max() <= 12 and chosen.sum(1).max() >= 10
+    cont = torch.tensor([t.startswith("##") for t in tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))])
+    orig = torch.where(chosen, batch["labels"], batch["input_ids"])
+    is_cont = cont[orig] & batch["attention_mask"].bool()
+    prev = torch.zeros_like(chosen)
+    prev[:, 1:] = chosen[:, :-1]
+    assert torch.equal(chosen[is_cont], prev[is_cont])  # whole words, cap or not
+
+
+def test_row_prediction_slots_line_up_with_the_labels():
+    labels = torch.full((3, 10), IGNORE_INDEX)
+    labels[0, [1, 4, 9]] = torch.tensor([7, 8, 9])
+    labels[2, 0] = 5
+    out = row_prediction_slots({"labels": labels}, slots=4)
+    positions, targets = out["masked_positions"], out["masked_labels"]
+    assert positions.shape == targets.shape == (3, 4)
+    assert positions[0, :3].tolist() == [1, 4, 9] and targets[0].tolist() == [7, 8, 9, IGNORE_INDEX]
+    assert (targets[1] == IGNORE_INDEX).all() and targets[2].tolist() == [5] + [IGNORE_INDEX] * 3
+    real = targets != IGNORE_INDEX
+    assert torch.equal(labels.gather(1, positions)[real], targets[real]) and (positions[~real] == 0).all()
+    assert row_prediction_slots({"labels": labels}, slots=12)["masked_labels"].shape == (3, 12)  # more than T
+    with pytest.raises(ValueError, match="3 masked tokens, more than its 2 prediction slots"):
+        row_prediction_slots({"labels": labels}, slots=2)
