@@ -92,8 +92,8 @@ def hf_execute(run: dict[str, Any], device: str) -> dict[str, Any]:
     cuda = device.startswith("cuda")
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, eps=ADAM_EPS, fused=cuda)
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, eps=ADAM_EPS, fused=cuda)
     epochs = run.get("epochs") or task.epochs
     total = max(1, math.ceil(epochs * math.ceil(len(train) / task.batch_size)))
     sched = tf.get_linear_schedule_with_warmup(opt, int(WARMUP_FRACTION * total), total)
@@ -163,10 +163,12 @@ def main() -> None:
     lrs = [t.strip() if t.strip() == "auto" else float(t) for t in args.lrs.split(",")]  # auto: in the worker
     seeds = [int(s) for s in args.seeds.split(",")]
     visible = visible_gpus()
-    gpus = [] if args.gpus == "cpu" else visible if args.gpus is None else [visible[int(g)] for g in args.gpus.split(",")]
+    chosen = [] if args.gpus == "cpu" else [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    gpus = visible if chosen is None else [visible[g] for g in chosen]
     runs = [{"id": f"{name}/lr{lr_name(lr)}_seed{seed}", "task": name, "lr": lr, "seed": seed, "model": str(folder),
              "files": {k: str(v) for k, v in files.items()}, "epochs": args.epochs,
-             "max_train_examples": args.max_train_examples, "folder": str(args.output_dir / name / f"lr{lr_name(lr)}_seed{seed}"),
+             "max_train_examples": args.max_train_examples,
+             "folder": str(args.output_dir / name / f"lr{lr_name(lr)}_seed{seed}"),
              "cost": files["train"].stat().st_size * (args.epochs or TASKS[name].epochs)}
             for name, files in present.items() for lr in lrs for seed in seeds]
     runs.sort(key=lambda r: -r["cost"])

@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPUs to run on, one process each, e.g. 0,1,2,3 (indices among the visible GPUs), "
                              "or cpu (default: every visible GPU, else the CPU)")
     parser.add_argument("--data", default=None, metavar="DIR",
-                        help=f"the GLUE folder, glue_data layout (default: ${DATA_ROOT_VARIABLE}/glue, else ./data/glue)")
+                        help=f"the GLUE folder, glue_data layout (default: ${DATA_ROOT_VARIABLE}/glue, else "
+                             "./data/glue)")
     parser.add_argument("--output-dir", default="runs/glue", metavar="DIR",
-                        help="where the runs and glue_results.json go; finished runs there are kept (default runs/glue)")
+                        help="where the runs and glue_results.json go; finished runs there are kept "
+                             "(default runs/glue)")
     parser.add_argument("--lrs", default="auto", metavar="LIST",
                         help="learning rates to sweep, e.g. 1e-4,5e-5 (default auto: by the model's size)")
     parser.add_argument("--seeds", default="42", metavar="LIST", help="seeds to sweep, e.g. 1,2,3 (default 42)")

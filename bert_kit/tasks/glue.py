@@ -80,8 +80,10 @@ TASKS: dict[str, GlueTask] = {t.name: t for t in (
              ("f1", "accuracy"), "F1/acc", 3, malformed=True),
     GlueTask("mnli", "MNLI", "sentence1", "sentence2", "gold_label", ("entailment", "neutral", "contradiction"),
              ("accuracy",), "m/mm acc", 3, dev=(("matched", "dev_matched.tsv"), ("mismatched", "dev_mismatched.tsv"))),
-    GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"), ("accuracy",), "acc", 3),
-    GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"), ("accuracy",), "acc", 10),
+    GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"), ("accuracy",), "acc",
+             3),
+    GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"), ("accuracy",), "acc",
+             10),
     GlueTask("wnli", "WNLI", "sentence1", "sentence2", "label", ("not_entailment", "entailment"), ("accuracy",), "acc",
              3),
 )}
@@ -171,7 +173,8 @@ def _metric(name: str, predicted: Sequence[Any], gold: Sequence[Any]) -> float:
 def task_metrics(task: GlueTask, outputs: dict[str, tuple[Sequence[Any], Sequence[Any]]]) -> dict[str, float]:
     """{metric key: figure x 100} from {split: (predictions, gold)}: class ids, or scores for STS-B."""
     several = len(task.dev) > 1
-    return {f"{m}_{split}" if several else m: _metric(m, *outputs[split]) for split, _ in task.dev for m in task.metrics}
+    return {f"{m}_{split}" if several else m: _metric(m, *outputs[split])
+            for split, _ in task.dev for m in task.metrics}
 
 
 def task_score(task: GlueTask, metrics: dict[str, float]) -> float:

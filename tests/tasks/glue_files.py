@@ -33,7 +33,8 @@ def write_task(root: Path, task: str, n: int = 12) -> None:
             lines[1] = f'gj04\t1\t\t"Quoted," she said {sentence(1)}'
             _write(root / "CoLA" / f"{split}.tsv", lines, final_newline=split == "train")  # dev: no final newline
         elif task == "sst2":
-            _write(root / "SST-2" / f"{split}.tsv", ["sentence\tlabel"] + [f"{sentence(i)} \t{i % 2}" for i in range(rows)])
+            lines = [f"{sentence(i)} \t{i % 2}" for i in range(rows)]  # a space ends each sentence
+            _write(root / "SST-2" / f"{split}.tsv", ["sentence\tlabel"] + lines)
         elif task == "mrpc":  # a byte-order mark, the Quality column first
             lines = [f"{i % 2}\t{1000 + i}\t{2000 + i}\t{sentence(i)}\t{sentence(i + 1)}" for i in range(rows)]
             lines[0] = f'1\t1000\t2000\t{sentence(0)}\t"The {sentence(1)}'
@@ -50,7 +51,8 @@ def write_task(root: Path, task: str, n: int = 12) -> None:
             _write(root / "QQP" / f"{split}.tsv", ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"] + lines)
         elif task == "mnli":  # train: 12 columns; dev_matched / dev_mismatched: 16 (five annotator labels)
             labels = ("entailment", "neutral", "contradiction")
-            parses = "( ( The cat ) sat )\t( ( A dog ) ran )\t(ROOT (S (NP The cat) (VP sat)))\t(ROOT (S (NP A dog) (VP ran)))"
+            parses = ("( ( The cat ) sat )\t( ( A dog ) ran )\t(ROOT (S (NP The cat) (VP sat)))\t"
+                      "(ROOT (S (NP A dog) (VP ran)))")
             if split == "train":
                 head = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t" \
                        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"

@@ -150,6 +150,19 @@ def test_report_and_table(tmp_path):
     assert "| CoLA | MCC | 41.2 | 35.6 (2 seeds) |" in table and "median over seeds" in table
 
 
+def test_the_recipe_table_is_documented_and_the_command_starts_without_torch():
+    import subprocess
+    import sys
+
+    from bert_kit.tasks.glue import recipe_table
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "glue.md").read_text()
+    assert recipe_table() in docs
+    # the command's process plans and schedules; torch is imported where runs train (the workers)
+    code = "import sys, bert_kit.cli.glue, bert_kit.tasks.glue_runs; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
 def glue(capsys, *argv):
     code = main(["glue", *map(str, argv)])
     out, err = capsys.readouterr()
@@ -241,6 +254,11 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         assert code == 2 and all(n in line for n in needles), (extra, err)
     code, _, err = glue(capsys, "--model", tmp_path / "no_model", "--data", data, "--gpus", "cpu")
     assert code == 2 and "no_model" in error_line(err)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")  # an output folder holds only glue's files
+    code, _, err = glue(capsys, "--model", tiny_encoder, "--data", data, "--gpus", "cpu",
+                        "--output-dir", tmp_path / "mine")
+    assert code == 2 and "holds files that no earlier bert-kit glue wrote there (notes.txt)" in error_line(err)
 
 
 def test_worker_processes_share_the_runs_and_report_failures(tmp_path):
@@ -255,7 +273,8 @@ def test_worker_processes_share_the_runs_and_report_failures(tmp_path):
     done = {k: v["glue"] for k, v in outcomes.items() if "glue" in v}
     assert set(done) == {"ok/0", "ok/2", "ok/4", "ok/5"}
     assert {g["gpu"] for g in done.values()} <= {"g0", "g1"} and all(g["device"] == "cuda" for g in done.values())
-    assert isinstance(outcomes["fails/3"]["error"], ValueError) and "a bad data file" in str(outcomes["fails/3"]["error"])
+    error = outcomes["fails/3"]["error"]
+    assert isinstance(error, ValueError) and "a bad data file" in str(error)
     assert "ended (exit code 3)" in str(outcomes["dies/1"]["error"])
     assert sum(kind == "done" for kind, _, _ in events) == len(runs)
     # with several GPUs a run's output goes to its log beside its folder
@@ -274,7 +293,8 @@ def test_real_glue_files_have_the_official_counts(data_dir):
     assert {"cola", "sst2", "mrpc", "stsb", "rte", "wnli"} <= set(present)
     assert missing.get("qnli") == "QNLI/ has no train.tsv"
     # (examples, label counts by id) of train and dev, as the readers of a run read them
-    official = {"cola": ((8551, [2528, 6023]), (1043, [322, 721])), "sst2": ((67349, [29780, 37569]), (872, [428, 444])),
+    official = {"cola": ((8551, [2528, 6023]), (1043, [322, 721])),
+                "sst2": ((67349, [29780, 37569]), (872, [428, 444])),
                 "mrpc": ((3668, [1194, 2474]), (408, [129, 279])), "stsb": ((5749, None), (1500, None)),
                 "rte": ((2490, [1249, 1241]), (277, [146, 131])), "wnli": ((635, [323, 312]), (71, [40, 31])),
                 "qnli": (None, (5463, [2702, 2761]))}
