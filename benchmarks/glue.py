@@ -9,6 +9,8 @@ output folder, and `python benchmarks/glue_hf.py ...`. Both write glue_results.j
 this prints both tables, then one table of the two side by side: each task's dev figures, their
 difference, each side's seconds, the GLUE score (with and without WNLI) and its difference, and
 the wall-time ratio (transformers / bert-kit). `--out FILE` appends the comparison as one JSON line.
+With `--keep DIR` the two sides may run in two calls (`--sides bert-kit`, then `--sides transformers`):
+a side that is not run is read from DIR, where an earlier call left it.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def main() -> None:
     p.add_argument("--seeds", default="42")
     p.add_argument("--epochs", type=float, default=None, help="every task's epochs, both sides (quick checks)")
     p.add_argument("--max-train-examples", type=int, default=None, help="both sides (quick checks)")
-    p.add_argument("--sides", default="bert-kit,transformers")
+    p.add_argument("--sides", default="bert-kit,transformers", help="the sides to run now")
     p.add_argument("--keep", type=Path, default=None, help="keep the runs and logs here (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=None, help="append the comparison as one JSON line here")
     args = p.parse_args()
@@ -91,13 +93,19 @@ def main() -> None:
             "transformers": [sys.executable, str(ROOT / "benchmarks" / "glue_hf.py"), *common,
                              "--output-dir", str(work / "transformers"), *flags]}
         reports, wall = {}, {}
-        for side in args.sides.split(","):
+        for side in commands:
+            if side not in args.sides.split(","):  # run by an earlier call into --keep DIR, if any
+                if (work / f"{side}.wall").is_file():
+                    wall[side] = float((work / f"{side}.wall").read_text())
+                    reports[side] = json.loads((work / side / "glue_results.json").read_text())
+                continue
             if (work / side).exists():
                 raise SystemExit(f"{work / side} exists: --keep a new folder (bert-kit glue would keep its runs)")
             print(f"{side}: {' '.join(commands[side])}", flush=True)
             wall[side], code = timed(commands[side], work / f"{side}.log")
             if code != 0:
                 raise SystemExit(f"{side} failed (exit {code}):\n" + (work / f"{side}.log").read_text()[-3000:])
+            (work / f"{side}.wall").write_text(f"{wall[side]:.3f}\n")
             reports[side] = json.loads((work / side / "glue_results.json").read_text())
             print(f"\n{side} ({wall[side]:.1f} s, launch to exit):\n{markdown_table(reports[side])}\n", flush=True)
     if len(reports) == 2:
