@@ -248,6 +248,11 @@ class Task:
             raise ValueError(f"{folder} is not a {self.name} model (fine-tune it first: bert-kit finetune "
                              f"--task {self.name}): {e}") from None
 
+    def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
+        """Validation metrics from the model's outputs for `items` (one row each, in their order):
+        what `evaluate` computes from this engine's forward passes, and the JAX engine from its own."""
+        raise NotImplementedError
+
     def outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
         """fn(model, device batch) -> tensor (B, ...) for each example, in the order of `items`.
 

@@ -90,7 +90,10 @@ class ClassificationTask(Task):
         return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)))
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
-        logits = self.logits(model, items, precision)  # (N, C)
+        return self.score(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)), items)
+
+    def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
+        logits = torch.stack(list(outputs))  # (N, C)
         if self.regression:
             scores, gold = logits[:, 0].numpy(), np.array([it["labels"] for it in items], dtype=np.float64)
             return {"mse": float(np.mean((scores - gold) ** 2)), "pearson": pearson(scores, gold),

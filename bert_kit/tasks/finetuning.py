@@ -251,7 +251,7 @@ class FinetuningJob(Job):
         sharded = cfg.parallel == "fsdp" and world_size() > 1
         if not sharded:
             model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
-        if cfg.compile:  # padded to multiples of 16: a few static shapes, each compiled once
+        if cfg.compile and cfg.engine == "torch":  # padded to multiples of 16: a few static shapes, each compiled once
             mode = "reduce-overhead" if cfg.cuda_graphs is True and device.type == "cuda" else None
             # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
             # past which it would silently fall back to eager
@@ -289,7 +289,7 @@ class FinetuningJob(Job):
         if self.batches is None:
             self.batches = forever(self.loader)
         batches = [next(self.batches) for _ in range(self.cfg.grad_accum)]
-        if self.cfg.unpadded and not self.cuda_graphs:  # the layout from the host's mask: no wait for the device
+        if self.cfg.unpadded and not self.cuda_graphs and self.cfg.engine == "torch":  # the layout from the host's mask
             for b in batches:
                 b["packed"] = Packed.from_mask(b["attention_mask"])
         return batches
@@ -304,7 +304,7 @@ class FinetuningJob(Job):
         if self.eval_items is None:
             return None
         # every rank scores its share and gets all predictions, so all hold the same metrics
-        metrics = self.task.evaluate(self.model, self.eval_items, self.precision)
+        metrics = self.engine.evaluate_task(self.task, self.eval_items)
         metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         if self.task.metric not in metrics:
             raise KeyError(f"metric {self.task.metric!r} is not among the validation metrics {sorted(metrics)}")

@@ -46,7 +46,7 @@ from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus,
 from bert_kit.training.checkpoint import save_model
 from bert_kit.training.distributed import all_reduce_mean, is_main, world_size
 from bert_kit.training.loop import UNBOUNDED_STEPS, Job, Run, run_job
-from bert_kit.training.losses import compute_mlm_loader_loss, compute_mlm_loss, compute_pretraining_loss
+from bert_kit.training.losses import compute_mlm_loss, compute_pretraining_loss
 
 
 def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
@@ -124,7 +124,7 @@ class PretrainingJob(Job):
         # which the training loader fills (evaluation fills them here)
         self.slots = prediction_slots(cfg)
         whole_model = self.slots is not None
-        if cfg.compile:
+        if cfg.compile and cfg.engine == "torch":  # (the JAX engine compiles its own step)
             compile_model(model if whole_model else model.bert, cfg, self.device, cuda_graphs)  # in place: same keys
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
@@ -174,8 +174,7 @@ class PretrainingJob(Job):
         # the last evaluation reads every held-out batch, unless a time budget must hold it
         limit = None if final and self.cfg.time_budget is None else self.cfg.eval_batches
         self.eval_loader.set_epoch(0)  # the same batches and masks at every evaluation
-        metrics = compute_mlm_loader_loss(self.model, self.eval_loader, self.device, limit,
-                                          self.precision.autocast_dtype, self.slots)
+        metrics = self.engine.evaluate_mlm(self.eval_loader, limit, self.slots)
         return {k: all_reduce_mean(float(v)) for k, v in metrics.items()}
 
     def final_eval_steps(self) -> float:

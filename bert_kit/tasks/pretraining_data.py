@@ -147,7 +147,17 @@ def prediction_slots(cfg: PretrainConfig) -> float | None:
     (heads and loss) takes static shapes. A few more slots than the masking rate fills, so in
     practice never exceeded, never a new shape."""
     sharded = cfg.parallel == "fsdp" and world_size() > 1
-    return cfg.mask_probability + 0.05 if cfg.compile and not sharded else None
+    return cfg.mask_probability + 0.05 if cfg.compile and not sharded and cfg.engine == "torch" else None
+
+
+def row_slots(cfg: PretrainConfig, max_length: int) -> int:
+    """MLM prediction slots per row for the JAX engine, whose head predicts at (B, P) fixed slots:
+    the masking rate's mean plus 3 standard deviations of a row's count, in multiples of 8 (at 15%
+    of 128 tokens: 32, where a row holds 19 on average; rows over it, about 1 in 1,000, are cut
+    to it by the masking, as Google's max_predictions_per_seq did)."""
+    p = cfg.mask_probability
+    mean, spread = p * max_length, 3 * math.sqrt(max_length * p * (1 - p))
+    return min(max_length, -(-math.ceil(mean + spread) // 8) * 8)
 
 
 def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: int, train: bool,
@@ -155,7 +165,7 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     """A resumable loader: shuffled order and masks are functions of (seed, epoch, batch index).
     A `StreamingTextDataset` gets a `StreamingDataLoader`, anything else a `ResumableDataLoader`."""
     from bert_kit.data.corpus import StreamingTextDataset
-    from bert_kit.data.masking import DataCollatorForMLM
+    from bert_kit.data.masking import DataCollatorForMLM, row_prediction_slots
     from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader, StreamingDataLoader
     from bert_kit.heads import with_prediction_slots
 
@@ -164,14 +174,20 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     # masks: a stream per rank (rank 0's is the single-process one), but one for a streamed eval,
     # which every rank runs whole; multiples of 8 suit tensor cores
     mask_seed = seed if streamed and not train else seed + 1_000_003 * rank()
-    # a compiled model takes one static shape: every batch padded to max_length
-    pad_to = (max_length or cfg.max_length) if cfg.compile else 8
+    # a compiled model (and the JAX engine's step) takes one static shape: every batch padded to max_length
+    max_length = max_length or cfg.max_length
+    pad_to = max_length if cfg.compile or cfg.engine == "jax" else 8
     # training batches get their prediction slots in the loader's workers: gathering them took
     # ~7 ms a step of the training process, about a small model's whole GPU step
     slots = prediction_slots(cfg) if train else None
+    postprocess = functools.partial(with_prediction_slots, share=slots) if slots else None
+    cap = None
+    if cfg.engine == "jax":  # per-row slots, the training and the evaluation batches alike
+        cap = row_slots(cfg, max_length)
+        postprocess = functools.partial(row_prediction_slots, slots=cap)
     collator = DataCollatorForMLM(tokenizer, cfg.mask_probability, cfg.whole_word_masking,
                                   pad_to_multiple_of=pad_to, seed=mask_seed, segment_pairs=cfg.segment_pairs,
-                                  postprocess=functools.partial(with_prediction_slots, share=slots) if slots else None)
+                                  postprocess=postprocess, max_predictions=cap)
     if streamed:
         return StreamingDataLoader(dataset, collator, batch_size, cfg.num_workers, device.type == "cuda", seed)
     # one shuffled order shared by all ranks, each taking every world_size-th example of it

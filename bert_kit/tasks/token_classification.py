@@ -80,9 +80,13 @@ class TokenClassificationTask(Task):
         return self.tag(model, self._dataset([(list(words), None) for words in sentences]), precision)
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
+        return self.score(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)), items)
+
+    def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
+        """Entity scores of the (T, C) logits of every window of the validation set (`read_eval`)."""
         from bert_kit.metrics import entity_f1
 
-        predicted = self.tag(model, self.eval_dataset, precision)
+        predicted = self.eval_dataset.sentence_tags([row.argmax(-1) for row in outputs])
         gold = [tags for _, tags in self.eval_dataset.sentences]
         scores = entity_f1(gold, predicted)
         words = sum(len(t) for t in gold)

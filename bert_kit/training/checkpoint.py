@@ -65,7 +65,9 @@ def rng_state() -> dict[str, Any]:
         "numpy": {"algorithm": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
                   "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # only where torch uses CUDA: reading the states would start CUDA in a process that does not
+        # (the JAX engine's, whose GPU memory JAX holds)
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -216,11 +218,14 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, data_state: dict | None = None, run_config: dict | None = None,
                     keep_last: int | None = None, extra: dict | None = None,
-                    collected: dict[str, Any] | None = None) -> Path:
+                    collected: dict[str, Any] | None = None, engine: str = "torch",
+                    files: Any = None) -> Path:
     """Write `directory/step-XXXXXXX/` atomically and return its path.
 
     keep_last: afterwards delete all but the newest K checkpoints (None or 0 keeps all).
     collected: what `collect_state` returned (multi-process runs; required under FSDP2).
+    engine: the training engine that wrote it (a run resumes with the same one);
+    files: `files(folder)` writes the engine's own files into the checkpoint (the JAX optimizer state).
     Call on one process only (rank 0).
     """
     collected = collected or {}
@@ -233,12 +238,15 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
     save_model(model, tmp, collected.get("model"))
     if tokenizer is not None:
         tokenizer.save(tmp)
+    if files is not None:
+        files(tmp)
     if "optimizer" in collected:  # gathered from the shards
         optim_state = collected["optimizer"]
     else:
         optim_state = optimizer.state_dict() if optimizer is not None else None
     state = {
         "format_version": FORMAT_VERSION,
+        "engine": engine,
         "step": int(step),
         "optimizer": optim_state,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,

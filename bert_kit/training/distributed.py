@@ -16,6 +16,10 @@ A plain `python`/`bert-kit` run is a world of size 1: every helper then works wi
   stalled past the timeout into a one-line `DistributedError` naming this rank.
 
 Only rank 0 logs, plots and writes files (`is_main()`); all ranks call `barrier()` around them.
+
+The JAX engine (engine=jax) runs one process per host, joined by `jax.distributed` instead of
+torchrun; `use_processes` hands these helpers to its processes (`bert_kit.jax.engine.JaxProcesses`),
+so the loop, the jobs and the data loaders shard, reduce and write as they do for torch ranks.
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ _COMM_ERROR = re.compile(r"connection (closed|reset)|broken pipe|timed out|timeo
 
 class DistributedError(RuntimeError):
     """A collective failed: another rank exited, crashed or stalled past the timeout."""
+
+
+_processes: Any = None  # another runtime's processes that answer the helpers below (`use_processes`)
+
+
+def use_processes(processes: Any) -> None:
+    """Let `processes` (rank(), world_size(), barrier(), gather(values) -> (ranks, n) array,
+    all_gather_object(obj)) answer this module's rank helpers: the JAX engine's hosts."""
+    global _processes
+    _processes = processes
 
 
 def _initialized() -> bool:
@@ -84,10 +98,14 @@ def cleanup() -> None:
 
 
 def rank() -> int:
+    if _processes is not None:
+        return _processes.rank()
     return dist.get_rank() if _initialized() else 0
 
 
 def world_size() -> int:
+    if _processes is not None:
+        return _processes.world_size()
     return dist.get_world_size() if _initialized() else 1
 
 
@@ -101,7 +119,9 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
-    if _initialized():
+    if _processes is not None:
+        _processes.barrier()
+    elif _initialized():
         dist.barrier()
 
 
@@ -111,6 +131,8 @@ def _comm_device() -> torch.device:
 
 def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
     """Mean of `x` over ranks (a float in, a float out; a tensor is reduced on its device)."""
+    if _processes is not None:
+        return float(_processes.gather([float(x)]).mean())
     if not _initialized():
         return x
     is_float = not torch.is_tensor(x)
@@ -122,6 +144,8 @@ def all_reduce_mean(x: torch.Tensor | float) -> torch.Tensor | float:
 
 def max_over_ranks(*values: float) -> list[float]:
     """The largest of each value over ranks, in one collective: numbers every rank must use alike."""
+    if _processes is not None:
+        return _processes.gather([float(v) for v in values]).max(axis=0).tolist()
     if not _initialized():
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
@@ -136,6 +160,8 @@ def any_rank(flag: bool) -> bool:
 
 def any_ranks(*flags: bool) -> list[bool]:
     """`any_rank` of several flags in one collective."""
+    if _processes is not None:
+        return [bool(x) for x in _processes.gather([float(bool(f)) for f in flags]).max(axis=0)]
     if not _initialized():
         return [bool(f) for f in flags]
     summed = all_reduce_mean(torch.tensor([1.0 if f else 0.0 for f in flags], device=_comm_device()))
@@ -144,6 +170,8 @@ def any_ranks(*flags: bool) -> list[bool]:
 
 def all_gather_object(obj: Any) -> list[Any]:
     """[obj of rank 0, obj of rank 1, ...] on every rank (small picklable objects only)."""
+    if _processes is not None:
+        return _processes.all_gather_object(obj)
     if not _initialized():
         return [obj]
     out: list[Any] = [None] * world_size()

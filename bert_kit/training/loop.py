@@ -9,6 +9,8 @@ what a batch counts (tokens or examples), the evaluation, which model folder to 
 validation metric, or final/) and the data position. Everything else is here, once: the optimizer
 and lr schedule, gradient accumulation, logging windows, evaluation cadence, best/ selection,
 checkpoints, stop signals, non-finite losses, resuming, a time budget and the results summary.
+What a framework does, the update over a step's micro-batches, the state a checkpoint holds and
+the forward passes of evaluation, is an engine's (`engine.py`: PyTorch, or JAX with `engine: jax`).
 
 What the loop promises:
 * A run folder belongs to one run at a time: the run holds a lock on it (`FolderLock`), so a second
@@ -45,20 +47,18 @@ import torch.nn as nn
 import yaml
 
 from bert_kit.checks import ConfigError
-from bert_kit.model import unchecked_inputs
 from bert_kit.outputs import FolderLock, inside, read_record, remove_entry, write_record, write_text
-from bert_kit.training.checkpoint import (StopSignal, collect_state, latest_checkpoint, write_folder_atomically,
-                                          load_checkpoint, load_trainer_state, resolve_checkpoint, restore_rng_state,
-                                          save_checkpoint, seed_everything)
-from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, full_value,
-                                           init_distributed, is_main, rank, max_over_ranks, world_size,
-                                           wrap_model)
-from bert_kit.training.optim import Schedule, create_optimizer
+from bert_kit.training.checkpoint import (StopSignal, latest_checkpoint, write_folder_atomically, load_trainer_state,
+                                          resolve_checkpoint, restore_rng_state, save_checkpoint, seed_everything)
+from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, is_main,
+                                           max_over_ranks, world_size)
+from bert_kit.training.engine import Engine, join_processes, start_engine
+from bert_kit.training.optim import Schedule
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.progress import METRICS_FILE, ProgressLogger, plot_losses, read_metrics, truncate_metrics
 from bert_kit.training.runconfig import config_to_dict, save_config
 from bert_kit.training.settings import RESUMABLE_CHANGES, RunSettings
-from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
+from bert_kit.training.trainer import NonFiniteLossError
 
 UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
 
@@ -75,31 +75,35 @@ INPUT_SETTINGS = ("model", "tokenizer", "train_file", "validation_file", "train_
 class Job:
     """What a job plugs into `train`. A subclass sets these attributes and implements the methods.
 
-    model: the model to train, on its device (the loop wraps it for DDP/FSDP2);
+    model: the model to train, on its device (the torch engine wraps it for DDP/FSDP2; the JAX engine
+        copies its weights, and writes them back into it before `save_model`);
     tokenizer: saved with every checkpoint and model folder;
     total_steps: optimizer steps of the whole run; steps_per_epoch: for the `epoch` of log records;
     unit: what `count` counts ("tokens" or "examples");
     metric: validation metric that picks best/ (higher is better), or None: the last weights are kept;
     model_folder: the folder the kept model goes to; eval_every, save_every: the cadence in steps.
+    engine: set by the loop: the engine that trains the model, and runs it in `evaluate`.
     """
 
     name = "train"
     unit = "examples"
     metric: str | None = None
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
-    cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (AMPTrainer)
+    cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
     eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
     model: nn.Module
     tokenizer: Any
     total_steps: int
     steps_per_epoch: int | None = None
+    engine: Engine
 
     def step_batches(self, step: int) -> list[dict]:
         """The micro-batches of optimizer update `step` (0-based), on the host."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, {name: part}) of one micro-batch already on the device; `model` may be DDP-wrapped."""
+        """(loss, {name: part}) of one micro-batch already on the device; `model` may be DDP-wrapped.
+        The torch engine's; the JAX engine has the same losses of its own (`bert_kit.jax.train`)."""
         raise NotImplementedError
 
     def count(self, batch: dict) -> int:
@@ -258,7 +262,10 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
         if budget is not None:  # the budget left when the checkpoint was written
             budget = max(0.0, budget - float(state.get("budget_used_s", 0.0)))
     claim_run_folder(out, checkpoint is not None, cfg)
-    precision = resolve_precision(cfg.precision, cfg.device, verbose=is_main())
+    if cfg.engine == "jax":  # torch builds the batches and the first weights, on the CPU; JAX computes
+        precision = resolve_precision("fp32", "cpu", verbose=False)
+    else:
+        precision = resolve_precision(cfg.precision, cfg.device, verbose=is_main())
     if precision.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
     seed_everything(cfg.seed)
@@ -270,7 +277,7 @@ def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float 
     run, build the job (`make_job(cfg, run)`) and train it. If another rank dies or stalls for
     longer than `dist_timeout_s`, the others stop with a one-line `DistributedError`. Rank 0 holds
     the run folder's lock from before the run touches the folder to its end."""
-    init_distributed(cfg.dist_timeout_s)
+    join_processes(cfg)  # torchrun's ranks, or a JAX run's hosts
     with collective_errors(cfg.dist_timeout_s):
         out = Path(cfg.output_dir)
         if out.exists() and not out.is_dir():
@@ -288,43 +295,27 @@ def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float 
 
 def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     """Train `job` to the end of its steps (or time budget, or a stop signal); return the results."""
-    main, out, precision = is_main(), run.out, run.precision
-    ckpt_dir, device, model = out / "checkpoints", run.precision.device, job.model
+    main, out = is_main(), run.out
+    ckpt_dir = out / "checkpoints"
 
-    # 1. the model on its ranks, optimizer, schedule, trainer; then the resumed state over them
-    sharded = cfg.parallel == "fsdp" and world_size() > 1
-    if sharded and precision.use_grad_scaler:
-        raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
-                         "gradients): set precision=bf16 or precision=fp32")
-    # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
-    param_dtype = torch.bfloat16 if device.type == "cuda" and precision.dtype == torch.bfloat16 else None
-    wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
-    if world_size() > 1:
-        torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
-    optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, device,
-                                 capturable=job.cuda_graphs)
+    # 1. the engine over the job's model (its ranks, optimizer, precision), the schedule; then the resumed state
+    engine = job.engine = start_engine(job, cfg, run)
     total = job.total_steps
-    schedule = Schedule(optimizer, cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
+    # the lr of every update, on the host: the engine takes it as a number (a time budget moves it with the clock)
+    schedule = Schedule(None, cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
                         cfg.min_lr_ratio, cfg.time_budget_s)
-    trainer = AMPTrainer(wrapped, optimizer, None, precision, clip_grad=cfg.clip_grad, deferred_checks=True,
-                         cuda_graphs=job.cuda_graphs)
     # a time budget's schedule runs on the clock: trained_s is the budget's time since a session's
     # first step (evaluations and checkpoints included), train_span_s that time plus what is left
     step, best, trained_s, train_span_s = 0, {"value": None, "step": None, "metrics": None}, 0.0, None
     records, records_lost = 0, False  # train records the run logged (all sessions); some missing from metrics.jsonl
     state = run.state
     if state is not None:
-        load_checkpoint(run.checkpoint, model, optimizer=optimizer, scaler=trainer.scaler, restore_rng=False)
-        step = trainer.step = int(state["step"])
+        engine.load_checkpoint(run.checkpoint, state)  # weights, optimizer state, step count
+        step = int(state["step"])
         best = state.get("best") or best
         schedule.load_state_dict(state.get("schedule") or {})
         trained_s, train_span_s = float(state.get("trained_s", 0.0)), state.get("train_span_s")
         job.load_data_state(state.get("data") or {})
-        for group in optimizer.param_groups:  # a changed weight_decay takes effect (the state kept the old)
-            if group.get("weight_decay", 0.0) > 0:
-                group["weight_decay"] = cfg.weight_decay
-            if "capturable" in group:  # as this run needs it, whatever the saving run had
-                group["capturable"] = job.cuda_graphs
     run_config = config_to_dict(cfg)
     if main:
         save_config(cfg, out / "run_config.yaml")
@@ -339,13 +330,12 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
 
     def save(step: int) -> None:
         """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions)."""
-        trainer.check_finite()  # never save weights after a skipped (non-finite) step
-        collected, data = collect_state(model, optimizer), job.data_state()
+        engine.check_finite()  # never save weights after a skipped (non-finite) step
+        saved, data = engine.checkpoint_state(), job.data_state()
         if main:
             used = (cfg.time_budget_s or 0.0) - budget_left() if run.budget_s is not None else 0.0
-            path = save_checkpoint(ckpt_dir, step, model, tokenizer=job.tokenizer, optimizer=optimizer,
-                                   scaler=trainer.scaler, run_config=run_config, data_state=data,
-                                   keep_last=cfg.keep_last, collected=collected,
+            path = save_checkpoint(ckpt_dir, step, job.model, tokenizer=job.tokenizer, run_config=run_config,
+                                   data_state=data, keep_last=cfg.keep_last, **saved,
                                    extra={"best": best, "schedule": schedule.state_dict(), "trained_s": trained_s,
                                           "train_span_s": train_span_s, "budget_used_s": used,
                                           "train_records": records})
@@ -368,16 +358,16 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         return metrics
 
     def write_model(folder: Path) -> None:
-        collected = collect_state(model)  # every rank: gathers FSDP2 shards
+        state = engine.model_state()  # every rank: gathers FSDP2 shards
         if main:
-            write_folder_atomically(folder, lambda tmp: job.save_model(tmp, collected.get("model")))
+            write_folder_atomically(folder, lambda tmp: job.save_model(tmp, state))
 
     # 2. the loop: one iteration = one optimizer step over the job's micro-batches
     logger = ProgressLogger(out, total if total < UNBOUNDED_STEPS else None, step, enabled=main,
                             tensorboard=cfg.tensorboard, desc=job.name)
     job.log = logger.message
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
-    window: dict[str, Any] = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
+    window: dict[str, Any] = {"n": 0, "units": 0, "seconds": 0.0}
     reserve_s, stopped, final_metrics = 5.0, None, None  # reserve: what the end takes (save, evaluate)
     step_s, step_s_synced, eval_timed = 0.0, False, False  # a step's wall time (latest); evaluation timed yet
 
@@ -387,25 +377,20 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         if eval_timed:
             return reserve_s
         return max(reserve_s, 1.5 * job.final_eval_steps() * step_s + 5.0)
-    skipped_before = 0  # steps skipped for a non-finite gradient, as of the last train record
+
     last_save, first_step = time.time(), step
     t_clock = last_save  # the schedule clock's last reading (a session's first step is not counted)
     try:
-        with StopSignal() as stop, unchecked_inputs():
+        with StopSignal() as stop, engine.running():
             if state is not None:
                 restore_rng_state(state)  # last thing before training continues
             while step < total:
-                # (a) forward and backward over the micro-batches; the trainer steps the optimizer
+                # (a) one optimizer update over the step's micro-batches, queued on the device
                 t_step = time.time()
                 lr = schedule.apply(step, trained_s, train_span_s)
                 micro = job.step_batches(step)
-                trainer.grad_accum = len(micro)
-                for batch in micro:
-                    window["units"] += job.count(batch)
-                    trainer.train_step(batch, lambda b: job.loss(trainer.model, b))
-                    for k, v in trainer.last.items():
-                        if k.endswith("loss"):  # summed on the device: no sync
-                            window["losses"][k] = window["losses"].get(k, 0.0) + v / len(micro)
+                window["units"] += sum(job.count(batch) for batch in micro)
+                engine.step(micro, lr)
                 step += 1
                 window["n"] += 1
                 # what any rank saw, in one collective: the budget's end, a checkpoint due by the clock
@@ -415,23 +400,21 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
 
                 # (b) a train record every log_every steps: the one host-device sync of a window
                 if step % cfg.log_every == 0 or step == 1 or ending:
-                    trainer.check_finite()
+                    losses, grad_norm, skipped = engine.read_window()  # waits for the window's steps
                     window["seconds"] += time.time() - t_step  # the queued steps of the window are done
-                    losses = {k: all_reduce_mean(float(v) / window["n"]) for k, v in window["losses"].items()}
+                    losses = {k: all_reduce_mean(v) for k, v in losses.items()}
                     if step != first_step + 1:  # the window's steps are done (synced): their true time
                         step_s, step_s_synced = window["seconds"] / window["n"], True
                     units, seconds = window["units"] * world_size(), window["seconds"]
-                    skipped = trainer.skipped_steps - skipped_before
-                    if skipped:  # one bad batch is survived; many in a row stop the run (the trainer)
-                        skipped_before += skipped
+                    if skipped:  # one bad batch is survived; many in a row stop the run (the engine)
                         logger.message(f"step {step}: {skipped} step(s) since the last record skipped: "
                                        "non-finite gradient with a finite loss")
-                    logger.log("train", step, **losses, lr=lr, grad_norm=float(full_value(trainer.last["grad_norm"])),
+                    logger.log("train", step, **losses, lr=lr, grad_norm=grad_norm,
                                **{job.unit: units, "seconds": round(seconds, 4), f"{job.unit}_per_s": units / seconds},
                                **({"skipped_steps": skipped} if skipped else {}), **job.log_fields())
                     records += 1
                     logger.update(step, loss=losses.get("loss"), lr=lr, **{f"{job.unit}/s": f"{units / seconds:,.0f}"})
-                    window = {"losses": {}, "n": 0, "units": 0, "seconds": 0.0}
+                    window = {"n": 0, "units": 0, "seconds": 0.0}
                 else:
                     window["seconds"] += time.time() - t_step
                     logger.update(step)
@@ -484,11 +467,12 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         raise
     finally:
         logger.close()
+        job.engine = None  # the job and its engine refer to each other: freed now, loader workers and all
 
     # 4. results.json, from the run's own records (all sessions of a resumed run)
     summary = summarize(out, job.unit) if main else {}
     results = {"steps": step, "stopped": stopped, "output_dir": str(out), "world_size": world_size(),
-               "precision": str(precision), **summary,
+               "precision": str(engine.precision), **summary,
                "best_value": best["value"], "best_step": best["step"], "best_metrics": best["metrics"],
                "final_metrics": final_metrics, "wall_time_s": None,
                **({"metrics_complete": not records_lost} if main else {})}

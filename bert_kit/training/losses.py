@@ -147,6 +147,13 @@ def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], devi
             nsp_correct += (nsp_logits.argmax(-1) == nsp_labels).sum().item()
             nsp_count += nsp_labels.numel()
     model.train(was_training)
+    return mlm_metrics(mlm_sum, mlm_correct, mlm_count, nsp_sum, nsp_correct, nsp_count)
+
+
+def mlm_metrics(mlm_sum: float, mlm_correct: float, mlm_count: float, nsp_sum: float = 0.0,
+                nsp_correct: float = 0.0, nsp_count: float = 0.0) -> dict[str, float]:
+    """Held-out MLM (+ NSP) metrics from sums over the evaluation batches (of either engine): summed
+    cross-entropy, correct predictions and count of the masked tokens (and of the NSP pairs)."""
     mlm_loss = mlm_sum / max(mlm_count, 1)
     result = {"mlm_loss": mlm_loss, "perplexity": math.exp(min(mlm_loss, 50.0)),
               "mlm_accuracy": mlm_correct / max(mlm_count, 1), "mlm_tokens": int(mlm_count)}

@@ -153,6 +153,17 @@ def create_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
 
 
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the lr of every parameter group (in place on the device for a capturable optimizer)."""
+    for group in optimizer.param_groups:
+        if group.get("capturable"):  # the optimizer (and a CUDA graph of it) reads lr on the device
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(lr, device=group["params"][0].device)
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 class Schedule:
     """Sets the learning rate of every optimizer update: warmup, then decay to `min_ratio` of the peak.
 
@@ -162,10 +173,11 @@ class Schedule:
     when given, else `warmup_fraction` of the run (of its steps, or of that time). The peak lr and
     weight decay are read from the settings each time the run starts, so a resumed run takes new
     values; the warmup length is kept from the run's start (`state_dict`), so extending
-    `max_steps` stretches the decay without a second warmup.
+    `max_steps` stretches the decay without a second warmup. `optimizer` None: the lr is only
+    returned (the training loop hands it to its engine, which sets it).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, peak_lr: float, total_steps: int,
+    def __init__(self, optimizer: torch.optim.Optimizer | None, peak_lr: float, total_steps: int,
                  warmup_steps: int | None, warmup_fraction: float, kind: str = "linear",
                  min_ratio: float = 0.0, budget_s: float | None = None) -> None:
         if kind not in SCHEDULES:
@@ -191,15 +203,10 @@ class Schedule:
         return lr_multiplier(position, warmup, total, self.kind, self.min_ratio)
 
     def apply(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
-        """Set every group's lr for update `step`; return it."""
+        """The lr of update `step`, set on every group of the optimizer (if the schedule has one)."""
         lr = self.peak_lr * self.multiplier(step, trained_s, train_span_s)
-        for group in self.optimizer.param_groups:
-            if group.get("capturable"):  # the optimizer (and a CUDA graph of it) reads lr on the device
-                if not isinstance(group["lr"], torch.Tensor):
-                    group["lr"] = torch.tensor(lr, device=group["params"][0].device)
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+        if self.optimizer is not None:
+            set_lr(self.optimizer, lr)
         return lr
 
     def state_dict(self) -> dict:

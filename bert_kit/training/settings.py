@@ -67,6 +67,11 @@ class RunSettings:
     the run ends when it is spent, the lr schedule follows elapsed time instead of steps, and the
     final checkpoint and model are written inside it; max_steps (if set) still caps the steps"""
     # hardware
+    engine: Literal["torch", "jax"] = "torch"
+    """torch: PyTorch (DDP/FSDP2 under torchrun). jax: the same model in JAX (`pip install
+    "bert-kit[jax]"`), one jitted step data parallel over every local device, each batch split
+    over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true,
+    compile_tuning=true, or the qa and similarity tasks (docs/jax.md)"""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     num_workers: int = 0  # DataLoader worker processes
@@ -94,6 +99,36 @@ class RunSettings:
         choices and the device name. Errors name the key, the value and the allowed range."""
         check_run_settings(self, {**RUN_RULES, **rules})
         self.time_budget_s = parse_duration(self.time_budget)
+        if self.engine == "jax":
+            check_jax_settings(self)
+
+
+# what the JAX engine does not do: (setting, its value there, why); `compile`, `unpadded` and
+# `low_precision_residual` are accepted: JAX always compiles its step, and masks padding itself
+JAX_UNSUPPORTED = (
+    ("parallel", "fsdp", "the JAX engine replicates the model over its devices"),
+    ("optimizer", "lamb", "it trains with AdamW"),
+    ("precision", "fp16", "it computes in bf16 or fp32"),
+    ("cuda_graphs", True, "XLA schedules its own kernels"),
+    ("compile_tuning", True, "a torch.compile option"),
+    ("task", "qa", "it fine-tunes classification, regression and token classification"),
+    ("task", "similarity", "it fine-tunes classification, regression and token classification"),
+)
+
+
+def check_jax_settings(cfg: RunSettings) -> None:
+    """engine=jax with a setting the JAX engine does not support: one ConfigError naming them all."""
+    def holds(key: str, value: object) -> bool:  # True is not 1, nor "auto"
+        current = getattr(cfg, key, None)
+        return current is value if isinstance(value, bool) else current == value
+
+    found = [(f"{key}={str(value).lower() if isinstance(value, bool) else value}", why)
+             for key, value, why in JAX_UNSUPPORTED if holds(key, value)]
+    if found:
+        names = ", ".join(name for name, _ in found)
+        whys = "; ".join(dict.fromkeys(why for _, why in found))
+        raise ConfigError(f"engine=jax does not support {names} ({whys}): change {'them' if len(found) > 1 else 'it'}, "
+                          "or train with engine=torch (docs/jax.md)")
 
 
 # what each shared setting may be (bert_kit/checks.py); subclasses add theirs

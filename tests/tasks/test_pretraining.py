@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import bert_kit.training.engine
 import bert_kit.training.trainer
 import bert_kit.tasks.pretraining
 import bert_kit.training.loop
@@ -154,13 +155,13 @@ def test_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
 
 def _use_fused_adamw(monkeypatch) -> None:
     """The loop's optimizer as a fused AdamW (as on CUDA): the trainer then checks losses on the device."""
-    make = bert_kit.training.loop.create_optimizer
+    make = bert_kit.training.engine.create_optimizer
 
     def fused_adamw(model, *args, **kwargs):
         groups = [{k: v for k, v in g.items() if k != "fused"} for g in make(model, *args, **kwargs).param_groups]
         return torch.optim.AdamW(groups, fused=True)
 
-    monkeypatch.setattr(bert_kit.training.loop, "create_optimizer", fused_adamw)
+    monkeypatch.setattr(bert_kit.training.engine, "create_optimizer", fused_adamw)
 
 
 @pytest.mark.parametrize("deferred", [False, True])
