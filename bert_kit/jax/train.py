@@ -67,9 +67,13 @@ def nsp_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def classification_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Cross-entropy for (B, C) logits and (B,) class ids; mean squared error when C == 1 (regression)."""
+    """Cross-entropy for (B, C) logits and (B,) class ids (-100: no label); mean squared error when
+    C == 1 (regression), over the rows whose label is not NaN (rows padding a batch)."""
     if logits.shape[-1] == 1:
-        return jnp.mean(jnp.square(logits[..., 0].astype(jnp.float32) - labels.astype(jnp.float32)))
+        labels = labels.astype(jnp.float32)
+        valid = ~jnp.isnan(labels)
+        error = jnp.where(valid, logits[..., 0].astype(jnp.float32) - jnp.where(valid, labels, 0.0), 0.0)
+        return jnp.sum(jnp.square(error)) / jnp.maximum(valid.sum(), 1)
     return _mean_cross_entropy(logits, labels)
 
 

@@ -160,3 +160,33 @@ def save_pretrained(model: nnx.Module, folder: str | Path, tokenizer: str | Path
         for name in copied:
             if (source / name).resolve() != (Path(folder) / name).resolve():
                 shutil.copyfile(source / name, Path(folder) / name)
+
+
+def from_torch(torch_model) -> nnx.Module:
+    """The `bert_kit.jax` twin of a bert-kit PyTorch model (BERTModel or a head), holding a copy of
+    its weights (float32): the JAX engine trains what the job built, initialised as torch does."""
+    from bert_kit.jax.model import HEAD_CLASSES
+
+    cls = HEAD_CLASSES[torch_model.hf_architecture]
+    head_args = {}
+    if hasattr(torch_model, "num_labels"):  # the classifiers: their size and dropout
+        head_args = {"num_labels": torch_model.num_labels, "classifier_dropout": torch_model.dropout.p}
+    model = nnx.eval_shape(lambda: cls(torch_model.config, **head_args))  # shapes only: the weights are copied in
+    state = {name: p.detach().cpu().float().numpy() for name, p in torch_model.named_parameters()
+             if name != "mlm.decoder.weight"}  # the tied decoder is the word embeddings
+    load_torch_state_dict(model, state, source=type(torch_model).__name__, strict=True)
+    return model
+
+
+def copy_into_torch(state: dict[str, np.ndarray], torch_model) -> None:
+    """Write torch-named arrays (`torch_state_dict`) into the parameters of a bert-kit PyTorch model,
+    in place: every parameter it has, no other (the tied decoder is the word embeddings)."""
+    import torch
+
+    params = dict(torch_model.named_parameters())  # a tied weight appears once
+    if set(params) != set(state):
+        raise ValueError(f"weights do not match {type(torch_model).__name__}: "
+                         f"missing {sorted(set(params) - set(state))}, unexpected {sorted(set(state) - set(params))}")
+    with torch.no_grad():
+        for name, array in state.items():
+            params[name].copy_(torch.from_numpy(np.array(array)))  # a writable copy of a device read-back

@@ -1,0 +1,463 @@
+"""The JAX engine of the one training loop: `bert-kit pretrain ... engine=jax`, `bert-kit finetune ... engine=jax`.
+
+The loop (`bert_kit/training/loop.py`) and the jobs stay what they are for PyTorch: the same
+configs, readers, masking and packing, the same lr schedule (on the host: a time budget moves it
+with the clock), checkpoint folders, signals, metrics and model folders. This engine takes the
+job's PyTorch model as built (its architecture and first weights), trains a Flax NNX twin of it,
+and writes the weights back into it wherever the run saves (`checkpoint_state`, `model_state`), so
+checkpoints, best/ and final/ are written by the same code as the torch engine's.
+
+One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> state`:
+- the batch is the step's micro-batches stacked on a leading axis (A, B, ...), split over every
+  device on B (a `Mesh` with one "data" axis; the state is replicated and XLA adds the gradient
+  all-reduce); A > 1 is gradient accumulation, a `lax.scan` over the micro-batches;
+- bf16 compute from float32 master weights (`train.cast`), AdamW with torch's decay mask, global
+  norm clipping, and the lr an argument: no recompilation when it changes, and no host sync;
+- a NaN or inf loss, or a non-finite gradient in `MAX_SKIPPED_IN_A_ROW` steps in a row, freezes the
+  weights from that step on and is reported when the loop reads the window (as the torch engine's
+  deferred checks); a single non-finite gradient skips its update and is counted;
+- the window's losses are summed inside the state: the loop's one sync per log step reads them.
+Shapes are static: pretraining batches are padded to max_length with per-row MLM prediction slots
+(the masking caps a row's masked tokens at them); fine-tuning batches are padded to multiples of
+`LENGTH_MULTIPLE` tokens and to a full batch of rows (padding rows carry no label), so a run
+compiles a few programs and none after its first epoch.
+
+Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
+`optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
+non-finite counters; a resumed run continues bit for bit on the same devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ContextManager, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bert_kit.jax.model import BERTForPreTraining, _TiedMLM
+from bert_kit.jax.train import DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed, task_loss
+from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
+from bert_kit.training.checkpoint import load_checkpoint
+from bert_kit.training.distributed import use_processes
+from bert_kit.training.losses import mlm_metrics
+from bert_kit.training.trainer import MAX_SKIPPED_IN_A_ROW, NonFiniteLossError
+
+STATE_FILE = "optimizer.safetensors"
+LENGTH_MULTIPLE = 32  # fine-tuning batches are padded to multiples of this many tokens: a few shapes
+# what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
+INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
+          "next_sentence_label")
+PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
+           "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX}
+
+
+@dataclass
+class JaxPrecision:
+    """What the engine computes in, and where (results.json's "precision")."""
+
+    name: str  # "bf16" or "fp32": the compute dtype (master weights and optimizer are float32)
+    devices: list
+    reason: str
+
+    def __str__(self) -> str:
+        kinds = sorted({d.device_kind for d in self.devices})
+        where = f"{len(self.devices)} {self.devices[0].platform} device(s) ({', '.join(kinds)})"
+        return f"JAX {self.name} compute, fp32 weights, on {where} ({self.reason})"
+
+
+class StepState(NamedTuple):
+    """Everything a step updates, one replicated pytree (donated to the step, saved with a checkpoint)."""
+
+    step: jax.Array  # () int32: optimizer steps taken (skipped ones too)
+    params: nnx.State  # the trained float32 master weights
+    opt_state: optax.OptState
+    key: jax.Array  # dropout keys are folded from it with the step (and the micro-batch)
+    sums: dict[str, jax.Array]  # the log window's losses, summed over its steps
+    grad_norm: jax.Array  # the last step's, before clipping
+    skipped: jax.Array  # steps skipped for a non-finite gradient of a finite loss
+    in_a_row: jax.Array  # ... of which the latest came in a row
+    first_bad: jax.Array  # the first step (1-based) that must stop the run; 0 while none
+    bad: dict[str, jax.Array]  # its losses and gradient norm
+
+
+class JaxProcesses:
+    """bert-kit's rank helpers (`bert_kit.training.distributed`) over the processes of a JAX run on
+    several hosts (`jax.distributed`): one process per host, rank = `jax.process_index()`."""
+
+    def rank(self) -> int:
+        return jax.process_index()
+
+    def world_size(self) -> int:
+        return jax.process_count()
+
+    def barrier(self) -> None:
+        multihost_utils.sync_global_devices("bert-kit")
+
+    def gather(self, values: list[float]) -> np.ndarray:
+        """(processes, len(values)) float64: each process's values, exactly (sent as uint32 pairs)."""
+        local = np.asarray(values, np.float64).view(np.uint32)
+        return np.asarray(multihost_utils.process_allgather(local)).view(np.float64)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int32)))[:, 0]
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[:len(data)] = data
+        everything = np.asarray(multihost_utils.process_allgather(padded))
+        return [pickle.loads(everything[i, :n].tobytes()) for i, n in enumerate(sizes)]
+
+
+def join_processes() -> None:
+    """A run on several hosts: join the other processes (`train.initialize_distributed`: JAX_* or
+    torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
+    if initialize_distributed() and jax.process_count() > 1:
+        use_processes(JaxProcesses())
+
+
+def resolve_devices(device: str) -> list:
+    """The devices `device` names: auto (every device of the default backend, on every host), cpu,
+    cuda (every GPU) or cuda:N (GPU N of this host)."""
+    if device == "auto":
+        return jax.devices()
+    if device == "cpu":
+        return jax.devices("cpu")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        raise ValueError(f"device={device}, but JAX sees no GPU: install jax with CUDA (pip install "
+                         "\"jax[cuda12]\"), or set device=auto") from None
+    if ":" not in device:
+        return gpus
+    index = int(device.split(":")[1])
+    if index >= len(gpus):
+        raise ValueError(f"device={device}, but JAX sees {len(gpus)} GPU(s)")
+    return [gpus[index]]
+
+
+def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:
+    """auto: bf16 on GPUs and TPUs, fp32 on the CPU (as the torch engine's `resolve_precision`)."""
+    if precision != "auto":
+        return JaxPrecision(precision, devices, "requested")
+    if devices[0].platform in ("gpu", "tpu"):
+        return JaxPrecision("bf16", devices, f"{devices[0].platform} computes in bfloat16")
+    return JaxPrecision("fp32", devices, "cpu device: bfloat16 would not speed up training")
+
+
+def loss_names(model: nnx.Module) -> tuple[str, ...]:
+    """The losses `task_loss` reports for the model's head (the window sums them)."""
+    if isinstance(model, BERTForPreTraining):
+        return "loss", "mlm_loss", "nsp_loss"
+    return ("loss", "mlm_loss") if isinstance(model, _TiedMLM) else ("loss",)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Programs:
+    """What the engine jits: pure functions of their arguments and of the model's graph, compute
+    dtype, optimizer and loss names (no reference to the run: JAX's caches may keep them)."""
+
+    def __init__(self, graphdef: nnx.GraphDef, dtype: jnp.dtype, tx: optax.GradientTransformation,
+                 names: tuple[str, ...]) -> None:
+        self.graphdef, self.dtype, self.tx, self.names = graphdef, dtype, tx, names
+
+    def initial_state(self, params: nnx.State, key: jax.Array) -> StepState:
+        def zero(dtype: Any = jnp.float32) -> jax.Array:  # one buffer each: the step donates every leaf
+            return jnp.zeros((), dtype)
+
+        return StepState(zero(jnp.int32), params, self.tx.init(params), key, {k: zero() for k in self.names},
+                         zero(), zero(jnp.int32), zero(jnp.int32), zero(jnp.int32),
+                         {k: zero() for k in (*self.names, "grad_norm")})
+
+    def model_at(self, frozen: nnx.State, params: nnx.State) -> nnx.Module:
+        """The model of these weights, in the compute dtype (a float32 copy gets float32 gradients)."""
+        return nnx.merge(self.graphdef, cast(frozen, self.dtype), cast(params, self.dtype))
+
+    def train_step(self, state: StepState, frozen: nnx.State, batch: dict[str, jax.Array],
+                   lr: jax.Array) -> StepState:
+        """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`."""
+        key = jax.random.fold_in(state.key, state.step)
+
+        def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
+            def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
+                rngs = nnx.Rngs(dropout=jax.random.fold_in(key, index))
+                return task_loss(self.model_at(frozen, params), micro, rngs)
+
+            (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+            return {"loss": loss, **parts}, grads
+
+        accum = batch["input_ids"].shape[0]
+        if accum == 1:
+            losses, grads = micro_step(jax.tree.map(lambda x: x[0], batch), jnp.zeros((), jnp.int32))
+        else:  # gradient accumulation: the mean over the micro-batches, one at a time
+            def add(total: tuple, xs: tuple) -> tuple[tuple, None]:
+                return jax.tree.map(jnp.add, total, micro_step(*xs)), None
+
+            zeros = (dict.fromkeys(self.names, jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, state.params))
+            total, _ = jax.lax.scan(add, zeros, (batch, jnp.arange(accum)))
+            losses, grads = jax.tree.map(lambda x: x / accum, total)
+
+        # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`)
+        grad_norm = optax.global_norm(grads)
+        loss_ok = jnp.all(jnp.stack([jnp.isfinite(v) for v in losses.values()]))
+        bad_grad = loss_ok & ~jnp.isfinite(grad_norm)
+        in_a_row = jnp.where(bad_grad, state.in_a_row + 1, 0)
+        stop = ~loss_ok | (in_a_row >= MAX_SKIPPED_IN_A_ROW)
+        first = stop & (state.first_bad == 0)
+        first_bad = jnp.where(first, state.step + 1, state.first_bad)
+        seen = {**losses, "grad_norm": grad_norm}
+        bad = {k: jnp.where(first, seen[k], v) for k, v in state.bad.items()}
+        skip = (first_bad != 0) | bad_grad  # from the first bad step on, nothing moves
+
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, jax.tree.map(lambda u: -lr * u, updates))
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new),
+                                         (params, opt_state), (state.params, state.opt_state))
+        sums = {k: state.sums[k] + losses[k] for k in self.names}
+        return StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm,
+                         state.skipped + bad_grad.astype(jnp.int32), in_a_row, first_bad, bad)
+
+    def logits(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
+        """The head's logits of a (B, T) batch, float32, no dropout."""
+        model = self.model_at(frozen, params)
+        out = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        return out.astype(jnp.float32)
+
+    def mlm_sums(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """Summed cross-entropy, correct predictions and count of a batch's masked tokens (and NSP pairs)."""
+        model = self.model_at(frozen, params)
+        inputs = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
+        out = model(*inputs, batch["masked_positions"])
+        mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
+        labels = batch["masked_labels"]
+        total, count = _cross_entropy_sum(mlm_logits, labels)
+        sums = {"mlm_sum": total, "mlm_count": count,
+                "mlm_correct": ((mlm_logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()}
+        if nsp_logits is not None and "next_sentence_label" in batch:
+            nsp_labels = batch["next_sentence_label"]
+            sums["nsp_sum"], sums["nsp_count"] = _cross_entropy_sum(nsp_logits, nsp_labels)
+            sums["nsp_correct"] = ((nsp_logits.argmax(-1) == nsp_labels) & (nsp_labels != IGNORE_INDEX)).sum()
+        return sums
+
+
+class JaxEngine:
+    """The job's model as a Flax NNX twin, trained by one jitted, data-parallel step (`bert_kit.training.engine.Engine`)."""
+
+    name = "jax"
+
+    def __init__(self, job: Any, cfg: Any, run: Any) -> None:
+        # the job's PyTorch model: what to train, and where the weights go back to be saved (the engine
+        # keeps no other part of the job: a run's loaders end with it)
+        self.model, self.cfg = job.model, cfg
+        devices = resolve_devices(cfg.device)
+        self.precision = resolve_jax_precision(cfg.precision, devices)
+        self.dtype = DTYPES[self.precision.name]
+        self.mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
+        self.local_devices = len(self.mesh.local_devices)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.pad_id = int(job.tokenizer.pad_token_id)
+        self.rows: dict[tuple, int] = {}  # the most rows a batch had, per use and length: shorter ones are padded
+        if jax.process_index() == 0:
+            print(f"precision: {self.precision}", flush=True)
+        # DataLoader workers (num_workers > 0) are forked from this process, whose JAX threads make
+        # Python warn of deadlocks; the workers run the collators (torch and NumPy) and never JAX
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+
+        # the twin of the job's model; what torch leaves frozen (an unused pooler) stays out of training
+        self.graphdef, frozen, params = self.twin()
+        self.frozen = jax.device_put(frozen, self.replicated)
+        self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
+        self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
+                              optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
+                              optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
+        programs = Programs(self.graphdef, self.dtype, self.tx, self.names)
+        self.init = jax.jit(programs.initial_state, out_shardings=self.replicated)  # one program, not one per leaf
+        self.state = self.init(params, jax.random.key(cfg.seed))
+        self.steps = 0  # optimizer steps in the window
+        self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
+        stacked, batch = NamedSharding(self.mesh, P(None, "data")), NamedSharding(self.mesh, P("data"))
+        self._step = jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated, stacked,
+                                                                self.replicated),
+                             out_shardings=self.replicated, donate_argnums=0)
+        self._logits = jax.jit(programs.logits, in_shardings=(self.replicated, self.replicated, batch),
+                               out_shardings=batch)
+        self._mlm_sums = jax.jit(programs.mlm_sums, in_shardings=(self.replicated, self.replicated, batch),
+                                 out_shardings=self.replicated)
+
+    def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+        """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
+        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
+        graphdef, frozen, params = nnx.split(from_torch(self.model),
+                                             lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
+        return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+
+    # ---- batches: the job's host batches, padded to static shapes, split over the devices ----------
+
+    def host_batches(self, batches: list[dict], use: str) -> dict[str, np.ndarray]:
+        """The job's batches (dicts of CPU tensors) as one NumPy batch (A, B, T...) of static shapes:
+        tokens padded to multiples of LENGTH_MULTIPLE (at most to the longest setting), rows to the
+        most a batch of this `use` had and to a multiple of the local devices. Padding rows repeat
+        row 0's inputs (a real sequence: no all-masked attention row) and carry no label."""
+        arrays = [{k: np.asarray(b[k]) for k in INPUTS if k in b} for b in batches]
+        longest = max(a["input_ids"].shape[1] for a in arrays)
+        length = min(round_up(longest, LENGTH_MULTIPLE), max(longest, self.cfg.max_length))
+        if jax.process_count() > 1:  # every host's batch of one step must have the same shape
+            length = max(longest, self.cfg.max_length)
+        if "masked_positions" in arrays[0]:  # MLM: padded to max_length already, predicted at the slots
+            length = longest
+            for a in arrays:
+                a.pop("labels", None)
+        rows = max(len(a["input_ids"]) for a in arrays)
+        rows = self.rows[use, length] = round_up(max(rows, self.rows.get((use, length), 0)), self.local_devices)
+        out = {}
+        for key in arrays[0]:
+            padded = []
+            for a in arrays:
+                x = a[key]
+                pad = self.pad_id if key == "input_ids" else PADDING[key]
+                if x.dtype.kind == "f":  # regression targets: NaN marks a row without one
+                    x, pad = x.astype(np.float32), np.nan
+                if x.ndim == 2 and key not in ("masked_positions", "masked_labels"):
+                    x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
+                if len(x) < rows:
+                    filler = x[:1] if key in ("input_ids", "attention_mask", "token_type_ids") else np.full_like(x[:1], pad)
+                    x = np.concatenate([x, np.repeat(filler, rows - len(x), axis=0)])
+                padded.append(x.astype(np.int32) if x.dtype.kind in "iu" else x)
+            out[key] = np.stack(padded)
+        return out
+
+    def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, jax.Array]:
+        """This process's share of a batch -> global arrays split over the mesh."""
+        sharding = NamedSharding(self.mesh, spec)
+        return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+    # ---- the engine interface ------------------------------------------------------------------
+
+    def step(self, micro_batches: list[dict], lr: float) -> None:
+        batch = self.to_devices(self.host_batches(micro_batches, "train"), P(None, "data"))
+        lr = jax.make_array_from_process_local_data(self.replicated, np.float32(lr))
+        self.state = self._step(self.state, self.frozen, batch, lr)
+        self.steps += 1
+
+    def read_window(self) -> tuple[dict[str, float], float, int]:
+        s = self.state
+        sums, grad_norm, skipped, first_bad, bad = jax.device_get((s.sums, s.grad_norm, s.skipped, s.first_bad,
+                                                                   s.bad))
+        if first_bad:
+            raise NonFiniteLossError(int(first_bad), {k: float(bad[k]) for k in (*self.names, "grad_norm")})
+        losses = {k: float(sums[k]) / self.steps for k in self.names}  # in the order the torch engine logs them
+        new_skips = int(skipped) - self.skipped_before
+        self.skipped_before = int(skipped)
+        zeros = jax.device_put({k: np.zeros((), np.float32) for k in self.names}, self.replicated)
+        self.state, self.steps = s._replace(sums=zeros), 0
+        return losses, float(grad_norm), new_skips
+
+    def check_finite(self) -> None:
+        first_bad = int(jax.device_get(self.state.first_bad))
+        if first_bad:
+            bad = jax.device_get(self.state.bad)
+            raise NonFiniteLossError(first_bad, {k: float(bad[k]) for k in (*self.names, "grad_norm")})
+
+    def weights_to_torch(self) -> None:
+        """The current weights into the job's PyTorch model (which the run's folders are written from)."""
+        model = nnx.merge(self.graphdef, self.frozen, self.state.params)
+        copy_into_torch(torch_state_dict(model), self.model)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        self.weights_to_torch()
+        return {"engine": self.name, "files": self.write_state}
+
+    def model_state(self) -> dict | None:
+        self.weights_to_torch()
+        return None
+
+    def write_state(self, folder: Path) -> None:
+        """optimizer.safetensors: the optax state (by its paths), step, dropout key and counters."""
+        from safetensors.numpy import save_file
+
+        s = self.state
+        leaves = jax.tree_util.tree_flatten_with_path(s.opt_state)[0]
+        arrays = {f"opt_state{jax.tree_util.keystr(path)}": leaf for path, leaf in leaves}
+        arrays.update(step=s.step, key=jax.random.key_data(s.key), skipped=s.skipped, in_a_row=s.in_a_row)
+        save_file({k: np.array(v) for k, v in jax.device_get(arrays).items()}, str(folder / STATE_FILE))
+
+    def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
+        from safetensors.numpy import load_file
+
+        saved = state.get("engine", "torch")
+        if saved != self.name or not (checkpoint / STATE_FILE).is_file():
+            raise ValueError(f"{checkpoint} was written by engine={saved}: resume it with engine={saved}, or start "
+                             f"a new run from its weights (model={checkpoint})")
+        load_checkpoint(checkpoint, self.model, restore_rng=False)  # the weights, read by the torch side
+        _, frozen, params = self.twin()
+        self.frozen = jax.device_put(frozen, self.replicated)
+        arrays = load_file(str(checkpoint / STATE_FILE))
+        fresh = self.init(params, jax.random.wrap_key_data(arrays["key"]))
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh.opt_state)
+        names = [f"opt_state{jax.tree_util.keystr(path)}" for path, _ in leaves]
+        wrong = [n for (n, (_, leaf)) in zip(names, leaves) if n not in arrays or arrays[n].shape != leaf.shape]
+        if wrong:
+            raise ValueError(f"{checkpoint / STATE_FILE} does not match this run's model and optimizer "
+                             f"({len(wrong)} state arrays missing or of another shape, e.g. {wrong[0]})")
+        opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[n]) for n in names])
+        restored = fresh._replace(step=jnp.asarray(arrays["step"]), opt_state=opt_state,
+                                  skipped=jnp.asarray(arrays["skipped"]), in_a_row=jnp.asarray(arrays["in_a_row"]))
+        self.state = jax.device_put(restored, self.replicated)
+        self.skipped_before = int(arrays["skipped"])
+
+    def evaluate_mlm(self, loader: Any, limit: int | None, slots: float | None) -> dict[str, float]:
+        sums = None
+        for i, batch in enumerate(loader):
+            if limit is not None and i >= limit:
+                break
+            arrays = {k: v[0] for k, v in self.host_batches([batch], "eval").items()}
+            out = self._mlm_sums(self.frozen, self.state.params, self.to_devices(arrays, P("data")))
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)  # on the device: one read at the end
+        sums = {k: float(v) for k, v in jax.device_get(sums or {}).items()}
+        return mlm_metrics(sums.get("mlm_sum", 0.0), sums.get("mlm_correct", 0.0), sums.get("mlm_count", 0.0),
+                           sums.get("nsp_sum", 0.0), sums.get("nsp_correct", 0.0), sums.get("nsp_count", 0.0))
+
+    def evaluate_task(self, task: Any, items: list[dict]) -> dict[str, Any]:
+        """The task's metrics (`Task.score`) of this model's logits. Several hosts: each scores its
+        share, and all get every row (`shard_and_gather`, as torch ranks do)."""
+        from bert_kit.tasks.base import check_finite, shard_and_gather  # the tasks' rules
+
+        outputs = shard_and_gather(items, lambda share: self.task_logits(task, share))
+        check_finite([torch.stack(outputs)] if outputs and outputs[0].ndim == 1 else outputs, None)
+        return task.score(outputs, items)
+
+    def task_logits(self, task: Any, items: list[dict]) -> list[torch.Tensor]:
+        """Logits of every item (a CPU tensor each, in the items' order), in batches of similar
+        lengths as `Task.outputs` makes them; every batch is queued before the first is read."""
+        order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
+        size, pending = task.s.eval_batch_size, []
+        for start in range(0, len(order), size):
+            chunk = order[start:start + size]
+            arrays = {k: v[0] for k, v in self.host_batches([task.collate([items[i] for i in chunk])], "eval").items()}
+            pending.append((chunk, self._logits(self.frozen, self.state.params, self.to_devices(arrays, P("data")))))
+        outputs: list = [None] * len(items)
+        for chunk, logits in pending:
+            for row, i in zip(torch.from_numpy(self.host_local(logits)), chunk):
+                outputs[i] = row
+        return outputs
+
+    def host_local(self, x: jax.Array) -> np.ndarray:
+        """This process's rows of a batch-sharded result (all of them, on one host)."""
+        if jax.process_count() == 1:
+            return np.array(jax.device_get(x))
+        return np.array(multihost_utils.global_array_to_host_local_array(x, self.mesh, P("data")))
+
+    def running(self) -> ContextManager:
+        return contextlib.nullcontext()
