@@ -1,0 +1,118 @@
+"""`bert-kit finetune ... engine=jax` on cuts of the real SST-2 and CoNLL-2003 files (CPU): the same
+losses as the torch engine from the same weights and batches (dropout off, fp32; the last batch
+padded with rows that carry no label), best/ scored by `bert-kit evaluate` (PyTorch) as the JAX run
+scored it, and a torch run's checkpoint refused by the JAX engine. Regression's padded rows:
+tests/jax/test_engine.py.
+
+Run: .venv/bin/python -m pytest tests/jax/test_engine_finetune.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+from bert_kit.checks import ConfigError  # noqa: E402
+from bert_kit.cli import main as cli  # noqa: E402
+from bert_kit.config import BertConfig  # noqa: E402
+from bert_kit.jax.engine import STATE_FILE  # noqa: E402
+from bert_kit.model import BERTModel  # noqa: E402
+from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
+from bert_kit.tokenizer import get_tokenizer  # noqa: E402
+from bert_kit.training.checkpoint import latest_checkpoint  # noqa: E402
+from bert_kit.training.progress import read_metrics  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, minilm_path):
+    """A random 1-layer, 32-wide encoder without dropout (the engines then compute the same steps),
+    with MiniLM's tokenizer."""
+    folder = tmp_path_factory.mktemp("encoder")
+    torch.manual_seed(0)
+    BERTModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)).save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sst2(data_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sst2")
+    for name, n in (("train.tsv", 44), ("dev.tsv", 24)):
+        lines = (data_dir / "sst2" / name).read_text().splitlines()
+        (folder / name).write_text("\n".join(lines[: n + 1]) + "\n")
+    return folder / "train.tsv", folder / "dev.tsv"
+
+
+def config(encoder: Path, out: Path, engine: str, **overrides) -> FinetuneConfig:
+    # batches of 12 over 44 examples: the fourth holds 8, which the JAX engine pads to 12 rows
+    settings = dict(model=str(encoder), output_dir=str(out), engine=engine, batch_size=12, lr=1e-3, log_every=1,
+                    precision="fp32", device="cpu", seed=3, max_steps=4, max_length=32, eval_every=2)
+    return FinetuneConfig(**{**settings, **overrides})
+
+
+def records(out: Path, kind: str) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(out) if r["type"] == kind}
+
+
+def assert_same_steps(jax_run: Path, torch_run: Path, tolerance: float = 1e-4) -> None:
+    got, expected = records(jax_run, "train"), records(torch_run, "train")
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
+    for step, r in expected.items():
+        assert abs(got[step]["loss"] - r["loss"]) <= tolerance, (step, got[step]["loss"], r["loss"])
+        assert got[step]["lr"] == r["lr"] and got[step]["examples"] == r["examples"]  # the schedule, the data
+        assert abs(got[step]["grad_norm"] - r["grad_norm"]) <= tolerance * max(1.0, r["grad_norm"])
+
+
+def test_classification_takes_torchs_steps_and_evaluate_agrees(encoder, sst2, tmp_path):
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    results = finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    evals, expected = records(tmp_path / "jax", "eval"), records(tmp_path / "torch", "eval")
+    assert sorted(evals) == [2, 4]
+    for step in evals:
+        assert abs(evals[step]["loss"] - expected[step]["loss"]) <= 1e-4
+        assert evals[step]["accuracy"] == expected[step]["accuracy"]
+
+    # best/ is the torch engine's folder: `bert-kit evaluate` (PyTorch) scores it as the JAX run did
+    best = tmp_path / "jax" / "best"
+    assert results["best_model"] == str(best) and (best / "model.safetensors").is_file()
+    assert json.loads((best / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+    assert cli(["evaluate", "--model", str(best), "--data", str(dev), "--output", str(tmp_path / "eval.json")]) == 0
+    scored = json.loads((tmp_path / "eval.json").read_text())
+    kept = results["best_metrics"]
+    assert abs(scored["loss"] - kept["loss"]) <= 1e-4 and scored["accuracy"] == kept["accuracy"]
+    assert (latest_checkpoint(tmp_path / "jax") / STATE_FILE).is_file()
+
+    # a torch run's checkpoint: the engine is a setting that shapes the run, and forced, it is still refused
+    with pytest.raises(ConfigError, match="engine: 'torch' -> 'jax'"):
+        finetune(config(encoder, tmp_path / "torch", "jax", **files), resume="latest")
+    with pytest.raises(ValueError, match=r"step-0000004 was written by engine=torch: resume it with engine=torch"):
+        finetune(config(encoder, tmp_path / "torch", "jax", force_resume=True, **files), resume="latest")
+
+
+def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tmp_path):
+    def cut(name: str, n_lines: int) -> Path:  # whole sentences; train holds every tag of the validation lines
+        lines = (data_dir / "conll2003" / name).read_text().splitlines()[:n_lines]
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        return tmp_path / name
+
+    valid = cut("valid.txt", 120)
+    cfg = config(encoder, tmp_path / "run", "jax", task="token-classification", train_file=str(cut("train.txt", 800)),
+                 validation_file=str(valid), lr=5e-3)
+    results = finetune(cfg)
+    best = tmp_path / "run" / "best"
+    assert results["best_model"] == str(best) and results["metric"] == "f1"
+    assert cli(["evaluate", "--model", str(best), "--data", str(valid), "--output", str(tmp_path / "eval.json")]) == 0
+    scored, kept = json.loads((tmp_path / "eval.json").read_text()), results["best_metrics"]
+    for key in ("f1", "precision", "recall", "accuracy"):
+        assert abs(scored[key] - kept[key]) <= 1e-4, key
+    assert kept["accuracy"] > 0.3  # a trained head: "O" alone is most of the words
