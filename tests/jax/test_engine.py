@@ -89,6 +89,7 @@ def test_sigint_then_resume_latest_continues_the_run_bit_for_bit(tmp_path):
 
     results = json.loads((out / "results.json").read_text())
     assert results["steps"] == total and results["stopped"] is None and results["precision"].startswith("JAX fp32")
+    assert f"on {len(jax.devices())} cpu device(s)" in results["precision"]  # each batch split over them (conftest)
     assert results["test_mlm_loss"] is not None and results["test_nsp_accuracy"] is not None
     assert (out / "loss_curve.png").is_file() and "engine: jax" in (out / "run_config.yaml").read_text()
     assert [r["step"] for r in read_metrics(out) if r["type"] == "eval"] == [total]
