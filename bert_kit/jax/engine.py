@@ -47,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.model import BERTForPreTraining, _TiedMLM
 from bert_kit.jax.train import DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed, task_loss
+from bert_kit.checks import CorruptFileError
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.distributed import use_processes
@@ -394,6 +395,7 @@ class JaxEngine:
         save_file({k: np.array(v) for k, v in jax.device_get(arrays).items()}, str(folder / STATE_FILE))
 
     def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         saved = state.get("engine", "torch")
@@ -403,7 +405,11 @@ class JaxEngine:
         load_checkpoint(checkpoint, self.model, restore_rng=False)  # the weights, read by the torch side
         _, frozen, params = self.twin()
         self.frozen = jax.device_put(frozen, self.replicated)
-        arrays = load_file(str(checkpoint / STATE_FILE))
+        try:
+            arrays = load_file(str(checkpoint / STATE_FILE))
+        except SafetensorError as e:
+            raise CorruptFileError(f"{checkpoint / STATE_FILE} is not a readable safetensors file ({e}): it is "
+                                   "truncated or corrupt; resume from an earlier checkpoint") from None
         fresh = self.init(params, jax.random.wrap_key_data(arrays["key"]))
         leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh.opt_state)
         names = [f"opt_state{jax.tree_util.keystr(path)}" for path, _ in leaves]
