@@ -45,9 +45,10 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bert_kit.jax.model import BERTForPreTraining, _TiedMLM
-from bert_kit.jax.train import DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed, task_loss
 from bert_kit.checks import CorruptFileError
+from bert_kit.jax.model import BERTForPreTraining, _TiedMLM
+from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
+                                task_loss)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.distributed import use_processes
@@ -254,7 +255,8 @@ class Programs:
 
 
 class JaxEngine:
-    """The job's model as a Flax NNX twin, trained by one jitted, data-parallel step (`bert_kit.training.engine.Engine`)."""
+    """The job's model as a Flax NNX twin, trained by one jitted, data-parallel step (the interface:
+    `bert_kit.training.engine.Engine`)."""
 
     name = "jax"
 
@@ -333,7 +335,8 @@ class JaxEngine:
                 if x.ndim == 2 and key not in ("masked_positions", "masked_labels"):
                     x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
                 if len(x) < rows:
-                    filler = x[:1] if key in ("input_ids", "attention_mask", "token_type_ids") else np.full_like(x[:1], pad)
+                    inputs = key in ("input_ids", "attention_mask", "token_type_ids")
+                    filler = x[:1] if inputs else np.full_like(x[:1], pad)
                     x = np.concatenate([x, np.repeat(filler, rows - len(x), axis=0)])
                 padded.append(x.astype(np.int32) if x.dtype.kind in "iu" else x)
             out[key] = np.stack(padded)

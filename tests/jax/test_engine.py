@@ -194,7 +194,8 @@ def test_regression_rows_that_pad_a_batch_take_no_part_in_the_loss():
     assert np.isfinite(grad).all() and grad[3, 0] == 0
     # the batch as the engine builds it (a short last batch of a regression run)
     engine = JaxEngine.__new__(JaxEngine)  # its batch building alone: full batches of this length had 4 rows
-    engine.cfg, engine.pad_id, engine.local_devices, engine.rows = SimpleNamespace(max_length=32), 0, 1, {("train", 32): 4}
+    engine.cfg, engine.pad_id, engine.local_devices = SimpleNamespace(max_length=32), 0, 1
+    engine.rows = {("train", 32): 4}
     ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0], [2, 3, 0, 0]])
     padded = engine.host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
                                    "labels": torch.tensor([0.5, 1.5, 2.5])}], "train")
