@@ -152,6 +152,8 @@ def run_keras(args: argparse.Namespace, config, batches: list[dict]) -> dict:
     """KerasHub's `BertMaskedLM` on the JAX backend, bf16 mixed precision, AdamW, compiled with XLA:
     trained with `fit`, as its documentation shows, the first epoch (compilation) untimed."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
+    if args.keras_path:  # after site-packages: packages installed here win, the folder fills the gaps
+        sys.path.append(str(args.keras_path))
     import jax
     import keras
     import keras_hub
@@ -199,6 +201,8 @@ def worker(args: argparse.Namespace) -> None:
     from bert_kit.model import estimate_mfu
 
     config = create_model_config(args.model)
+    if args.attention_dropout is not None:  # diagnostic: what attention dropout costs an engine
+        config.attention_probs_dropout_prob = args.attention_dropout
     n = args.devices_one
     batches = random_batches(4, args.batch * n, args.seq, config.vocab_size, args.masked)
     if args.worker == "torch":
@@ -227,6 +231,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--json", type=Path, help="append the rows as JSON lines")
+    p.add_argument("--attention-dropout", type=float, default=None,
+                   help="diagnostic: every engine's attention dropout (default: the model's, 0.1)")
+    p.add_argument("--keras-path", type=Path, help="a folder holding keras and keras-hub (pip install --target)")
     p.add_argument("--worker", choices=("torch", "jax", "keras"), help=argparse.SUPPRESS)
     p.add_argument("--devices-one", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -239,6 +246,8 @@ def main() -> None:
         argv = [sys.executable, __file__, "--worker", engine, "--devices-one", str(n), "--model", args.model,
                 "--seq", str(args.seq), "--batch", str(args.batch), "--masked", str(args.masked),
                 "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        argv += ["--keras-path", str(args.keras_path)] if args.keras_path else []
+        argv += ["--attention-dropout", str(args.attention_dropout)] if args.attention_dropout is not None else []
         env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", "KERAS_BACKEND": "jax"}
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
