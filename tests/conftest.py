@@ -2,12 +2,27 @@
 
 Tests that need the benchmark data skip when it is absent. They read the data root as the
 shipped configs do (BERT_KIT_DATA, else ./data), falling back to ../shared/data beside the checkout.
+
+`make test` runs the suite in two processes (pytest-xdist, `--dist loadgroup`) without the tests
+marked `slow`; `make test-all` (CI) runs those too. Each worker takes one torch thread, as do the
+processes its tests start, so two workers do not oversubscribe two cores. Tests that share an
+expensive module fixture (server processes, a demo run, distributed runs) carry
+`pytest.mark.xdist_group`, so one worker builds it once; tests marked `slow` start first, so that
+the two workers finish together.
 """
 
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# no test depends on the speed of the machine: hypothesis's per-example deadline (200 ms) is off
+settings.register_profile("bert-kit", deadline=None)
+settings.load_profile("bert-kit")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker of `pytest -n 2`: one of two processes on the cores
+    os.environ["OMP_NUM_THREADS"] = "1"  # for torch here (set before it starts) and in every process started
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("BERT_KIT_DATA") or (REPO / "data" if (REPO / "data").is_dir()
@@ -40,3 +55,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # slow tests (and so their xdist groups) first: a long test started last keeps one worker busy alone
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

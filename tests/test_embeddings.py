@@ -136,6 +136,7 @@ def test_bad_arguments(minilm_path, encoder):
         encoder.encode(["fine", 3])
 
 
+@pytest.mark.slow
 def test_compiled_encoder_matches_eager_and_leaves_training_compiles_alone(minilm_path, encoder, sts_sentences):
     compiled = SentenceEncoder.from_pretrained(minilm_path, device="cpu", compile=True)
     texts = sts_sentences[:24]

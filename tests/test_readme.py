@@ -108,6 +108,7 @@ def test_readme_shows_how_bert_kit_is_reached():
     assert "`.venv/bin/bert-kit`" in (REPO / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs(fresh_clone, monkeypatch, capsys):
     ran = []
     for line in readme_commands():

@@ -47,7 +47,8 @@ TEXTS = ["A man is playing a guitar.", "The cat sat on the mat near the door.", 
          "John Smith lives in New York and works for the United Nations.", "Hi.",
          "A woman is slicing onions in a small kitchen while the radio plays."]
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# one worker starts the module's servers, first (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("serve"), pytest.mark.slow]
 
 
 # ---- the batcher on its own ---------------------------------------------------------------------

@@ -36,7 +36,8 @@ from bert_kit.serving.schema import InputError
 from tests.tasks.test_inference import saved
 from tests.test_serve import REPO, TINY, ServerProcess, metric_values
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# one worker starts the module's servers, first (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("serve_hostile"), pytest.mark.slow]
 
 # `serve` (grace period 2 s) where computing the input "stuck run" never ends, and nor does
 # tokenizing the input "stuck prepare"

@@ -19,7 +19,8 @@ from bert_kit.cli import main
 from bert_kit.cli.demo import earlier_demo, tail_words
 from bert_kit.training.progress import read_metrics
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # steady on a shared 2-core machine
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # steady on a shared 2-core machine
+              pytest.mark.xdist_group("demo"), pytest.mark.slow]  # one worker runs the demos, first
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ def jax_config(tmp_path: Path, name: str, **overrides) -> PretrainConfig:
     return tiny_config(tmp_path, name, **{**settings, **overrides})
 
 
+@pytest.mark.slow
 def test_sigint_then_resume_latest_continues_the_run_bit_for_bit(tmp_path):
     """The command in its own process, stopped by SIGINT: the step in flight is finished and saved
     (exit 130); `--resume latest` continues it, and every loss equals that of a run never stopped.
@@ -118,6 +119,7 @@ def test_sigint_then_resume_latest_continues_the_run_bit_for_bit(tmp_path):
 STEP_S, SAVE_S = 0.1, 0.2  # what a step, and a checkpoint or model folder, "take" on the fake clock
 
 
+@pytest.mark.slow
 def test_a_time_budget_ends_a_jax_run_and_drives_its_schedule(tmp_path, monkeypatch):
     """time_budget on the fake clock of tests/fake_clock.py: the run ends inside its budget, with
     final/ written, and the lr it hands the jitted step warms up and decays with the clock."""

@@ -133,6 +133,7 @@ def test_bf16_computes_in_bf16_and_keeps_float32_weights(optimizer):
     assert metrics["loss"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_two_devices_give_the_losses_of_one():
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
     done = subprocess.run([sys.executable, "-m", "tests.jax.mesh_worker"], cwd=REPO, env=env, capture_output=True,

@@ -26,6 +26,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_shipped_config_learns_the_synthetic_task():
     results = BertRunner(CONFIG).run()
     # Chance: MLM ~ ln(24) = 3.2 (the untrained model is at ~3.35), NSP ln 2 = 0.69.

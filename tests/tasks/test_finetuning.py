@@ -256,6 +256,7 @@ def test_similarity_bi_encoder_cosine_loss(tiny_encoder, sts, tmp_path):
                  torch.tensor(expect), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_sst2_minilm_beats_chance(minilm_path, data_dir, tmp_path):
     """500 SST-2 training rows, two epochs on the CPU: dev accuracy far above the 50% of chance."""
     for name, n in (("train.tsv", 500), ("dev.tsv", 200)):
@@ -370,6 +371,7 @@ def test_bi_encoder_cosent_steps_match_transformers(minilm_path, data_dir):
     assert loss_ours.item() > 0.1  # a ranking loss with work left: the comparison is not of zeros
 
 
+@pytest.mark.slow
 def test_compiled_finetune_matches_eager(tiny_encoder, sst2, tmp_path):
     """compile=true trains on padded batches (unpadded is switched off) and follows the eager run."""
     import json

@@ -44,7 +44,8 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
                   max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("finetuning_distributed"),
+              pytest.mark.slow]  # one worker runs the module's torchrun fixture, first
 
 
 @pytest.fixture(scope="module")

@@ -440,6 +440,7 @@ def test_cuda_graphs_auto_turns_on_only_where_graphs_can_run():
         use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=True), cpu)
 
 
+@pytest.mark.slow
 def test_compiled_run_trains_on_static_shapes(tmp_path):
     """compile=true: batches padded to max_length, fixed prediction slots, the loss compiled; the
     run learns like the eager one (dropout draws differ) and evaluates without recompiling."""

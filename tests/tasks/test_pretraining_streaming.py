@@ -241,6 +241,7 @@ def test_streaming_resume_is_bit_exact(tmp_path, monkeypatch, num_workers):
             pretrain(mapped, resume=str(interrupted / "checkpoints" / "step-0000010"))
 
 
+@pytest.mark.slow
 def test_two_ranks_resume_each_at_its_own_stream_position(tmp_path, capsys):
     # 2 processes over gloo (torchrun): each rank streams its own shard; a resumed run continues
     # every rank at its own position; one process can take over the 2-rank checkpoint

@@ -80,6 +80,8 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("distributed_runs")  # one worker builds `runs` once (tests/conftest.py)
 def test_ddp_and_fsdp_on_two_ranks_match_one_process(runs):
     init = dist_worker.tiny_model().state_dict()
     final = load_file(runs / "one" / "final" / "model.safetensors")
@@ -92,6 +94,8 @@ def test_ddp_and_fsdp_on_two_ranks_match_one_process(runs):
     assert json.loads((runs / "ddp" / "result.json").read_text())["allreduce_calls"] == dist_worker.STEPS
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("distributed_runs")
 def test_checkpoints_move_between_one_and_two_ranks(runs, tmp_path):
     # 1 -> 2: the one-process checkpoint of step 10, continued by 2 ranks (DDP and FSDP2)
     for parallel in ("ddp", "fsdp"):
@@ -111,6 +115,8 @@ def test_checkpoints_move_between_one_and_two_ranks(runs, tmp_path):
             torch.testing.assert_close(got["exp_avg"], want["exp_avg"], **TOL)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("distributed_runs")
 def test_every_example_is_seen_once_per_epoch_across_ranks(runs):
     rank0, rank1 = json.loads((runs / "epochs.json").read_text())
     # map-style, pretrain's own loader: per step, the two ranks' batches of 3 are together the
@@ -189,6 +195,7 @@ def run_faulty(tmp_path: Path, name: str, kind: str, at_step: int, *argv: str) -
     return [p.returncode for p in procs], (tmp_path / f"{name}-rank0.err").read_text(), waited
 
 
+@pytest.mark.slow
 def test_torchrun_cli_survives_a_dead_and_a_stalled_rank(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=8, grad_accum=2, save_every=2, eval_every=4, log_every=1)
     save_config(cfg, tmp_path / "run.yaml")
@@ -228,6 +235,7 @@ def test_torchrun_cli_survives_a_dead_and_a_stalled_rank(tmp_path):
         torch.testing.assert_close(a[k], b[k], **TOL, msg=k)
 
 
+@pytest.mark.slow
 def test_a_time_budget_gives_every_rank_the_same_learning_rates(tmp_path):
     """The schedule of a time budget runs on the clock, and each rank's clock differs (here rank
     1's run started 3 s earlier): the ranks share one clock, so their lr and weights stay alike.
