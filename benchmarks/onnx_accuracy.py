@@ -4,7 +4,8 @@
    export and the int8 one;
 2. an SST-2 classifier: MiniLM fine-tuned on the CPU on the first `--train-examples` rows of
    SST-2 train (one epoch, or `--classifier` to reuse a fine-tuned folder), then dev accuracy
-   (872 sentences) with PyTorch, fp32 ONNX and int8 ONNX, through `bert-kit evaluate`.
+   (872 sentences) with PyTorch, fp32 ONNX and int8 ONNX, through `bert-kit evaluate`;
+3. the size of each exported folder (graph, config.json, tokenizer files).
 
     python benchmarks/onnx_accuracy.py --train-examples 4000
     python benchmarks/onnx_accuracy.py --classifier runs/sst2_minilm      # skip the fine-tuning
@@ -51,11 +52,16 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="onnx_accuracy."))
     work.mkdir(parents=True, exist_ok=True)
 
-    rows = []
+    rows, sizes = [], []
+
+    def exported(model: Path, name: str, quantize: str | None = None) -> Path:
+        report = export_onnx(model, work / name, quantize=quantize)
+        sizes.append((name, report.folder_bytes() / 1e6))
+        return report.folder
+
     sts = args.data_dir / "stsb" / "sts-test.csv"
-    for name, folder in (("PyTorch", args.model),
-                         ("ONNX fp32", export_onnx(args.model, work / "minilm-fp32").folder),
-                         ("ONNX int8", export_onnx(args.model, work / "minilm-int8", quantize="int8").folder)):
+    for name, folder in (("PyTorch", args.model), ("ONNX fp32", exported(args.model, "minilm-fp32")),
+                         ("ONNX int8", exported(args.model, "minilm-int8", "int8"))):
         r = evaluate(folder, sts, work / f"sts-{name.replace(' ', '_')}.json", task="similarity")
         rows.append(("all-MiniLM-L6-v2, STS-B test Spearman x100", name, 100 * r["spearman"]))
 
@@ -73,9 +79,8 @@ def main() -> None:
         print(f"fine-tuned on {args.train_examples} SST-2 rows in {time.time() - t0:.0f}s")
         classifier = work / "sst2-run"
     dev = args.data_dir / "sst2" / "dev.tsv"
-    for name, folder in (("PyTorch", classifier),
-                         ("ONNX fp32", export_onnx(classifier, work / "sst2-fp32").folder),
-                         ("ONNX int8", export_onnx(classifier, work / "sst2-int8", quantize="int8").folder)):
+    for name, folder in (("PyTorch", classifier), ("ONNX fp32", exported(classifier, "sst2-fp32")),
+                         ("ONNX int8", exported(classifier, "sst2-int8", "int8"))):
         r = evaluate(folder, dev, work / f"sst2-{name.replace(' ', '_')}.json")
         rows.append((f"SST-2 classifier ({args.train_examples} train rows), dev accuracy %", name, 100 * r["accuracy"]))
 
@@ -85,6 +90,9 @@ def main() -> None:
         v = {name: value for m, name, value in rows if m == metric}
         print(f"| {metric} | {v['PyTorch']:.2f} | {v['ONNX fp32']:.2f} | {v['ONNX int8']:.2f} | "
               f"{v['ONNX int8'] - v['ONNX fp32']:+.2f} |")
+    print("\n| exported folder | size |\n| --- | ---: |")
+    for name, mb in sizes:
+        print(f"| {name} | {mb:.1f} MB |")
     print(f"(folders in {work})")
 
 
