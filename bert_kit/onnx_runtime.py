@@ -31,6 +31,7 @@ import torch
 
 from bert_kit.config import BertConfig, load_hf_config
 from bert_kit.model import check_inputs
+from bert_kit.threads import spinning
 
 ONNX_FILE = "model.onnx"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -106,6 +107,8 @@ class OnnxModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1  # one graph, run node after node: no second pool competing
+        # waiting threads sleep, as torch's do (bert_kit.threads): spinning ones starve a second process
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning() else "0")
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -14,6 +14,8 @@ a corrupt model, text that is not UTF-8); 1 when the run itself failed (a non-fi
 memory, a full disk or another I/O failure while writing, a failure of the distributed group, an
 unexpected error); 130 / 143 when interrupted (SIGINT / SIGTERM).
 `--debug` (anywhere on the line) or BERT_KIT_DEBUG=1 also prints the traceback.
+Waiting threads sleep rather than spin, and BERT_KIT_THREADS=N caps every thread pool, so that
+commands share a busy machine's cores (`bert_kit.threads`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import NoReturn
 
 from bert_kit.checks import suggestion
 from bert_kit.cli.errors import debug_requested, describe, one_line, print_traceback
+from bert_kit.threads import share_cores
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # a warning is one line too, not Python's two with a source line
             warnings.showwarning = lambda message, *_, **__: print(
                 f"bert-kit {args.command}: warning: {one_line(str(message))}", file=sys.stderr)
+            share_cores()  # before torch starts its threads
             module = import_module(COMMANDS[args.command][0])
             return int(module.run(args) or 0)
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from typing import Any, ContextManager
 import torch
 
 from bert_kit.model import unchecked_inputs
+from bert_kit.threads import CoreShare
 from bert_kit.training.checkpoint import collect_state, load_checkpoint
 from bert_kit.training.distributed import full_value, init_distributed, rank, world_size, wrap_model
 from bert_kit.training.losses import compute_mlm_loader_loss
@@ -132,6 +133,7 @@ class TorchEngine(Engine):
         self.losses: dict[str, Any] = {}  # the window's losses, summed on the device
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
+        self.cores = CoreShare() if device.type == "cpu" else None  # threads for the cores left free
 
     def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
         saved = state.get("engine", "torch")
@@ -148,6 +150,8 @@ class TorchEngine(Engine):
                 group["capturable"] = self.job.cuda_graphs
 
     def step(self, micro_batches: list[dict], lr: float) -> None:
+        if self.cores is not None:
+            self.cores.adjust()
         set_lr(self.optimizer, lr)
         trainer, n = self.trainer, len(micro_batches)
         trainer.grad_accum = n

@@ -1,0 +1,103 @@
+"""How a bert-kit command uses the CPU's cores, so that several commands share a machine fairly.
+
+torch runs its CPU work on an OpenMP thread per core, and OpenMP threads spin while they wait for
+the next piece of work. Alone, that saves a wake-up; with a second process on the same cores, the
+spinning threads take the cores the other process's threads need, and both crawl (a training step
+3.3x slower with two at once on two cores, where half the cores each would mean 2x). Threads that
+sleep while they wait lose nothing alone and share the cores in proportion (benchmarks/cpu_sharing.py).
+
+So every command, before torch is imported, sets:
+
+- `OMP_WAIT_POLICY=PASSIVE` (waiting OpenMP threads sleep), unless it is set already;
+- with `BERT_KIT_THREADS=N`: N threads for each pool (torch's intra-op threads through
+  `OMP_NUM_THREADS`, the Rust tokenizer's through `RAYON_NUM_THREADS`, ONNX Runtime's), for a
+  process given N cores of a shared machine. Unset, each pool takes every core, as alone.
+
+ONNX Runtime's own pool follows the same policy (`spinning()`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from bert_kit.checks import ConfigError
+
+THREADS_VARIABLE = "BERT_KIT_THREADS"
+
+
+def configured_threads() -> int | None:
+    """BERT_KIT_THREADS as a positive integer, None when unset; a bad value is a ConfigError."""
+    raw = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{THREADS_VARIABLE}={raw!r}: expected a positive number of threads (e.g. 2), or unset "
+                          "it to use every core")
+    return int(raw)
+
+
+def share_cores() -> None:
+    """Set the environment of this process (and the processes it starts) as the module docstring
+    says. Call it before torch is imported: OpenMP reads these variables when it starts."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    threads = configured_threads()
+    if threads is not None:
+        for name in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
+            os.environ[name] = str(threads)
+        if "torch" in sys.modules:  # called from Python after torch started: set its pool directly
+            sys.modules["torch"].set_num_threads(threads)
+
+
+def spinning() -> bool:
+    """Whether waiting threads may spin (ONNX Runtime's pool): only where OpenMP's may."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE"
+
+
+class CoreShare:
+    """While training on the CPU, sizes torch's thread pool to the cores other work leaves free.
+
+    A parallel region of torch ends when its slowest thread does. With more threads than the cores
+    left to this process, one thread waits for a core and the whole region waits for it: two
+    fine-tunes on two cores, two threads each, took 2.9x their time alone though each had half the
+    cores (benchmarks/RESULTS.md). So every `interval` seconds `adjust()` reads the time the
+    process's cores were busy (/proc/stat) less this process's own, and sets the pool to the cores
+    left over: at least 1, at most every core, every core again once the other work ends. Work
+    started with `nice` (lower priority) is not counted.
+    Linux only; off when BERT_KIT_THREADS fixes the number.
+    """
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.interval = interval
+        self.enabled = configured_threads() is None and len(self.cores) > 1 and Path("/proc/stat").is_file()
+        self.last = self.read() if self.enabled else None
+
+    def read(self) -> tuple[float, float, float]:
+        """(now, seconds the cores were busy, seconds this process computed), since boot. Work of
+        lower priority than this process (niced) does not count: the kernel gives way for us."""
+        wanted, busy = {f"cpu{c}" for c in self.cores}, 0
+        niced_too = os.nice(0) > 0  # then our own time is counted as "nice"
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *ticks = line.split()
+            if name in wanted:  # user nice system idle iowait irq softirq steal ...
+                values = [int(t) for t in ticks[:8]]
+                busy += sum(values) - values[3] - values[4] - (0 if niced_too else values[1])
+        own = os.times()
+        return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+    def adjust(self) -> None:
+        """Call once per step: cheap, it reads the counters only every `interval` seconds."""
+        if not self.enabled or time.monotonic() - self.last[0] < self.interval:
+            return
+        import torch
+
+        now = self.read()
+        elapsed = now[0] - self.last[0]
+        others = max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2])) / elapsed  # cores' worth
+        self.last = now
+        threads = max(1, min(len(self.cores), round(len(self.cores) - others)))
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
