@@ -7,9 +7,12 @@ from launch to exit (start-up, data, compilation, evaluation and checkpoints inc
 * hf-loop / hf-trainer: `benchmarks/hf_finetune.py` with the same recipe (bf16, batch, lr,
   linear warmup, epochs, evaluation every epoch).
 Reported per case: wall time, steady steps/s (between 20% and 90% of the steps), the metric,
-and the ratio of the faster HF wall time to bert-kit's.
+the ratio of the faster HF wall time to bert-kit's, and where bert-kit's wall time goes (its
+results.json "timings": launch to the first step, the first step, the other steps, evaluations,
+checkpoints, the end; then the exit). rte and mrpc are the small cases (2,490 and 3,668 pairs).
 
     python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases sst2,stsb,conll,sst2-base
+    python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases rte,mrpc --impls bertkit,hf-loop
 """
 
 from __future__ import annotations
@@ -31,9 +34,19 @@ CASES = {
     "conll": ("finetune_conll.yaml", "conll", 3, ["--lr", "1e-4", "--warmup-fraction", "0.1", "--batch-size", "16",
                                                   "--max-length", "256"], False),
     "sst2-base": ("finetune_sst2.yaml", "sst2", 1, ["--lr", "1e-4", "--warmup-fraction", "0.06"], True),
+    # small pair data sets (GLUE files as released), the shipped SST-2 config with the task's columns
+    "rte": ("finetune_sst2.yaml", "rte", 3, ["--lr", "1e-4", "--warmup-fraction", "0.06"], False),
+    "mrpc": ("finetune_sst2.yaml", "mrpc", 3, ["--lr", "1e-4", "--warmup-fraction", "0.06"], False),
+}
+COLUMNS = {  # bert-kit settings that read a case's files
+    "rte": ["text_column=sentence1", "text_pair_column=sentence2", "label_column=label",
+            "label_names=[entailment,not_entailment]"],
+    "mrpc": ["text_column=#1 String", "text_pair_column=#2 String", "label_column=Quality",
+             "label_names=[not_equivalent,equivalent]"],
 }
 DATA = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "stsb": ("stsb/sts-train.csv", "stsb/sts-dev.csv"),
-        "conll": ("conll2003/train.txt", "conll2003/valid.txt")}
+        "conll": ("conll2003/train.txt", "conll2003/valid.txt"),
+        "rte": ("glue/RTE/train.tsv", "glue/RTE/dev.tsv"), "mrpc": ("glue/MRPC/train.tsv", "glue/MRPC/dev.tsv")}
 
 
 def timed(cmd: list[str], log: Path) -> tuple[float, int]:
@@ -68,19 +81,20 @@ def run_bertkit(case: str, args: argparse.Namespace, tmp: Path) -> dict:
     model = ["model=bert-base", f"tokenizer={args.model}"] if random_init else [f"model={args.model}"]
     cmd = [sys.executable, "-m", "bert_kit", "finetune", "--config", str(ROOT / "configs" / config), *model,
            f"train_file={args.data_dir / train}", f"validation_file={args.data_dir / dev}", f"epochs={epochs}",
-           f"output_dir={out}", "overwrite=true", "--output", str(tmp / f"{case}.json"), *args.bertkit_set]
+           f"output_dir={out}", "overwrite=true", "--output", str(tmp / f"{case}.json"), *COLUMNS.get(case, []),
+           *args.bertkit_set]
     wall, code = timed(cmd, tmp / f"bertkit-{case}.log")
     if code != 0:
         return {"impl": "bert-kit", "case": case, "error": (tmp / f"bertkit-{case}.log").read_text()[-3000:]}
     results = json.loads((tmp / f"{case}.json").read_text())
     train = train_records(out)
-    # where the wall time goes (diagnostic): launch to the first step, the steps' own time, the rest
-    # (evaluations, saves, the plot, exit)
-    before = wall - results["wall_time_s"] + train[0]["wall_time"] - train[0]["seconds"] if train else None
+    # where the wall time goes: the run's own timings (launch to the first step, the first step, the
+    # other steps, evaluations, checkpoints, the end) and the exit after results.json
+    timings = dict(results.get("timings") or {})
+    timings["exit_s"] = round(wall - results["wall_time_s"], 3)
     return {"impl": "bert-kit", "case": case, "wall_s": wall, "steps": results["steps"],
             "steady_steps_per_s": steady_rate(train), "best": results["best_value"],
-            "final": (results.get("final_metrics") or {}).get(results["metric"]),
-            "to_first_step_s": round(before, 2) if before is not None else None,
+            "final": (results.get("final_metrics") or {}).get(results["metric"]), "timings": timings,
             "train_time_s": results.get("train_time_s")}
 
 
@@ -133,6 +147,12 @@ def main() -> None:
             best = f"{r['best']:.4f}" if isinstance(r.get("best"), float) else "-"
             ratio = f"{min(hf) / ours['wall_s']:.2f}x" if r is ours and hf else ""
             print(f"{case:<10} {r['impl']:<11} {r['wall_s']:>8.1f} {rate:>8} {best:>7}  {ratio}")
+    timed = [r for r in rows if r.get("timings")]
+    if timed:
+        keys = ["start_s", "first_step_s", "train_s", "eval_s", "save_s", "end_s", "exit_s"]
+        print(f"\nbert-kit, where the wall time goes (s): {'case':<10} " + " ".join(f"{k[:-2]:>10}" for k in keys))
+        for r in timed:
+            print(f"{'':<40}{r['case']:<10} " + " ".join(f"{r['timings'].get(k, 0):>10.2f}" for k in keys))
 
 
 if __name__ == "__main__":

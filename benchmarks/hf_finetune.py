@@ -35,6 +35,8 @@ TASKS = {  # task -> (train file, eval file, kind)
     "sst2": ("sst2/train.tsv", "sst2/dev.tsv", "classification"),
     "stsb": ("stsb/sts-train.csv", "stsb/sts-dev.csv", "regression"),
     "conll": ("conll2003/train.txt", "conll2003/valid.txt", "tokens"),
+    "rte": ("glue/RTE/train.tsv", "glue/RTE/dev.tsv", "classification"),     # 2,490 pairs
+    "mrpc": ("glue/MRPC/train.tsv", "glue/MRPC/dev.tsv", "classification"),  # 3,668 pairs
 }
 
 
@@ -46,6 +48,18 @@ def read_sst2(path: Path) -> list[dict]:
 def read_stsb(path: Path) -> list[dict]:
     rows = [ln.rstrip("\n").split("\t") for ln in open(path, encoding="utf-8") if ln.strip()]
     return [{"text": r[5], "text_pair": r[6], "label": float(r[4])} for r in rows]
+
+
+def read_rte(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [{"text": r["sentence1"], "text_pair": r["sentence2"], "label": int(r["label"] == "not_entailment")}
+                for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+
+
+def read_mrpc(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8-sig") as f:
+        return [{"text": r["#1 String"], "text_pair": r["#2 String"], "label": int(r["Quality"])}
+                for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
 
 
 def read_conll(path: Path) -> list[dict]:
@@ -129,7 +143,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     train_file, eval_file, kind = TASKS[args.task]
-    reader = {"sst2": read_sst2, "stsb": read_stsb, "conll": read_conll}[args.task]
+    reader = {"sst2": read_sst2, "stsb": read_stsb, "conll": read_conll, "rte": read_rte, "mrpc": read_mrpc}[args.task]
     train_rows, eval_rows = reader(args.data_dir / train_file), reader(args.data_dir / eval_file)
     label_names = sorted({t for r in train_rows + eval_rows for t in r["tags"]}) if kind == "tokens" else None
     label_ids = {n: i for i, n in enumerate(label_names)} if label_names else None

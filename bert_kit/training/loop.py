@@ -328,8 +328,20 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     def budget_left() -> float:
         return float("inf") if run.budget_s is None else run.budget_s - (time.time() - run.started)
 
+    # where this session's time goes (results.json "timings"): launch to the first step, the first
+    # step (compilation, capture), evaluations (with best/), checkpoints, the other steps, the end
+    spent = {"eval": 0.0, "save": 0.0}
+    t_first: list[float] = []  # the first step's start and end
+
     def save(step: int) -> None:
         """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions)."""
+        t0 = time.time()
+        try:
+            checkpoint(step)
+        finally:
+            spent["save"] += time.time() - t0
+
+    def checkpoint(step: int) -> None:
         engine.check_finite()  # never save weights after a skipped (non-finite) step
         saved, data = engine.checkpoint_state(), job.data_state()
         if main:
@@ -343,6 +355,13 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         barrier()
 
     def evaluate(final: bool) -> dict[str, float] | None:
+        t0 = time.time()
+        try:
+            return validate(final)
+        finally:
+            spent["eval"] += time.time() - t0
+
+    def validate(final: bool) -> dict[str, float] | None:
         """Validation metrics (logged); best/ follows the job's metric."""
         nonlocal best
         metrics = job.evaluate(final)
@@ -391,6 +410,9 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 micro = job.step_batches(step)
                 window["units"] += sum(job.count(batch) for batch in micro)
                 engine.step(micro, lr)
+                if not t_first:
+                    engine.check_finite()  # waits for the device: the first step's true end
+                    t_first.extend([t_step, time.time()])
                 step += 1
                 window["n"] += 1
                 # what any rank saw, in one collective: the budget's end, a checkpoint due by the clock
@@ -454,6 +476,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     logger.message(f"step {step}: time budget spent ({cfg.time_budget}); ending the run")
                     break
 
+        t_loop_end, in_loop = time.time(), dict(spent)
         # 3. the last evaluation and the model folder (not after a stop signal: the run goes on later)
         if stopped is None:
             final_metrics = evaluate(final=True)
@@ -485,9 +508,25 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         except ImportError as e:  # the run is saved; only the picture is missing
             print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
         results["wall_time_s"] = time.time() - run.started
+        results["timings"] = timings(run.started, t_first, t_loop_end, in_loop, spent, results["wall_time_s"])
         write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     barrier()
     return results
+
+
+def timings(started: float, first: list[float], loop_end: float, in_loop: dict[str, float],
+            spent: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Seconds of a session, launch to results.json: start (imports, model, data, tokenizing up to the
+    first step), first_step (its compilation and capture), train (the other steps), eval (every
+    evaluation, best/ included), save (checkpoints) and end (the final model, plot; and the rest)."""
+    if not first:  # stopped before a step
+        return {"start_s": round(wall_s, 3), "end_s": 0.0}
+    start, first_step = first[0] - started, first[1] - first[0]
+    train = max(0.0, loop_end - first[1] - in_loop["eval"] - in_loop["save"])
+    parts = {"start_s": start, "first_step_s": first_step, "train_s": train, "eval_s": spent["eval"],
+             "save_s": spent["save"]}
+    parts["end_s"] = max(0.0, wall_s - sum(parts.values()))
+    return {k: round(v, 3) for k, v in parts.items()}
 
 
 def check_records(out: Path, step: int, saved: int | None) -> tuple[int, bool]:

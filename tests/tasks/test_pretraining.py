@@ -609,6 +609,21 @@ def fake_work(monkeypatch, clock: FakeClock, first_step_s: float = STEP_S, eval_
     monkeypatch.setattr(loop, "write_folder_atomically", timed(write_folder, SAVE_S))
 
 
+def test_results_say_where_the_time_went(tmp_path, monkeypatch):
+    """results.json "timings": launch to the first step, the first step, the other steps, the
+    evaluations, checkpoints and the end add up to the wall time; on the fake clock, exactly."""
+    clock = FakeClock()
+    fake_work(monkeypatch, clock, first_step_s=3.0)
+    cfg = tiny_config(tmp_path, max_steps=10, eval_every=5, save_every=0, log_every=1)
+    results = pretrain(cfg)
+    # 9 steps of 0.1 s; evaluations at step 5 and at the end; one checkpoint; final/ at the end
+    assert results["timings"] == pytest.approx({"start_s": 0.0, "first_step_s": 3.0, "train_s": 0.9, "eval_s": 0.2,
+                                                "save_s": SAVE_S, "end_s": SAVE_S}, abs=1e-6)
+    assert sum(results["timings"].values()) == pytest.approx(results["wall_time_s"], abs=1e-3)
+    on_disk = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+    assert on_disk["timings"] == results["timings"]
+
+
 def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatch):
     """time_budget: the clock ends the run, the lr warms up and decays over the training time,
     final/ is written inside the budget; a resumed run gets only what is left. On a fake clock
