@@ -4,9 +4,9 @@ A command that shares the machine with a second one should take about twice its 
 cores split in two, not many times it. Each case runs its command alone, then two copies at once
 (each into its own output folder), every process timed from launch to exit; the ratio is each
 copy's time over the time alone. `--policy` chooses how the commands use the cores: `bert-kit`
-(as they do: waiting threads sleep, and the training loop sizes torch's pool to the cores other
-work leaves free, `bert_kit.threads`) and/or `before` (the reference: OpenMP's own default wait,
-which spins, and a fixed thread per core).
+(as they do: waiting threads spin briefly, then sleep, and the training loop sizes torch's pool to
+the cores other work leaves free, `bert_kit.threads`) and/or `before` (the reference: OpenMP's own
+default wait, a long spin, and a fixed thread per core).
 
     python benchmarks/cpu_sharing.py                               # demo and finetune, bert-kit's policy
     python benchmarks/cpu_sharing.py --cases finetune --policy bert-kit,before
@@ -44,12 +44,14 @@ CASES = {
                              "max_eval_examples=200", "epochs=1", "eval_every=0", "device=cpu"],
 }
 CORES = len(os.sched_getaffinity(0))
-# the environment of each policy; OMP_WAIT_POLICY="" is OpenMP's default, a fixed BERT_KIT_THREADS turns sizing off
-POLICIES = {"bert-kit": {}, "before": {"OMP_WAIT_POLICY": "", "BERT_KIT_THREADS": str(CORES)}}
+# the environment of each policy: "before" spins as GNU OpenMP does by default, and a fixed BERT_KIT_THREADS
+# turns the pool's sizing off
+POLICIES = {"bert-kit": {}, "before": {"GOMP_SPINCOUNT": "300000", "BERT_KIT_THREADS": str(CORES)}}
 
 
 def launch(case: str, out: Path, policy: str, log: Path, model: str | None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "BERT_KIT_THREADS", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BERT_KIT_THREADS", "OMP_NUM_THREADS")}
     env.update(POLICIES[policy])
     cmd = [sys.executable, "-m", "bert_kit", *CASES[case](out, model)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)

@@ -107,7 +107,7 @@ class OnnxModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1  # one graph, run node after node: no second pool competing
-        # waiting threads sleep, as torch's do (bert_kit.threads): spinning ones starve a second process
+        # OMP_WAIT_POLICY=PASSIVE puts every pool to sleep while it waits, this one too (bert_kit.threads)
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning() else "0")
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]

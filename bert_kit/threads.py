@@ -1,19 +1,20 @@
 """How a bert-kit command uses the CPU's cores, so that several commands share a machine fairly.
 
-torch runs its CPU work on an OpenMP thread per core, and OpenMP threads spin while they wait for
-the next piece of work. Alone, that saves a wake-up; with a second process on the same cores, the
-spinning threads take the cores the other process's threads need, and both crawl (a training step
-3.3x slower with two at once on two cores, where half the cores each would mean 2x). Threads that
-sleep while they wait lose nothing alone and share the cores in proportion (benchmarks/cpu_sharing.py).
+torch runs its CPU work on an OpenMP thread per core. Two things go wrong when a second process
+shares the cores. Waiting OpenMP threads spin (GNU OpenMP: 300,000 rounds before they sleep) and
+take the cores the other process needs. And a parallel region ends only when its slowest
+thread does: with more threads than the cores left to a process, one thread waits for a core and
+the whole region waits for it. Two fine-tunes at once on two cores took 7.3x their time alone
+(benchmarks/RESULTS.md). So every command, before torch is imported:
 
-So every command, before torch is imported, sets:
-
-- `OMP_WAIT_POLICY=PASSIVE` (waiting OpenMP threads sleep), unless it is set already;
+- sets `GOMP_SPINCOUNT=10000` (a waiting thread spins 10,000 rounds, enough to catch the next
+  operation of a busy loop, then sleeps), unless it is set already; `OMP_WAIT_POLICY=PASSIVE`
+  makes every pool sleep at once (ONNX Runtime's too), at some cost to a command alone;
 - with `BERT_KIT_THREADS=N`: N threads for each pool (torch's intra-op threads through
   `OMP_NUM_THREADS`, the Rust tokenizer's through `RAYON_NUM_THREADS`, ONNX Runtime's), for a
-  process given N cores of a shared machine. Unset, each pool takes every core, as alone.
+  process given N cores of a shared machine. Unset, each pool takes every core, as alone;
 
-ONNX Runtime's own pool follows the same policy (`spinning()`).
+and a training run on the CPU sizes torch's pool as it goes (`CoreShare`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def configured_threads() -> int | None:
 def share_cores() -> None:
     """Set the environment of this process (and the processes it starts) as the module docstring
     says. Call it before torch is imported: OpenMP reads these variables when it starts."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     threads = configured_threads()
     if threads is not None:
         for name in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
@@ -52,7 +53,7 @@ def share_cores() -> None:
 
 
 def spinning() -> bool:
-    """Whether waiting threads may spin (ONNX Runtime's pool): only where OpenMP's may."""
+    """Whether ONNX Runtime's waiting threads may spin: unless OMP_WAIT_POLICY=PASSIVE says none may."""
     return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE"
 
 
@@ -60,9 +61,8 @@ class CoreShare:
     """While training on the CPU, sizes torch's thread pool to the cores other work leaves free.
 
     A parallel region of torch ends when its slowest thread does. With more threads than the cores
-    left to this process, one thread waits for a core and the whole region waits for it: two
-    fine-tunes on two cores, two threads each, took 2.9x their time alone though each had half the
-    cores (benchmarks/RESULTS.md). So every `interval` seconds `adjust()` reads the time the
+    left to this process, one thread waits for a core and the whole region waits for it (the
+    module docstring). So every `interval` seconds `adjust()` reads the time the
     process's cores were busy (/proc/stat) less this process's own, and sets the pool to the cores
     left over: at least 1, at most every core, every core again once the other work ends. Work
     started with `nice` (lower priority) is not counted.

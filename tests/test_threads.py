@@ -1,4 +1,5 @@
-"""The commands share a busy machine's cores: waiting OpenMP threads sleep, BERT_KIT_THREADS caps the pools.
+"""The commands share a busy machine's cores: short OpenMP spins, a training pool sized to the free cores,
+BERT_KIT_THREADS to fix the pools.
 
 How much this matters is measured by benchmarks/cpu_sharing.py (a timing, so not a test here)."""
 
@@ -12,25 +13,25 @@ from bert_kit.cli import main
 from bert_kit.threads import CoreShare, configured_threads, share_cores, spinning
 
 PROBE = ("import os; from bert_kit.threads import share_cores; share_cores(); import torch; "
-         "print(torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'], os.environ.get('RAYON_NUM_THREADS'))")
+         "print(torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'], os.environ.get('RAYON_NUM_THREADS'))")
 
 
 def probe(**env: str) -> list[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "BERT_KIT_THREADS",
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_NUM_THREADS", "BERT_KIT_THREADS",
                                                               "RAYON_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, check=True)
     return out.stdout.split()
 
 
-def test_a_command_process_sleeps_its_waiting_threads_and_takes_every_core_by_default():
+def test_a_command_process_spins_its_waiting_threads_briefly_and_takes_every_core_by_default():
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "BERT_KIT_THREADS")}
     torch_default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=clean,
                                    capture_output=True, text=True, check=True).stdout.strip()
-    assert probe() == [torch_default, "PASSIVE", "None"]
+    assert probe() == [torch_default, "10000", "None"]
 
 
-def test_bert_kit_threads_caps_torch_and_the_tokenizer_and_a_users_policy_is_kept():
-    assert probe(BERT_KIT_THREADS="1", OMP_WAIT_POLICY="active") == ["1", "active", "1"]
+def test_bert_kit_threads_caps_torch_and_the_tokenizer_and_a_users_spin_count_is_kept():
+    assert probe(BERT_KIT_THREADS="1", GOMP_SPINCOUNT="300000") == ["1", "300000", "1"]
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "inf"])
@@ -43,14 +44,21 @@ def test_a_bad_thread_count_is_a_one_line_error_naming_the_variable(value, monke
     assert err.count("\n") == 0 and "BERT_KIT_THREADS" in err and "positive number of threads" in err
 
 
-def test_share_cores_in_process_sets_the_policy_only_where_unset(monkeypatch):
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+def test_share_cores_in_process_sets_the_spin_count_only_where_unset(monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("BERT_KIT_THREADS", raising=False)
     share_cores()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and not spinning()
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert os.environ["GOMP_SPINCOUNT"] == "10000"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
     share_cores()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and spinning()
+    assert os.environ["GOMP_SPINCOUNT"] == "5"
+
+
+def test_onnx_runtime_spins_unless_every_pool_is_told_to_sleep(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert spinning()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert not spinning()
 
 
 def test_core_share_gives_torch_the_cores_other_work_leaves(monkeypatch):
