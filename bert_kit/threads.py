@@ -64,13 +64,16 @@ class CoreShare:
     left to this process, one thread waits for a core and the whole region waits for it (the
     module docstring). So every `interval` seconds `adjust()` reads the time the
     process's cores were busy (/proc/stat) less this process's own, and sets the pool to the cores
-    left over: at least 1, at most every core, every core again once the other work ends. Work
-    started with `nice` (lower priority) is not counted.
+    left over: at least 1, at most the pool it had alone, that pool again once the other work ends.
+    Work started with `nice` (lower priority) is not counted.
     Linux only; off when BERT_KIT_THREADS fixes the number.
     """
 
     def __init__(self, interval: float = 2.0) -> None:
+        import torch
+
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.most = torch.get_num_threads()  # the pool alone (torch's choice: a thread per physical core)
         self.interval = interval
         self.enabled = configured_threads() is None and len(self.cores) > 1 and Path("/proc/stat").is_file()
         self.last = self.read() if self.enabled else None
@@ -98,6 +101,6 @@ class CoreShare:
         elapsed = now[0] - self.last[0]
         others = max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2])) / elapsed  # cores' worth
         self.last = now
-        threads = max(1, min(len(self.cores), round(len(self.cores) - others)))
+        threads = max(1, min(self.most, round(len(self.cores) - others)))
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)

@@ -65,7 +65,7 @@ def test_core_share_gives_torch_the_cores_other_work_leaves(monkeypatch):
     import torch
 
     share = CoreShare(interval=0.0)
-    share.cores, share.enabled, share.last = [0, 1, 2, 3], True, (0.0, 0.0, 0.0)
+    share.cores, share.most, share.enabled, share.last = [0, 1, 2, 3], 4, True, (0.0, 0.0, 0.0)
     # (clock, seconds the 4 cores were busy, seconds this process computed), 2 s apart
     readings = iter([(2.0, 8.0, 2.0),     # others busy 3 cores' worth -> 1 thread
                      (4.0, 12.0, 6.0),    # only this process -> every core
@@ -83,3 +83,16 @@ def test_core_share_gives_torch_the_cores_other_work_leaves(monkeypatch):
 def test_core_share_is_off_with_a_fixed_thread_count(monkeypatch):
     monkeypatch.setenv("BERT_KIT_THREADS", "2")
     assert not CoreShare().enabled
+
+
+def test_core_share_never_grows_the_pool_past_what_it_had_alone(monkeypatch):
+    import torch
+
+    share = CoreShare(interval=0.0)
+    share.cores, share.most, share.enabled, share.last = list(range(8)), 4, True, (0.0, 0.0, 0.0)
+    monkeypatch.setattr(share, "read", lambda: (2.0, 8.0, 8.0))  # 8 logical cores, only this process busy
+    pool = [2]
+    monkeypatch.setattr(torch, "set_num_threads", pool.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: pool[-1])
+    share.adjust()
+    assert pool == [2, 4]  # back to the 4 threads of a physical core each, not 8

@@ -14,7 +14,7 @@ a corrupt model, text that is not UTF-8); 1 when the run itself failed (a non-fi
 memory, a full disk or another I/O failure while writing, a failure of the distributed group, an
 unexpected error); 130 / 143 when interrupted (SIGINT / SIGTERM).
 `--debug` (anywhere on the line) or BERT_KIT_DEBUG=1 also prints the traceback.
-Waiting threads sleep rather than spin, and BERT_KIT_THREADS=N caps every thread pool, so that
+Waiting threads spin only briefly, and BERT_KIT_THREADS=N fixes every thread pool, so that
 commands share a busy machine's cores (`bert_kit.threads`).
 """
 
