@@ -288,7 +288,8 @@ def main() -> None:
           f"{args.repeats} interleaved passes per path (best counts); model {args.model}")
 
     folders = {"bk-eager": args.model, "bk-compiled": args.model}
-    for name, quantize, fuse in (("bk-onnx", None, False), ("bk-onnx-fused", None, True), ("bk-onnx-int8", "int8", False)):
+    exports = (("bk-onnx", None, False), ("bk-onnx-fused", None, True), ("bk-onnx-int8", "int8", False))
+    for name, quantize, fuse in exports:
         if name in paths:
             report = export_onnx(args.model, work / name, quantize=quantize, fuse=fuse)
             folders[name] = report.folder
