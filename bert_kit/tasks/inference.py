@@ -119,10 +119,13 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     if exported:
         import torch
 
+        from bert_kit.onnx_runtime import onnx_metadata
         from bert_kit.training.precision import Precision
 
+        graph = (onnx_metadata(folder) or {}).get("precision", "fp32")  # as exported: fp32 or int8
         asked = "" if args.precision in ("auto", "fp32") else f"; {setting('precision', args.precision)} does not apply"
-        precision = Precision(resolve_device(device), torch.float32, f"onnx runs fp32 on the cpu{asked}")
+        precision = Precision(resolve_device(device), torch.float32, f"onnx runs the exported {graph} graph on the "
+                                                                     f"cpu{asked}")
         if verbose:
             print(f"precision: {precision}", flush=True)
     else:

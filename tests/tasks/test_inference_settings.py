@@ -183,7 +183,8 @@ def test_nan_weights_are_an_error_not_nan_outputs(tmp_path, capsys):
     assert not any((tmp_path / name).exists() for name in ("p.jsonl", "e.json", "v.npy"))
 
 
-def test_an_exported_folder_says_why_it_runs_fp32(tmp_path, capsys):
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_an_exported_folder_says_which_graph_it_runs(tmp_path, capsys, quantize):
     pytest.importorskip("onnxruntime")
     from bert_kit.onnx_export import export_onnx
 
@@ -191,10 +192,12 @@ def test_an_exported_folder_says_why_it_runs_fp32(tmp_path, capsys):
     model = BERTForSequenceClassification(CONFIG, num_labels=2)
     model.id2label = {"0": "negative", "1": "positive"}
     save(tmp_path / "clf", model, task="classification", max_length=24)
-    export_onnx(tmp_path / "clf", tmp_path / "onnx")
+    export_onnx(tmp_path / "clf", tmp_path / "onnx", quantize=quantize)
     (tmp_path / "d.tsv").write_text("sentence\tlabel\nthe cat sat\tpositive\n")
-    for extra, reason in (([], "(onnx runs fp32 on the cpu)"),
-                          (["--precision", "bf16"], "(onnx runs fp32 on the cpu; --precision bf16 does not apply)")):
+    graph = quantize or "fp32"
+    for extra, reason in (([], f"(onnx runs the exported {graph} graph on the cpu)"),
+                          (["--precision", "bf16"],
+                           f"(onnx runs the exported {graph} graph on the cpu; --precision bf16 does not apply)")):
         capsys.readouterr()
         assert cli_main(["evaluate", "--model", str(tmp_path / "onnx"), "--data", str(tmp_path / "d.tsv"),
                          "--output", str(tmp_path / "e.json"), *extra]) == 0
