@@ -46,7 +46,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
-from bert_kit.jax.model import BERTForPreTraining, _TiedMLM
+from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
                                 task_loss)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
@@ -302,7 +302,7 @@ class JaxEngine:
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        graphdef, frozen, params = nnx.split(from_torch(self.model),
+        graphdef, frozen, params = nnx.split(from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture]),
                                              lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
 

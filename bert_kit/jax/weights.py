@@ -162,12 +162,10 @@ def save_pretrained(model: nnx.Module, folder: str | Path, tokenizer: str | Path
                 shutil.copyfile(source / name, Path(folder) / name)
 
 
-def from_torch(torch_model) -> nnx.Module:
+def from_torch(torch_model, cls: type) -> nnx.Module:
     """The `bert_kit.jax` twin of a bert-kit PyTorch model (BERTModel or a head), holding a copy of
-    its weights (float32): the JAX engine trains what the job built, initialised as torch does."""
-    from bert_kit.jax.model import HEAD_CLASSES
-
-    cls = HEAD_CLASSES[torch_model.hf_architecture]
+    its weights (float32): the JAX engine trains what the job built, initialised as torch does.
+    `cls`: the twin's class, `bert_kit.jax.HEAD_CLASSES[torch_model.hf_architecture]`."""
     head_args = {}
     if hasattr(torch_model, "num_labels"):  # the classifiers: their size and dropout
         head_args = {"num_labels": torch_model.num_labels, "classifier_dropout": torch_model.dropout.p}
