@@ -90,7 +90,7 @@ class ClassificationTask(Task):
         return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)))
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
-        return self.score(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)), items)
+        return self.score(self.logits(model, items, precision), items)
 
     def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
         logits = torch.stack(list(outputs))  # (N, C)

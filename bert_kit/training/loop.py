@@ -302,7 +302,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     engine = job.engine = start_engine(job, cfg, run)
     total = job.total_steps
     # the lr of every update, on the host: the engine takes it as a number (a time budget moves it with the clock)
-    schedule = Schedule(None, cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
+    schedule = Schedule(cfg.lr, total, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
                         cfg.min_lr_ratio, cfg.time_budget_s)
     # a time budget's schedule runs on the clock: trained_s is the budget's time since a session's
     # first step (evaluations and checkpoints included), train_span_s that time plus what is left

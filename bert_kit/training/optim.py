@@ -165,7 +165,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 class Schedule:
-    """Sets the learning rate of every optimizer update: warmup, then decay to `min_ratio` of the peak.
+    """The learning rate of every optimizer update: warmup, then decay to `min_ratio` of the peak.
 
     Progress is counted in optimizer steps, or, with a time budget (`budget_s`), in seconds of the
     budget after a session's first step (evaluations and checkpoints included): the decay then
@@ -173,16 +173,16 @@ class Schedule:
     when given, else `warmup_fraction` of the run (of its steps, or of that time). The peak lr and
     weight decay are read from the settings each time the run starts, so a resumed run takes new
     values; the warmup length is kept from the run's start (`state_dict`), so extending
-    `max_steps` stretches the decay without a second warmup. `optimizer` None: the lr is only
-    returned (the training loop hands it to its engine, which sets it).
+    `max_steps` stretches the decay without a second warmup. The training loop hands each lr to its
+    engine, which sets it (`set_lr` for a torch optimizer).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer | None, peak_lr: float, total_steps: int,
+    def __init__(self, peak_lr: float, total_steps: int,
                  warmup_steps: int | None, warmup_fraction: float, kind: str = "linear",
                  min_ratio: float = 0.0, budget_s: float | None = None) -> None:
         if kind not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
-        self.optimizer, self.peak_lr, self.total_steps = optimizer, peak_lr, max(1, total_steps)
+        self.peak_lr, self.total_steps = peak_lr, max(1, total_steps)
         self.kind, self.min_ratio, self.budget_s = kind, min_ratio, budget_s
         self.warmup_fraction = warmup_fraction
         self.warmup_steps = warmup_steps if warmup_steps is not None else (
@@ -203,11 +203,8 @@ class Schedule:
         return lr_multiplier(position, warmup, total, self.kind, self.min_ratio)
 
     def apply(self, step: int, trained_s: float = 0.0, train_span_s: float | None = None) -> float:
-        """The lr of update `step`, set on every group of the optimizer (if the schedule has one)."""
-        lr = self.peak_lr * self.multiplier(step, trained_s, train_span_s)
-        if self.optimizer is not None:
-            set_lr(self.optimizer, lr)
-        return lr
+        """The lr of update `step`."""
+        return self.peak_lr * self.multiplier(step, trained_s, train_span_s)
 
     def state_dict(self) -> dict:
         return {"warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
