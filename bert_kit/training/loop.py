@@ -331,7 +331,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     # where this session's time goes (results.json "timings"): launch to the first step, the first
     # step (compilation, capture), evaluations (with best/), checkpoints, the other steps, the end
     spent = {"eval": 0.0, "save": 0.0}
-    t_first: list[float] = []  # the first step's start and end
+    t_first: list[float] = []  # the session's first step: its start and end
 
     def save(step: int) -> None:
         """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions)."""
@@ -411,8 +411,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 window["units"] += sum(job.count(batch) for batch in micro)
                 engine.step(micro, lr)
                 if not t_first:
-                    engine.check_finite()  # waits for the device: the first step's true end
-                    t_first.extend([t_step, time.time()])
+                    t_first.append(t_step)
                 step += 1
                 window["n"] += 1
                 # what any rank saw, in one collective: the budget's end, a checkpoint due by the clock
@@ -440,6 +439,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 else:
                     window["seconds"] += time.time() - t_step
                     logger.update(step)
+                if len(t_first) == 1:  # the first step's end: after its record (a run's step 1), which waited for it
+                    t_first.append(time.time())
                 # A session's first step compiles and captures (tens of seconds when compiled): not on
                 # the schedule's clock, or a time budget's warm-up would be spent before the second step.
                 now = time.time()
