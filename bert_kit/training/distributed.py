@@ -30,6 +30,7 @@ import datetime
 import gc
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,11 +220,10 @@ def wrap_model(model: nn.Module, device: torch.device, parallel: str = "ddp",
 
 def is_fsdp(model: nn.Module) -> bool:
     """True for a model sharded with FSDP2 (`fully_shard`)."""
-    if not dist.is_available():
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    # a model is sharded only after torch.distributed.fsdp was imported: looked up, not imported
+    # (its import, with DTensor's and sympy's, is a second of start-up for an unsharded run)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -241,9 +241,8 @@ def no_sync(model: nn.Module, skip: bool = True) -> contextlib.AbstractContextMa
 def full_value(x: Any) -> Any:
     """A plain tensor from a DTensor (e.g. FSDP2's gradient norm); anything else unchanged.
     Collective for sharded DTensors: call it on every rank."""
-    from torch.distributed.tensor import DTensor
-
-    return x.full_tensor() if isinstance(x, DTensor) else x
+    tensor = sys.modules.get("torch.distributed.tensor")  # a DTensor exists only once its module was imported
+    return x.full_tensor() if tensor is not None and isinstance(x, tensor.DTensor) else x
 
 
 # ---- failures ----------------------------------------------------------------------------------

@@ -6,18 +6,73 @@
   large-batch optimizer BERT was pretrained with in 76 minutes), written out below.
 * `create_scheduler`: linear warmup, then linear or cosine decay (or constant), as a `LambdaLR`.
   Optimizer update s (0-based) runs at lr * `lr_multiplier(s)`.
+
+Both optimizers are torch's `Optimizer`s with the same update and state dict, but import
+torch._dynamo only under torch.compile (`EagerOptimizer`): torch wraps `add_param_group`,
+`zero_grad`, `state_dict`, `load_state_dict` and Adam's `step` so that a compiled graph never
+traces them, and those wrappers import torch._dynamo on their first call (sympy, FX, FSDP: 2-4 s
+of start-up that a run without torch.compile never uses).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
 
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "cosine", "constant")
+
+
+def _eager(method: Callable) -> Callable:
+    """torch's `method` while torch.compile traces it; otherwise the function inside it, without the
+    wrapper that keeps it out of a trace (that wrapper does nothing else, and imports torch._dynamo)."""
+    raw = inspect.unwrap(method)
+
+    @functools.wraps(raw)
+    def call(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return method(self, *args, **kwargs)
+        return raw(self, *args, **kwargs)
+
+    return call
+
+
+class EagerOptimizer(torch.optim.Optimizer):
+    """A mixin for `torch.optim.Optimizer` subclasses: torch's methods, without importing
+    torch._dynamo outside of torch.compile (see the module's docstring)."""
+
+    add_param_group = _eager(torch.optim.Optimizer.add_param_group)
+    zero_grad = _eager(torch.optim.Optimizer.zero_grad)
+    state_dict = _eager(torch.optim.Optimizer.state_dict)
+    load_state_dict = _eager(torch.optim.Optimizer.load_state_dict)
+
+
+try:  # Adam.step without torch's wrappers (grad mode and graph breaks; the profiler's once patched)
+    from torch.optim.optimizer import _use_grad_for_differentiable
+
+    _ADAM_STEP = inspect.unwrap(torch.optim.Adam.step)
+    _ADAM_STEP_TRACED = _use_grad_for_differentiable(_ADAM_STEP)
+except (ImportError, AttributeError):  # a torch without them: its own step
+    _ADAM_STEP = _ADAM_STEP_TRACED = None
+
+
+class AdamW(EagerOptimizer, torch.optim.AdamW):
+    """`torch.optim.AdamW`: the same arguments, update and state dict; torch._dynamo is imported
+    only under torch.compile."""
+
+    def step(self, closure: Callable | None = None) -> Any:
+        if _ADAM_STEP is None:
+            return torch.optim.AdamW.step(self, closure)
+        if torch.compiler.is_compiling():
+            return _ADAM_STEP_TRACED(self, closure)
+        # what torch's wrapper does outside of a trace (its graph breaks do nothing there)
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _ADAM_STEP(self, closure)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -39,7 +94,7 @@ def no_decay_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(EagerOptimizer):
     """Layer-wise Adaptive Moments (You et al. 2019).
 
     Per parameter tensor p with gradient g (step t, bias-corrected Adam moments):
@@ -104,9 +159,9 @@ def create_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, we
         # the fused kernel updates every tensor in one launch; CPU keeps the default loop
         fused = device.type == "cuda"
         if capturable and fused:
-            return torch.optim.AdamW(groups, lr=torch.tensor(lr, device=device), betas=tuple(betas), eps=eps,
-                                     fused=True, capturable=True)
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+            return AdamW(groups, lr=torch.tensor(lr, device=device), betas=tuple(betas), eps=eps, fused=True,
+                         capturable=True)
+        return AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
     if name == "lamb":
         return LAMB(groups, lr=lr, betas=tuple(betas), eps=eps)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")

@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest tests/training/test_optim.py -q
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch.nn as nn
 
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
-from bert_kit.training.optim import LAMB, create_optimizer, create_scheduler, lr_multiplier, no_decay_names, param_groups
+from bert_kit.training.optim import LAMB, AdamW, create_optimizer, create_scheduler, lr_multiplier, no_decay_names, param_groups
 
 torch.set_num_threads(1)  # tiny tensors: threads only add contention on a shared machine
 
@@ -142,3 +144,58 @@ def test_lamb_step_matches_the_formula():
 def test_unknown_optimizer_is_rejected():
     with pytest.raises(ValueError, match="optimizer must be one of"):
         create_optimizer(nn.Linear(2, 2), "sgd")
+
+
+def test_adamw_is_torchs_update_and_state_dict():
+    torch.manual_seed(0)
+    ours, theirs = BERTForPreTraining(tiny_config()), BERTForPreTraining(tiny_config())
+    theirs.load_state_dict(ours.state_dict())
+    ours.eval(), theirs.eval()  # no dropout: the same gradients
+    groups = param_groups(theirs, 0.01)
+    for g in groups:
+        g.pop("trust_ratio", None)
+    opts = [create_optimizer(ours, "adamw", lr=1e-2, weight_decay=0.01, device="cpu"),
+            torch.optim.AdamW(groups, lr=1e-2, eps=1e-6, fused=False)]
+    assert isinstance(opts[0], AdamW) and isinstance(opts[0], torch.optim.AdamW)
+    for step in range(4):
+        ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(step))
+        for model, opt in zip((ours, theirs), opts):
+            opt.zero_grad()
+            model.bert(ids).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)  # bit for bit
+    mine, torchs = opts[0].state_dict(), opts[1].state_dict()
+    assert mine["param_groups"] == torchs["param_groups"]
+    assert all(torch.equal(mine["state"][i][k], torchs["state"][i][k]) for i in torchs["state"] for k in torchs["state"][i])
+    opts[0].load_state_dict(torchs)  # either loads the other's state
+
+
+# a CPU training step, a checkpoint and its reload, with each optimizer
+NO_DYNAMO = """
+import sys, tempfile, torch
+from bert_kit.config import BertConfig
+from bert_kit.heads import BERTForSequenceClassification
+from bert_kit.training.checkpoint import load_checkpoint, save_checkpoint
+from bert_kit.training.optim import create_optimizer
+from bert_kit.training.trainer import AMPTrainer
+config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                    max_position_embeddings=16)
+model = BERTForSequenceClassification(config, num_labels=2)
+optimizer = create_optimizer(model, sys.argv[1], lr=1e-3, device="cpu")
+trainer = AMPTrainer(model, optimizer, clip_grad=1.0)
+batch = {"input_ids": torch.randint(0, 50, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long),
+         "labels": torch.tensor([0, 1, 0, 1])}
+for _ in range(2):
+    trainer.classification_step(batch)
+with tempfile.TemporaryDirectory() as d:
+    load_checkpoint(save_checkpoint(d, 2, model, optimizer=optimizer), model, optimizer=optimizer)
+loaded = [m for m in ("torch._dynamo", "sympy", "torch.distributed.fsdp", "torch.distributed.tensor") if m in sys.modules]
+assert not loaded, loaded
+"""
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_training_without_compile_never_imports_dynamo(name):
+    # torch's optimizers import torch._dynamo (with sympy and FSDP: 2-4 s) on their first call
+    subprocess.run([sys.executable, "-c", NO_DYNAMO, name], check=True)
