@@ -55,7 +55,7 @@ from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, 
 from bert_kit.training.engine import Engine, join_processes, start_engine
 from bert_kit.training.optim import Schedule
 from bert_kit.training.precision import Precision, resolve_precision
-from bert_kit.training.progress import METRICS_FILE, ProgressLogger, plot_losses, read_metrics, truncate_metrics
+from bert_kit.training.progress import METRICS_FILE, LossPlotter, ProgressLogger, read_metrics, truncate_metrics
 from bert_kit.training.runconfig import config_to_dict, save_config
 from bert_kit.training.settings import RESUMABLE_CHANGES, RunSettings
 from bert_kit.training.trainer import NonFiniteLossError
@@ -384,6 +384,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     # 2. the loop: one iteration = one optimizer step over the job's micro-batches
     logger = ProgressLogger(out, total if total < UNBOUNDED_STEPS else None, step, enabled=main,
                             tensorboard=cfg.tensorboard, desc=job.name)
+    plotter = LossPlotter() if main else None  # imports matplotlib beside the training, draws at the end
     job.log = logger.message
     logger.log("start", step, resumed_from=str(run.checkpoint) if run.checkpoint else None, world_size=world_size())
     window: dict[str, Any] = {"n": 0, "units": 0, "seconds": 0.0}
@@ -399,6 +400,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
 
     last_save, first_step = time.time(), step
     t_clock = last_save  # the schedule clock's last reading (a session's first step is not counted)
+    ended = False  # the loop and the last evaluation are over (else the run failed: no picture)
     try:
         with StopSignal() as stop, engine.running():
             if state is not None:
@@ -483,6 +485,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
             final_metrics = evaluate(final=True)
             if job.metric is None or best["step"] is None:
                 write_model(out / job.model_folder)
+        ended = True
     except NonFiniteLossError as e:
         last = latest_checkpoint(ckpt_dir)
         logger.log("error", e.step, message=str(e))
@@ -490,6 +493,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                   "Try a lower lr, clip_grad > 0, or another precision.",)
         raise
     finally:
+        if plotter is not None and not ended:
+            plotter.close()  # a failed run draws no curve
         logger.close()
         job.engine = None  # the job and its engine refer to each other: freed now, loader workers and all
 
@@ -503,7 +508,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     results.update(job.results(final_metrics, results))
     if main:
         try:
-            plot_losses(out, metric=job.metric)
+            plotter.draw(out, metric=job.metric)
         except ValueError:
             pass  # nothing logged yet (stopped before the first step)
         except ImportError as e:  # the run is saved; only the picture is missing

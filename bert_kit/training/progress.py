@@ -8,11 +8,15 @@
   `RUN_DIR/tensorboard/`.
 * `plot_losses(run_dir)` draws train loss, eval loss and the learning rate (twin axis) into
   `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
+* `LossPlotter` draws it at the end of a run in a child process started with the run, which has
+  imported matplotlib (1-2 s) by then, so the run waits only for the drawing.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -207,3 +211,72 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: s
     finally:
         plt.close(fig)
     return out
+
+
+class LossPlotter:
+    """`plot_losses` in a child process, started early (`python -m bert_kit.training.progress`):
+    it imports matplotlib while the run trains, then draws when `draw` asks and exits. The child
+    has its own session, so a Ctrl-C or SIGTERM to the run's process group leaves it drawing the
+    curve of the stopped run; it exits when this process closes its stdin, or dies. Whatever goes
+    wrong with the child, `draw` plots in this process instead: the PNG is never lost to it."""
+
+    TIMEOUT_S = 120.0  # the child's imports and drawing; past this, the curve is drawn here
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding bert_kit, for the child
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            self.process: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "bert_kit.training.progress"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env=env, text=True, start_new_session=True)
+        except OSError:
+            self.process = None
+
+    def draw(self, run_dir: str | Path, metric: str | None = None) -> None:
+        """`plot_losses(run_dir, metric=metric)`, with its exceptions (ValueError: nothing to plot;
+        ImportError: no matplotlib)."""
+        reply, process, self.process = None, self.process, None
+        if process is not None:
+            try:
+                out, _ = process.communicate(json.dumps({"run_dir": str(run_dir), "metric": metric}) + "\n",
+                                             timeout=self.TIMEOUT_S)
+                reply = json.loads(out.strip().splitlines()[-1])
+            except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
+                process.kill()
+                process.wait()
+        error = (reply or {}).get("error")
+        if reply is None or error not in (None, "ValueError", "ImportError"):
+            plot_losses(run_dir, metric=metric)  # the child failed: here, with this process's own errors
+        elif error is not None:
+            raise (ValueError if error == "ValueError" else ImportError)(reply["message"])
+
+    def close(self) -> None:
+        """End the child without a drawing (the run failed)."""
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
+def _plot_on_request() -> None:
+    """The child of `LossPlotter`: matplotlib first, then one request on stdin, one reply on stdout."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401 (what plot_losses would wait for)
+    except ImportError:
+        pass  # plot_losses raises it again, for the reply
+    line = sys.stdin.readline()
+    if not line:
+        return  # the run ended without asking
+    request = json.loads(line)
+    try:
+        reply = {"path": str(plot_losses(request["run_dir"], metric=request["metric"]))}
+    except Exception as e:  # noqa: BLE001 (the parent re-raises or redraws)
+        reply = {"error": type(e).__name__ if isinstance(e, (ValueError, ImportError)) else "other", "message": str(e)}
+    print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    _plot_on_request()

@@ -30,3 +30,51 @@ def test_loss_curve_shows_the_validation_metric_and_marks_the_final_evaluation(t
     assert Image.open(finetune).size[1] > Image.open(pretrain).size[1] * 1.3  # two panels, one above the other
     with pytest.raises(ValueError, match="no train or eval records"):
         write(tmp_path / "empty", [{"type": "start", "step": 0}])
+
+
+def _run_folder(run: Path, steps: int = 5) -> Path:
+    import json
+
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"type": "train", "step": s, "loss": 1 / s, "lr": 1e-4}) + "\n"
+                                               for s in range(1, steps + 1)))
+    return run
+
+
+def test_the_plotter_child_draws_and_says_why_it_cannot(tmp_path):
+    from bert_kit.training.progress import PLOT_FILE, LossPlotter
+
+    plotter = LossPlotter()
+    assert plotter.process is not None
+    plotter.draw(_run_folder(tmp_path / "run"))
+    assert (tmp_path / "run" / PLOT_FILE).stat().st_size > 1000
+    with pytest.raises(ValueError, match="no train or eval records"):  # nothing to plot: as plot_losses says
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        (empty / "metrics.jsonl").write_text('{"type": "start", "step": 0}\n')
+        LossPlotter().draw(empty)
+
+
+def test_the_curve_is_drawn_here_when_the_child_is_gone(tmp_path, monkeypatch):
+    import sys
+
+    from bert_kit.training.progress import PLOT_FILE, LossPlotter
+
+    plotter = LossPlotter()
+    plotter.process.kill()  # died (killed, out of memory) before the run ended
+    plotter.draw(_run_folder(tmp_path / "killed"))
+    assert (tmp_path / "killed" / PLOT_FILE).is_file()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))  # no child at all
+    plotter = LossPlotter()
+    assert plotter.process is None
+    plotter.draw(_run_folder(tmp_path / "none"))
+    assert (tmp_path / "none" / PLOT_FILE).is_file()
+
+
+def test_a_failed_run_leaves_no_plotter_child(tmp_path):
+    from bert_kit.training.progress import LossPlotter
+
+    plotter = LossPlotter()
+    child = plotter.process
+    plotter.close()
+    assert child.poll() is not None and plotter.process is None
