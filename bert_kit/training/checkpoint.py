@@ -219,13 +219,14 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
                     scaler: Any = None, data_state: dict | None = None, run_config: dict | None = None,
                     keep_last: int | None = None, extra: dict | None = None,
                     collected: dict[str, Any] | None = None, engine: str = "torch",
-                    files: Any = None) -> Path:
+                    files: Any = None, rng: dict[str, Any] | None = None) -> Path:
     """Write `directory/step-XXXXXXX/` atomically and return its path.
 
     keep_last: afterwards delete all but the newest K checkpoints (None or 0 keeps all).
     collected: what `collect_state` returned (multi-process runs; required under FSDP2).
     engine: the training engine that wrote it (a run resumes with the same one);
-    files: `files(folder)` writes the engine's own files into the checkpoint (the JAX optimizer state).
+    files: `files(folder)` writes the engine's own files into the checkpoint (the JAX optimizer state);
+    rng: the RNG states to record (default: `rng_state()` now).
     Call on one process only (rank 0).
     """
     collected = collected or {}
@@ -251,7 +252,7 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
         "optimizer": optim_state,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": rng_state(),
+        "rng": rng if rng is not None else rng_state(),
         "rng_ranks": collected.get("rng_ranks"),  # one per rank (multi-process runs)
         "data": data_state,
         "run_config": run_config,
@@ -274,6 +275,32 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
     if keep_last:
         prune_checkpoints(directory, keep_last)
     return final
+
+
+class CheckpointWriter(threading.Thread):
+    """`save_checkpoint(...)` in a thread of its own, for a checkpoint of weights that no longer
+    change (the end of a run) while the run goes on with its last evaluation: `result()` waits for
+    it and returns its path, or raises its error. The RNG states are those of its creation."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name="bert-kit checkpoint")
+        self._call = args, {**kwargs, "rng": kwargs.get("rng") or rng_state()}
+        self._path: Path | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        args, kwargs = self._call
+        try:
+            self._path = save_checkpoint(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 (raised again by result(), in the run's thread)
+            self._error = e
+
+    def result(self) -> Path:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._path
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:

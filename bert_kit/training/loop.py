@@ -48,8 +48,9 @@ import yaml
 
 from bert_kit.checks import ConfigError
 from bert_kit.outputs import FolderLock, inside, read_record, remove_entry, write_record, write_text
-from bert_kit.training.checkpoint import (StopSignal, latest_checkpoint, write_folder_atomically, load_trainer_state,
-                                          resolve_checkpoint, restore_rng_state, save_checkpoint, seed_everything)
+from bert_kit.training.checkpoint import (CheckpointWriter, StopSignal, latest_checkpoint, write_folder_atomically,
+                                          load_trainer_state, resolve_checkpoint, restore_rng_state, save_checkpoint,
+                                          seed_everything)
 from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, is_main,
                                            max_over_ranks, world_size)
 from bert_kit.training.engine import Engine, join_processes, start_engine
@@ -332,27 +333,42 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     # step (compilation, capture), evaluations (with best/), checkpoints, the other steps, the end
     spent = {"eval": 0.0, "save": 0.0}
     t_first: list[float] = []  # the session's first step: its start and end
+    writing: list[CheckpointWriter] = []  # the end checkpoint, written while the last evaluation runs
 
-    def save(step: int) -> None:
-        """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions)."""
+    def save(step: int, background: bool = False) -> None:
+        """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions).
+        background: rank 0 writes it in a thread (`written` waits for it): the weights change no more."""
         t0 = time.time()
         try:
-            checkpoint(step)
+            checkpoint(step, background)
         finally:
             spent["save"] += time.time() - t0
 
-    def checkpoint(step: int) -> None:
+    def checkpoint(step: int, background: bool) -> None:
         engine.check_finite()  # never save weights after a skipped (non-finite) step
         saved, data = engine.checkpoint_state(), job.data_state()
         if main:
             used = (cfg.time_budget_s or 0.0) - budget_left() if run.budget_s is not None else 0.0
-            path = save_checkpoint(ckpt_dir, step, job.model, tokenizer=job.tokenizer, run_config=run_config,
-                                   data_state=data, keep_last=cfg.keep_last, **saved,
-                                   extra={"best": best, "schedule": schedule.state_dict(), "trained_s": trained_s,
+            args = (ckpt_dir, step, job.model)
+            kwargs = dict(tokenizer=job.tokenizer, run_config=run_config, data_state=data, keep_last=cfg.keep_last,
+                          **saved, extra={"best": best, "schedule": schedule.state_dict(), "trained_s": trained_s,
                                           "train_span_s": train_span_s, "budget_used_s": used,
                                           "train_records": records})
-            logger.message(f"step {step}: saved {path}")
+            if background:
+                writing.append(CheckpointWriter(*args, **kwargs))
+            else:
+                logger.message(f"step {step}: saved {save_checkpoint(*args, **kwargs)}")
         barrier()
+
+    def written() -> None:
+        """Wait for the end checkpoint (the wait is checkpoint time); its error is the run's."""
+        if writing:
+            t0 = time.time()
+            try:
+                path = writing.pop().result()
+            finally:
+                spent["save"] += time.time() - t0
+            print(f"step {step}: saved {path}", file=sys.stderr, flush=True)
 
     def evaluate(final: bool) -> dict[str, float] | None:
         t0 = time.time()
@@ -470,7 +486,9 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                 due = late or bool(job.save_every and step % job.save_every == 0)
                 if stopping or ending or out_of_time or due:
                     t_save = last_save = time.time()
-                    save(step)
+                    # at the end (not stopped: a stop signal's checkpoint is the last thing the run does),
+                    # the torch engine's checkpoint is written while the last evaluation runs
+                    save(step, background=(ending or out_of_time) and not stopping and engine.name == "torch")
                     reserve_s = max(reserve_s, 3 * (time.time() - t_save) + 5.0)
                 if stopping:
                     stopped = signal.Signals(stop.signum or signal.SIGTERM).name
@@ -493,6 +511,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                   "Try a lower lr, clip_grad > 0, or another precision.",)
         raise
     finally:
+        if writing and not ended:
+            writing[0].join()  # a failed end still leaves the checkpoint whole, before the folder's lock goes
         if plotter is not None and not ended:
             plotter.close()  # a failed run draws no curve
         logger.close()
@@ -513,6 +533,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
             pass  # nothing logged yet (stopped before the first step)
         except ImportError as e:  # the run is saved; only the picture is missing
             print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
+        written()
         results["wall_time_s"] = time.time() - run.started
         results["timings"] = timings(run.started, t_first, t_loop_end, in_loop, spent, results["wall_time_s"])
         write_text(out / "results.json", json.dumps(results, indent=2) + "\n")

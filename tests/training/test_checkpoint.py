@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from bert_kit.training.checkpoint import (STATE_FILE, latest_checkpoint, list_checkpoints, load_checkpoint, load_trainer_state,
-                                 resolve_checkpoint, save_checkpoint)
+from bert_kit.training.checkpoint import (STATE_FILE, CheckpointWriter, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                 load_trainer_state, resolve_checkpoint, save_checkpoint)
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
 from bert_kit.training.optim import create_optimizer, create_scheduler
@@ -113,6 +113,25 @@ def test_latest_ignores_tmp_leftovers_and_keep_last_prunes(tmp_path):
     save_checkpoint(tmp_path, 4, model, keep_last=2)
     assert not (tmp_path / "step-0000005.tmp").exists()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000003", "step-0000004"]
+
+
+def test_a_checkpoint_written_in_the_background_is_the_one_written_at_once(tmp_path):
+    torch.manual_seed(0)
+    model = BERTForPreTraining(tiny_config())
+    opt = create_optimizer(model, "adamw", lr=1e-3)
+    train_steps(model, opt, create_scheduler(opt, 2, 10), 2)
+    at_once = load_trainer_state(save_checkpoint(tmp_path / "a", 2, model, optimizer=opt))
+    writer = CheckpointWriter(tmp_path / "b", 2, model, optimizer=opt)
+    torch.rand(5)  # the run goes on drawing random numbers while the checkpoint is written
+    background = load_trainer_state(writer.result())
+    torch.testing.assert_close(background["rng"]["torch"], at_once["rng"]["torch"], rtol=0, atol=0)  # of its start
+    assert background["optimizer"]["param_groups"] == at_once["optimizer"]["param_groups"]
+    assert (tmp_path / "a" / "step-0000002" / "model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "step-0000002" / "model.safetensors").read_bytes()
+    (tmp_path / "c").write_text("a file where the checkpoints would go")
+    writer = CheckpointWriter(tmp_path / "c", 2, model)
+    with pytest.raises(FileExistsError):  # its error is raised where the run waits for it
+        writer.result()
 
 
 def test_missing_checkpoint_errors_name_the_place(tmp_path):
