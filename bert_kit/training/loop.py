@@ -384,6 +384,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         if metrics is None:
             return None
         logger.log("eval", step, **metrics, **({"final": True} if final else {}))
+        if final and plotter is not None:
+            plotter.start(out, metric=job.metric)  # the last record: drawn while the model folder is written
         improved = job.metric is not None and (best["value"] is None or metrics[job.metric] > best["value"])
         if improved:
             best = {"value": metrics[job.metric], "step": step, "metrics": metrics}

@@ -9,7 +9,7 @@
 * `plot_losses(run_dir)` draws train loss, eval loss and the learning rate (twin axis) into
   `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
 * `LossPlotter` draws it at the end of a run in a child process started with the run, which has
-  imported matplotlib (1-2 s) by then, so the run waits only for the drawing.
+  imported matplotlib (1-2 s) by then, while the run writes its model folder.
 """
 
 from __future__ import annotations
@@ -215,16 +215,18 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: s
 
 class LossPlotter:
     """`plot_losses` in a child process, started early (`python -m bert_kit.training.progress`):
-    it imports matplotlib while the run trains, then draws when `draw` asks and exits. The child
-    has its own session, so a Ctrl-C or SIGTERM to the run's process group leaves it drawing the
-    curve of the stopped run; it exits when this process closes its stdin, or dies. Whatever goes
-    wrong with the child, `draw` plots in this process instead: the PNG is never lost to it."""
+    it imports matplotlib while the run trains, draws when `start` asks (once the run has logged its
+    last record) and exits; `draw` waits for the picture. The child has its own session, so a Ctrl-C
+    or SIGTERM to the run's process group leaves it drawing the curve of the stopped run; it exits
+    when this process closes its stdin, or dies. Whatever goes wrong with the child, `draw` plots
+    in this process instead: the PNG is never lost to it."""
 
     TIMEOUT_S = 120.0  # the child's imports and drawing; past this, the curve is drawn here
 
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding bert_kit, for the child
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.asked = False
         try:
             self.process: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-m", "bert_kit.training.progress"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -232,15 +234,27 @@ class LossPlotter:
         except OSError:
             self.process = None
 
+    def start(self, run_dir: str | Path, metric: str | None = None) -> None:
+        """Have the child draw the run's records as they are now (the run logs no more); once."""
+        process = self.process
+        if process is None or self.asked:
+            return
+        self.asked = True
+        try:
+            process.stdin.write(json.dumps({"run_dir": str(run_dir), "metric": metric}) + "\n")
+            process.stdin.close()  # sends it
+        except OSError:
+            pass  # the child is gone: `draw` draws here
+        process.stdin = None  # closed: communicate() leaves it alone
+
     def draw(self, run_dir: str | Path, metric: str | None = None) -> None:
         """`plot_losses(run_dir, metric=metric)`, with its exceptions (ValueError: nothing to plot;
         ImportError: no matplotlib)."""
+        self.start(run_dir, metric)
         reply, process, self.process = None, self.process, None
         if process is not None:
             try:
-                out, _ = process.communicate(json.dumps({"run_dir": str(run_dir), "metric": metric}) + "\n",
-                                             timeout=self.TIMEOUT_S)
-                reply = json.loads(out.strip().splitlines()[-1])
+                reply = json.loads(process.communicate(timeout=self.TIMEOUT_S)[0].strip().splitlines()[-1])
             except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
                 process.kill()
                 process.wait()
@@ -251,11 +265,11 @@ class LossPlotter:
             raise (ValueError if error == "ValueError" else ImportError)(reply["message"])
 
     def close(self) -> None:
-        """End the child without a drawing (the run failed)."""
+        """End the child without a picture (the run failed)."""
         process, self.process = self.process, None
         if process is not None:
             process.kill()
-            process.wait()
+            process.communicate()  # reaps it, closes the pipes
 
 
 def _plot_on_request() -> None:
