@@ -16,14 +16,18 @@ unexpected error); 130 / 143 when interrupted (SIGINT / SIGTERM).
 `--debug` (anywhere on the line) or BERT_KIT_DEBUG=1 also prints the traceback.
 Waiting threads spin only briefly, and BERT_KIT_THREADS=N fixes every thread pool, so that
 commands share a busy machine's cores (`bert_kit.threads`).
+A command run as the process's own command line ends the process as soon as it is done
+(`exit_now`), rather than letting Python free torch and the run's objects one by one.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 from importlib import import_module
@@ -133,9 +137,43 @@ def process_started() -> float:
         return time.time()
 
 
+def exit_now(code: int) -> None:
+    """End this process with exit status `code` at once. Tearing the interpreter down after a
+    command frees torch's modules and the command's objects one by one: about a second, after
+    every output was written. What a normal exit does that matters is done first: the atexit
+    handlers (temporary folders, logging, child processes, the process group) and flushing
+    stdout and stderr. Returns, for a normal exit, under a tracer or profiler (they write their
+    results at exit), in an interactive session, or while a thread other than daemons runs."""
+    if sys.gettrace() is not None or sys.getprofile() is not None or sys.flags.interactive:
+        return
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+        return
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        atexit._run_exitfuncs()  # and forgets them: a normal exit after this runs none twice
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except Exception:  # noqa: BLE001 (e.g. a closed pipe: the normal exit reports it as Python does)
+        return
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Without `argv` it is this process's command line, and the command's clock
-    (a time budget) starts at the process's launch; with `argv` (a call from Python), at this call."""
+    """Run one command. Without `argv` it is this process's command line: the command's clock
+    (a time budget) starts at the process's launch, and the process ends with the command
+    (`exit_now`). With `argv` (a call from Python), the clock starts at this call and the exit
+    status is returned."""
+    code = run_command(argv)
+    if argv is None:
+        exit_now(code)
+    return code
+
+
+def run_command(argv: list[str] | None) -> int:
+    """The command of `main`; its exit status."""
     started = process_started() if argv is None else time.time()
     debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
     wanted = next((a for a in argv if not a.startswith("-")), None)

@@ -74,3 +74,32 @@ def test_every_command_that_runs_a_model_takes_device():
         assert name in COMMANDS
         options = {o for action in parser.command_parsers[name]._actions for o in action.option_strings}
         assert "--device" in options, name
+
+
+def command_line(*argv: str, before: str = "") -> subprocess.CompletedProcess:
+    """`bert-kit ARGV` as the process's own command line (main() without arguments), with
+    `before` run first; the script goes on only if main() returns."""
+    script = (f"import atexit, sys, threading, time\n{before}\n"
+              "atexit.register(lambda: print('atexit handler ran', flush=True))\n"
+              f"sys.argv = ['bert-kit', *{list(argv)!r}]\n"
+              "from bert_kit.cli import main\ncode = main()\nprint('main returned', code, flush=True)\nsys.exit(code)\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+
+def test_a_command_line_ends_the_process_with_its_status_and_its_exit_handlers():
+    done = command_line("models")
+    assert done.returncode == 0 and "bert-tiny" in done.stdout, done.stderr
+    assert done.stdout.rstrip().endswith("atexit handler ran") and "main returned" not in done.stdout
+    wrong = command_line("no-such-command")
+    assert wrong.returncode == 2 and "unknown command" in wrong.stderr
+    assert "atexit handler ran" in wrong.stdout and "main returned" not in wrong.stdout
+
+
+@pytest.mark.parametrize("before", [
+    "threading.Thread(target=time.sleep, args=(1.0,)).start()",  # a thread still at work: it finishes
+    "sys.setprofile(lambda *a: None)",  # a profiler writes its results at a normal exit
+])
+def test_main_returns_for_a_normal_exit_when_one_is_needed(before):
+    done = command_line("models", before=before)
+    assert done.returncode == 0 and "main returned 0" in done.stdout, done.stderr
+    assert done.stdout.count("atexit handler ran") == 1
