@@ -15,6 +15,7 @@ functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks.similarity`) trai
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Sequence
@@ -149,6 +150,13 @@ class SentenceEncoder:
                              return_tensors=None)
         return enc["input_ids"]
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the encoder's device; to a GPU from pinned memory without waiting (the
+        copy queues behind the kernels already launched, and the host goes on preparing)."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32."""
@@ -157,14 +165,19 @@ class SentenceEncoder:
         empty = [i for i, row in enumerate(ids) if not len(row)]
         if empty:
             raise ValueError(f"ids[{empty[0]}] is empty: each text needs at least [CLS] and [SEP]")
-        lengths = torch.tensor([len(row) for row in ids])
-        input_ids = torch.full((len(ids), int(lengths.max())), self.tokenizer.pad_token_id, dtype=torch.long)
-        for i, row in enumerate(ids):
-            input_ids[i, : len(row)] = torch.as_tensor(row)
-        mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+        # padded on the host in NumPy, one copy for the whole batch (a tensor op per row cost
+        # ~5 us each: 2.5 ms for a server batch of 500 sentences)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        keep = np.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
+        padded = np.full(keep.shape, self.tokenizer.pad_token_id, dtype=np.int64)
+        padded[keep] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        input_ids, mask = torch.from_numpy(padded), torch.from_numpy(keep.astype(np.int64))
         # the packing layout from the host's mask: the device is never asked for it
-        layout = Packed.from_mask(mask).to(self.device) if self.unpadded else False
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        layout = Packed.from_mask(mask) if self.unpadded else False
+        if layout:
+            layout = Packed(self._to_device(layout.cu_seqlens), layout.max_seqlen, self._to_device(layout.indices),
+                            layout.batch, layout.seqlen)
+        input_ids, mask = self._to_device(input_ids), self._to_device(mask)
         if self.normalize and getattr(self.model, "pooling", None) == self.pooling:  # an exported graph pools itself
             return self.model.sentence_embedding(input_ids, mask, torch.zeros_like(input_ids))
         hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=layout)
