@@ -22,7 +22,6 @@ output that is not finite (NaN or inf) is a 500 saying so, never invalid JSON.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
@@ -37,6 +36,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from bert_kit.serving import jsonio
 from bert_kit.serving.batcher import Batcher, BatcherStopped, QueueFull
 from bert_kit.serving.metrics import CONTENT_TYPE, ServerMetrics
 from bert_kit.serving.operations import NonFiniteOutput, Operation
@@ -66,12 +66,13 @@ def _printable(text: str) -> str:
 
 
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
-    """Always valid JSON: a NaN or inf in `content` is NonFiniteOutput, never a `NaN` token."""
+    """Always valid JSON (`jsonio`: orjson or the standard library): a NaN or inf in `content` is
+    NonFiniteOutput, never a `NaN` token."""
     try:
-        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except ValueError:
+        body = jsonio.dumps(content)
+    except jsonio.NotFinite:
         raise NonFiniteOutput("the model produced non-finite values (NaN or inf) in its output") from None
-    return Response(body.encode("utf-8"), status, headers, media_type="application/json")
+    return Response(body, status, headers, media_type="application/json")
 
 
 def error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> Response:
@@ -103,14 +104,10 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
         raise InputError("body", f"did not arrive within {timeout:g} s (the server's read timeout)", 408) from None
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def parse_json(raw: bytes) -> Any:
     """The parsed body; InputError 400 when it is not standard JSON or cannot be held."""
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        return jsonio.loads(raw)
     except RecursionError:
         raise InputError("body", "is nested too deeply", 400) from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN, an integer past 4,300 digits
@@ -133,37 +130,51 @@ def validate(op: Operation, body: Any, limits: Limits) -> tuple[list, dict]:
 
 
 class Preparer:
-    """One daemon thread that parses, checks and tokenizes requests off the event loop, in
-    arrival order. (Daemon: a stuck call can never keep the process from exiting.)"""
+    """One daemon thread that parses, checks and tokenizes requests off the event loop, in arrival
+    order. Requests that wait together are prepared together (`prepare_many`): under load one
+    tokenizer call serves all their texts instead of one call each. (Daemon: a stuck call can
+    never keep the process from exiting.)
 
-    def __init__(self) -> None:
+    prepare_many: requests -> one result or exception per request, in order."""
+
+    BATCH = 32  # most requests prepared at once: a big batch would hold up the first of them
+
+    def __init__(self, prepare_many: Callable[[list], list]) -> None:
+        self._prepare_many = prepare_many
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="prepare", daemon=True)
         self._thread.start()
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run(self, request: Any) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._calls.put((fn, args, loop, future))
+        self._calls.put((request, loop, future))
         return await future
 
     def _work(self) -> None:
         while True:
-            fn, args, loop, future = self._calls.get()
+            calls = [self._calls.get()]
+            while len(calls) < self.BATCH:
+                try:
+                    calls.append(self._calls.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                result, failure = fn(*args), None
-            except BaseException as e:  # handed to the request: nothing kills this thread
-                result, failure = None, e
+                results = self._prepare_many([request for request, _, _ in calls])
+            except BaseException as e:  # handed to the requests: nothing kills this thread
+                results = [e] * len(calls)
+            for (_, loop, future), result in zip(calls, results):
+                def resolve(future: asyncio.Future = future, result: Any = result) -> None:
+                    if not future.done():  # cancelled: the grace period ran out
+                        if isinstance(result, BaseException):
+                            future.set_exception(result)
+                        else:
+                            future.set_result(result)
 
-            def resolve(future: asyncio.Future = future, result: Any = result,
-                        failure: BaseException | None = failure) -> None:
-                if not future.done():  # cancelled: the grace period ran out
-                    future.set_exception(failure) if failure is not None else future.set_result(result)
-
-            try:
-                loop.call_soon_threadsafe(resolve)
-            except RuntimeError:  # the event loop has closed
-                pass
+                try:
+                    loop.call_soon_threadsafe(resolve)
+                except RuntimeError:  # the event loop has closed
+                    pass
 
 
 class Server:
@@ -175,7 +186,7 @@ class Server:
         self.metrics = metrics
         self.accepted = self.answered = 0  # requests that reached an operation, and their responses
         self.pending = 0  # requests being prepared or computed: at most limits.max_queue
-        self.preparer = Preparer()
+        self.preparer = Preparer(self._prepare_many)
 
     async def handle(self, request: Request, op: Operation) -> Response:
         start = time.perf_counter()
@@ -190,10 +201,22 @@ class Server:
         self.metrics.latency.observe(time.perf_counter() - start, op.path)
         return response
 
-    def _prepare(self, op: Operation, raw: bytes) -> tuple[list, dict]:
-        """(items, options) of a request's body: parsed, checked, tokenized (the Preparer's thread)."""
-        inputs, options = validate(op, parse_json(raw), self.limits)
-        return op.prepare(inputs, options), options
+    def _prepare_many(self, requests: list[tuple[Operation, bytes]]) -> list:
+        """(items, options), or the exception to raise, of each (operation, body): parsed, checked
+        and tokenized on the Preparer's thread, the texts of one operation's requests together."""
+        results: list = [None] * len(requests)
+        checked: dict[Operation, list[tuple[int, list, dict]]] = {}
+        for k, (op, raw) in enumerate(requests):
+            try:
+                inputs, options = validate(op, parse_json(raw), self.limits)
+                checked.setdefault(op, []).append((k, inputs, options))
+            except Exception as e:
+                results[k] = e
+        for op, group in checked.items():
+            prepared = op.prepare_many([(inputs, options) for _, inputs, options in group])
+            for (k, _, options), items in zip(group, prepared):
+                results[k] = items if isinstance(items, BaseException) else (items, options)
+        return results
 
     async def _compute(self, request: Request, op: Operation) -> Response:
         try:
@@ -203,7 +226,7 @@ class Server:
             self.pending += 1
             self.metrics.pending.set(self.pending)
             try:
-                items, options = await self.preparer.run(self._prepare, op, raw)
+                items, options = await self.preparer.run((op, raw))
                 outputs = await self.batcher.submit(op, items)
             finally:
                 self.pending -= 1

@@ -36,8 +36,8 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bert_kit.serving.batcher import Item
 from bert_kit.serving.schema import InputError
@@ -107,6 +107,17 @@ class Operation:
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         raise NotImplementedError
 
+    def prepare_many(self, requests: list[tuple[list, dict]]) -> list:
+        """`prepare` of several requests' (inputs, options): one item list, or the exception its
+        request gets (an InputError naming its field), per request."""
+        out: list = []
+        for inputs, options in requests:
+            try:
+                out.append(self.prepare(inputs, options))
+            except Exception as e:
+                out.append(e)
+        return out
+
     def run(self, items: list[Item]) -> list:
         raise NotImplementedError
 
@@ -130,14 +141,27 @@ class Embed(Operation):
     def prepare(self, inputs: list, options: dict) -> list[Item]:
         return [Item(len(ids), ids) for ids in self.encoder.tokenize(inputs)]
 
-    def run(self, items: list[Item]) -> list:
-        return list(self.encoder.encode_ids([it.data for it in items]).float().cpu())  # B x (H,)
+    def prepare_many(self, requests: list[tuple[list, dict]]) -> list:
+        """The texts of all `requests` in one tokenizer call (its fixed cost, ~100 us, paid once)."""
+        try:
+            rows = self.encoder.tokenize([text for inputs, _ in requests for text in inputs])
+        except Exception:  # let each request meet its own error
+            return super().prepare_many(requests)
+        out, at = [], 0
+        for inputs, _ in requests:
+            out.append([Item(len(ids), ids) for ids in rows[at: at + len(inputs)]])
+            at += len(inputs)
+        return out
 
-    def respond(self, outputs: list, options: dict) -> list:
-        vectors = torch.stack(outputs)  # (n, H)
-        if options["normalize"]:
-            vectors = F.normalize(vectors, dim=-1)  # as SentenceEncoder(normalize=True)
-        return vectors.tolist()
+    def run(self, items: list[Item]) -> list:
+        return list(self.encoder.encode_ids([it.data for it in items]).float().cpu().numpy())  # B x (H,) float32
+
+    def respond(self, outputs: list, options: dict) -> np.ndarray:
+        """(n, H) float32: the JSON writer (`jsonio`) takes the array as it is, with the model's values."""
+        vectors = np.stack(outputs)
+        if options["normalize"]:  # as F.normalize in SentenceEncoder(normalize=True)
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
+        return vectors
 
 
 class _TaskOperation(Operation):
