@@ -124,7 +124,7 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
     mesh = make_mesh(devices)
     model = BERTForPreTraining(config, rngs=nnx.Rngs(0))
     tx = create_optimizer(1e-4, weight_decay=0.01)
-    graphdef, state = init_train_state(model, tx, mesh)
+    graphdef, state = init_train_state(model, tx, mesh, prng=args.prng)
     step_fn = make_train_step(graphdef, tx, mesh, precision="bf16")
     dev = []
     for b in batches:
@@ -145,7 +145,7 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
 
     seconds, warm_s, loss = timed(step, dev, args.warmup, args.steps, wait)
     return {"device": devices[0].device_kind, "framework": f"jax {jax.__version__}", "seconds": seconds,
-            "warmup_s": warm_s, "loss": loss, "devices": n_devices}
+            "warmup_s": warm_s, "loss": loss, "devices": n_devices, "prng": args.prng}
 
 
 def run_keras(args: argparse.Namespace, config, batches: list[dict]) -> dict:
@@ -234,16 +234,19 @@ def main() -> None:
     p.add_argument("--attention-dropout", type=float, default=None,
                    help="diagnostic: every engine's attention dropout (default: the model's, 0.1)")
     p.add_argument("--keras-path", type=Path, help="a folder holding keras and keras-hub (pip install --target)")
+    p.add_argument("--prng", default="threefry2x32", help="diagnostic: the jax engine's dropout PRNGs, e.g. "
+                                                          "threefry2x32,rbg (default: JAX's, as the engine)")
     p.add_argument("--worker", choices=("torch", "jax", "keras"), help=argparse.SUPPRESS)
     p.add_argument("--devices-one", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     rows = []
-    runs = [(e, n) for e in args.engines.split(",") for n in
-            (map(int, args.devices.split(",")) if e == "jax" else [1])]
-    for engine, n in runs:
+    runs = [(e, n, prng) for e in args.engines.split(",") for prng in (args.prng.split(",") if e == "jax" else ["-"])
+            for n in (map(int, args.devices.split(",")) if e == "jax" else [1])]
+    for engine, n, prng in runs:
         argv = [sys.executable, __file__, "--worker", engine, "--devices-one", str(n), "--model", args.model,
+                "--prng", prng if engine == "jax" else "threefry2x32",
                 "--seq", str(args.seq), "--batch", str(args.batch), "--masked", str(args.masked),
                 "--warmup", str(args.warmup), "--steps", str(args.steps)]
         argv += ["--keras-path", str(args.keras_path)] if args.keras_path else []
@@ -253,22 +256,26 @@ def main() -> None:
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not found:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
-            print(f"{engine} x{n}: FAILED (exit {proc.returncode})\n  " + "\n  ".join(tail), flush=True)
+            print(f"{engine} x{n} {prng}: FAILED (exit {proc.returncode})\n  " + "\n  ".join(tail), flush=True)
             continue
         row = json.loads(found[-1][7:])
         rows.append(row)
-        print(f"{engine:6s} x{n}  {row['tokens_per_s'] / 1e3:8.1f}k tok/s  {row['step_ms']:7.1f} ms/step  "
+        print(f"{engine:6s} x{n} {prng:12s} {row['tokens_per_s'] / 1e3:8.1f}k tok/s  {row['step_ms']:7.1f} ms/step  "
               f"MFU {100 * row['mfu']:5.1f}%  warm-up {row['warmup_s']:5.1f}s  loss {row['loss']:.3f}  "
               f"[{row['device']}; {row['framework']}]", flush=True)
-    one = {r["engine"]: r for r in rows if r["devices"] == 1}
-    if "jax" in one and "torch" in one:
-        print(f"bert-kit JAX / bert-kit PyTorch: {one['jax']['tokens_per_s'] / one['torch']['tokens_per_s']:.2f}x")
-    if "jax" in one and "keras" in one:
-        print(f"bert-kit JAX / KerasHub (JAX): {one['jax']['tokens_per_s'] / one['keras']['tokens_per_s']:.2f}x")
-    for r in rows:
-        if r["engine"] == "jax" and r["devices"] > 1 and "jax" in one:
-            eff = r["tokens_per_s"] / (r["devices"] * one["jax"]["tokens_per_s"])
-            print(f"jax on {r['devices']} devices: {r['tokens_per_s'] / 1e3:.1f}k tok/s, scaling efficiency {100 * eff:.1f}%")
+    one = {r["engine"]: r for r in rows if r["devices"] == 1 and r["engine"] != "jax"}
+    for prng in args.prng.split(","):
+        jax_one = next((r for r in rows if r["engine"] == "jax" and r["devices"] == 1 and r["prng"] == prng), None)
+        if jax_one is None:
+            continue
+        for other, label in (("torch", "bert-kit PyTorch"), ("keras", "KerasHub (JAX)")):
+            if other in one:
+                print(f"bert-kit JAX ({prng}) / {label}: {jax_one['tokens_per_s'] / one[other]['tokens_per_s']:.2f}x")
+        for r in rows:
+            if r["engine"] == "jax" and r["devices"] > 1 and r["prng"] == prng:
+                eff = r["tokens_per_s"] / (r["devices"] * jax_one["tokens_per_s"])
+                print(f"jax ({prng}) on {r['devices']} devices: {r['tokens_per_s'] / 1e3:.1f}k tok/s, "
+                      f"scaling efficiency {100 * eff:.1f}%")
     if args.json:
         with args.json.open("a") as f:
             for r in rows:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager, NamedTuple
@@ -56,6 +57,9 @@ from bert_kit.training.losses import mlm_metrics
 from bert_kit.training.trainer import MAX_SKIPPED_IN_A_ROW, NonFiniteLossError
 
 STATE_FILE = "optimizer.safetensors"
+# steps dispatched ahead of the device: enough to hide the host's work, few enough that the progress
+# bar, the time budget and Ctrl-C see what the device has done (a CPU runs far behind the host)
+IN_FLIGHT = 2
 LENGTH_MULTIPLE = 32  # fine-tuning batches are padded to multiples of this many tokens: a few shapes
 # what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
@@ -290,6 +294,7 @@ class JaxEngine:
         self.state = self.init(params, jax.random.key(cfg.seed))
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
+        self.in_flight: deque[jax.Array] = deque()
         stacked, batch = NamedSharding(self.mesh, P(None, "data")), NamedSharding(self.mesh, P("data"))
         self._step = jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated, stacked,
                                                                 self.replicated),
@@ -354,6 +359,9 @@ class JaxEngine:
         lr = jax.make_array_from_process_local_data(self.replicated, np.float32(lr))
         self.state = self._step(self.state, self.frozen, batch, lr)
         self.steps += 1
+        self.in_flight.append(self.state.step + 0)  # a copy: the state's buffers are donated to the next step
+        if len(self.in_flight) > IN_FLIGHT:
+            self.in_flight.popleft().block_until_ready()
 
     def read_window(self) -> tuple[dict[str, float], float, int]:
         s = self.state

@@ -19,6 +19,8 @@ What the step does, as the torch trainer does (`bert_kit/training/`):
   sharded on its first axis over the mesh and the state replicated, so XLA adds the gradient
   all-reduce. It returns device arrays only: nothing waits for the device until a metric is read;
 - dropout keys come from the state's key folded with the step: a resumed run draws the same masks.
+  `prng` picks its generator: JAX's threefry by default; "rbg" (XLA's RngBitGenerator) measured
+  the same on an H200 (benchmarks/jax_pretrain.py --prng), so the random bits are not what limits the step.
 """
 
 from __future__ import annotations
@@ -210,12 +212,12 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
 
 
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                     seed: int = 0) -> tuple[nnx.GraphDef, TrainState]:
+                     seed: int = 0, prng: str = "threefry2x32") -> tuple[nnx.GraphDef, TrainState]:
     """Split `model` into its graph definition and a replicated float32 `TrainState`."""
     graphdef, params = nnx.split(model, nnx.Param)  # nothing but parameters: an error otherwise
     # a copy: the step donates the state's buffers, which must not be the model's own
     params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.float32, copy=True), params)
-    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), jax.random.key(seed))
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), jax.random.key(seed, impl=prng))
     return graphdef, jax.device_put(state, replicated(mesh))
 
 
