@@ -12,6 +12,13 @@ In one GPU session:
    (`model=<the recipe's preset> tokenizer=<the run's tokenizer>`), each as its own process.
 One table at the end: pretrained vs control, with the time of every step.
 
+`--tasks glue` (alone or beside the others) scores both models with `bert-kit glue` on every GLUE task
+under `--glue-data` (the official files, one process per GPU of `--glue-gpus`) and prints the GLUE
+table: pretrained, control and BERT-Small's published test figures (Turc et al. 2019). `--nproc 4`
+pretrains through torchrun on 4 GPUs, with the same time budget:
+
+    python benchmarks/pretrain_transfer.py ... --tasks glue --glue-gpus 0,1,2,3 --nproc 4
+
     python benchmarks/pretrain_transfer.py --corpus ../shared/corpus --data-dir ../shared/data
     python benchmarks/pretrain_transfer.py ... --only control      # the control runs alone
     python benchmarks/pretrain_transfer.py ... --only pretrain     # then --only finetune (and control beside it)
@@ -111,7 +118,45 @@ def transformers_parity(folder: Path) -> dict:
     return diffs
 
 
+# BERT-Small (4 layers, 512 wide), GLUE test set (Turc et al. 2019, the BERT miniatures release):
+# pretrained far longer than 6 minutes; the target of the recipe on the dev sets
+BERT_SMALL = {"cola": [27.8], "sst2": [89.7], "mrpc": [83.4, 76.2], "stsb": [78.8, 77.0], "rte": [61.8],
+              "wnli": [62.3], "qnli": [86.4], "qqp": [68.1, 87.0], "mnli": [77.6, 77.0]}
+
+
+def glue(model: list[str], args: argparse.Namespace, tag: str) -> dict:
+    """`bert-kit glue` on every task under --glue-data; glue_results.json's scores and per-task figures."""
+    out = args.work / f"{tag}-glue"
+    wall = command([sys.executable, "-m", "bert_kit", "glue", "--model", model[0].removeprefix("model="), "--data", args.glue_data,
+                    "--output-dir", out, *(["--gpus", args.glue_gpus] if args.glue_gpus else []), *model[1:],
+                    *args.finetune_set], args.work / f"{tag}-glue.log")
+    results = json.loads((out / "glue_results.json").read_text())
+    return {"wall_s": round(wall, 1), "score": results["score"], "score_without_wnli": results["score_without_wnli"],
+            "tasks": {name: {"metrics": s["metrics"], "score": s["score"]} for name, s in results["tasks"].items()}}
+
+
+def glue_table(report: dict) -> str:
+    """Markdown: each task's dev figures, pretrained and control, beside BERT-Small's test figures."""
+    from bert_kit.tasks.glue import TASKS as GLUE
+
+    a, b = report.get("pretrained", {}).get("glue", {}), report.get("control", {}).get("glue", {})
+    lines = ["| task | metric | pretrained (dev) | control (dev) | BERT-Small (test) |", "|---|---|---|---|---|"]
+    for name, task in GLUE.items():
+        if name not in a.get("tasks", {}) and name not in b.get("tasks", {}):
+            continue
+        cells = ["/".join(f"{r['tasks'][name]['metrics'][k]:.1f}" for k in task.metric_keys)
+                 if name in r.get("tasks", {}) else "-" for r in (a, b)]
+        lines.append(f"| {task.title} | {task.shown} | {cells[0]} | {cells[1]} | "
+                     f"{'/'.join(f'{v:.1f}' for v in BERT_SMALL[name])} |")
+    for key, label in (("score", "GLUE score"), ("score_without_wnli", "without WNLI")):
+        cells = [f"{r[key]:.1f}" if r.get(key) is not None else "-" for r in (a, b)]
+        lines.append(f"| {label} | | {cells[0]} | {cells[1]} | {'71.2' if key == 'score' else '-'} |")
+    return "\n".join(lines)
+
+
 def finetune(task: str, model: list[str], args: argparse.Namespace, tag: str) -> dict:
+    if task == "glue":
+        return glue(model, args, tag)
     config, train, dev, test = TASKS[task]
     out = args.work / f"{tag}-{task}"
     wall = command([sys.executable, "-m", "bert_kit", "finetune", "--config", ROOT / "configs" / config, *model,
@@ -165,7 +210,7 @@ def compare(args: argparse.Namespace) -> None:
             if not (work / "tokenizer").exists():
                 shutil.copytree(tokenizer, work / "tokenizer")
             cmd = [sys.executable, __file__, "--corpus", args.corpus, "--data-dir", args.data_dir, "--work", work,
-                   "--budget", args.budget, "--tasks", args.tasks, *extra,
+                   "--budget", args.budget, "--tasks", args.tasks, "--glue-data", args.glue_data, *extra,
                    *(["--finetune-set", *args.finetune_set] if args.finetune_set else [])]
             log = open(args.work / f"{name}.log", "w")
             proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -217,7 +262,11 @@ def main() -> None:
                    help="the control's shape, from random weights (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
     p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
+    p.add_argument("--glue-data", type=Path, default=None, help="--tasks glue: the GLUE folder (default DATA_DIR/glue)")
+    p.add_argument("--glue-gpus", default=None, help="--tasks glue: GPUs for `bert-kit glue --gpus` (default: all)")
+    p.add_argument("--nproc", type=int, default=1, help="pretrain on this many GPUs through torchrun")
     args = p.parse_args()
+    args.glue_data = args.glue_data or args.data_dir / "glue"
     if args.variants:
         return compare(args)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -239,8 +288,10 @@ def main() -> None:
         record("tokenizer_s", round(train_tokenizer(args.corpus, tokenizer, args.work / "tokenizer.log"), 1))
     final = run / "final"
     if args.only in ("all", "pretrain", "pretrained"):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                    "-m", "bert_kit"] if args.nproc > 1 else [sys.executable, "-m", "bert_kit"]
         record("pretrain_wall_s", round(command(
-            [sys.executable, "-m", "bert_kit", "pretrain", "--config", ROOT / "configs" / "pretrain_cram.yaml",
+            [*launcher, "pretrain", "--config", ROOT / "configs" / "pretrain_cram.yaml",
              f"tokenizer={tokenizer}", f"train_files=[{args.corpus / 'wiki'}, {args.corpus / 'gutenberg'}]",
              f"eval_files=[{args.corpus / 'heldout'}]", f"time_budget={args.budget}", f"output_dir={run}",
              "overwrite=true", *args.set, "--output", args.work / "pretrain.json"], args.work / "pretrain.log"), 1))
@@ -262,8 +313,10 @@ def main() -> None:
                                t: finetune(t, [f"model={args.control_model}", f"tokenizer={tokenizer}"], args, "control")})
     reread()  # with what a process beside this one recorded
     print(json.dumps(report, indent=2))
+    if "glue" in args.tasks.split(","):
+        print("\n" + glue_table(report))
     print(f"\n{'task':<7} {'metric':<14} {'pretrained':>10} {'control':>8}")
-    for t in args.tasks.split(","):
+    for t in [t for t in args.tasks.split(",") if t != "glue"]:
         a, b = report.get("pretrained", {}).get(t, {}), report.get("control", {}).get(t, {})
         for split in ("best", "test"):
             if split in a or split in b:
