@@ -14,6 +14,7 @@ under uvicorn and shuts down on SIGTERM without dropping an accepted request.
 Starlette and uvicorn are an optional extra; the rest of bert-kit does not need them.
 """
 
-from bert_kit.serving.server import ServeConfig, serve
+from bert_kit.serving.server import ServeConfig
+from bert_kit.serving.workers import serve
 
 __all__ = ["ServeConfig", "serve"]

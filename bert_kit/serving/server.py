@@ -16,6 +16,7 @@ keep-alive connection closes after 5 s at most.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import time
@@ -49,13 +50,15 @@ class ServeConfig:
     read_timeout: float = 30.0  # seconds a client may take to send a request's head and its body (408 past it)
     backend: str = "torch"  # what runs the model (see operations.BACKENDS)
     access_log: bool = False  # log every request (costs time under load)
+    workers: int | None = None  # processes, each its own model and batcher (default: min(4, cores) on a GPU, else 1)
 
     RULES = {"port": Range(0, 65535, integer=True, hint="0 picks a free port"),
              "max_length": Range(3, integer=True, optional=True, hint="at most the model's positions"),
              "max_batch_tokens": Range(1, 1 << 24, integer=True, optional=True),
              "max_wait_ms": Range(0, 60_000), "max_queue": Range(1, 1_000_000, integer=True),
              "max_inputs": Range(1, 1_000_000, integer=True), "max_chars": Range(1, 100_000_000, integer=True),
-             "grace_period": Range(0, 86_400), "read_timeout": Range(0, 86_400, low_open=True)}
+             "grace_period": Range(0, 86_400), "read_timeout": Range(0, 86_400, low_open=True),
+             "workers": Range(1, 256, integer=True, optional=True)}
 
     def __post_init__(self) -> None:
         check_settings(self, self.RULES)
@@ -66,17 +69,25 @@ class ServeConfig:
                                   f"{', '.join(map(repr, choices))}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("model is required: a model folder, a run folder or a hub name")
+        if (self.workers or 1) > 1 and not hasattr(socket, "SO_REUSEPORT"):
+            raise ConfigError(f"workers={self.workers}: several workers share the port through SO_REUSEPORT, "
+                              "which this system lacks; use workers=1")
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, reuse_port: bool = False, backlog: int = 2048) -> socket.socket:
     """A listening socket (IPv6 when the host has a colon); OSError becomes a one-line ValueError.
     It listens before the address is printed, so a client that connects at once waits in the
-    kernel's backlog until the server accepts, instead of being refused."""
+    kernel's backlog until the server accepts, instead of being refused. reuse_port: one of several
+    sockets of this user on the same port (SO_REUSEPORT), among which the kernel spreads connections;
+    backlog 0: bound only (it holds the port and gets no connections)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
-        sock.listen(2048)
+        if backlog:
+            sock.listen(backlog)
     except OSError as e:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
@@ -141,15 +152,14 @@ def warm_up(operations: list) -> None:
                              "are broken") from None
 
 
-def serve(cfg: ServeConfig) -> int:
-    """Serve `cfg.model` until SIGTERM/SIGINT; 0 when every accepted request was answered."""
-    import uvicorn  # the [serve] extra, imported only here so the CLI's --help works without it
-
+def build(cfg: ServeConfig, worker: tuple[int, int] = (0, 1)) -> tuple[dict, list, Any]:
+    """(description, operations, ASGI app) of `cfg.model`: loaded, warmed up, limits and batcher in
+    place. `worker` is (index, count) among the processes serving it, shown in /info."""
     from bert_kit.serving.app import Limits, create_app
 
-    t0 = time.perf_counter()
     info, operations = BACKENDS[cfg.backend](cfg.model, cfg.device, cfg.precision, cfg.max_length)
     warm_up(operations)
+    info.update(worker=worker[0], workers=worker[1], pid=os.getpid())
     metrics = ServerMetrics()
     # a GPU gains from batches as large as memory allows; on a CPU big batches overflow the caches
     # (MiniLM on 2 shared cores: batches of 64 sentences of ~15 tokens ran 2-4x faster than of 512)
@@ -157,13 +167,14 @@ def serve(cfg: ServeConfig) -> int:
         16384 if info["device"].startswith("cuda") else 2048)
     batcher = Batcher(lambda op, items: op.run(items), budget, cfg.max_wait_ms / 1000, cfg.max_queue, metrics)
     limits = Limits(cfg.max_inputs, cfg.max_chars, read_timeout=cfg.read_timeout, max_queue=cfg.max_queue)
-    app = create_app(info, operations, batcher, limits, metrics)
-    sock = listen(cfg.host, cfg.port)
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    print(f"loaded {info['model']} ({info['task'] or 'encoder'}, {info['device']}) in {time.perf_counter() - t0:.1f}s",
-          flush=True)
-    print(f"serving on http://{host}:{sock.getsockname()[1]}  "
-          f"POST {', '.join(op.path for op in operations)}; GET /health, /info, /metrics, /openapi.json", flush=True)
+    return info, operations, create_app(info, operations, batcher, limits, metrics)
+
+
+def run_app(app: Any, sock: socket.socket, cfg: ServeConfig) -> tuple[int, int]:
+    """Serve `app` on the listening `sock` under uvicorn (httptools and uvloop where installed)
+    until SIGTERM/SIGINT and the drain that follows; (answered, accepted) requests."""
+    import uvicorn  # the [serve] extra, imported only here so the CLI's --help works without it
+
     config = uvicorn.Config(app, lifespan="on", access_log=cfg.access_log, log_level="info",
                             timeout_graceful_shutdown=cfg.grace_period, http=http_protocol(cfg.read_timeout),
                             timeout_keep_alive=min(5, cfg.read_timeout))  # type: ignore[arg-type]
@@ -178,5 +189,28 @@ def serve(cfg: ServeConfig) -> int:
             signal.signal(sig, handler)
         sock.close()
     state = app.state.server
-    print(f"stopped: answered {state.answered} of {state.accepted} accepted requests", flush=True)
-    return 0 if state.answered == state.accepted else 1
+    return state.answered, state.accepted
+
+
+def announce(info: dict, paths: list[str], host: str, port: int, seconds: float) -> None:
+    """The two lines a server prints once it listens (scripts read the address from the second)."""
+    host = f"[{host}]" if ":" in host else host
+    workers = f", {info['workers']} workers" if info.get("workers", 1) > 1 else ""
+    print(f"loaded {info['model']} ({info['task'] or 'encoder'}, {info['device']}{workers}) in {seconds:.1f}s",
+          flush=True)
+    print(f"serving on http://{host}:{port}  "
+          f"POST {', '.join(paths)}; GET /health, /info, /metrics, /openapi.json", flush=True)
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Serve `cfg.model` from this process until SIGTERM/SIGINT; 0 when every accepted request was
+    answered. (`bert_kit.serving.serve` starts `cfg.workers` such processes where that is more than 1.)"""
+    import uvicorn  # noqa: F401  (the [serve] extra: fail before loading anything)
+
+    t0 = time.perf_counter()
+    info, operations, app = build(cfg)
+    sock = listen(cfg.host, cfg.port)
+    announce(info, [op.path for op in operations], cfg.host, sock.getsockname()[1], time.perf_counter() - t0)
+    answered, accepted = run_app(app, sock, cfg)
+    print(f"stopped: answered {answered} of {accepted} accepted requests", flush=True)
+    return 0 if answered == accepted else 1
