@@ -8,10 +8,13 @@ The folder's recorded task decides the endpoints (/classify, /tag, /answer, /sim
 for every folder, /fill-mask with an MLM head); see `operations`. Concurrent requests share
 model batches (`batcher`): inputs queue up and run together, bounded by tokens and by a short
 wait, so under load one forward pass serves many clients. `app` is the Starlette app (limits,
-errors, /health, /metrics, /openapi.json), `metrics` the Prometheus counters, `server` runs it
-under uvicorn and shuts down on SIGTERM without dropping an accepted request.
+errors, /health, /metrics, /openapi.json), `jsonio` its JSON (orjson where installed), `metrics`
+the Prometheus counters, `server` runs it under uvicorn in one process and shuts down on SIGTERM
+without dropping an accepted request, and `workers` runs several such processes on one port
+(`serve`: `--workers`, by default several on a GPU).
 
-Starlette and uvicorn are an optional extra; the rest of bert-kit does not need them.
+Starlette and uvicorn are an optional extra (with orjson, httptools and uvloop, used where
+installed); the rest of bert-kit does not need them.
 """
 
 from bert_kit.serving.server import ServeConfig
