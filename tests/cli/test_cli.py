@@ -82,7 +82,8 @@ def command_line(*argv: str, before: str = "") -> subprocess.CompletedProcess:
     script = (f"import atexit, sys, threading, time\n{before}\n"
               "atexit.register(lambda: print('atexit handler ran', flush=True))\n"
               f"sys.argv = ['bert-kit', *{list(argv)!r}]\n"
-              "from bert_kit.cli import main\ncode = main()\nprint('main returned', code, flush=True)\nsys.exit(code)\n")
+              "from bert_kit.cli import main\ncode = main()\n"
+              "print('main returned', code, flush=True)\nsys.exit(code)\n")
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from bert_kit.training.checkpoint import (STATE_FILE, CheckpointWriter, latest_checkpoint, list_checkpoints, load_checkpoint,
-                                 load_trainer_state, resolve_checkpoint, save_checkpoint)
+from bert_kit.training.checkpoint import (STATE_FILE, CheckpointWriter, latest_checkpoint, list_checkpoints,
+                                          load_checkpoint, load_trainer_state, resolve_checkpoint, save_checkpoint)
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
 from bert_kit.training.optim import create_optimizer, create_scheduler

@@ -15,7 +15,8 @@ import torch.nn as nn
 
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
-from bert_kit.training.optim import LAMB, AdamW, create_optimizer, create_scheduler, lr_multiplier, no_decay_names, param_groups
+from bert_kit.training.optim import (LAMB, AdamW, create_optimizer, create_scheduler, lr_multiplier, no_decay_names,
+                                     param_groups)
 
 torch.set_num_threads(1)  # tiny tensors: threads only add contention on a shared machine
 
@@ -167,7 +168,8 @@ def test_adamw_is_torchs_update_and_state_dict():
         assert torch.equal(a, b)  # bit for bit
     mine, torchs = opts[0].state_dict(), opts[1].state_dict()
     assert mine["param_groups"] == torchs["param_groups"]
-    assert all(torch.equal(mine["state"][i][k], torchs["state"][i][k]) for i in torchs["state"] for k in torchs["state"][i])
+    for i, state in torchs["state"].items():
+        assert all(torch.equal(mine["state"][i][k], v) for k, v in state.items())
     opts[0].load_state_dict(torchs)  # either loads the other's state
 
 
@@ -190,7 +192,8 @@ for _ in range(2):
     trainer.classification_step(batch)
 with tempfile.TemporaryDirectory() as d:
     load_checkpoint(save_checkpoint(d, 2, model, optimizer=optimizer), model, optimizer=optimizer)
-loaded = [m for m in ("torch._dynamo", "sympy", "torch.distributed.fsdp", "torch.distributed.tensor") if m in sys.modules]
+heavy = ("torch._dynamo", "sympy", "torch.distributed.fsdp", "torch.distributed.tensor")
+loaded = [m for m in heavy if m in sys.modules]
 assert not loaded, loaded
 """
 

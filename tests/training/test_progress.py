@@ -36,8 +36,8 @@ def _run_folder(run: Path, steps: int = 5) -> Path:
     import json
 
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"type": "train", "step": s, "loss": 1 / s, "lr": 1e-4}) + "\n"
-                                               for s in range(1, steps + 1)))
+    records = [{"type": "train", "step": s, "loss": 1 / s, "lr": 1e-4} for s in range(1, steps + 1)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return run
 
 
