@@ -288,7 +288,8 @@ def _plot_on_request() -> None:
     try:
         reply = {"path": str(plot_losses(request["run_dir"], metric=request["metric"]))}
     except Exception as e:  # noqa: BLE001 (the parent re-raises or redraws)
-        reply = {"error": type(e).__name__ if isinstance(e, (ValueError, ImportError)) else "other", "message": str(e)}
+        kind = next((k.__name__ for k in (ValueError, ImportError) if isinstance(e, k)), "other")
+        reply = {"error": kind, "message": str(e)}
     print(json.dumps(reply), flush=True)
 
 

@@ -78,3 +78,14 @@ def test_a_failed_run_leaves_no_plotter_child(tmp_path):
     child = plotter.process
     plotter.close()
     assert child.poll() is not None and plotter.process is None
+
+
+def test_without_matplotlib_the_child_says_so(tmp_path, monkeypatch):
+    from bert_kit.training.progress import LossPlotter
+
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\")\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the child's matplotlib is this broken one
+    with pytest.raises(ImportError, match="matplotlib"):  # as plot_losses says it: the run prints "no loss plot"
+        LossPlotter().draw(_run_folder(tmp_path / "run"))
