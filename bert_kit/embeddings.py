@@ -147,7 +147,7 @@ class SentenceEncoder:
         if not texts:
             return []
         enc = self.tokenizer(list(texts), max_length=self.max_length, padding=False, truncation=True,
-                             return_tensors=None)
+                             return_tensors=None, return_token_type_ids=False, return_attention_mask=False)
         return enc["input_ids"]
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:

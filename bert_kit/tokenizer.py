@@ -333,6 +333,8 @@ class WordPieceTokenizer:
         is_split_into_words: bool = False,
         stride: int = 0,
         return_overflowing_tokens: bool = False,
+        return_token_type_ids: bool = True,
+        return_attention_mask: bool = True,
     ) -> dict[str, Any]:
         """Encode a batch like `BertTokenizerFast.__call__`.
 
@@ -341,6 +343,7 @@ class WordPieceTokenizer:
         truncation: True (longest-first; only the second sequence when returning overflowing
             tokens for pairs, like HF's "only_second"), False, or an HF strategy name.
         max_length: truncation / padding length; None means `model_max_length`.
+        return_token_type_ids, return_attention_mask: False leaves that column out.
         Returns a dict with input_ids, token_type_ids, attention_mask: (B, T) torch.long ("pt"),
         numpy int64 ("np") or lists (None); offset_mapping (B, T, 2) when asked; word_ids (B lists
         of None/int); with return_overflowing_tokens, B counts every window, plus
@@ -397,11 +400,11 @@ class WordPieceTokenizer:
                 if len(enc.ids) < target:  # pad() also pads word ids, offsets, sequence ids
                     enc.pad(target, pad_id=self.pad_token_id, pad_type_id=0, pad_token=self.pad_token)
 
-        out: dict[str, Any] = {
-            "input_ids": [e.ids for e in rows],
-            "token_type_ids": [e.type_ids for e in rows],
-            "attention_mask": [e.attention_mask for e in rows],
-        }
+        out: dict[str, Any] = {"input_ids": [e.ids for e in rows]}
+        if return_token_type_ids:  # as HF's flags: a caller that needs the ids alone saves two lists a row
+            out["token_type_ids"] = [e.type_ids for e in rows]
+        if return_attention_mask:
+            out["attention_mask"] = [e.attention_mask for e in rows]
         if return_offsets_mapping:
             out["offset_mapping"] = [e.offsets for e in rows]
         if return_tensors is not None:
