@@ -104,6 +104,10 @@ def test_call_shapes_types_and_padding(tok):
     assert single["input_ids"].shape == (1, 4) and single["word_ids"] == [[None, 0, 1, None]]
     pair = tok("question here", "the context", return_tensors=None)
     assert pair["token_type_ids"] == [[0, 0, 0, 0, 1, 1, 1]]
+    ids_only = tok(texts, padding=False, return_tensors=None, return_token_type_ids=False,
+                   return_attention_mask=False)
+    assert ids_only == {"input_ids": lists["input_ids"]}
+    assert set(tok(texts, return_attention_mask=False)) == {"input_ids", "token_type_ids"}
 
 
 def test_overflow_windows_cover_the_context(tok):
