@@ -137,6 +137,15 @@ def process_started() -> float:
         return time.time()
 
 
+def observed() -> bool:
+    """Whether a tracer, profiler, debugger or coverage tool watches this process: the old hooks
+    (`sys.settrace`, `sys.setprofile`) or, from Python 3.12, a `sys.monitoring` tool (cProfile's)."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))
+
+
 def exit_now(code: int) -> None:
     """End this process with exit status `code` at once. Tearing the interpreter down after a
     command frees torch's modules and the command's objects one by one: about a second, after
@@ -144,7 +153,7 @@ def exit_now(code: int) -> None:
     handlers (temporary folders, logging, child processes, the process group) and flushing
     stdout and stderr. Returns, for a normal exit, under a tracer or profiler (they write their
     results at exit), in an interactive session, or while a thread other than daemons runs."""
-    if sys.gettrace() is not None or sys.getprofile() is not None or sys.flags.interactive:
+    if observed() or sys.flags.interactive:
         return
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
         return

@@ -104,3 +104,13 @@ def test_main_returns_for_a_normal_exit_when_one_is_needed(before):
     done = command_line("models", before=before)
     assert done.returncode == 0 and "main returned 0" in done.stdout, done.stderr
     assert done.stdout.count("atexit handler ran") == 1
+
+
+def test_a_profiled_command_writes_its_profile(tmp_path):
+    """cProfile writes its file at a normal exit (from Python 3.12 it watches through sys.monitoring,
+    which sys.getprofile() does not show)."""
+    stats = tmp_path / "models.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "bert_kit", "models"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "bert-tiny" in done.stdout, done.stderr
+    assert stats.stat().st_size > 0
