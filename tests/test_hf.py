@@ -134,6 +134,41 @@ def test_missing_folder_and_weights(tmp_path):
         BERTModel.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("cls", [BERTForSequenceClassification, BERTForTokenClassification, BERTForQuestionAnswering,
+                                 BERTForMaskedLM, BERTForPreTraining])
+def test_only_the_new_weights_are_drawn_and_they_get_berts_init(tmp_path, cls):
+    """Loading draws no random numbers for the weights it overwrites: the generator moves exactly
+    as far as drawing the new head does, and the head has BERT's init (linear weights N(0, 0.02),
+    biases 0, LayerNorm 1/0); everything else equals the folder's weights."""
+    config = BertConfig(**{**TINY.to_dict(), "hidden_size": 64, "intermediate_size": 128})
+    BERTModel(config).save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NewWeightsWarning)
+        model = cls.from_pretrained(tmp_path)
+    after_load = torch.get_rng_state()
+    params = dict(model.named_parameters())
+    new = sorted(k for k in model.state_dict() if not k.startswith("bert.") and k != "mlm.decoder.weight")
+    torch.manual_seed(0)
+    for name in new:  # the draws `initialise` makes, in its order
+        if name.endswith("weight") and params[name].dim() == 2:
+            torch.empty_like(params[name]).normal_(0.0, 0.02)
+    assert torch.equal(after_load, torch.get_rng_state())
+    for name in new:
+        value = params[name].detach()
+        assert torch.isfinite(value).all(), name
+        if name.endswith("weight") and value.dim() == 2:
+            assert abs(value.std().item() - 0.02) < 0.005, name
+        elif "LayerNorm" in name or name.endswith("norm.weight"):
+            assert torch.equal(value, torch.ones_like(value) if name.endswith("weight") else torch.zeros_like(value))
+        else:
+            assert torch.equal(value, torch.zeros_like(value)), name
+    folder = read_state_dict(tmp_path)
+    own = to_hf_state_dict(model.bert if hasattr(model, "bert") else model)
+    for name, value in folder.items():
+        assert torch.equal(own[name], value), name
+
+
 # ---- what loading warns about, and refuses ------------------------------------------------------
 
 @pytest.mark.parametrize("cls", [BERTForSequenceClassification, BERTForTokenClassification, BERTForQuestionAnswering,
