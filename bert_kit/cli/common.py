@@ -13,7 +13,7 @@ from bert_kit.cli.errors import check_output_dir, check_output_file
 from bert_kit.outputs import write_text
 from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
 from bert_kit.training.distributed import DistributedError, cleanup, is_main
-from bert_kit.training.loop import protected_files
+from bert_kit.training.run_folder import protected_files
 from bert_kit.training.runconfig import add_config_arguments, apply_overrides, config_from_dict, load_config
 from bert_kit.training.trainer import NonFiniteLossError
 

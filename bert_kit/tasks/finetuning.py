@@ -225,7 +225,7 @@ class FinetuningJob(Job):
     def __init__(self, cfg: FinetuneConfig, run: Run) -> None:
         from bert_kit.tokenizer import get_tokenizer
 
-        self.cfg, self.precision, device = cfg, run.precision, run.precision.device
+        self.cfg = cfg
         if not cfg.model:
             raise ValueError("model is empty: name a model folder or a preset (model=path/to/bert)")
         if not cfg.train_file:
@@ -248,6 +248,8 @@ class FinetuningJob(Job):
         if cfg.max_length > model.config.max_position_embeddings:
             raise ValueError(f"max_length {cfg.max_length} exceeds the model's max_position_embeddings "
                              f"{model.config.max_position_embeddings}")
+        # the device now: CUDA started in a thread while the data was read and the model built
+        self.precision, device = run.precision, run.precision.device
         sharded = cfg.parallel == "fsdp" and world_size() > 1
         if not sharded:
             model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer

@@ -277,30 +277,41 @@ def save_checkpoint(directory: str | Path, step: int, model: nn.Module, *, token
     return final
 
 
-class CheckpointWriter(threading.Thread):
-    """`save_checkpoint(...)` in a thread of its own, for a checkpoint of weights that no longer
-    change (the end of a run) while the run goes on with its last evaluation: `result()` waits for
-    it and returns its path, or raises its error. The RNG states are those of its creation."""
+class Background(threading.Thread):
+    """`call(*args, **kwargs)` in a thread of its own, while the run goes on: `result()` waits for
+    it and returns its value, or raises its error in the caller's thread."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(name="bert-kit checkpoint")
-        self._call = args, {**kwargs, "rng": kwargs.get("rng") or rng_state()}
-        self._path: Path | None = None
+    def __init__(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name=f"bert-kit {getattr(call, '__name__', 'writer')}")
+        self._call = call, args, kwargs
+        self._value: Any = None
         self._error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
-        args, kwargs = self._call
+        call, args, kwargs = self._call
         try:
-            self._path = save_checkpoint(*args, **kwargs)
+            self._value = call(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 (raised again by result(), in the run's thread)
             self._error = e
 
-    def result(self) -> Path:
+    def result(self) -> Any:
         self.join()
         if self._error is not None:
             raise self._error
-        return self._path
+        return self._value
+
+
+def checkpoint_writer(*args: Any, **kwargs: Any) -> Background:
+    """`save_checkpoint(...)` in the background, for weights that no longer change (the end of a
+    run) while the run goes on with its last evaluation. The RNG states are those of this call."""
+    return Background(save_checkpoint, *args, **{**kwargs, "rng": kwargs.get("rng") or rng_state()})
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict copied to the CPU: what `save_model` writes in the background while
+    the training steps change the weights."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap_model(model).state_dict().items()}
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:

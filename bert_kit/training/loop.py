@@ -33,45 +33,36 @@ What the loop promises:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
-import yaml
 
 from bert_kit.checks import ConfigError
-from bert_kit.outputs import FolderLock, inside, read_record, remove_entry, write_record, write_text
-from bert_kit.training.checkpoint import (CheckpointWriter, StopSignal, latest_checkpoint, write_folder_atomically,
+from bert_kit.outputs import FolderLock, write_text
+from bert_kit.training.checkpoint import (Background, StopSignal, checkpoint_writer, latest_checkpoint,
                                           load_trainer_state, resolve_checkpoint, restore_rng_state, save_checkpoint,
-                                          seed_everything)
+                                          seed_everything, snapshot, write_folder_atomically)
 from bert_kit.training.distributed import (all_reduce_mean, any_ranks, barrier, collective_errors, is_main,
                                            max_over_ranks, world_size)
 from bert_kit.training.engine import Engine, join_processes, start_engine
 from bert_kit.training.optim import Schedule
-from bert_kit.training.precision import Precision, resolve_precision
+from bert_kit.training.precision import Precision, resolve_device, resolve_precision, start_cuda
 from bert_kit.training.progress import METRICS_FILE, LossPlotter, ProgressLogger, read_metrics, truncate_metrics
+from bert_kit.training.run_folder import claim_run_folder
 from bert_kit.training.runconfig import config_to_dict, save_config
 from bert_kit.training.settings import RESUMABLE_CHANGES, RunSettings
 from bert_kit.training.trainer import NonFiniteLossError
 
 UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
-
-# files and folders a run writes in its folder (`tensorboard` when asked, `tokenizer` when it trains
-# one), recorded there before they are written; `overwrite: true` deletes what an earlier run
-# recorded. A token cache is not a run's file (it is keyed by content: runs share it).
-RUN_FILES = ("checkpoints", METRICS_FILE, "results.json", "loss_curve.png", "run_config.yaml", "final", "best",
-             "final.tmp", "final.old", "best.tmp", "best.old", "tensorboard", "tokenizer")
-WRITTEN_BY = "bert-kit run"
-# settings naming what a run reads: never deleted by `overwrite`, never written over by --output
-INPUT_SETTINGS = ("model", "tokenizer", "train_file", "validation_file", "train_files", "eval_files", "cache_dir")
-
 
 class Job:
     """What a job plugs into `train`. A subclass sets these attributes and implements the methods.
@@ -150,87 +141,20 @@ class Run:
     """What `start_run` resolved before a job is built."""
 
     out: Path  # the run folder
-    precision: Precision  # device and precision, resolved once
+    choose_precision: Callable[[], Precision]  # device and precision (waits for CUDA's start)
     checkpoint: Path | None  # checkpoint folder to resume from
     state: dict | None  # its trainer state
     started: float  # time.time() the run's clock (a time budget) counts from
     budget_s: float | None  # seconds left of the time budget
 
-
-# ---- before the job: the run folder, resuming, changed settings -------------------------------
-
-def run_files(cfg: RunSettings, fresh: bool) -> list[str]:
-    """The names in its folder that this run may write."""
-    trains_tokenizer = fresh and getattr(cfg, "train_tokenizer", None) is not None
-    optional = {"tensorboard": cfg.tensorboard, "tokenizer": trains_tokenizer}
-    return [name for name in RUN_FILES if optional.get(name, True)]
+    @cached_property
+    def precision(self) -> Precision:
+        """Device and precision, resolved (and printed) at the first use: a job reads its data
+        and builds its model on the CPU first, while CUDA starts in a thread (`start_cuda`)."""
+        return self.choose_precision()
 
 
-def recorded_run_files(out: Path) -> set[str]:
-    """What earlier runs wrote in `out`: its record; for the folder of a run from before records
-    existed (it has run_config.yaml), RUN_FILES, `tokenizer` only if that run trained it."""
-    record = read_record(out, WRITTEN_BY)
-    if record is not None:
-        return set(record)
-    config = out / "run_config.yaml"
-    if not config.is_file():
-        return set()  # what is there is the user's
-    try:
-        trained = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("train_tokenizer") is not None
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        trained = False
-    return {name for name in RUN_FILES if name != "tokenizer" or trained}
-
-
-def run_inputs(cfg: RunSettings) -> list[tuple[str, str]]:
-    """(setting, path) of what the run reads: its model, tokenizer, data files and token cache."""
-    found = []
-    for key in INPUT_SETTINGS:
-        value = getattr(cfg, key, None)
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, str) and v.strip():
-                found.append((key, v))
-    return found
-
-
-def protected_files(cfg: RunSettings) -> list[Path]:
-    """Files that a run's --output may not be: its inputs, and the run folder's records and settings."""
-    return [Path(value) for _, value in run_inputs(cfg)] + [Path(cfg.output_dir) / n for n in (METRICS_FILE,
-                                                                                              "run_config.yaml")]
-
-
-def claim_run_folder(out: Path, resuming: bool, cfg: RunSettings) -> None:
-    """A fresh run may not start where another run left its files, nor write over files no run
-    wrote; `overwrite` deletes what earlier runs recorded first, unless an input of this run lies
-    inside it. Then the names this run may write are recorded, before it writes them."""
-    ours = recorded_run_files(out)
-    found = [name for name in [*RUN_FILES, *sorted(ours - set(RUN_FILES))]
-             if name in ours and os.path.lexists(out / name)]
-    writes = run_files(cfg, fresh=not resuming)
-    if not resuming:
-        theirs = [name for name in writes if os.path.lexists(out / name) and name not in ours]
-        if theirs:
-            raise ConfigError(f"{out} holds {', '.join(theirs)}, which no bert-kit run wrote there and this run would "
-                              "replace: move it out of the folder, or choose another output_dir")
-    if found and not resuming:
-        if not cfg.overwrite:
-            newest = latest_checkpoint(out / "checkpoints")
-            at = f" (newest checkpoint {newest.name})" if newest else ""
-            raise ConfigError(f"{out} already holds a run{at}: {', '.join(found)}. Continue it with --resume latest, "
-                              f"or start over with overwrite=true (deletes those files), or choose another output_dir")
-        for name in found:  # every rank refuses, before anything is deleted
-            for key, value in run_inputs(cfg):
-                if inside(value, out / name):
-                    raise ConfigError(f"overwrite=true would delete {out / name}, which holds this run's "
-                                      f"{key}={value}: move it out of {out} first, or choose another output_dir")
-        if is_main():
-            for name in found:
-                remove_entry(out / name)  # a link is removed, never followed
-    if is_main():
-        out.mkdir(parents=True, exist_ok=True)
-        write_record(out, [*writes, *(ours if resuming else ())], WRITTEN_BY)
-    barrier()
-
+# ---- before the job: resuming, changed settings --------------------------------------------------
 
 def settings_changes(saved: dict, cfg: RunSettings) -> tuple[dict, dict]:
     """({key: (old, new)} of every changed setting, the part of it a resume may not change)."""
@@ -263,14 +187,19 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
         if budget is not None:  # the budget left when the checkpoint was written
             budget = max(0.0, budget - float(state.get("budget_used_s", 0.0)))
     claim_run_folder(out, checkpoint is not None, cfg)
+    seed_everything(cfg.seed)  # before CUDA starts: its seed is queued, not waited for
     if cfg.engine == "jax":  # torch builds the batches and the first weights, on the CPU; JAX computes
-        precision = resolve_precision("fp32", "cpu", verbose=False)
-    else:
-        precision = resolve_precision(cfg.precision, cfg.device, verbose=is_main())
-    if precision.device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
-    seed_everything(cfg.seed)
-    return Run(out, precision, checkpoint, state, started, budget)
+        return Run(out, lambda: resolve_precision("fp32", "cpu", verbose=False), checkpoint, state, started, budget)
+    device = resolve_device(cfg.device)  # a bad or missing device is an error now
+    start_cuda(device)
+
+    def choose() -> Precision:
+        precision = resolve_precision(cfg.precision, device, verbose=is_main())
+        if precision.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
+        return precision
+
+    return Run(out, choose, checkpoint, state, started, budget)
 
 
 def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float | None = None) -> dict[str, Any]:
@@ -333,7 +262,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
     # step (compilation, capture), evaluations (with best/), checkpoints, the other steps, the end
     spent = {"eval": 0.0, "save": 0.0}
     t_first: list[float] = []  # the session's first step: its start and end
-    writing: list[CheckpointWriter] = []  # the end checkpoint, written while the last evaluation runs
+    writing: list[Background] = []  # the end checkpoint, written while the last evaluation runs
+    models: list[Background] = []  # best/ (final/), written from a copy while the steps go on
 
     def save(step: int, background: bool = False) -> None:
         """A checkpoint of this step (every rank calls it: FSDP2 gathers shards, streams gather positions).
@@ -348,6 +278,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         engine.check_finite()  # never save weights after a skipped (non-finite) step
         saved, data = engine.checkpoint_state(), job.data_state()
         if main:
+            model_written()  # the best/ that the checkpoint's "best" describes is whole first
             used = (cfg.time_budget_s or 0.0) - budget_left() if run.budget_s is not None else 0.0
             args = (ckpt_dir, step, job.model)
             kwargs = dict(tokenizer=job.tokenizer, run_config=run_config, data_state=data, keep_last=cfg.keep_last,
@@ -355,7 +286,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                                           "train_span_s": train_span_s, "budget_used_s": used,
                                           "train_records": records})
             if background:
-                writing.append(CheckpointWriter(*args, **kwargs))
+                writing.append(checkpoint_writer(*args, **kwargs))
             else:
                 logger.message(f"step {step}: saved {save_checkpoint(*args, **kwargs)}")
         barrier()
@@ -395,9 +326,18 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         return metrics
 
     def write_model(folder: Path) -> None:
+        """The job's model folder, written by a thread from a CPU copy of the weights (the copy's
+        wait is evaluation time; the write overlaps the next steps)."""
         state = engine.model_state()  # every rank: gathers FSDP2 shards
         if main:
-            write_folder_atomically(folder, lambda tmp: job.save_model(tmp, state))
+            model_written()  # one at a time
+            state = snapshot(job.model) if state is None else state
+            models.append(Background(write_folder_atomically, folder, lambda tmp: job.save_model(tmp, state)))
+
+    def model_written() -> None:
+        """Wait for the model folder being written; its error is the run's."""
+        if models:
+            models.pop().result()
 
     # 2. the loop: one iteration = one optimizer step over the job's micro-batches
     logger = ProgressLogger(out, total if total < UNBOUNDED_STEPS else None, step, enabled=main,
@@ -513,8 +453,8 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                   "Try a lower lr, clip_grad > 0, or another precision.",)
         raise
     finally:
-        if writing and not ended:
-            writing[0].join()  # a failed end still leaves the checkpoint whole, before the folder's lock goes
+        for thread in [*writing, *models] if not ended else []:
+            thread.join()  # a failed end still leaves checkpoint and best/ whole, before the folder's lock goes
         if plotter is not None and not ended:
             plotter.close()  # a failed run draws no curve
         logger.close()
@@ -536,6 +476,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         except ImportError as e:  # the run is saved; only the picture is missing
             print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
         written()
+        model_written()
         results["wall_time_s"] = time.time() - run.started
         results["timings"] = timings(run.started, t_first, t_loop_end, in_loop, spent, results["wall_time_s"])
         write_text(out / "results.json", json.dumps(results, indent=2) + "\n")

@@ -82,6 +82,50 @@ def test_classification_writes_best_results_and_predictions(tiny_encoder, sst2, 
         assert p["probabilities"]["positive"] == pytest.approx(float(row[1]), abs=1e-5)
 
 
+def test_best_holds_the_weights_of_its_step_though_written_while_training_went_on(tiny_encoder, sst2, tmp_path,
+                                                                                  monkeypatch):
+    """best/ is written by a thread from a copy of the weights while the next steps run: it holds
+    the weights of the evaluated step, not those of a later one."""
+    from bert_kit.tasks.finetuning import FinetuningJob
+
+    scores = iter([0.9, 0.5, 0.4, 0.3])  # the first evaluation (step 2) is the best
+    monkeypatch.setattr(FinetuningJob, "evaluate", lambda self, final: {"accuracy": next(scores)})
+    train, dev = sst2
+    cfg = tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=8,
+                      eval_every=2, save_every=2, keep_last=0)
+    results = finetune(cfg)
+    assert results["best_step"] == 2 and results["best_value"] == 0.9
+    run = tmp_path / "run"
+    best = load_file(run / "best" / "model.safetensors")
+    at_2 = load_file(run / "checkpoints" / "step-0000002" / "model.safetensors")
+    at_8 = load_file(run / "checkpoints" / "step-0000008" / "model.safetensors")
+    for k in best:
+        assert_close(best[k], at_2[k], rtol=0, atol=0)
+    assert any(not torch.equal(best[k], at_8[k]) for k in best)
+    assert not (run / "best.tmp").exists() and not (run / "best.old").exists()
+
+
+def test_the_precision_is_resolved_after_the_data_is_read_and_the_model_built(tiny_encoder, sst2, tmp_path,
+                                                                              monkeypatch):
+    """CUDA starts in a thread (`start_cuda`) while the job reads its data and builds its model on
+    the CPU: the precision is resolved once, after those; a bad device still fails before them."""
+    from bert_kit.checks import ConfigError
+    from bert_kit.training import loop
+
+    events = []
+    resolve, read, start = loop.resolve_precision, ClassificationTask.read_train, loop.start_cuda
+    monkeypatch.setattr(loop, "resolve_precision", lambda *a, **k: events.append("precision") or resolve(*a, **k))
+    monkeypatch.setattr(loop, "start_cuda", lambda device: events.append(f"start {device}") or start(device))
+    monkeypatch.setattr(ClassificationTask, "read_train", lambda self, path: events.append("data") or read(self, path))
+    train, dev = sst2
+    finetune(tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=1))
+    assert events == ["start cpu", "data", "precision"]
+    events.clear()
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        finetune(tiny_config(tiny_encoder, tmp_path, train_file=str(train), device="cuda:0", overwrite=True))
+    assert events == []
+
+
 def test_resume_reproduces_the_uninterrupted_run(tiny_encoder, sst2, tmp_path):
     train, dev = sst2
     full = tiny_config(tiny_encoder, tmp_path / "a", train_file=str(train), validation_file=str(dev),

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert_kit.training.checkpoint import (STATE_FILE, CheckpointWriter, latest_checkpoint, list_checkpoints,
+from bert_kit.training.checkpoint import (STATE_FILE, checkpoint_writer, latest_checkpoint, list_checkpoints,
                                           load_checkpoint, load_trainer_state, resolve_checkpoint, save_checkpoint)
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
@@ -121,7 +121,7 @@ def test_a_checkpoint_written_in_the_background_is_the_one_written_at_once(tmp_p
     opt = create_optimizer(model, "adamw", lr=1e-3)
     train_steps(model, opt, create_scheduler(opt, 2, 10), 2)
     at_once = load_trainer_state(save_checkpoint(tmp_path / "a", 2, model, optimizer=opt))
-    writer = CheckpointWriter(tmp_path / "b", 2, model, optimizer=opt)
+    writer = checkpoint_writer(tmp_path / "b", 2, model, optimizer=opt)
     torch.rand(5)  # the run goes on drawing random numbers while the checkpoint is written
     background = load_trainer_state(writer.result())
     torch.testing.assert_close(background["rng"]["torch"], at_once["rng"]["torch"], rtol=0, atol=0)  # of its start
@@ -129,7 +129,7 @@ def test_a_checkpoint_written_in_the_background_is_the_one_written_at_once(tmp_p
     assert (tmp_path / "a" / "step-0000002" / "model.safetensors").read_bytes() == \
         (tmp_path / "b" / "step-0000002" / "model.safetensors").read_bytes()
     (tmp_path / "c").write_text("a file where the checkpoints would go")
-    writer = CheckpointWriter(tmp_path / "c", 2, model)
+    writer = checkpoint_writer(tmp_path / "c", 2, model)
     with pytest.raises(FileExistsError):  # its error is raised where the run waits for it
         writer.result()
 
