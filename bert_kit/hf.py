@@ -439,13 +439,16 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
 def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.ndarray] | None = None) -> None:
     """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads.
 
-    tensors: HF-named NumPy arrays to write instead of the torch model's (the JAX engine's model)."""
+    tensors: HF-named tensors to write instead of the model's own: NumPy arrays (the JAX engine's
+    weights) or torch tensors (a copy taken earlier, the full state of a sharded model)."""
     if tensors is None:
+        tensors = to_hf_state_dict(model)
+    if all(isinstance(v, np.ndarray) for v in tensors.values()):
+        from safetensors.numpy import save_file
+    else:
         from safetensors.torch import save_file
 
-        tensors = {k: v.detach().cpu().contiguous() for k, v in to_hf_state_dict(model).items()}
-    else:
-        from safetensors.numpy import save_file
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_hf_dict(), "architectures": [getattr(model, "hf_architecture", "BertModel")]}

@@ -168,26 +168,15 @@ def collect_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
 
 
 def save_model(model: nn.Module, folder: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
-    """`save_pretrained` (config.json + model.safetensors), from `state` (the full state dict that
-    `collect_state` gathered) for a sharded FSDP2 model. Call on rank 0 only."""
+    """`save_pretrained` (config.json + model.safetensors) of the model's weights, or of `state`:
+    the full state dict `collect_state` gathered (an FSDP2 model holds only shards), or a copy
+    taken earlier (`snapshot`). Call on rank 0 only."""
+    from bert_kit.hf import save_pretrained, to_hf_state_dict
+
     model = unwrap_model(model)
-    if state is None:
-        if is_fsdp(model):
-            raise ValueError("an FSDP model holds only shards: pass the state collect_state() gathered")
-        model.save_pretrained(folder)
-        return
-    # FSDP2 turned the parameters into shards and the class into FSDP<Class>: save an unsharded
-    # twin of the original class, built on the meta device (no memory), holding the full tensors
-    cls = next(c for c in type(model).__mro__ if c.__module__.startswith("bert_kit."))
-    head_args = {"num_labels": model.num_labels} if hasattr(model, "num_labels") else {}
-    with torch.device("meta"):
-        twin = cls(model.config, **head_args)
-    twin.load_state_dict(state, assign=True)
-    if hasattr(twin, "tie_weights"):
-        twin.tie_weights()
-    if hasattr(model, "id2label"):
-        twin.id2label = model.id2label
-    twin.save_pretrained(folder)
+    if state is None and is_fsdp(model):
+        raise ValueError("an FSDP model holds only shards: pass the state collect_state() gathered")
+    save_pretrained(model, folder, None if state is None else to_hf_state_dict(model, state))
 
 
 WRITTEN_BY = "bert-kit run"
