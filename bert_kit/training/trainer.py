@@ -279,7 +279,7 @@ class AMPTrainer:
         """Check the accumulated losses, unscale, clip, step, update the scaler and the lr."""
         pending, self._pending, self.micro = self._pending, [], 0
         bad = [p for p in pending if not all(math.isfinite(v) for v in p.values())]
-        if any_rank(bool(bad)):  # every rank stops together, or the others would hang
+        if not self.deferred and any_rank(bool(bad)):  # every rank stops together, or the others would hang
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(self.step + 1, bad[0] if bad else {"loss on another rank": math.nan})
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
