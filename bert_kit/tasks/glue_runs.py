@@ -238,7 +238,9 @@ def output_to(path: Path | None) -> Iterator[None]:
 
 
 def log_path(run: dict[str, Any]) -> Path:
-    return Path(run["folder"]).with_suffix(".log")
+    """OUT/TASK/lr{lr}_seed{seed}.log, beside the run's folder (the lr's dot is no suffix to replace)."""
+    folder = Path(run["folder"])
+    return folder.with_name(folder.name + ".log")
 
 
 def guarded(run: dict[str, Any], device: str, log: bool, execute: Callable = execute) -> dict[str, Any]:

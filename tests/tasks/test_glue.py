@@ -16,7 +16,7 @@ import pytest
 from bert_kit.cli import main
 from bert_kit.tasks.glue import (TASKS, build_report, find_tasks, glue_score, malformed_lines, markdown_table,
                                  summarize_task, task_metrics, task_score)
-from bert_kit.tasks.glue_runs import execute, finished, make_config, plan_runs, run_all
+from bert_kit.tasks.glue_runs import execute, finished, log_path, make_config, plan_runs, run_all
 from tests.tasks.glue_files import EXPECTED, write_glue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -280,6 +280,14 @@ def test_worker_processes_share_the_runs_and_report_failures(tmp_path):
     # with several GPUs a run's output goes to its log beside its folder
     assert (tmp_path / "ok" / "0.log").read_text().startswith("running ok/0 on cuda")
     assert os.getpid() not in {g["pid"] for g in done.values()}
+
+
+def test_every_run_of_a_sweep_has_its_own_log(tmp_path):
+    """lr0.0003_seed42 and lr0.0001_seed42 are two logs (a dot in the lr is no suffix to replace)."""
+    folders = [tmp_path / "sst2" / f"lr{lr:g}_seed42" for lr in (3e-4, 1e-4, 5e-5)]
+    logs = [log_path({"folder": str(f)}) for f in folders]
+    assert [p.name for p in logs] == ["lr0.0003_seed42.log", "lr0.0001_seed42.log", "lr5e-05_seed42.log"]
+    assert all(p.parent == tmp_path / "sst2" for p in logs)
 
 
 def test_real_glue_files_have_the_official_counts(data_dir):
