@@ -381,13 +381,12 @@ def undrawn_init() -> Iterator[None]:
 
 def initialise(model: nn.Module, names: list[str]) -> None:
     """BERT's init for the parameters `names` that `undrawn_init` left as allocated: weights of
-    linear and embedding layers N(0, initializer_range), their biases zero; a torch module whose
-    parameters are all new is reset. The draws follow the order of `names` (sorted): a seeded run
-    gets the same new head every time."""
+    linear and embedding layers N(0, initializer_range), their biases zero. Other parameters
+    (bert-kit's LayerNorm, the MLM decoder's bias) were built without `torch.nn.init` and hold
+    their values. The draws follow the order of `names` (sorted): a seeded run gets the same head."""
     import torch
     import torch.nn as nn
 
-    new = set(names)
     std = model.config.initializer_range
     with torch.no_grad():
         for name in names:
@@ -400,10 +399,8 @@ def initialise(model: nn.Module, names: list[str]) -> None:
                     param[module.padding_idx].zero_()
             elif isinstance(module, nn.Linear) and leaf == "bias":
                 param.zero_()
-            elif hasattr(module, "reset_parameters") and all(f"{owner}.{n}" in new
-                                                               for n, _ in module.named_parameters(recurse=False)):
-                if leaf == next(n for n, _ in module.named_parameters(recurse=False)):
-                    module.reset_parameters()
+            elif type(module).__module__.startswith("torch."):  # its values would come from torch.nn.init
+                raise TypeError(f"{name}: no BERT init for a new parameter of {type(module).__name__}")
 
 
 def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: torch.dtype | None = None,

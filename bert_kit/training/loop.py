@@ -64,6 +64,7 @@ from bert_kit.training.trainer import NonFiniteLossError
 
 UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
 
+
 class Job:
     """What a job plugs into `train`. A subclass sets these attributes and implements the methods.
 
