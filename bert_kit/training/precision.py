@@ -94,7 +94,6 @@ def resolve_precision(precision: str = "auto", device: str | torch.device | None
     return prec
 
 
-
 def start_cuda(device: torch.device) -> None:
     """Start CUDA on `device` in a background thread: the driver, the device's context and cuBLAS
     (half a second on an H100 host) load while the caller reads data and builds its model on the
