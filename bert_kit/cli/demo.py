@@ -9,7 +9,8 @@
    its first answer is right beside guessing the most frequent word of the right kind;
 5. fine-tuning on what a sentence is about (home, work, pet, free time), scored on sentences
    about held-out people, beside the same model fine-tuned from random weights and beside
-   always guessing the most frequent topic;
+   always guessing the most frequent topic (the mean of three fine-tuning seeds for each model;
+   the runs of the first are kept);
 6. demo_results.json, the run folders (pretrain/, finetune/) with their loss curves, and
    data/ (the corpus, the task, sentences.txt) for trying the other commands.
 
@@ -20,15 +21,22 @@ entries below are its own) and refuses a folder that holds anything else.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import tempfile
 import time
 from collections import Counter
+from statistics import mean
 from pathlib import Path
 from typing import Any
 
 from bert_kit.checks import ConfigError
 
 SHOWN_PROBES = 6
+# fine-tuning seeds per model: 75 steps on 2,000 sentences depend on the new head's random start
+# (one seed: 0.89-1.00 from the pretrained model; benchmarks/RESULTS.md), a mean over three does not
+FINETUNE_SEEDS = 3
 EXAMPLE_WIDTH = 60  # characters of a printed fill-mask example
 # what a demo writes in its folder; data/ is written first, demo_results.json last
 DEMO_ENTRIES = {"demo_results.json", "data", "pretrain", "finetune", "finetune_random_init"}
@@ -136,23 +144,35 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
         log_every=25, seed=seed, device=device, output_dir=str(out / "pretrain"), overwrite=again))
     fill = score_fill_mask(out / "pretrain" / "final", fill_mask_probes(test_txt), train_txt)
 
-    def topic_run(model: str, name: str) -> dict[str, Any]:
+    def topic_run(model: str, output_dir: Path, run_seed: int, overwrite: bool) -> dict[str, Any]:
         return finetune(FinetuneConfig(
             task="classification", model=model, tokenizer=str(out / "pretrain" / "final"),
             train_file=str(train_tsv), validation_file=str(dev_tsv), label_column="label", max_length=32,
             epochs=finetune_epochs, batch_size=16, lr=1e-3, eval_every=10, save_every=10_000, keep_last=1,
-            log_every=5, seed=seed, device=device, output_dir=str(out / name), overwrite=again))
+            log_every=5, seed=run_seed, device=device, output_dir=str(output_dir), overwrite=overwrite))
 
-    fin = topic_run(str(out / "pretrain" / "final"), "finetune")
+    def topic_runs(model: str, name: str) -> tuple[dict[str, Any], list[float]]:
+        """The run of `seed` into OUT/name (shown), then the other seeds quietly into a temporary folder."""
+        first = topic_run(model, out / name, seed, again)
+        scores = [first["best_value"]]
+        for extra in range(seed + 1, seed + FINETUNE_SEEDS):
+            with tempfile.TemporaryDirectory(prefix="bert-kit-demo-") as tmp, \
+                    contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                scores.append(topic_run(model, Path(tmp) / name, extra, False)["best_value"])
+        return first, scores
+
+    fin, fin_scores = topic_runs(str(out / "pretrain" / "final"), "finetune")
     # the same shape from random weights: what pretraining adds
-    scratch = topic_run(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init")
+    scratch, scratch_scores = topic_runs(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init")
     results = {
         "pretrain": {k: pre.get(k) for k in ("test_mlm_loss", "test_mlm_accuracy", "test_nsp_accuracy",
                                              "test_nsp_loss", "steps", "tokens_per_second")},
         "fill_mask": fill,
         "finetune": {"task": "topic of a sentence about a held-out person (home, work, pet, free time)",
-                     "accuracy": fin["best_value"], "random_init_accuracy": scratch["best_value"],
-                     "majority_baseline": majority, "model": fin["best_model"]},
+                     "seeds": list(range(seed, seed + FINETUNE_SEEDS)), "accuracy": mean(fin_scores),
+                     "accuracy_by_seed": fin_scores, "random_init_accuracy": mean(scratch_scores),
+                     "random_init_accuracy_by_seed": scratch_scores, "majority_baseline": majority,
+                     "model": fin["best_model"]},
         "plots": [str(p) for p in sorted(out.glob("*/loss_curve.png"))],
         "wall_time_s": round(time.time() - t0, 1),
     }
@@ -172,8 +192,11 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
     for example in fill["examples"]:
         answers = ", ".join(f"{t} {s:.2f}" for t, s in example["predictions"])
         print(f"  {tail_words(example['text']):>{EXAMPLE_WIDTH}}  -> {answers:<40} (masked: {example['answer']})")
-    print(f"fine-tuning, topic of held-out sentences: accuracy {fin['accuracy']:.2f}; from random weights "
-          f"{fin['random_init_accuracy']:.2f}; always guessing the commonest topic {fin['majority_baseline']:.2f}")
+    seeds = ", ".join(f"{a:.2f}" for a in fin["accuracy_by_seed"])
+    scratch = ", ".join(f"{a:.2f}" for a in fin["random_init_accuracy_by_seed"])
+    print(f"fine-tuning, topic of held-out sentences, mean of {len(fin['seeds'])} seeds: accuracy {fin['accuracy']:.2f} "
+          f"({seeds}); from random weights {fin['random_init_accuracy']:.2f} ({scratch}); always guessing the "
+          f"commonest topic {fin['majority_baseline']:.2f}")
     print(f"results: {out / 'demo_results.json'}; loss curves: {', '.join(results['plots'])}")
     print(f'next: bert-kit fill-mask --model {out}/pretrain "anna lives in paris. paris is a city in [MASK]."')
 

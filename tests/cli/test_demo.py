@@ -50,6 +50,10 @@ def test_demo_results_and_files(demo_run, capsys):
     assert fill["probes"] == 200 and set(fill["by_kind"]) == {"country", "language", "workplace", "food"}
     assert 0.0 < fill["guessing"] < 0.5 and len(fill["examples"]) == 6
     assert 0.25 < fin["majority_baseline"] < 0.4 and 0.0 <= fin["accuracy"] <= 1.0
+    for key in ("accuracy", "random_init_accuracy"):  # the mean of three fine-tuning seeds
+        assert fin["seeds"] == [0, 1, 2] and len(fin[f"{key}_by_seed"]) == 3
+        assert fin[key] == pytest.approx(sum(fin[f"{key}_by_seed"]) / 3)
+    assert not list(demo_run.glob("finetune*seed*"))  # the other seeds' runs leave no folder
     for folder in ("pretrain", "finetune", "finetune_random_init"):
         assert (demo_run / folder / "loss_curve.png").is_file()
     assert (demo_run / "finetune" / "best" / "model.safetensors").is_file()
