@@ -27,8 +27,8 @@ import json
 import tempfile
 import time
 from collections import Counter
-from statistics import mean
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from bert_kit.checks import ConfigError
