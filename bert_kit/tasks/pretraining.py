@@ -86,11 +86,13 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
 
 
 def use_cuda_graphs(cfg: PretrainConfig, device: torch.device) -> bool:
-    """Whether the compiled steps replay as CUDA graphs: `cuda_graphs` true or auto, on one CUDA GPU
-    in one process with grad_accum 1; true where that cannot hold is an error."""
-    possible = cfg.compile and device.type == "cuda" and world_size() == 1 and not cfg.accumulates_gradients
+    """Whether the compiled steps replay as CUDA graphs: `cuda_graphs` true or auto, on CUDA GPUs with
+    grad_accum 1, one process or DDP's (the trainer then all-reduces the gradients: no DDP hooks);
+    true where that cannot hold is an error."""
+    sharded = cfg.parallel == "fsdp" and world_size() > 1
+    possible = cfg.compile and device.type == "cuda" and not sharded and not cfg.accumulates_gradients
     if cfg.cuda_graphs is True and not possible:
-        raise ValueError(f"cuda_graphs: true works on one CUDA GPU (one process), here {device.type} with "
+        raise ValueError(f"cuda_graphs: true works on CUDA GPUs without parallel=fsdp, here {device.type} with "
                          f"{world_size()} process(es); set cuda_graphs: auto or false")
     return possible and cfg.cuda_graphs in (True, "auto")
 
@@ -112,7 +114,7 @@ class PretrainingJob(Job):
         self.cfg, self.device, self.precision = cfg, run.precision.device, run.precision
         self.total_steps = cfg.max_steps or UNBOUNDED_STEPS
         self.phases = plan_phases(cfg, self.total_steps)
-        cuda_graphs = use_cuda_graphs(cfg, self.device)  # a setting that cannot run fails before the corpus is read
+        cuda_graphs = self.compiled_graphs = use_cuda_graphs(cfg, self.device)  # fails before the corpus is read
         self.tokenizer = prepare_tokenizer(cfg, run.out, run.checkpoint)
         self.corpus = load_corpus(cfg, self.tokenizer, run.out)
         model = build_model(cfg, self.tokenizer, max(p.max_length for p in self.phases))
@@ -133,7 +135,8 @@ class PretrainingJob(Job):
         self.resumed_data: dict | None = None
         if is_main():
             where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
-            ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
+            how = 'FSDP2' if sharded else 'gradients all-reduced in the CUDA graphs' if cuda_graphs else 'DDP'
+            ranks = f", {world_size()} ranks ({how})" if world_size() > 1 else ""
             print(f"model: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
                   f"parameters, vocab {model.config.vocab_size}{ranks}{where}", flush=True)
 

@@ -169,6 +169,26 @@ def any_ranks(*flags: bool) -> list[bool]:
     return [bool(x > 0) for x in summed.tolist()]
 
 
+def average_in_place(tensors: list[torch.Tensor]) -> None:
+    """Each tensor set to its mean over the ranks, in one all-reduce of one flat buffer (what DDP
+    does bucket by bucket during the backward). The same kernels every call, with no host sync:
+    a CUDA graph can record it with the step."""
+    if world_size() <= 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat.div_(world_size())
+    parts = flat.split([t.numel() for t in tensors])
+    torch._foreach_copy_(tensors, [part.view_as(t) for part, t in zip(parts, tensors)])
+
+
+def broadcast_weights(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank, as DDP does when it wraps a model."""
+    if world_size() > 1 and _processes is None:
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
 def all_gather_object(obj: Any) -> list[Any]:
     """[obj of rank 0, obj of rank 1, ...] on every rank (small picklable objects only)."""
     if _processes is not None:

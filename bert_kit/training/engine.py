@@ -30,7 +30,8 @@ import torch
 from bert_kit.model import unchecked_inputs
 from bert_kit.threads import CoreShare
 from bert_kit.training.checkpoint import collect_state, load_checkpoint
-from bert_kit.training.distributed import full_value, init_distributed, rank, world_size, wrap_model
+from bert_kit.training.distributed import (broadcast_weights, full_value, init_distributed, rank, world_size,
+                                           wrap_model)
 from bert_kit.training.losses import compute_mlm_loader_loss
 from bert_kit.training.optim import create_optimizer, set_lr
 from bert_kit.training.trainer import AMPTrainer
@@ -122,7 +123,12 @@ class TorchEngine(Engine):
                              "gradients): set precision=bf16 or precision=fp32")
         # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
         param_dtype = torch.bfloat16 if device.type == "cuda" and self.precision.dtype == torch.bfloat16 else None
-        wrapped = wrap_model(model, device, cfg.parallel, param_dtype)
+        # steps replayed as CUDA graphs (the trainer's or the compiled model's) cannot run DDP's gradient
+        # hooks: under torchrun the trainer gets the bare model and all-reduces the gradients itself
+        own_reduction = world_size() > 1 and not sharded and (job.cuda_graphs or job.compiled_graphs)
+        wrapped = model if own_reduction else wrap_model(model, device, cfg.parallel, param_dtype)
+        if own_reduction:
+            broadcast_weights(model)
         if world_size() > 1:
             torch.manual_seed(cfg.seed + 1_000_003 * rank())  # same init on every rank (above), own dropout
         self.optimizer = create_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps,

@@ -83,6 +83,7 @@ class Job:
     metric: str | None = None
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
     cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
+    compiled_graphs = False  # the compiled model replays its forward and backward as CUDA graphs (inductor's)
     eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
     model: nn.Module
     tokenizer: Any

@@ -17,7 +17,7 @@ with a non-finite gradient (one bad batch: an overflow in the backward) skips th
 as fp16 loss scaling does, and training goes on; `MAX_SKIPPED_IN_A_ROW` such steps in a row raise
 the error. `skipped_steps` counts them. By default every micro-batch's loss is read back for those
 checks, which makes the host wait for the device each step. With `deferred_checks=True` (and a
-fused Adam/AdamW, one process, no fp16 loss scaling) they stay on the device: the fused optimizer
+fused Adam/AdamW, one process or a bare model under torchrun, no fp16 loss scaling) they stay on the device: the fused optimizer
 skips an update through its `found_inf` input (every update, from the first non-finite loss on),
 `last` holds 0-d tensors, and `check_finite()` raises the error when called (at log steps and
 before checkpoints), with the same weights.
@@ -28,6 +28,11 @@ backward, clipping, update and gradient reset, is captured once as a CUDA graph 
 the host launches one graph instead of hundreds of kernels, which is what bounds small models.
 The first batch of a shape runs eagerly (it warms up kernels and workspaces), the second is
 captured; the kernels are those of the eager step, so the numbers are too.
+
+Under torchrun the model is normally DDP-wrapped: DDP all-reduces gradient buckets from hooks
+during the backward, which a CUDA graph cannot replay. Given the bare model instead, the trainer
+averages the gradients (and the step's losses) over the ranks itself, in one flat all-reduce after
+the backward (`average_in_place`): a fixed sequence of kernels, recorded with the rest of the step.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import torch
 import torch.nn as nn
 
 from bert_kit.model import Packed
-from bert_kit.training.distributed import any_rank, full_value, no_sync, unwrap_model, world_size
+from bert_kit.training.distributed import (any_rank, average_in_place, full_value, is_fsdp, no_sync, unwrap_model,
+                                           world_size)
 from bert_kit.heads import with_prediction_slots
 from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss, compute_pretraining_loss
@@ -96,11 +102,16 @@ class AMPTrainer:
         self.mlm_slots = mlm_slots
         fused = (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
                  and all(g.get("fused") for g in optimizer.param_groups))
-        self.deferred = bool(deferred_checks and fused and not self.scaler.is_enabled() and world_size() == 1)
+        # several processes and a bare model (no DDP, no FSDP2): the trainer averages the gradients itself,
+        # in one all-reduce after the backward that a CUDA graph can record (DDP's hooks cannot be replayed)
+        self.reduces = world_size() > 1 and unwrap_model(model) is model and not is_fsdp(model)
+        # deferred checks need every rank to see the same losses: one process, or losses averaged with the gradients
+        self.deferred = bool(deferred_checks and fused and not self.scaler.is_enabled()
+                             and (world_size() == 1 or self.reduces))
         capturable = all(g.get("capturable") for g in optimizer.param_groups)
         if cuda_graphs and not (self.deferred and capturable and self.device.type == "cuda"):
-            raise ValueError("cuda_graphs needs one CUDA process, bf16 or fp32, and a capturable fused AdamW "
-                             "(create_optimizer(..., capturable=True))")
+            raise ValueError("cuda_graphs needs CUDA, bf16 or fp32, a capturable fused AdamW "
+                             "(create_optimizer(..., capturable=True)) and, under torchrun, the bare model (no DDP)")
         # deferred checks: on-device state, updated in place (a CUDA graph reads and writes these very tensors)
         self._first_bad: torch.Tensor | None = None  # first bad step (1-based), 0 while none
         self._steps_done: torch.Tensor | None = None  # optimizer steps taken, counted on the device
@@ -160,6 +171,8 @@ class AMPTrainer:
         """
         if self.graphs is not None and self.grad_accum == 1 and not self._warming_up:
             return self._graphed_step(batch, loss_fn)
+        if self.reduces and self.grad_accum != 1:
+            raise ValueError("a trainer that reduces its own gradients (a bare model under torchrun) takes grad_accum 1")
         self.model.train()
         batch = self._to_device(batch)
         last_micro = self.micro + 1 == self.grad_accum
@@ -168,11 +181,13 @@ class AMPTrainer:
             with self.precision.autocast():
                 loss, parts = loss_fn(batch)
             self.scaler.scale(loss / self.grad_accum).backward()
+        values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
+        if self.reduces:
+            values = self._average_over_ranks(values)
         if self.deferred:
-            values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
             self._record_nonfinite(values, None)
         else:
-            values = {"loss": loss.item(), **{k: v.item() for k, v in parts.items()}}
+            values = {k: v.item() for k, v in values.items()}
             self._pending.append(values)
         self.micro += 1
         self.last = {**values, "stepped": False}
@@ -218,6 +233,8 @@ class AMPTrainer:
             loss, parts = loss_fn(batch)
         loss.backward()
         values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
+        if self.reduces:
+            values = self._average_over_ranks(values)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
         self.optimizer.found_inf = self._record_nonfinite(values, grad_norm).float()
@@ -228,6 +245,14 @@ class AMPTrainer:
         self.optimizer.zero_grad(set_to_none=False)  # the graph keeps writing into the same gradients
         self._steps_done.add_(1)
         return {**values, "grad_norm": grad_norm}
+
+    def _average_over_ranks(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The gradients and the step's losses averaged over the ranks in one all-reduce: every rank
+        takes the same update and sees a non-finite loss of any rank, so all of them stop together."""
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        losses = torch.stack([v.float() for v in values.values()])
+        average_in_place([*grads, losses])
+        return dict(zip(values, losses.unbind()))
 
     def _record_nonfinite(self, losses: dict[str, torch.Tensor], grad_norm: torch.Tensor | None) -> torch.Tensor:
         """Deferred mode, on the device: remember the first step that must stop the run (a non-finite

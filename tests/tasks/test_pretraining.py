@@ -412,7 +412,7 @@ def test_mlm_loss_over_padded_slots_ignores_them_and_is_zero_when_empty():
 
 def test_cuda_graphs_settings_are_checked(tmp_path):
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="one CUDA GPU"):
+        with pytest.raises(ValueError, match="works on CUDA GPUs"):
             pretrain(tiny_config(tmp_path, compile=True, cuda_graphs=True))
     with pytest.raises(ValueError, match="need compile: true"):
         PretrainConfig(cuda_graphs=True)
@@ -436,7 +436,7 @@ def test_cuda_graphs_auto_turns_on_only_where_graphs_can_run():
     assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs="auto", grad_accum=2), gpu) is False
     assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=False), gpu) is False
     assert use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=True), gpu) is True
-    with pytest.raises(ValueError, match="cuda_graphs: true works on one CUDA GPU.*here cpu"):
+    with pytest.raises(ValueError, match="cuda_graphs: true works on CUDA GPUs.*here cpu"):
         use_cuda_graphs(PretrainConfig(compile=True, cuda_graphs=True), cpu)
 
 

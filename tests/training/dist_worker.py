@@ -6,7 +6,9 @@
 
 `steps` trains the tiny model of `train_fixed` on fixed batches with DDP and with FSDP2 (each
 rank takes its half of every global micro-batch), straight and resumed from REF_CHECKPOINT,
-and records one epoch of the pretraining loader and of a streaming dataset on each rank.
+and with the bare model whose trainer all-reduces the gradients itself (each rank takes one of
+the step's micro-batches); it records one epoch of the pretraining loader and of a streaming
+dataset on each rank.
 `fault` runs the `bert-kit` command line (pretrain or finetune) with rank 1 exiting (die) or
 hanging (stall) at STEP; `skewed-clock OUT_DIR pretrain ...` runs it with rank 1's clock ahead.
 The single-process side of each comparison calls the same functions inside pytest.
@@ -26,11 +28,12 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bert_kit.training.trainer import AMPTrainer  # noqa: E402
+from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError  # noqa: E402
 from bert_kit.training.checkpoint import collect_state, load_checkpoint, save_checkpoint, save_model  # noqa: E402
 from bert_kit.config import BertConfig  # noqa: E402
-from bert_kit.training.distributed import (all_gather_object, all_reduce_mean, barrier, init_distributed, is_main,  # noqa: E402
-                                  rank, world_size, wrap_model)
+from bert_kit.training.distributed import (all_gather_object, all_reduce_mean, barrier,  # noqa: E402
+                                           broadcast_weights, init_distributed, is_main, rank, world_size,
+                                           wrap_model)
 from bert_kit.heads import BERTForPreTraining  # noqa: E402
 from bert_kit.training.optim import create_optimizer, create_scheduler  # noqa: E402
 from bert_kit.training.precision import resolve_precision  # noqa: E402
@@ -64,14 +67,24 @@ def global_batch(step: int, micro: int) -> dict[str, torch.Tensor]:
 
 def train_fixed(out: Path, parallel: str = "ddp", resume: Path | None = None) -> None:
     """Train STEPS optimizer steps of GRAD_ACCUM micro-batches on `global_batch`, this rank taking
-    rows [rank * n, (rank + 1) * n) with n = 8 / world_size. Writes a checkpoint at SAVE_AT,
-    out/final (the model) and out/result.json (loss per step, all-reduced; DDP all-reduce calls)."""
+    rows [rank * n, (rank + 1) * n) with n = 8 / world_size. parallel="own": the bare model on
+    GRAD_ACCUM ranks, rank r taking micro-batch r whole (the trainer averages the gradients; rank 1
+    starts from other weights, which rank 0's replace). Writes a checkpoint at SAVE_AT, out/final
+    (the model) and out/result.json (loss per step, all-reduced; DDP all-reduce calls)."""
     model = tiny_model()
-    wrapped = wrap_model(model, torch.device("cpu"), parallel)
+    own = parallel == "own"
+    if own:
+        assert world_size() == GRAD_ACCUM
+        if rank() == 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        broadcast_weights(model)
+    wrapped = model if own else wrap_model(model, torch.device("cpu"), parallel)
     optimizer = create_optimizer(model, "adamw", lr=3e-3, weight_decay=0.01)
     scheduler = create_scheduler(optimizer, 2, STEPS)
     trainer = AMPTrainer(wrapped, optimizer, scheduler, resolve_precision("fp32", "cpu", verbose=False),
-                         grad_accum=GRAD_ACCUM, clip_grad=1.0)
+                         grad_accum=1 if own else GRAD_ACCUM, clip_grad=1.0)
     calls = [0]
     if parallel == "ddp" and world_size() > 1:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -89,7 +102,9 @@ def train_fixed(out: Path, parallel: str = "ddp", resume: Path | None = None) ->
     losses = {}
     for step in range(start, STEPS):
         loss = 0.0
-        for micro in range(GRAD_ACCUM):
+        if own:  # the loss is already the mean over the ranks
+            loss = trainer.mlm_step(global_batch(step, rank()))
+        for micro in range(0 if own else GRAD_ACCUM):
             trainer.mlm_step({k: v[rows] for k, v in global_batch(step, micro).items()})
             loss += trainer.last["loss"] / GRAD_ACCUM
         losses[step + 1] = all_reduce_mean(loss)
@@ -105,6 +120,28 @@ def train_fixed(out: Path, parallel: str = "ddp", resume: Path | None = None) ->
         (out / "result.json").write_text(json.dumps({"losses": losses, "allreduce_calls": calls[0],
                                                      "world_size": world_size()}))
     barrier()
+
+
+def nonfinite_together(out: Path) -> None:
+    """The bare model with its own reduction: rank 1 alone gets a NaN loss at step 3; every rank
+    stops at that step with the same error (a rank that went on would wait for the others forever)."""
+    model = tiny_model()
+    optimizer = create_optimizer(model, "adamw", lr=3e-3)
+    trainer = AMPTrainer(model, optimizer, None, resolve_precision("fp32", "cpu", verbose=False))
+    stopped = None
+    for step in range(5):
+        batch = global_batch(step, rank())
+        if step == 2 and rank() == 1:
+            with torch.no_grad():
+                model.bert.embeddings.word_embeddings.weight[batch["input_ids"][0, 0]] = float("nan")
+        try:
+            trainer.mlm_step(batch)
+        except NonFiniteLossError as error:
+            stopped = {"step": error.step, "message": str(error)}
+            break
+    results = all_gather_object(stopped)
+    if is_main():
+        (out / "nonfinite.json").write_text(json.dumps(results))
 
 
 def loader_epoch(corpus: Path, batch_size: int) -> dict[str, list]:
@@ -130,6 +167,8 @@ def steps(out: Path, reference: Path) -> None:
     for parallel in ("ddp", "fsdp"):
         train_fixed(out / parallel, parallel)
         train_fixed(out / f"{parallel}-resumed", parallel, resume=reference)
+    train_fixed(out / "own", "own")
+    nonfinite_together(out)
     epochs = all_gather_object(loader_epoch(out / "lines.txt", batch_size=3))
     if is_main():
         (out / "epochs.json").write_text(json.dumps(epochs))

@@ -88,10 +88,20 @@ def test_ddp_and_fsdp_on_two_ranks_match_one_process(runs):
     # the comparison means something: training moved the weights well beyond the tolerance
     embeddings = "bert.embeddings.word_embeddings.weight"
     assert (final[embeddings] - init[embeddings]).abs().max() > 1e-2
-    for parallel in ("ddp", "fsdp"):
+    for parallel in ("ddp", "fsdp", "own"):
         assert_same_run(runs / parallel, runs / "one", range(1, 21))
     # no_sync: one gradient all-reduce per optimizer step, none for the first of 2 micro-batches
     assert json.loads((runs / "ddp" / "result.json").read_text())["allreduce_calls"] == dist_worker.STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("distributed_runs")
+def test_a_trainer_that_reduces_its_own_gradients_stops_every_rank_at_a_nan_of_one(runs):
+    """The bare model under torchrun (what CUDA-graph steps use instead of DDP): the losses are
+    averaged with the gradients, so rank 1's NaN stops rank 0 too, at the same step."""
+    stopped = json.loads((runs / "nonfinite.json").read_text())
+    assert [s["step"] for s in stopped] == [3, 3], stopped
+    assert all("loss=nan" in s["message"] for s in stopped), stopped
 
 
 @pytest.mark.slow
