@@ -99,7 +99,8 @@ class Packed:
     cu_seqlens: (S + 1,) int32 offsets; sequence s holds tokens cu_seqlens[s]:cu_seqlens[s + 1].
     max_seqlen: length of the longest sequence (a Python int, needed by the flash kernel).
     indices: (N,) positions of the real tokens in the flattened (B * T) padded batch, when the
-        pack came from `unpad`; used to scatter results back with `pad`.
+        pack came from `unpad`; used to scatter results back with `pad`. None with a padded shape:
+        every position is in the pack (`of_rows`).
     batch, seqlen: the padded shape (B, T) that `indices` refers to.
     """
 
@@ -118,6 +119,18 @@ class Packed:
         cu = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
         return cls(cu, int(lengths.max()) if B else 0, attention_mask.flatten().nonzero().squeeze(1), B, T)
 
+    @classmethod
+    def of_rows(cls, attention_mask: torch.Tensor) -> "Packed":
+        """Every position of a right-padded (B, T) batch, as 2B sequences: each row's tokens, then
+        its padding (which attends only to itself; a row without padding gives an empty one). The
+        real tokens' results are the padded ones; the shapes are static and nothing waits for the
+        device, so a CUDA graph can record it: flash attention where a mask would need another kernel."""
+        B, T = attention_mask.shape
+        lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
+        starts = torch.arange(0, B * T, T, dtype=torch.int32, device=attention_mask.device)  # (B,)
+        cu = torch.stack((starts, starts + lengths), dim=1).flatten()  # (2B,): row starts, padding starts
+        return cls(torch.cat((cu, cu.new_full((1,), B * T))), T, None, B, T)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Packed":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packed(move(self.cu_seqlens), self.max_seqlen, move(self.indices), self.batch, self.seqlen)
@@ -132,11 +145,14 @@ def unpad(x: torch.Tensor, attention_mask: torch.Tensor, packed: Packed | None =
             # BERT inputs hold at least [CLS] [SEP]; telling the compiler so keeps length-1
             # broadcasting cases, and with them a graph break, out of the traced attention
             torch._check(packed.max_seqlen > 1)
-    return x.flatten(0, 1)[packed.indices], packed
+    x = x.flatten(0, 1)
+    return (x if packed.indices is None else x[packed.indices]), packed
 
 
 def pad(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     """Inverse of `unpad`: (N, ...) -> (B, T, ...), zeros at the padding."""
+    if packed.indices is None:  # every position was in the pack
+        return x.view(packed.batch, packed.seqlen, *x.shape[1:])
     out = x.new_zeros(packed.batch * packed.seqlen, *x.shape[1:])
     out[packed.indices] = x
     return out.view(packed.batch, packed.seqlen, *x.shape[1:])
@@ -163,7 +179,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
     """
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         cu, L = packed.cu_seqlens, packed.max_seqlen
-        if dropout_p > 0.0:
+        if dropout_p > 0.0 or not torch.compiler.is_compiling():  # (varlen_attn's import: a second)
             return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False)[0]
         varlen_attn = _varlen_attn()
         if varlen_attn is not None:
@@ -484,8 +500,8 @@ class BERTModel(BertPreTrainedModel):
                           token_type_ids: torch.Tensor | None, packed: Packed | None = None) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         ids, packed = unpad(input_ids, attention_mask, packed)  # (N,)
-        types = None if token_type_ids is None else token_type_ids.flatten()[packed.indices]
-        x = self.embeddings(ids, types, positions.flatten()[packed.indices])  # (N, H)
+        types = None if token_type_ids is None else unpad(token_type_ids, attention_mask, packed)[0]
+        x = self.embeddings(ids, types, unpad(positions, attention_mask, packed)[0])  # (N, H)
         return pad(self.encoder(x, packed=packed), packed)
 
     def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering,
                       BERTForSequenceClassification, BERTForTokenClassification, BERTModel,
                       BertConfig, create_model_config)
+from bert_kit.model import Packed
 
 transformers = pytest.importorskip("transformers")
 
@@ -110,6 +111,66 @@ def test_unpadded_path_equals_padded():
     keep = mask.bool()
     assert_close(unpadded[keep], padded[keep], rtol=1e-5, atol=1e-5)
     assert (unpadded[~keep] == 0).all()
+
+
+def test_row_layout_gives_the_padded_results_at_every_real_token():
+    """`Packed.of_rows`: each row's tokens and its padding as separate sequences (a full row's padding
+    is empty); the real tokens' states equal the padded model's, the shapes stay (B, T, H)."""
+    torch.manual_seed(2)
+    model = BERTModel(BertConfig(**TINY)).eval()
+    ids, mask, types = batch(TINY["vocab_size"])  # lengths 24, 17, 5, 23 of T = 24
+    layout = Packed.of_rows(mask)
+    assert layout.cu_seqlens.tolist() == [0, 24, 24, 41, 48, 53, 72, 95, 96]
+    assert (layout.max_seqlen, layout.batch, layout.seqlen, layout.indices) == (24, 4, 24, None)
+    with torch.no_grad():
+        padded = model(ids, mask, types)
+        rows = model(ids, mask, types, unpadded=layout)
+    assert rows.shape == padded.shape
+    keep = mask.bool()
+    assert_close(rows[keep], padded[keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_row_layout_trains_like_the_masked_path_on_cuda_and_in_a_cuda_graph():
+    """bf16 on a GPU, dropout off: the loss and gradients through flash attention over
+    `Packed.of_rows` match the masked kernel's; recorded in a CUDA graph and replayed on another
+    batch of the same shape, it gives the eager result (the layout is made on the device)."""
+    torch.manual_seed(4)
+    model = BERTForSequenceClassification(BertConfig(**TINY), num_labels=3).cuda().eval()  # eval: no dropout
+
+    labels = torch.tensor([0, 1, 2, 1], device="cuda")
+
+    def loss_and_grads(ids, mask, types, unpadded):
+        model.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids, mask, types, unpadded=Packed.of_rows(mask) if unpadded == "rows" else unpadded)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        loss.backward()
+        return loss.detach().clone(), [p.grad.clone() for p in model.parameters()]
+
+    first = [t.cuda() for t in batch(TINY["vocab_size"], seed=0)]
+    masked_loss, masked_grads = loss_and_grads(*first, unpadded=False)
+    rows_loss, rows_grads = loss_and_grads(*first, unpadded="rows")
+    assert abs(rows_loss.item() - masked_loss.item()) <= 1e-2 * masked_loss.item()
+    for a, b in zip(rows_grads, masked_grads):
+        assert torch.isfinite(a).all()
+        assert (a - b).norm() <= 0.05 * b.norm() + 1e-6
+
+    static = [t.clone() for t in first]
+    loss_and_grads(*static, unpadded="rows")  # warm-up before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed_loss, _ = loss_and_grads(*static, unpadded="rows")
+    second = [t.cuda() for t in batch(TINY["vocab_size"], seed=1)]
+    second[1] = second[1].flip(0)  # other lengths per row
+    for buffer, value in zip(static, second):
+        buffer.copy_(value)
+    graph.replay()
+    graphed_grads = [p.grad.clone() for p in model.parameters()]
+    eager_loss, eager_grads = loss_and_grads(*second, unpadded="rows")
+    assert_close(graphed_loss, eager_loss, rtol=1e-3, atol=1e-3)
+    for a, b in zip(graphed_grads, eager_grads):
+        assert (a - b).norm() <= 1e-2 * b.norm() + 1e-6
 
 
 def test_packed_sequences_attend_only_to_themselves():

@@ -73,10 +73,14 @@ def sorted_batches(items: Sequence[dict], batch_size: int, collate: Callable) ->
         yield chunk, collate([items[i] for i in chunk])
 
 
-def encode(model: nn.Module, batch: dict, unpadded: bool, suffix: str = "") -> Any:
+def encode(model: nn.Module, batch: dict, unpadded: bool | str, suffix: str = "") -> Any:
     """Call the model on input_ids{suffix}, attention_mask{suffix}, token_type_ids{suffix}; unpadded
-    uses the batch's host-computed packing layout ("packed{suffix}") when it has one."""
-    layout = batch.get("packed" + suffix) if unpadded else None
+    uses the batch's host-computed packing layout ("packed{suffix}") when it has one; "rows": every
+    position, each row's padding a sequence of its own (`Packed.of_rows`, made on the device)."""
+    if unpadded == "rows":
+        layout = Packed.of_rows(batch["attention_mask" + suffix])
+    else:
+        layout = batch.get("packed" + suffix) if unpadded else None
     return model(batch["input_ids" + suffix], batch["attention_mask" + suffix],
                  batch.get("token_type_ids" + suffix), unpadded=layout if layout is not None else unpadded)
 
@@ -201,11 +205,17 @@ class Task:
         return pad_collate(items, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_multiple)
 
     static_shapes = False  # set by a run that replays CUDA graphs: one graph per padded shape
+    row_layout = False  # ... in bf16 on a GPU: flash attention over `Packed.of_rows`, no mask
 
     @property
-    def unpadded(self) -> bool:
-        """Run the encoder on real tokens only: as the settings say, unless shapes must stay static."""
-        return bool(getattr(self.s, "unpadded", False)) and not self.static_shapes
+    def unpadded(self) -> bool | str:
+        """Run the encoder on real tokens only, as the settings say. Where shapes must stay static
+        (CUDA graphs), "rows" with `row_layout`: every position, the padding apart (`encode`);
+        else padded, with a mask."""
+        wanted = bool(getattr(self.s, "unpadded", False))
+        if self.static_shapes:
+            return "rows" if wanted and self.row_layout else False
+        return wanted
 
     @property
     def pad_multiple(self) -> int:
@@ -269,7 +279,7 @@ class Task:
         try:
             with torch.inference_mode(), unchecked_inputs():  # ids came from the task's tokenizer
                 for idx, batch in sorted_batches(items, self.s.eval_batch_size, self.collate):
-                    if self.unpadded:
+                    if self.unpadded is True:  # (a "rows" layout is made on the device)
                         batch["packed"] = Packed.from_mask(batch["attention_mask"])
                     with precision.autocast():
                         results.append(fn(model, to_device(batch, precision.device)).float())

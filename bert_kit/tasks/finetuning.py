@@ -267,6 +267,10 @@ class FinetuningJob(Job):
         if cfg.cuda_graphs is True and not cfg.compile and not possible:
             raise ValueError("cuda_graphs: true needs one CUDA GPU (no torchrun) and bf16 or fp32 precision")
         self.cuda_graphs = task.static_shapes = possible and cfg.cuda_graphs in (True, "auto")
+        # flash attention over every position, each row's padding apart: no runtime-compiled masked
+        # kernel (cuDNN's: 1.5-2.6 s on a machine's first run) and no per-shape plan
+        task.row_layout = (self.cuda_graphs and run.precision.dtype == torch.bfloat16
+                           and torch.cuda.get_device_capability(device) >= (8, 0))
 
         # steps, cadence, and what best/ is chosen by
         self.loader = make_loader(task, self.train_items, cfg, device)  # this rank's shard: shrinks with N ranks

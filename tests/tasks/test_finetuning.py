@@ -438,3 +438,22 @@ def test_compiled_finetune_matches_eager(tiny_encoder, sst2, tmp_path):
     assert fast["initial_train_loss"] == pytest.approx(eager["initial_train_loss"], rel=1e-5)
     assert fast["train_loss"] == pytest.approx(eager["train_loss"], rel=1e-4)
     assert fast["history"][-1]["loss"] == pytest.approx(eager["history"][-1]["loss"], rel=1e-4)
+
+
+def test_static_shapes_take_the_row_layout_only_where_it_is_set_and_wanted():
+    """CUDA graphs need static shapes: padded with a mask, or every position laid out in rows for
+    flash attention (`row_layout`, set for bf16 on a GPU); `unpadded: false` keeps the mask."""
+    from types import SimpleNamespace
+
+    from bert_kit.tasks.base import Task
+
+    task = Task(SimpleNamespace(unpadded=True))
+    assert task.unpadded is True
+    task.static_shapes = True
+    assert task.unpadded is False
+    task.row_layout = True
+    assert task.unpadded == "rows"
+    assert Task(SimpleNamespace(unpadded=False, static_shapes=True)).unpadded is False
+    off = Task(SimpleNamespace(unpadded=False))
+    off.static_shapes = off.row_layout = True
+    assert off.unpadded is False
