@@ -25,7 +25,7 @@ from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
 from bert_kit.model_folder import locate_model
 from bert_kit.outputs import FolderLock, OutputFolder, write_record, write_text
 from bert_kit.tasks.glue import TASKS, build_report, find_tasks, markdown_table, recipe_table, task_name
-from bert_kit.tasks.glue_runs import check_overrides, finished, lr_name, plan_runs, run_all, visible_gpus
+from bert_kit.tasks.glue_runs import check_overrides, finished, log_path, lr_name, plan_runs, run_all, visible_gpus
 
 WRITTEN_BY = "bert-kit glue"
 RESULTS = "glue_results.json"
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
         def on_event(kind: str, run: dict, where: str, outcome: dict | None) -> None:
             if kind == "start":
-                log = f" (output: {Path(run['folder']).with_suffix('.log')})" if len(gpus) > 1 else ""
+                log = f" (output: {log_path(run)})" if len(gpus) > 1 else ""
                 note(f"{run['id']}: fine-tuning on {where}{log}")
                 return
             outcomes[run["id"]] = outcome
