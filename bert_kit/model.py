@@ -177,10 +177,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
     aten's flash op, which `varlen_attn` does not expose); otherwise the sequences are padded to
     (S, nh, L, hd) for SDPA with a key-padding mask (same numbers, more FLOPs).
     """
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    hd = q.shape[-1]
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and hd <= 256:
         cu, L = packed.cu_seqlens, packed.max_seqlen
-        if dropout_p > 0.0 or not torch.compiler.is_compiling():  # (varlen_attn's import: a second)
-            return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False)[0]
+        extra = -hd % 8  # the kernel takes head sizes in multiples of 8: zeros added to q, k, v change no score
+        if extra:
+            q, k, v = (F.pad(t, (0, extra)) for t in (q, k, v))
+        if dropout_p > 0.0 or extra or not torch.compiler.is_compiling():  # (varlen_attn's import: a second)
+            y = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False,
+                                                        scale=hd ** -0.5)[0]
+            return y[..., :hd] if extra else y
         varlen_attn = _varlen_attn()
         if varlen_attn is not None:
             return varlen_attn(q, k, v, cu, cu, L, L)

@@ -269,7 +269,7 @@ class FinetuningJob(Job):
         self.cuda_graphs = task.static_shapes = possible and cfg.cuda_graphs in (True, "auto")
         # flash attention over every position, each row's padding apart: no runtime-compiled masked
         # kernel (cuDNN's: 1.5-2.6 s on a machine's first run) and no per-shape plan
-        task.row_layout = (self.cuda_graphs and run.precision.dtype == torch.bfloat16
+        task.row_layout = (self.cuda_graphs and run.precision.dtype == torch.bfloat16 and model.config.head_dim <= 256
                            and torch.cuda.get_device_capability(device) >= (8, 0))
 
         # steps, cadence, and what best/ is chosen by
