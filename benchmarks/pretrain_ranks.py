@@ -12,7 +12,8 @@ and compilation left out) and each run's multiple of one GPU.
 (`/tmp/before`: `git archive 398288a^ bert_kit | tar -x -C /tmp/before`, the code with DDP.)
 
 The runs start their own clocks at launch, so a short budget leaves fewer steps to a run that
-compiles longer; the figure compared is the rate once compiled, not the steps.
+compiles longer (with empty compile caches, a minute's budget can end at the first step): `--steps N`
+gives every run N steps instead. The figure compared is the rate once compiled.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def run(src: Path, nproc: int, args: argparse.Namespace, out: Path) -> dict:
     cmd = [*(launcher if nproc > 1 else [sys.executable]), "-m", "bert_kit", "pretrain",
            "--config", str(REPO / "configs" / "pretrain_cram.yaml"), f"tokenizer={args.tokenizer.resolve()}",
            f"train_files=[{corpus / 'wiki'},{corpus / 'gutenberg'}]", f"eval_files=[{corpus / 'heldout'}]",
-           f"time_budget={args.budget}", f"output_dir={out}", "overwrite=true", *args.set]
+           *([f"max_steps={args.steps}", "time_budget=null"] if args.steps else [f"time_budget={args.budget}"]),
+           f"output_dir={out}", "overwrite=true", *args.set]
     env = {**os.environ, "PYTHONPATH": str(src), "NCCL_NVLS_ENABLE": "0"}
     # run outside any checkout: `python -m` puts the working directory before PYTHONPATH
     proc = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, env=env)
@@ -57,6 +59,7 @@ def main() -> None:
     p.add_argument("--tokenizer", type=Path, required=True, help="the recipe's WordPiece tokenizer folder")
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--budget", default="60s", help="each run's time_budget, launch to exit")
+    p.add_argument("--steps", type=int, default=0, help="a number of steps instead of the budget (every run as long)")
     p.add_argument("--other", nargs="*", default=[], help="NAME=SRC: another checkout run the same way")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for every run")
     p.add_argument("--out", type=Path, help="append one JSON line per run here")

@@ -65,7 +65,7 @@ from bert_kit.training.trainer import NonFiniteLossError
 UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
 # Under torchrun the ranks agree on the budget's end, the lr's clock and a stop signal in collectives
 # that wait for the device: done every step, they keep the host from queuing the next steps (bert-small
-# replayed as CUDA graphs on 4 GPUs: 8.4M tokens/s against 9.3M). One process agrees with itself every
+# replayed as CUDA graphs on 4 GPUs: 8.27M tokens/s against 9.45M). One process agrees with itself every
 # step; several agree every AGREE_S seconds' worth of steps.
 AGREE_S = 0.25
 
