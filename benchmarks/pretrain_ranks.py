@@ -7,7 +7,7 @@ each run logs itself (the median of its train records after the first 30% of its
 and compilation left out) and each run's multiple of one GPU.
 
     python benchmarks/pretrain_ranks.py --corpus CORPUS --tokenizer runs/cram_tokenizer --nproc 4 \\
-        --budget 60s --other ddp=/tmp/before --out results/pretrain_ranks.jsonl
+        --steps 1500 --other ddp=/tmp/before --out results/pretrain_ranks.jsonl
 
 (`/tmp/before`: `git archive 398288a^ bert_kit | tar -x -C /tmp/before`, the code with DDP.)
 
@@ -79,7 +79,8 @@ def main() -> None:
         if rate is None:
             print(f"{r['side']:<10} {r['gpus']:>4}  failed: {r['error']}")
             continue
-        print(f"{r['side']:<10} {r['gpus']:>4} {rate / 1e6:>9.3f}M {rate / one if one else float('nan'):>8.2f}x  {r['mode']}")
+        multiple = rate / one if one else float("nan")
+        print(f"{r['side']:<10} {r['gpus']:>4} {rate / 1e6:>9.3f}M {multiple:>8.2f}x  {r['mode']}")
     if args.out:
         with args.out.open("a") as f:
             for r in rows:

@@ -17,10 +17,10 @@ with a non-finite gradient (one bad batch: an overflow in the backward) skips th
 as fp16 loss scaling does, and training goes on; `MAX_SKIPPED_IN_A_ROW` such steps in a row raise
 the error. `skipped_steps` counts them. By default every micro-batch's loss is read back for those
 checks, which makes the host wait for the device each step. With `deferred_checks=True` (and a
-fused Adam/AdamW, one process or a bare model under torchrun, no fp16 loss scaling) they stay on the device: the fused optimizer
-skips an update through its `found_inf` input (every update, from the first non-finite loss on),
-`last` holds 0-d tensors, and `check_finite()` raises the error when called (at log steps and
-before checkpoints), with the same weights.
+fused Adam/AdamW, one process or a bare model under torchrun, no fp16 loss scaling) they stay on the
+device: the fused optimizer skips an update through its `found_inf` input (every update, from the
+first non-finite loss on), `last` holds 0-d tensors, and `check_finite()` raises the error when
+called (at log steps and before checkpoints), with the same weights.
 
 With `cuda_graphs=True` (deferred checks, a capturable fused AdamW from
 `create_optimizer(capturable=True)`, grad_accum 1) the whole step of each batch shape, forward,
@@ -172,7 +172,8 @@ class AMPTrainer:
         if self.graphs is not None and self.grad_accum == 1 and not self._warming_up:
             return self._graphed_step(batch, loss_fn)
         if self.reduces and self.grad_accum != 1:
-            raise ValueError("a trainer that reduces its own gradients (a bare model under torchrun) takes grad_accum 1")
+            raise ValueError("a trainer that reduces its own gradients (a bare model under torchrun) "
+                             "takes grad_accum 1")
         self.model.train()
         batch = self._to_device(batch)
         last_micro = self.micro + 1 == self.grad_accum
