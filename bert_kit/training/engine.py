@@ -123,9 +123,9 @@ class TorchEngine(Engine):
                              "gradients): set precision=bf16 or precision=fp32")
         # FSDP2 gathers bf16 weights when training in bf16 on GPUs; gradients are reduced in fp32
         param_dtype = torch.bfloat16 if device.type == "cuda" and self.precision.dtype == torch.bfloat16 else None
-        # steps replayed as CUDA graphs (the trainer's or the compiled model's) cannot run DDP's gradient
-        # hooks: under torchrun the trainer gets the bare model and all-reduces the gradients itself
-        own_reduction = world_size() > 1 and not sharded and (job.cuda_graphs or job.compiled_graphs)
+        # a compiled model replaying CUDA graphs cannot run DDP's gradient hooks: under torchrun the
+        # trainer gets the bare model and all-reduces the gradients itself
+        own_reduction = world_size() > 1 and not sharded and job.compiled_graphs
         wrapped = model if own_reduction else wrap_model(model, device, cfg.parallel, param_dtype)
         if own_reduction:
             broadcast_weights(model)

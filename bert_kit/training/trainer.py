@@ -30,9 +30,10 @@ The first batch of a shape runs eagerly (it warms up kernels and workspaces), th
 captured; the kernels are those of the eager step, so the numbers are too.
 
 Under torchrun the model is normally DDP-wrapped: DDP all-reduces gradient buckets from hooks
-during the backward, which a CUDA graph cannot replay. Given the bare model instead, the trainer
+during the backward, which CUDA graphs cannot replay. Given the bare model instead, the trainer
 averages the gradients (and the step's losses) over the ranks itself, in one flat all-reduce after
-the backward (`average_in_place`): a fixed sequence of kernels, recorded with the rest of the step.
+the backward (`average_in_place`), so a compiled model can replay its forward and backward as
+CUDA graphs (pretraining's `cuda_graphs`); the trainer's own whole-step graphs stay one-process.
 """
 
 from __future__ import annotations
@@ -103,15 +104,15 @@ class AMPTrainer:
         fused = (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
                  and all(g.get("fused") for g in optimizer.param_groups))
         # several processes and a bare model (no DDP, no FSDP2): the trainer averages the gradients itself,
-        # in one all-reduce after the backward that a CUDA graph can record (DDP's hooks cannot be replayed)
+        # in one all-reduce after the backward (DDP's hooks cannot run inside a compiled model's CUDA graphs)
         self.reduces = world_size() > 1 and unwrap_model(model) is model and not is_fsdp(model)
         # deferred checks need every rank to see the same losses: one process, or losses averaged with the gradients
         self.deferred = bool(deferred_checks and fused and not self.scaler.is_enabled()
                              and (world_size() == 1 or self.reduces))
         capturable = all(g.get("capturable") for g in optimizer.param_groups)
-        if cuda_graphs and not (self.deferred and capturable and self.device.type == "cuda"):
-            raise ValueError("cuda_graphs needs CUDA, bf16 or fp32, a capturable fused AdamW "
-                             "(create_optimizer(..., capturable=True)) and, under torchrun, the bare model (no DDP)")
+        if cuda_graphs and not (self.deferred and capturable and self.device.type == "cuda" and world_size() == 1):
+            raise ValueError("cuda_graphs needs one CUDA process, bf16 or fp32, and a capturable fused AdamW "
+                             "(create_optimizer(..., capturable=True))")
         # deferred checks: on-device state, updated in place (a CUDA graph reads and writes these very tensors)
         self._first_bad: torch.Tensor | None = None  # first bad step (1-based), 0 while none
         self._steps_done: torch.Tensor | None = None  # optimizer steps taken, counted on the device
@@ -234,8 +235,6 @@ class AMPTrainer:
             loss, parts = loss_fn(batch)
         loss.backward()
         values = {"loss": loss.detach(), **{k: v.detach() for k, v in parts.items()}}
-        if self.reduces:
-            values = self._average_over_ranks(values)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad if self.clip_grad else float("inf"))
         self.optimizer.found_inf = self._record_nonfinite(values, grad_norm).float()
