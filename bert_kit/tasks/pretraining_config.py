@@ -69,8 +69,9 @@ class PretrainConfig(RunSettings):
     gathered into fixed prediction slots (mask_probability + 5% of the tokens), the MLM loss compiled too (with
     parallel=fsdp on several ranks: the encoder only)"""
     cuda_graphs: bool | Literal["auto"] = False
-    """with compile on one CUDA GPU (one process, grad_accum 1): replay the compiled steps as CUDA
-    graphs. auto: wherever that holds, so one config runs on a GPU, a CPU and under torchrun"""
+    """with compile on CUDA GPUs (grad_accum 1; under torchrun without parallel=fsdp, and the gradients
+    all-reduced by the trainer instead of DDP): replay the compiled steps as CUDA graphs. auto:
+    wherever that holds, so one config runs on a GPU, a CPU and under torchrun"""
     compile_tuning: bool = False  # with compile: Triton kernels tuned by benchmarking (+2-3%, minutes to compile)
     low_precision_residual: bool = True  # 16-bit LayerNorm outputs under autocast (faster; see model.py)
     # bookkeeping
