@@ -232,6 +232,21 @@ def set_low_precision_residual(model: nn.Module, enabled: bool = True) -> nn.Mod
     return model
 
 
+def set_dropout(model: nn.Module, p: float) -> nn.Module:
+    """Set every dropout of `model` (embeddings, sub-layer outputs, attention probabilities) to `p`,
+    leaving its config as it is: pretraining without dropout (as Cramming does) still saves the
+    config's rates, which fine-tuning then uses. Heads' classifier dropout is left alone."""
+    from bert_kit.dropout import Dropout
+
+    p = float(p)  # the attention kernels take a float
+    for module in model.modules():
+        if isinstance(module, Dropout):
+            module.p = p
+        elif isinstance(module, MultiHeadAttention):
+            module.attn_dropout = p
+    return model
+
+
 class GELU(nn.Module):
     """Exact GELU, x * Phi(x) with the erf form (not the tanh approximation), as in BERT."""
 

@@ -10,6 +10,8 @@ and only here. Arrays are read and written as NumPy (safetensors), without torch
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import shutil
 import warnings
@@ -169,11 +171,30 @@ def from_torch(torch_model, cls: type) -> nnx.Module:
     head_args = {}
     if hasattr(torch_model, "num_labels"):  # the classifiers: their size and dropout
         head_args = {"num_labels": torch_model.num_labels, "classifier_dropout": torch_model.dropout.p}
-    model = nnx.eval_shape(lambda: cls(torch_model.config, **head_args))  # shapes only: the weights are copied in
+    config = torch_model.config
+    rates = trained_dropout(torch_model)
+    if rates is not None:  # dropout set apart from the config (pretraining's `dropout`): the twin trains with it too
+        config = dataclasses.replace(config, hidden_dropout_prob=rates[0], attention_probs_dropout_prob=rates[1])
+    model = nnx.eval_shape(lambda: cls(config, **head_args))  # shapes only: the weights are copied in
     state = {name: p.detach().cpu().float().numpy() for name, p in torch_model.named_parameters()
              if name != "mlm.decoder.weight"}  # the tied decoder is the word embeddings
     load_torch_state_dict(model, state, source=type(torch_model).__name__, strict=True)
     return model
+
+
+def trained_dropout(torch_model) -> tuple[float, float] | None:
+    """(hidden, attention) dropout the torch model's modules apply, where they differ from its config."""
+    from bert_kit.dropout import Dropout
+    from bert_kit.model import MultiHeadAttention
+
+    modules = list(torch_model.modules())
+    hidden = next((m.p for m in modules if isinstance(m, Dropout)), None)
+    attention = next((m.attn_dropout for m in modules if isinstance(m, MultiHeadAttention)), None)
+    config = torch_model.config
+    if hidden is None or attention is None or (hidden, attention) == (config.hidden_dropout_prob,
+                                                                       config.attention_probs_dropout_prob):
+        return None
+    return hidden, attention
 
 
 def copy_into_torch(state: dict[str, np.ndarray], torch_model) -> None:

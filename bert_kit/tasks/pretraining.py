@@ -36,7 +36,7 @@ import torch
 
 from bert_kit.config import BertConfig
 from bert_kit.dropout import register_mask_op
-from bert_kit.model import set_low_precision_residual
+from bert_kit.model import set_dropout, set_low_precision_residual
 from bert_kit.model_folder import locate_model
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
@@ -122,6 +122,8 @@ class PretrainingJob(Job):
         if not sharded:
             model.to(self.device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
         set_low_precision_residual(model, cfg.low_precision_residual)
+        if cfg.dropout is not None:
+            set_dropout(model, cfg.dropout)  # the saved config keeps the model's rates, for fine-tuning
         # compiled whole (heads and loss) on static shapes: masked positions in fixed prediction slots,
         # which the training loader fills (evaluation fills them here)
         self.slots = prediction_slots(cfg)

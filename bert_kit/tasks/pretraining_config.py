@@ -34,6 +34,9 @@ class PretrainConfig(RunSettings):
     model: str | dict = "bert-mini"
     """preset name, model folder (continues from its weights), config file, or a mapping of
     BertConfig fields with an optional `preset`, e.g. {preset: bert-mini, hidden_dropout_prob: 0}"""
+    dropout: float | None = None
+    """dropout while pretraining (embeddings, sub-layers, attention); null: the model config's rates.
+    The saved config keeps those, which fine-tuning uses: dropout 0 pretrains without (as Cramming does)"""
     tokenizer: str | None = None  # tokenizer folder (tokenizer.json or vocab.txt); default: the model folder's
     train_tokenizer: dict | None = None  # e.g. {vocab_size: 8000}: train a WordPiece vocab on train_files first
     # data
@@ -96,6 +99,7 @@ class PretrainConfig(RunSettings):
             "mask_probability": fraction(low_open=True, high_open=True),
             "short_seq_prob": fraction(),
             "eval_batches": positive(integer=True),
+            "dropout": fraction(high_open=True, optional=True),
         })
         if isinstance(self.model, str) and not self.model.strip():
             raise ConfigError("model is empty: name a preset (e.g. bert-mini), a model folder or a config file")

@@ -140,3 +140,18 @@ def test_nan_weights_and_an_untied_decoder_are_refused(tmp_path):
     save_file(broken, str(file))
     with pytest.raises(CorruptFileError, match="tensor bert.encoder.layer.0.output.dense.weight holds 3 NaN"):
         bj.BERTModel.from_pretrained(tmp_path / "pt")
+
+
+def test_the_twin_trains_with_the_dropout_the_torch_model_was_set_to():
+    from bert_kit.model import set_dropout
+    from bert_kit.jax.weights import from_torch
+
+    model = BERTForPreTraining(tiny(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    twin = from_torch(model, bj.HEAD_CLASSES[model.hf_architecture])
+    assert twin.bert.encoder.layers[0].dropout.rate == model.config.hidden_dropout_prob > 0
+    set_dropout(model, 0.0)  # pretraining's `dropout: 0`; the config keeps its rates
+    twin = from_torch(model, bj.HEAD_CLASSES[model.hf_architecture])
+    assert model.config.hidden_dropout_prob > 0
+    assert twin.bert.encoder.layers[0].dropout.rate == 0.0
+    assert twin.bert.encoder.layers[0].attention.attn_dropout.rate == 0.0
+    assert twin.bert.embeddings.dropout.rate == 0.0

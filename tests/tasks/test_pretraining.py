@@ -26,6 +26,7 @@ import bert_kit.tasks.pretraining
 import bert_kit.training.loop
 from bert_kit.training.trainer import AMPTrainer, NonFiniteLossError
 from bert_kit.training.checkpoint import latest_checkpoint, list_checkpoints, load_trainer_state
+from bert_kit.checks import ConfigError
 from bert_kit.cli import main as cli
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
@@ -303,6 +304,21 @@ def test_mlm_only_packed_run_uses_the_token_cache(tmp_path, capsys):
     assert again["steps"] == 6 and again["train_tokens"] == results["train_tokens"] > 0
     assert again["test_mlm_loss"] == results["test_mlm_loss"]
     assert again["train_mlm_loss"] is not None
+
+
+def test_dropout_setting_pretrains_without_dropout_and_saves_the_models_rates(tmp_path):
+    no_dropout = {**TINY_MODEL, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    in_config = pretrain(tiny_config(tmp_path, "in_config", model=no_dropout, max_steps=8, eval_every=4))
+    setting = pretrain(tiny_config(tmp_path, "setting", dropout=0.0, max_steps=8, eval_every=4))
+    with_dropout = pretrain(tiny_config(tmp_path, "with_dropout", max_steps=8, eval_every=4))
+    a, b, c = (train_losses(tmp_path / name) for name in ("in_config", "setting", "with_dropout"))
+    assert a == b  # the same training as a model whose config has no dropout
+    assert b != c
+    assert setting["test_mlm_loss"] == in_config["test_mlm_loss"] != with_dropout["test_mlm_loss"]
+    saved = json.loads((tmp_path / "setting" / "final" / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.1  # for fine-tuning
+    with pytest.raises(ConfigError, match="dropout"):
+        tiny_config(tmp_path, dropout=1.0)
 
 
 def test_plan_phases_splits_steps():
