@@ -11,7 +11,6 @@ and only here. Arrays are read and written as NumPy (safetensors), without torch
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import shutil
 import warnings
