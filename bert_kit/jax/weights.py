@@ -171,8 +171,8 @@ def from_torch(torch_model, cls: type) -> nnx.Module:
     if hasattr(torch_model, "num_labels"):  # the classifiers: their size and dropout
         head_args = {"num_labels": torch_model.num_labels, "classifier_dropout": torch_model.dropout.p}
     config = torch_model.config
-    rates = trained_dropout(torch_model)
-    if rates is not None:  # dropout set apart from the config (pretraining's `dropout`): the twin trains with it too
+    rates = trained_dropout(torch_model)  # may differ from the config (pretraining's `dropout`): the twin's too
+    if rates is not None:
         config = dataclasses.replace(config, hidden_dropout_prob=rates[0], attention_probs_dropout_prob=rates[1])
     model = nnx.eval_shape(lambda: cls(config, **head_args))  # shapes only: the weights are copied in
     state = {name: p.detach().cpu().float().numpy() for name, p in torch_model.named_parameters()
@@ -182,18 +182,14 @@ def from_torch(torch_model, cls: type) -> nnx.Module:
 
 
 def trained_dropout(torch_model) -> tuple[float, float] | None:
-    """(hidden, attention) dropout the torch model's modules apply, where they differ from its config."""
+    """(hidden, attention) dropout the torch model's modules apply (`set_dropout`); None without them."""
     from bert_kit.dropout import Dropout
     from bert_kit.model import MultiHeadAttention
 
     modules = list(torch_model.modules())
     hidden = next((m.p for m in modules if isinstance(m, Dropout)), None)
     attention = next((m.attn_dropout for m in modules if isinstance(m, MultiHeadAttention)), None)
-    config = torch_model.config
-    if hidden is None or attention is None or (hidden, attention) == (config.hidden_dropout_prob,
-                                                                       config.attention_probs_dropout_prob):
-        return None
-    return hidden, attention
+    return None if hidden is None or attention is None else (hidden, attention)
 
 
 def copy_into_torch(state: dict[str, np.ndarray], torch_model) -> None:
