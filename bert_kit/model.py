@@ -236,8 +236,6 @@ def set_dropout(model: nn.Module, p: float) -> nn.Module:
     """Set every dropout of `model` (embeddings, sub-layer outputs, attention probabilities) to `p`,
     leaving its config as it is: pretraining without dropout (as Cramming does) still saves the
     config's rates, which fine-tuning then uses. Heads' classifier dropout is left alone."""
-    from bert_kit.dropout import Dropout
-
     p = float(p)  # the attention kernels take a float
     for module in model.modules():
         if isinstance(module, Dropout):
