@@ -137,7 +137,10 @@ class FinetuneConfig(RunSettings):
     seed: int = 42  # seeds the head init, data order and dropout
     metric: str | None = None  # validation metric that picks best/ (higher is better); default per task
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
-    save_every: int = 0  # steps between checkpoints (0: every save_minutes, and at the end)
+    save_every: int = 0  # steps between checkpoints (0: every save_minutes only)
+    end_checkpoint: bool = False
+    """a checkpoint (weights and optimizer state) when the run ends, for `--resume` with more epochs:
+    off by default, as best/ holds the model (a stop signal's checkpoint is always written)"""
     keep_last: int = 2  # checkpoints kept (0: all)
 
     def __post_init__(self) -> None:

@@ -18,8 +18,8 @@ What the loop promises:
   stops with an error (resume it, or `overwrite: true` to start over). The folder's record
   (bert_kit/outputs.py) lists what runs wrote there: `overwrite` deletes only that, never a user's
   file, never through a link, and never an input of the new run.
-* Nothing is lost: checkpoints every `save_every` steps and at the end, written atomically;
-  SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the step, save and
+* Nothing is lost: checkpoints every `save_every` steps and at the end (`end_checkpoint`), written
+  atomically; SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the step, save and
   exit 130/143; a NaN/inf loss stops the run before it is saved, the last checkpoint stays good.
 * No host-device synchronisation in steady-state steps on a GPU: losses stay on the device and
   are read back at log steps (with a fused optimizer a non-finite loss makes it skip every update
@@ -179,7 +179,14 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir={out} is a file, not a folder")
-    checkpoint = resolve_checkpoint(resume, out) if resume else None
+    try:
+        checkpoint = resolve_checkpoint(resume, out) if resume else None
+    except FileNotFoundError as e:
+        if (out / "results.json").is_file() and not cfg.end_checkpoint:  # a finished run, as configured
+            e.args = (f"{e}: the run there finished without an end checkpoint (end_checkpoint: false, the "
+                      "fine-tuning default); start a new run from its model folder, or set end_checkpoint=true "
+                      "in runs you mean to extend",)
+        raise
     state = load_trainer_state(checkpoint) if checkpoint else None
     budget = cfg.time_budget_s
     if state is not None:
@@ -438,9 +445,10 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
                     reserve_s = max(reserve_s, 2 * (time.time() - t_eval) + 5.0)
                     eval_timed = True
 
-                # (d) checkpoint every save_every steps or save_minutes, at the end, when out of time or asked to stop
+                # (d) checkpoint every save_every steps or save_minutes, when asked to stop, at the end
+                # (or out of time) unless end_checkpoint is off
                 due = late or bool(job.save_every and step % job.save_every == 0)
-                if stopping or ending or out_of_time or due:
+                if stopping or due or ((ending or out_of_time) and cfg.end_checkpoint):
                     t_save = last_save = time.time()
                     # at the end (not stopped: a stop signal's checkpoint is the last thing the run does),
                     # the torch engine's checkpoint is written while the last evaluation runs

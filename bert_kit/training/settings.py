@@ -24,9 +24,9 @@ from bert_kit.training.runconfig import check_run_settings
 # settings a resumed run may change; every other difference is refused unless force_resume
 RESUMABLE_CHANGES = frozenset({
     "lr", "weight_decay", "clip_grad", "max_steps", "grad_accum", "epochs", "time_budget", "warmup_steps", "schedule",
-    "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "keep_last", "tensorboard",
-    "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples", "output_dir",
-    "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "n_best",
+    "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "end_checkpoint",
+    "keep_last", "tensorboard", "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples",
+    "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "n_best",
     "max_answer_length", "parallel", "precision",
 })
 
@@ -86,7 +86,10 @@ class RunSettings:
     seed: int = 0  # seeds model init, data order, masks and dropout
     log_every: int = 10  # steps between metrics.jsonl train records
     eval_every: int = 500  # steps between evaluations (0: only at the end)
-    save_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    save_every: int = 1000  # steps between checkpoints
+    end_checkpoint: bool = True
+    """a checkpoint when the run ends (a stop signal's is always written): what `--resume` extends a
+    finished run from (more steps or epochs); fine-tuning's default is false (its model is in best/)"""
     save_minutes: float = 10.0  # also a checkpoint after this many minutes without one (0: steps only)
     keep_last: int = 3  # checkpoints kept (0: all)
     tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)

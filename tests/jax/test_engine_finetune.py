@@ -53,7 +53,8 @@ def sst2(data_dir, tmp_path_factory):
 def config(encoder: Path, out: Path, engine: str, **overrides) -> FinetuneConfig:
     # batches of 12 over 44 examples: the fourth holds 8, which the JAX engine pads to 12 rows
     settings = dict(model=str(encoder), output_dir=str(out), engine=engine, batch_size=12, lr=1e-3, log_every=1,
-                    precision="fp32", device="cpu", seed=3, max_steps=4, max_length=32, eval_every=2)
+                    precision="fp32", device="cpu", seed=3, max_steps=4, max_length=32, eval_every=2,
+                    end_checkpoint=True)  # the checkpoints the resume below is refused
     return FinetuneConfig(**{**settings, **overrides})
 
 

@@ -6,6 +6,7 @@ the timings steady on a shared machine.
 Run: .venv/bin/python -m pytest tests/tasks/test_finetuning.py -q
 """
 
+import dataclasses
 import json
 import signal
 
@@ -45,7 +46,7 @@ def tiny_config(tiny_encoder, tmp_path, **kw) -> FinetuneConfig:
 def test_classification_writes_best_results_and_predictions(tiny_encoder, sst2, tmp_path):
     train, dev = sst2
     cfg = tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=6,
-                      eval_every=3, keep_last=1, label_names=["negative", "positive"], unpadded=True)
+                      eval_every=3, label_names=["negative", "positive"], unpadded=True)
     results = finetune(cfg)
     run = tmp_path / "run"
     assert results["steps"] == 6 and [h["step"] for h in results["history"]] == [3, 6]
@@ -53,7 +54,7 @@ def test_classification_writes_best_results_and_predictions(tiny_encoder, sst2, 
     best_acc = max(h["accuracy"] for h in results["history"])
     assert results["best_value"] == best_acc
     assert json.loads((run / "results.json").read_text())["best_value"] == best_acc
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-0000006"]  # keep_last=1
+    assert not (run / "checkpoints").exists()  # best/ holds the model: no end checkpoint by default
     assert (run / "loss_curve.png").is_file() and (run / "run_config.yaml").is_file()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "train" for r in records) == 6 and sum(r["type"] == "eval" for r in records) == 2
@@ -147,6 +148,22 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_encoder, sst2, tmp_path):
     for k in a:
         assert_close(b[k], a[k], rtol=0, atol=0)
     assert resumed["best_value"] == json.loads((tmp_path / "a" / "run" / "results.json").read_text())["best_value"]
+
+
+def test_a_finished_run_is_extended_from_its_end_checkpoint_when_it_wrote_one(tiny_encoder, sst2, tmp_path):
+    train, dev = sst2
+    kept = tiny_config(tiny_encoder, tmp_path / "a", train_file=str(train), validation_file=str(dev), max_steps=4,
+                       end_checkpoint=True)
+    finetune(kept)
+    assert [p.name for p in (tmp_path / "a" / "run" / "checkpoints").iterdir()] == ["step-0000004"]
+    extended = finetune(dataclasses.replace(kept, max_steps=6), resume="latest")
+    assert extended["steps"] == 6 and [h["step"] for h in extended["history"]] == [4, 6]
+
+    default = tiny_config(tiny_encoder, tmp_path / "b", train_file=str(train), validation_file=str(dev), max_steps=4)
+    finetune(default)
+    assert not (tmp_path / "b" / "run" / "checkpoints").exists()
+    with pytest.raises(FileNotFoundError, match=r"finished without an end checkpoint \(end_checkpoint: false"):
+        finetune(dataclasses.replace(default, max_steps=6), resume="latest")
 
 
 def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_encoder, sst2, tmp_path, monkeypatch):

@@ -215,7 +215,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, tiny_encoder
     present, _ = find_tasks(data)
     run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
     cfg = make_config(run, "cpu")
-    finetune(dataclasses.replace(cfg, max_steps=1))  # as if stopped after step 1 (checkpoint saved)
+    finetune(dataclasses.replace(cfg, max_steps=1, end_checkpoint=True))  # as if stopped after step 1, saved
     assert finished(run) is None
     glue = execute(run, "cpu")
     results = json.loads((Path(run["folder"]) / "results.json").read_text())

@@ -58,7 +58,8 @@ def small_task(tmp_path_factory):
 
 def test_the_default_lr_trains_a_few_hundred_examples(small_task, tmp_path, capsys):
     cfg = FinetuneConfig(model=str(small_task / "tiny"), train_file=str(small_task / "train.tsv"),
-                         validation_file=str(small_task / "dev.tsv"), device="cpu", output_dir=str(tmp_path / "run"))
+                         validation_file=str(small_task / "dev.tsv"), device="cpu", output_dir=str(tmp_path / "run"),
+                         end_checkpoint=True)  # resumed below
     assert cfg.lr == "auto"
     results = finetune(cfg)
     printed = capsys.readouterr()
