@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default=None, metavar="LIST",
                         help=f"comma-separated tasks (default: every task whose files are there): {','.join(TASKS)}")
     parser.add_argument("--gpus", default=None, metavar="LIST",
-                        help="GPUs to run on, one process each, e.g. 0,1,2,3 (indices among the visible GPUs), "
-                             "or cpu (default: every visible GPU, else the CPU)")
+                        help="GPUs to run on, one process each, e.g. 0,1,2,3 (indices among the visible GPUs; "
+                             "0,0 runs two processes on GPU 0), or cpu (default: every visible GPU, else the CPU)")
     parser.add_argument("--data", default=None, metavar="DIR",
                         help=f"the GLUE folder, glue_data layout (default: ${DATA_ROOT_VARIABLE}/glue, else "
                              "./data/glue)")
@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "parameters, 5e-5 up to 200M):\n" + recipe_table())
 
 
-def parse_list(flag: str, text: str, parse: Any, what: str) -> list:
-    """A comma-separated flag value; each item through `parse`, a bad one named with the flag."""
+def parse_list(flag: str, text: str, parse: Any, what: str, unique: bool = True) -> list:
+    """A comma-separated flag value; each item through `parse`, a bad one named with the flag;
+    unique: an item given twice is kept once."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise ConfigError(f"{flag} is empty: give {what}")
@@ -68,7 +69,7 @@ def parse_list(flag: str, text: str, parse: Any, what: str) -> list:
             raise
         except (TypeError, ValueError):
             raise ConfigError(f"{flag} {text}: {item!r} is not {what}") from None
-        if value not in out:
+        if value not in out or not unique:
             out.append(value)
     return out
 
@@ -96,7 +97,7 @@ def choose_gpus(text: str | None) -> list[str]:
         return visible
     if text.strip().lower() == "cpu":
         return []
-    indices = parse_list("--gpus", text, int, "a GPU index (0, 1, ...) or cpu")
+    indices = parse_list("--gpus", text, int, "a GPU index (0, 1, ...) or cpu", unique=False)  # 0,0: two processes
     for i in indices:
         if not 0 <= i < len(visible):
             seen = f"{len(visible)} visible GPU{'s' * (len(visible) != 1)}" if visible else "no visible GPU"

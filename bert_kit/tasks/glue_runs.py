@@ -292,16 +292,16 @@ def visible_gpus() -> list[str]:
     return []
 
 
-def _worker(gpu: str, todo: Any, done: Any, log: bool, execute: Callable) -> None:
-    """A GPU's process: CUDA_VISIBLE_DEVICES=gpu, then runs from `todo` until a None."""
+def _worker(slot: int, gpu: str, todo: Any, done: Any, log: bool, execute: Callable) -> None:
+    """Worker `slot`'s process: CUDA_VISIBLE_DEVICES=gpu, then runs from `todo` until a None."""
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before torch is imported: this GPU is cuda:0 here
     while True:
         run = todo.get()
         if run is None:
             return
-        done.put(("start", gpu, run["id"], None))
+        done.put(("start", slot, run["id"], None))
         outcome = guarded(run, "cuda", log, execute)
-        done.put(("done", gpu, run["id"], outcome))
+        done.put(("done", slot, run["id"], outcome))
         if "stopped" in outcome:
             return
 
@@ -310,7 +310,8 @@ def run_all(runs: list[dict[str, Any]], gpus: Sequence[str] | None,
             on_event: Callable[[str, dict[str, Any], str, dict | None], None],
             execute: Callable[[dict[str, Any], str], dict[str, Any]] = execute) -> dict[str, dict[str, Any]]:
     """Every run's outcome ({"glue"}, {"stopped"} or {"error"}) by run id. gpus: CUDA_VISIBLE_DEVICES
-    entries, one worker process each; None or empty: the CPU, one run at a time in this process.
+    entries, one worker process each (an entry given twice: two processes share that GPU); None or
+    empty: the CPU, one run at a time in this process.
     on_event(kind, run, where, outcome): "start" and "done" as they happen. execute(run, device):
     what a run does (a module-level function: worker processes import it by name)."""
     by_id = {r["id"]: r for r in runs}
@@ -330,22 +331,23 @@ def run_all(runs: list[dict[str, Any]], gpus: Sequence[str] | None,
     todo, done = ctx.Queue(), ctx.Queue()
     for run in runs:
         todo.put(run)
-    workers = {gpu: ctx.Process(target=_worker, args=(gpu, todo, done, len(gpus) > 1, execute), name=f"glue-gpu{gpu}")
-               for gpu in list(gpus)[:len(runs)]}
-    for gpu in workers:
+    slots = list(gpus)[:len(runs)]  # worker i runs on GPU slots[i]
+    workers = [ctx.Process(target=_worker, args=(i, gpu, todo, done, len(gpus) > 1, execute), name=f"glue-gpu{gpu}")
+               for i, gpu in enumerate(slots)]
+    for _ in workers:
         todo.put(None)
-    for process in workers.values():
+    for process in workers:
         process.start()
-    running: dict[str, str] = {}  # gpu -> the id of its run
+    running: dict[int, str] = {}  # worker -> the id of its run
 
     def handle(message: tuple) -> None:
-        kind, gpu, run_id, outcome = message
+        kind, slot, run_id, outcome = message
         if kind == "start":
-            running[gpu] = run_id
+            running[slot] = run_id
         else:
-            running.pop(gpu, None)
+            running.pop(slot, None)
             outcomes[run_id] = outcome
-        on_event(kind, by_id[run_id], f"GPU {gpu}", outcome)
+        on_event(kind, by_id[run_id], f"GPU {slots[slot]}", outcome)
 
     try:
         while len(outcomes) < len(runs):
@@ -354,21 +356,21 @@ def run_all(runs: list[dict[str, Any]], gpus: Sequence[str] | None,
                 continue
             except queue.Empty:
                 pass
-            if any(p.is_alive() for p in workers.values()):
+            if any(p.is_alive() for p in workers):
                 continue
             while True:  # every worker has ended: what they said last, then what they never said
                 try:
                     handle(done.get(timeout=0.2))
                 except queue.Empty:
                     break
-            for gpu, run_id in list(running.items()):
-                code = workers[gpu].exitcode
-                outcomes[run_id] = {"error": RuntimeError(f"the worker process of GPU {gpu} ended (exit code {code}) "
-                                                          "during this run")}
-                on_event("done", by_id[run_id], f"GPU {gpu}", outcomes[run_id])
+            for slot, run_id in list(running.items()):
+                code = workers[slot].exitcode
+                outcomes[run_id] = {"error": RuntimeError(f"the worker process of GPU {slots[slot]} ended (exit code "
+                                                          f"{code}) during this run")}
+                on_event("done", by_id[run_id], f"GPU {slots[slot]}", outcomes[run_id])
             break
     finally:
-        for process in workers.values():
+        for process in workers:
             process.join(timeout=120)  # after Ctrl-C a run saves a checkpoint first
             if process.is_alive():
                 process.terminate()

@@ -282,6 +282,30 @@ def test_worker_processes_share_the_runs_and_report_failures(tmp_path):
     assert os.getpid() not in {g["pid"] for g in done.values()}
 
 
+def test_a_gpu_given_twice_runs_two_worker_processes(tmp_path):
+    """--gpus 0,0: the runs of a small model share one GPU in two processes; one dying leaves the
+    other to run the rest."""
+    from tests.tasks.glue_workers import fake_execute
+
+    runs = [{"id": f"{task}/{i}", "task": task, "folder": str(tmp_path / task / str(i))}
+            for i, task in enumerate(["dies", "ok", "ok", "ok"])]
+    events = []
+    outcomes = run_all(runs, ["g0", "g0"], lambda kind, run, where, outcome: events.append((kind, run["id"], where)),
+                       execute=fake_execute)
+    assert "ended (exit code 3)" in str(outcomes["dies/0"]["error"])
+    done = [outcomes[f"ok/{i}"]["glue"] for i in (1, 2, 3)]  # all three, by the worker that lived
+    assert {g["gpu"] for g in done} == {"g0"} and len({g["pid"] for g in done}) == 1
+    assert {where for _, _, where in events} == {"GPU g0"}
+
+
+def test_gpus_given_twice_are_kept_twice(monkeypatch):
+    from bert_kit.cli.glue import choose_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert choose_gpus("1,1,0") == ["5", "5", "3"]  # one worker process per entry
+    assert choose_gpus(None) == ["3", "5"]
+
+
 def test_every_run_of_a_sweep_has_its_own_log(tmp_path):
     """lr0.0003_seed42 and lr0.0001_seed42 are two logs (a dot in the lr is no suffix to replace)."""
     folders = [tmp_path / "sst2" / f"lr{lr:g}_seed42" for lr in (3e-4, 1e-4, 5e-5)]
