@@ -261,7 +261,9 @@ def main() -> None:
     p.add_argument("--control-model", default=RECIPE["model"]["preset"],
                    help="the control's shape, from random weights (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value settings for the pretraining run")
-    p.add_argument("--finetune-set", nargs="*", default=[], help="extra key=value settings for every fine-tuning run")
+    p.add_argument("--finetune-set", nargs="*", action="extend", default=[],
+                   help="extra key=value settings for every fine-tuning run (--tasks glue: `bert-kit glue` options; "
+                        "repeat it for several: --finetune-set=--lrs=1e-4,5e-5 --finetune-set=--seeds=1,2,3)")
     p.add_argument("--glue-data", type=Path, default=None, help="--tasks glue: the GLUE folder (default DATA_DIR/glue)")
     p.add_argument("--glue-gpus", default=None, help="--tasks glue: GPUs for `bert-kit glue --gpus` (default: all)")
     p.add_argument("--nproc", type=int, default=1, help="pretrain on this many GPUs through torchrun")
