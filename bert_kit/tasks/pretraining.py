@@ -29,6 +29,8 @@ and writes files; checkpoints keep the single-process format, so any number of r
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,7 @@ class PretrainingJob(Job):
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every
         self.phase = self.loader = self.eval_loader = self.batches = None
+        self.kept_eval: tuple[Any, list[dict]] | None = None  # (eval loader, its first batches): `held_out`
         self.resumed_data: dict | None = None
         if is_main():
             where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
@@ -178,9 +181,20 @@ class PretrainingJob(Job):
             return None
         # the last evaluation reads every held-out batch, unless a time budget must hold it
         limit = None if final and self.cfg.time_budget is None else self.cfg.eval_batches
-        self.eval_loader.set_epoch(0)  # the same batches and masks at every evaluation
-        metrics = self.engine.evaluate_mlm(self.eval_loader, limit, self.slots)
+        metrics = self.engine.evaluate_mlm(self.held_out(limit), limit, self.slots)
         return {k: all_reduce_mean(float(v)) for k, v in metrics.items()}
+
+    def held_out(self, limit: int | None) -> Iterable[dict]:
+        """The held-out batches: the same ones, masks included, at every evaluation. The first `limit`
+        are kept after the first read (the loader would start its workers and mask them again)."""
+        loader = self.eval_loader
+        if limit is None:
+            loader.set_epoch(0)
+            return loader
+        if self.kept_eval is None or self.kept_eval[0] is not loader or len(self.kept_eval[1]) < limit:
+            loader.set_epoch(0)
+            self.kept_eval = (loader, list(itertools.islice(loader, limit)))
+        return self.kept_eval[1][:limit]
 
     def final_eval_steps(self) -> float:
         # with a time budget the last evaluation reads eval_batches batches of the training size

@@ -188,8 +188,10 @@ class TorchEngine(Engine):
         return collect_state(self.job.model).get("model")  # gathers FSDP2 shards
 
     def evaluate_mlm(self, loader: Any, limit: int | None, slots: float | None) -> dict[str, float]:
-        return compute_mlm_loader_loss(self.job.model, loader, self.precision.device, limit,
-                                       self.precision.autocast_dtype, slots)
+        # eagerly: a compiled model would compile a second graph for a few batches of evaluation
+        with torch.compiler.set_stance("force_eager"):
+            return compute_mlm_loader_loss(self.job.model, loader, self.precision.device, limit,
+                                           self.precision.autocast_dtype, slots)
 
     def evaluate_task(self, task: Any, items: list[dict]) -> dict[str, Any]:
         return task.evaluate(self.job.model, items, self.precision)

@@ -117,8 +117,7 @@ def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], devi
 
     was_training = model.training
     model.eval()
-    mlm_sum = mlm_correct = mlm_count = 0.0
-    nsp_sum = nsp_correct = nsp_count = 0.0
+    sums = torch.zeros(6, dtype=torch.float64, device=device)  # MLM loss, correct, count; NSP the same
     device_type = torch.device(device).type
     for i, batch in enumerate(loader):
         if max_batches is not None and i >= max_batches:
@@ -136,17 +135,17 @@ def compute_mlm_loader_loss(model: torch.nn.Module, loader: Iterable[dict], devi
             out = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"), **selected)
         mlm_logits, nsp_logits = out if isinstance(out, tuple) else (out, None)
         real = targets != IGNORE_INDEX
-        n = int(real.sum())
-        if n:
-            mlm_sum += F.cross_entropy(mlm_logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum").item()
-            mlm_correct += ((mlm_logits.argmax(-1) == targets) & real).sum().item()
-            mlm_count += n
+        # summed on the device: the host reads the sums once, not three numbers a batch
+        sums[0] += F.cross_entropy(mlm_logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        sums[1] += ((mlm_logits.argmax(-1) == targets) & real).sum()
+        sums[2] += real.sum()
         nsp_labels = batch.get("next_sentence_label")
         if nsp_logits is not None and nsp_labels is not None:
-            nsp_sum += F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="sum").item()
-            nsp_correct += (nsp_logits.argmax(-1) == nsp_labels).sum().item()
-            nsp_count += nsp_labels.numel()
+            sums[3] += F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="sum")
+            sums[4] += (nsp_logits.argmax(-1) == nsp_labels).sum()
+            sums[5] += nsp_labels.numel()
     model.train(was_training)
+    mlm_sum, mlm_correct, mlm_count, nsp_sum, nsp_correct, nsp_count = sums.tolist()
     return mlm_metrics(mlm_sum, mlm_correct, mlm_count, nsp_sum, nsp_correct, nsp_count)
 
 

@@ -321,6 +321,37 @@ def test_dropout_setting_pretrains_without_dropout_and_saves_the_models_rates(tm
         tiny_config(tmp_path, dropout=1.0)
 
 
+def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatch):
+    """The periodic evaluations score the same batches: kept after the first read, not masked again
+    by the loader (and its workers started) at every evaluation. The last one reads it all."""
+    import bert_kit.tasks.pretraining as pretraining
+
+    class Counting:
+        def __init__(self, loader):
+            self.loader, self.passes = loader, 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.loader.set_epoch(epoch)
+
+        def __iter__(self):
+            self.passes += 1
+            return iter(self.loader)
+
+    made, phase_loaders = [], pretraining.phase_loaders
+
+    def counting(*args, **kwargs):
+        loader, eval_loader, about = phase_loaders(*args, **kwargs)
+        made.append(Counting(eval_loader))
+        return loader, made[-1], about
+
+    monkeypatch.setattr(pretraining, "phase_loaders", counting)
+    pretrain(tiny_config(tmp_path, max_steps=20, eval_every=5, eval_batches=2, eval_fraction=0.3))
+    evals = [r for r in read_metrics(tmp_path / "run") if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [5, 10, 15, 20] and evals[-1]["final"]
+    assert len(made) == 1 and made[0].passes == 2  # the first evaluation's batches, then the whole set
+    assert evals[0]["mlm_tokens"] == evals[1]["mlm_tokens"] == evals[2]["mlm_tokens"] < evals[3]["mlm_tokens"]
+
+
 def test_plan_phases_splits_steps():
     cfg = PretrainConfig(max_steps=101, max_length=512, batch_size=8,
                          phases=[{"fraction": 0.9, "max_length": 128, "batch_size": 64}, {"fraction": 0.1}])
