@@ -22,6 +22,7 @@ Two engines take the same jobs, data and run folders:
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -189,7 +190,9 @@ class TorchEngine(Engine):
 
     def evaluate_mlm(self, loader: Any, limit: int | None, slots: float | None) -> dict[str, float]:
         # eagerly: a compiled model would compile a second graph for a few batches of evaluation
-        with torch.compiler.set_stance("force_eager"):
+        # (set_stance: torch >= 2.6; before it, the evaluation runs compiled)
+        stance = getattr(torch.compiler, "set_stance", None)
+        with stance("force_eager") if stance is not None else contextlib.nullcontext():
             return compute_mlm_loader_loss(self.job.model, loader, self.precision.device, limit,
                                            self.precision.autocast_dtype, slots)
 
