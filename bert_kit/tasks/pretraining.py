@@ -136,7 +136,7 @@ class PretrainingJob(Job):
         self.model = model
         self.eval_every, self.save_every = cfg.eval_every, cfg.save_every
         self.phase = self.loader = self.eval_loader = self.batches = None
-        self.kept_eval: tuple[Any, list[dict]] | None = None  # (eval loader, its first batches): `held_out`
+        self.kept_eval: tuple[Any, int, list[dict]] | None = None  # (eval loader, batches asked, batches): `held_out`
         self.resumed_data: dict | None = None
         if is_main():
             where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
@@ -191,10 +191,10 @@ class PretrainingJob(Job):
         if limit is None:
             loader.set_epoch(0)
             return loader
-        if self.kept_eval is None or self.kept_eval[0] is not loader or len(self.kept_eval[1]) < limit:
+        if self.kept_eval is None or self.kept_eval[0] is not loader or self.kept_eval[1] < limit:
             loader.set_epoch(0)
-            self.kept_eval = (loader, list(itertools.islice(loader, limit)))
-        return self.kept_eval[1][:limit]
+            self.kept_eval = (loader, limit, list(itertools.islice(loader, limit)))  # fewer if the set is smaller
+        return self.kept_eval[2][:limit]
 
     def final_eval_steps(self) -> float:
         # with a time budget the last evaluation reads eval_batches batches of the training size

@@ -321,9 +321,11 @@ def test_dropout_setting_pretrains_without_dropout_and_saves_the_models_rates(tm
         tiny_config(tmp_path, dropout=1.0)
 
 
-def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("eval_batches", [2, 50])
+def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatch, eval_batches):
     """The periodic evaluations score the same batches: kept after the first read, not masked again
-    by the loader (and its workers started) at every evaluation. The last one reads it all."""
+    by the loader (and its workers started) at every evaluation, also when the held-out set has fewer
+    batches than eval_batches. The last one reads it all."""
     import bert_kit.tasks.pretraining as pretraining
 
     class Counting:
@@ -345,11 +347,12 @@ def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatc
         return loader, made[-1], about
 
     monkeypatch.setattr(pretraining, "phase_loaders", counting)
-    pretrain(tiny_config(tmp_path, max_steps=20, eval_every=5, eval_batches=2, eval_fraction=0.3))
+    pretrain(tiny_config(tmp_path, max_steps=20, eval_every=5, eval_batches=eval_batches, eval_fraction=0.3))
     evals = [r for r in read_metrics(tmp_path / "run") if r["type"] == "eval"]
     assert [r["step"] for r in evals] == [5, 10, 15, 20] and evals[-1]["final"]
     assert len(made) == 1 and made[0].passes == 2  # the first evaluation's batches, then the whole set
-    assert evals[0]["mlm_tokens"] == evals[1]["mlm_tokens"] == evals[2]["mlm_tokens"] < evals[3]["mlm_tokens"]
+    assert evals[0]["mlm_tokens"] == evals[1]["mlm_tokens"] == evals[2]["mlm_tokens"]
+    assert (evals[2]["mlm_tokens"] < evals[3]["mlm_tokens"]) == (eval_batches == 2)  # 50: the whole set
 
 
 def test_plan_phases_splits_steps():
