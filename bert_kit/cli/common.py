@@ -11,11 +11,7 @@ from typing import Any, Callable
 from bert_kit.checks import ConfigError
 from bert_kit.cli.errors import check_output_dir, check_output_file
 from bert_kit.outputs import write_text
-from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
-from bert_kit.training.distributed import DistributedError, cleanup, is_main
-from bert_kit.training.run_folder import protected_files
 from bert_kit.training.runconfig import add_config_arguments, apply_overrides, config_from_dict, load_config
-from bert_kit.training.trainer import NonFiniteLossError
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -31,6 +27,8 @@ def load_run_settings(args: argparse.Namespace, cls: type, overrides: list[str])
     listed = f"`bert-kit {args.command} --help` lists the settings"  # the end of an unknown-key error
     if args.config is None and args.resume not in (None, "latest"):
         # resuming without --config: start from the run config stored in the checkpoint
+        from bert_kit.training.checkpoint import load_trainer_state, resolve_checkpoint
+
         data = load_trainer_state(resolve_checkpoint(args.resume))["run_config"]
         return config_from_dict(cls, apply_overrides(data, overrides, cls, listed), str(args.resume), listed)
     if args.config is None and not overrides:
@@ -41,6 +39,11 @@ def load_run_settings(args: argparse.Namespace, cls: type, overrides: list[str])
 def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any, shown: tuple[str, ...] | None) -> int:
     """Run `train(cfg, resume=...)`, write --output, print the results (the `shown` keys, or all);
     exit 0, 1 for a failed run, 130/143 after SIGINT/SIGTERM."""
+    # torch comes with these: the settings were checked before it, so a mistyped key fails at once
+    from bert_kit.training.distributed import DistributedError, cleanup, is_main
+    from bert_kit.training.run_folder import protected_files
+    from bert_kit.training.trainer import NonFiniteLossError
+
     check_output_dir(cfg.output_dir, "output_dir")  # before any work, not when the results are written
     check_output_file(args.output, "--output", inputs=[args.config, *protected_files(cfg)])
     main = True

@@ -7,7 +7,7 @@ import argparse
 from bert_kit.checks import ConfigError
 from bert_kit.cli.common import add_run_arguments, load_run_settings, run_training
 from bert_kit.tasks import TASKS
-from bert_kit.tasks.finetuning import FinetuneConfig, finetune
+from bert_kit.tasks.finetuning_config import FinetuneConfig
 from bert_kit.training.runconfig import read_yaml
 
 SHOWN = ("task", "metric", "best_value", "best_step", "steps", "train_loss", "examples_per_second", "best_model",
@@ -31,4 +31,7 @@ def load_run_config(args: argparse.Namespace) -> FinetuneConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_training(args, finetune, load_run_config(args), SHOWN)
+    cfg = load_run_config(args)  # before torch is imported: a bad setting fails at once
+    from bert_kit.tasks.finetuning import finetune
+
+    return run_training(args, finetune, cfg, SHOWN)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bert_kit.cli.common import add_run_arguments, load_run_settings, run_training
-from bert_kit.tasks.pretraining import PretrainConfig, pretrain
+from bert_kit.tasks.pretraining_config import PretrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,4 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_training(args, pretrain, load_run_settings(args, PretrainConfig, list(args.overrides)), None)
+    cfg = load_run_settings(args, PretrainConfig, list(args.overrides))  # before torch: a bad setting fails at once
+    from bert_kit.tasks.pretraining import pretrain
+
+    return run_training(args, pretrain, cfg, None)

@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this fails instead of hanging
+from bert_kit.training.settings import DEFAULT_TIMEOUT_S
+
 PARALLEL_MODES = ("ddp", "fsdp")
 
 # What gloo/NCCL/the store say when a peer is gone or silent (their errors are plain RuntimeErrors).

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
-from bert_kit.training.distributed import DEFAULT_TIMEOUT_S
 from bert_kit.training.runconfig import check_run_settings
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this fails instead of hanging
 
 # settings a resumed run may change; every other difference is refused unless force_resume
 RESUMABLE_CHANGES = frozenset({

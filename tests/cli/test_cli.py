@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/cli/test_cli.py -q
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,24 @@ def test_version(capsys):
     code = "import sys\nfrom bert_kit.cli import main\nmain(['--version'])\nprint('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.splitlines() == [out.strip(), "False"]
+
+
+def test_a_bad_setting_fails_before_torch_is_imported(tmp_path):
+    """finetune and pretrain check their settings (FinetuneConfig, PretrainConfig: no torch) before
+    they import the training code: a mistyped key is reported in a fraction of a second, as is --help."""
+    root = Path(__file__).resolve().parents[2]
+    finetune, pretrain = root / "configs" / "finetune_sst2.yaml", root / "configs" / "pretrain_tiny.yaml"
+    code = ("import sys\nfrom bert_kit.cli import main\n"
+            f"codes = [main(['finetune', '--config', {str(finetune)!r}, 'batchsize=8']),\n"
+            f"         main(['pretrain', '--config', {str(pretrain)!r}, 'max_stpes=10']),\n"
+            "         main(['finetune', '--help']), main(['pretrain', '--help'])]\n"
+            "print(codes, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert run.stdout.splitlines()[-1] == "[2, 2, 0, 0] False", run.stdout + run.stderr
+    assert "bert-kit finetune: error: override 'batchsize=8': unknown key 'batchsize' (did you mean batch_size?)" \
+        in run.stderr
+    assert "bert-kit pretrain: error: override 'max_stpes=10': unknown key 'max_stpes' (did you mean max_steps?)" \
+        in run.stderr
 
 
 def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
