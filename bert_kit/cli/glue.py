@@ -25,7 +25,8 @@ from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
 from bert_kit.model_folder import locate_model
 from bert_kit.outputs import FolderLock, OutputFolder, write_record, write_text
 from bert_kit.tasks.glue import TASKS, build_report, find_tasks, markdown_table, recipe_table, task_name
-from bert_kit.tasks.glue_runs import check_overrides, finished, log_path, lr_name, plan_runs, run_all, visible_gpus
+from bert_kit.tasks.glue_runs import (check_configs, check_overrides, finished, log_path, lr_name, plan_runs, run_all,
+                                      visible_gpus)
 
 WRITTEN_BY = "bert-kit glue"
 RESULTS = "glue_results.json"
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         runs = plan_runs(args.model, present, out, lrs, seeds, overrides, notes=note)
         kept = {r["id"]: g for r in runs if (g := finished(r)) is not None}
         todo = [r for r in runs if r["id"] not in kept]
+        check_configs(todo, "cuda" if gpus else "cpu")
         where = f"GPU {','.join(gpus)}" if gpus else "the CPU"
         note(f"{len(present)} task(s) ({', '.join(TASKS[n].title for n in present)}) x {len(lrs)} lr x {len(seeds)} "
              f"seed(s): {len(runs)} run(s), {len(kept)} finished earlier and kept; {len(todo)} to run on {where}"

@@ -47,7 +47,8 @@ RESERVED = {**dict.fromkeys(("task", "text_column", "text_pair_column", "label_c
 
 def check_overrides(overrides: Sequence[str]) -> list[str]:
     """key=value settings for every run; a setting that bert-kit glue sets itself is refused,
-    naming the flag that sets it. (Unknown keys and bad values are FinetuneConfig's to refuse.)"""
+    naming the flag that sets it. (Unknown keys and bad values are FinetuneConfig's to refuse:
+    `check_configs`.)"""
     for text in overrides:
         key, sep, _ = text.partition("=")
         if not sep or not key.strip():
@@ -55,6 +56,16 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
         if key.strip() in RESERVED:
             raise ConfigError(f"{key.strip()}= is set by {RESERVED[key.strip()]}, not by a key=value setting")
     return list(overrides)
+
+
+def check_configs(runs: Sequence[dict[str, Any]], device: str) -> None:
+    """Build every run's FinetuneConfig (no torch, no data read), so that a mistyped key or a bad
+    value fails once, before any run starts, naming the run."""
+    for run in runs:
+        try:
+            make_config(run, device)
+        except ConfigError as e:
+            raise ConfigError(f"{run['id']}: {e}") from None
 
 
 def lr_name(lr: float | str) -> str:
@@ -139,7 +150,7 @@ def finished(run: dict[str, Any]) -> dict[str, Any] | None:
 
 def make_config(run: dict[str, Any], device: str) -> Any:
     """The run's FinetuneConfig: its settings, then the key=value overrides."""
-    from bert_kit.tasks.finetuning import FinetuneConfig
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
     from bert_kit.training.runconfig import apply_overrides, config_from_dict
 
     listed = "`bert-kit finetune --help` lists the settings"

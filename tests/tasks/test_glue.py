@@ -243,7 +243,10 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         (["--data", data, "--lrs", "1e-4,fast"], "--lrs 1e-4,fast: 'fast' is not a learning rate", ""),
         (["--data", data, "--gpus", "99"], "--gpus 99: there is", ""),
         (["--data", data, "--seeds", "1,x"], "'x' is not a seed", ""),
+        # every run's settings are checked before the first starts: one error, no run folder
         (["--data", data, "epoch=1"], "cola/lrauto_seed42: ", "unknown key 'epoch' (did you mean epochs?)"),
+        (["--data", data, "epochs=-1"], "cola/lrauto_seed42: epochs=-1.0 is out of range", "> 0"),
+        (["--data", data, "precision=bf17"], "cola/lrauto_seed42: precision='bf17'", "did you mean 'bf16'?"),
     ]
     for extra, *needles in cases:
         argv = base + extra
@@ -252,6 +255,7 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         code, _, err = glue(capsys, *argv)
         line = error_line(err)
         assert code == 2 and all(n in line for n in needles), (extra, err)
+        assert "fine-tuning on" not in err and not (tmp_path / "out" / "cola").exists(), (extra, err)
     code, _, err = glue(capsys, "--model", tmp_path / "no_model", "--data", data, "--gpus", "cpu")
     assert code == 2 and "no_model" in error_line(err)
     (tmp_path / "mine").mkdir()
