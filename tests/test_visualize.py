@@ -128,8 +128,7 @@ def test_index_parsing_and_shape_errors(tmp_path):
 
 def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_path, minilm_path, capsys,
                                                                            monkeypatch):
-    import bert_kit.cli.attention as command
-
+    import bert_kit.visualize as visualize
     from bert_kit.visualize import attention_figure, attention_title
 
     att = torch.softmax(torch.randn(2, 3, 4, 4), dim=-1)
@@ -146,7 +145,7 @@ def test_figure_has_colour_bar_axis_names_and_a_title_with_model_and_texts(tmp_p
     assert len(grid) == 6 and grid[0].get_title() == "head 0" and grid[0].get_ylabel() == "layer 0"
     # the command names the model as given and both texts
     titles = []
-    monkeypatch.setattr(command, "plot_attention_grid",
+    monkeypatch.setattr(visualize, "plot_attention_grid",  # the command imports it when it runs
                         lambda *a, title, **k: titles.append(title) or plot_attention_grid(*a, title=title, **k))
     out = tmp_path / "pair.png"
     assert cli_main(["attention", "--model", str(minilm_path), "--text", "The cat sat.", "--text-pair",

@@ -18,7 +18,6 @@ from bert_kit.checks import ConfigError
 from bert_kit.cli.errors import check_output_file
 from bert_kit.outputs import write_file
 from bert_kit.cli.options import MAX_LENGTH, add_device_option, add_model_option
-from bert_kit.visualize import _parse_indices, attention_maps, attention_title, plot_attention_grid
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from bert_kit.model_folder import resolve_model
     from bert_kit.tokenizer import get_tokenizer
     from bert_kit.training.precision import resolve_device
+    from bert_kit.visualize import _parse_indices, attention_maps, attention_title, plot_attention_grid
 
     if not args.text.strip():
         raise ConfigError("--text is empty: give the text to show attention for")

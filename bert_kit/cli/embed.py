@@ -12,11 +12,8 @@ from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_model_option, add_table_options,
                                    flag_messages, name_settings_as_flags)
 from bert_kit.data.tables import parse_where, read_texts
-from bert_kit.embeddings import POOLING_MODES, SentenceEncoder
 from bert_kit.model_folder import resolve_model
-from bert_kit.onnx_export import onnx_folder
 from bert_kit.outputs import write_file
-from bert_kit.tasks.inference import warn_blank_texts
 
 
 
@@ -26,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-column", default=None, help="TSV/CSV/JSONL input: the text column, name or 0-based index")
     add_table_options(parser, rows="embed only rows with this value")
     parser.add_argument("--output", required=True, help="where to write the (n, hidden) float32 .npy array")
-    parser.add_argument("--pooling", choices=POOLING_MODES, default="mean", help="mean of tokens or [CLS] state")
+    parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="mean of tokens or [CLS] state")
     parser.add_argument("--no-normalize", action="store_true", help="keep raw vectors (default: unit length)")
     parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text, longer ones are truncated (default: the model's own length: its "
@@ -47,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
                        args.encoding)
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
+    from bert_kit.embeddings import SentenceEncoder  # torch: after the input was read
+    from bert_kit.onnx_export import onnx_folder
+    from bert_kit.tasks.inference import warn_blank_texts
+
     encoder = SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
                                               not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)

@@ -12,12 +12,12 @@ import json
 import time
 from pathlib import Path
 
+from bert_kit.checks import check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
 from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
-from bert_kit.tasks.inference import load_task_model, summary_line
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
+    check_input_file(args.data, "--data")  # before torch and the model load
+    from bert_kit.tasks.inference import load_task_model, summary_line
+
     task, model, precision = load_task_model(args)
     out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
     png = out.with_name(out.stem + "_confusion_matrix.png") if task.name == "classification" else None

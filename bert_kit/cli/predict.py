@@ -7,11 +7,11 @@ import json
 import time
 from pathlib import Path
 
+from bert_kit.checks import check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.evaluate import add_common_arguments
 from bert_kit.cli.options import flag_messages, name_settings_as_flags
 from bert_kit.outputs import write_file
-from bert_kit.tasks.inference import PREDICTORS, check_input_file, load_task_model
 
 
 
@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.input])
     check_input_file(args.input)  # before the model loads; a pipe or /dev/stdin is read once, later
+    from bert_kit.tasks.inference import PREDICTORS, load_task_model  # torch: after the arguments are checked
+
     task, model, precision = load_task_model(args, verbose=False)
     records = PREDICTORS[task.name](task, model, args.input, precision, args.input_format)
     out = Path(args.output)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -163,15 +162,6 @@ def summary_line(task: str, metrics: dict[str, Any]) -> str:
 
 
 # ---- inputs -------------------------------------------------------------------------------------
-
-def check_input_file(path: str | Path, flag: str = "--input") -> None:
-    """Refuse a missing input or a folder before the model loads; any other path that exists (a
-    FIFO, /dev/stdin, `<(command)`) is read once, later, as a file."""
-    if Path(path).is_dir():
-        raise FileNotFoundError(f"input file is a folder, not a file: {path}")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"input file not found: {path} ({flag})")
-
 
 def warn_blank_texts(texts: list[str], path: str | Path, unit: str = "line", tokenizer: Any = None) -> list[int]:
     """Print a warning naming the texts of `path` (1-based `unit` numbers) that give no token: blank,

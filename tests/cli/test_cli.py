@@ -53,22 +53,27 @@ def test_version(capsys):
     assert run.stdout.splitlines() == [out.strip(), "False"]
 
 
-def test_a_bad_setting_fails_before_torch_is_imported(tmp_path):
-    """finetune and pretrain check their settings (FinetuneConfig, PretrainConfig: no torch) before
-    they import the training code: a mistyped key is reported in a fraction of a second, as is --help."""
+def test_bad_settings_missing_inputs_and_help_are_answered_before_torch_is_imported(tmp_path):
+    """The training commands check their settings (FinetuneConfig, PretrainConfig: no torch) and
+    the inference commands their input files before they import what runs models: a mistyped key,
+    a missing file or --help is answered in a fraction of a second."""
     root = Path(__file__).resolve().parents[2]
     finetune, pretrain = root / "configs" / "finetune_sst2.yaml", root / "configs" / "pretrain_tiny.yaml"
-    code = ("import sys\nfrom bert_kit.cli import main\n"
-            f"codes = [main(['finetune', '--config', {str(finetune)!r}, 'batchsize=8']),\n"
-            f"         main(['pretrain', '--config', {str(pretrain)!r}, 'max_stpes=10']),\n"
-            "         main(['finetune', '--help']), main(['pretrain', '--help'])]\n"
-            "print(codes, 'torch' in sys.modules)")
+    missing = str(tmp_path / "nothere.tsv")
+    calls = [["finetune", "--config", str(finetune), "batchsize=8"],
+             ["pretrain", "--config", str(pretrain), "max_stpes=10"],
+             ["evaluate", "--model", str(tmp_path), "--data", missing],
+             ["predict", "--model", str(tmp_path), "--input", missing, "--output", "out.jsonl"]]
+    calls += [[command, "--help"] for command in ("finetune", "pretrain", "evaluate", "predict", "embed", "attention")]
+    code = (f"import sys\nfrom bert_kit.cli import main\nprint([main(argv) for argv in {calls!r}], "
+            "'torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.stdout.splitlines()[-1] == "[2, 2, 0, 0] False", run.stdout + run.stderr
-    assert "bert-kit finetune: error: override 'batchsize=8': unknown key 'batchsize' (did you mean batch_size?)" \
-        in run.stderr
-    assert "bert-kit pretrain: error: override 'max_stpes=10': unknown key 'max_stpes' (did you mean max_steps?)" \
-        in run.stderr
+    assert run.stdout.splitlines()[-1] == "[2, 2, 2, 2, 0, 0, 0, 0, 0, 0] False", run.stdout + run.stderr
+    for line in ["bert-kit finetune: error: override 'batchsize=8': unknown key 'batchsize' (did you mean batch_size?)",
+                 "bert-kit pretrain: error: override 'max_stpes=10': unknown key 'max_stpes' (did you mean max_steps?)",
+                 f"bert-kit evaluate: error: input file not found: {missing} (--data)",
+                 f"bert-kit predict: error: input file not found: {missing} (--input)"]:
+        assert line in run.stderr, run.stderr
 
 
 def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
