@@ -297,7 +297,6 @@ def check_input_path(setting: str, value: str | Path, folder_ok: bool = False) -
     raise InputNotFoundError(f"{setting}={text}: {'folder or file' if folder_ok else 'file'} not found{hint}")
 
 
-
 def check_input_file(path: str | Path, flag: str = "--input") -> None:
     """Refuse a missing input or a folder before the model loads; any other path that exists (a
     FIFO, /dev/stdin, `<(command)`) is read once, later, as a file."""
@@ -305,6 +304,7 @@ def check_input_file(path: str | Path, flag: str = "--input") -> None:
         raise FileNotFoundError(f"input file is a folder, not a file: {path}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"input file not found: {path} ({flag})")
+
 
 # ---- YAML -----------------------------------------------------------------------------------------
 
