@@ -19,8 +19,9 @@ What the loop promises:
   (bert_kit/outputs.py) lists what runs wrote there: `overwrite` deletes only that, never a user's
   file, never through a link, and never an input of the new run.
 * Nothing is lost: checkpoints every `save_every` steps and at the end (`end_checkpoint`), written
-  atomically; SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the step, save and
-  exit 130/143; a NaN/inf loss stops the run before it is saved, the last checkpoint stays good.
+  atomically; SIGINT/SIGTERM (also to a whole process group with DataLoader workers) finish the
+  step, save and exit 130/143; a NaN/inf loss stops the run before it is saved, the last
+  checkpoint stays good.
 * No host-device synchronisation in steady-state steps on a GPU: losses stay on the device and
   are read back at log steps (with a fused optimizer a non-finite loss makes it skip every update
   from then on, so the weights that are saved are those of the last good step).
