@@ -24,10 +24,11 @@ called (at log steps and before checkpoints), with the same weights.
 
 With `cuda_graphs=True` (deferred checks, a capturable fused AdamW from
 `create_optimizer(capturable=True)`, grad_accum 1) the whole step of each batch shape, forward,
-backward, clipping, update and gradient reset, is captured once as a CUDA graph and replayed:
-the host launches one graph instead of hundreds of kernels, which is what bounds small models.
-The first batch of a shape runs eagerly (it warms up kernels and workspaces), the second is
-captured; the kernels are those of the eager step, so the numbers are too.
+backward, clipping and update, is captured once as a CUDA graph and replayed: the host launches
+one graph instead of hundreds of kernels, which is what bounds small models. The first batch of a
+shape runs eagerly (it warms up kernels and workspaces), the second is captured; the kernels are
+those of the eager step, so the numbers are too. Gradients live only inside a step: the backward
+writes them (no zeroing, no adding into the previous step's) in the graphs' memory pool.
 
 Under torchrun the model is normally DDP-wrapped: DDP all-reduces gradient buckets from hooks
 during the backward, which CUDA graphs cannot replay. Given the bare model instead, the trainer
@@ -122,10 +123,7 @@ class AMPTrainer:
         self._bad_losses: dict[str, torch.Tensor] = {}
         self.graphs: dict | None = {} if cuda_graphs else None  # batch shape -> "warm" | (graph, inputs, outputs)
         self._graph_pool = None
-        # one eager step per new batch shape before its capture; it keeps the gradient tensors (allocated
-        # by the first step, outside the graphs' pool) that every graph accumulates into: a gradient set
-        # to None would hand its memory back to the pool while captured graphs still write to it
-        self._warming_up = False
+        self._warming_up = False  # the eager step of a new batch shape, before its capture
         self.mlm_loss_fn = None  # None: compute_mlm_loss
         self.step = 0
         self.micro = 0  # micro-batches accumulated towards the next optimizer step
@@ -230,7 +228,11 @@ class AMPTrainer:
         return outputs["loss"]
 
     def _whole_step(self, batch: dict, loss_fn: Any) -> dict[str, torch.Tensor]:
-        """Forward, backward, clipping, a fused update and the gradient reset: what one graph records."""
+        """Forward, backward, clipping and a fused update: what one graph records. The gradients are
+        allocated in the graph's pool (none exist before: every step sets them to None), so a replay
+        writes them afresh instead of zeroing and adding into a stored set (all-MiniLM-L6-v2 at batch
+        32: 578 kernels a step instead of 661, 6% less GPU time). They are freed at the end, as the
+        step's other temporaries are: graphs sharing the pool use that memory too, one replay at a time."""
         with self.precision.autocast(cache_enabled=False):  # cached weight casts would be stale in replays
             loss, parts = loss_fn(batch)
         loss.backward()
@@ -242,7 +244,7 @@ class AMPTrainer:
             self.optimizer.step()
         finally:
             del self.optimizer.found_inf
-        self.optimizer.zero_grad(set_to_none=False)  # the graph keeps writing into the same gradients
+        self.optimizer.zero_grad(set_to_none=True)
         self._steps_done.add_(1)
         return {**values, "grad_norm": grad_norm}
 
@@ -297,7 +299,7 @@ class AMPTrainer:
             return
         step = int(self._first_bad)
         if step:
-            self.optimizer.zero_grad(set_to_none=self.graphs is None)
+            self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(step, {k: float(v) for k, v in self._bad_losses.items()})
 
     def _optimizer_step(self) -> None:
@@ -332,7 +334,7 @@ class AMPTrainer:
             if self.deferred:
                 del self.optimizer.found_inf
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs keep the gradient tensors
+        self.optimizer.zero_grad(set_to_none=True)
         if self.deferred:
             self._steps_done.add_(1)
         if self.scheduler is not None:

@@ -70,6 +70,7 @@ def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: in
                 torch.cuda.set_sync_debug_mode("default")
             losses.append(trainer.last["loss"].clone())  # a graph's output is overwritten by its next replay
     trainer.check_finite()
+    assert all(p.grad is None for p in model.parameters())  # a graph's gradients live inside its step
     return [float(x) for x in losses]
 
 
@@ -104,7 +105,8 @@ def test_cuda_graph_steps_compute_the_eager_steps():
 def test_cuda_graphs_of_shapes_seen_late_compute_the_eager_steps():
     # batches of 4 cut at their longest sequence: a new shape (its eager warm-up, then its capture)
     # keeps coming between replays of the graphs captured before. The warm-ups once freed the
-    # gradient tensors the earlier graphs write into, so other graphs' memory overwrote them
+    # gradient tensors earlier graphs added into, so other graphs' memory overwrote them; now each
+    # graph writes its gradients afresh in the shared pool, and nothing is kept between replays
     eager = train(False, 0.0, steps=80, precision="fp32", pad_to=1, batch_size=4)
     graphed = train(False, 0.0, steps=80, precision="fp32", pad_to=1, batch_size=4, graphs=True)
     torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-4, atol=1e-5)
