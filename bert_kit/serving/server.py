@@ -23,10 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bert_kit.checks import ConfigError, Range, check_device, check_settings
+from bert_kit.checks import ConfigError, Range, check_device, check_settings, choice_error
 from bert_kit.serving.batcher import Batcher
 from bert_kit.serving.metrics import ServerMetrics
-from bert_kit.serving.operations import BACKENDS, NonFiniteOutput
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -63,15 +62,17 @@ class ServeConfig:
     def __post_init__(self) -> None:
         check_settings(self, self.RULES)
         check_device(self.device)
-        for name, choices in (("precision", PRECISIONS), ("backend", tuple(BACKENDS))):
-            if getattr(self, name) not in choices:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is not a valid choice: expected one of "
-                                  f"{', '.join(map(repr, choices))}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("model is required: a model folder, a run folder or a hub name")
         if (self.workers or 1) > 1 and not hasattr(socket, "SO_REUSEPORT"):
             raise ConfigError(f"workers={self.workers}: several workers share the port through SO_REUSEPORT, "
                               "which this system lacks; use workers=1")
+        if self.precision not in PRECISIONS:
+            raise choice_error("precision", self.precision, PRECISIONS)
+        from bert_kit.serving.operations import BACKENDS  # torch: imported once the cheap checks passed
+
+        if self.backend not in BACKENDS:
+            raise choice_error("backend", self.backend, tuple(BACKENDS))
 
 
 def listen(host: str, port: int, reuse_port: bool = False, backlog: int = 2048) -> socket.socket:
@@ -142,6 +143,8 @@ def http_protocol(read_timeout: float) -> type:
 def warm_up(operations: list) -> None:
     """A batch of one input and one of three through every operation: the first forward passes pay
     one-off costs (allocations, kernel selection) that should not land on the first clients."""
+    from bert_kit.serving.operations import NonFiniteOutput
+
     for op in operations:
         options = op.with_defaults({})
         try:
@@ -156,6 +159,7 @@ def build(cfg: ServeConfig, worker: tuple[int, int] = (0, 1)) -> tuple[dict, lis
     """(description, operations, ASGI app) of `cfg.model`: loaded, warmed up, limits and batcher in
     place. `worker` is (index, count) among the processes serving it, shown in /info."""
     from bert_kit.serving.app import Limits, create_app
+    from bert_kit.serving.operations import BACKENDS
 
     info, operations = BACKENDS[cfg.backend](cfg.model, cfg.device, cfg.precision, cfg.max_length)
     warm_up(operations)

@@ -54,25 +54,30 @@ def test_version(capsys):
 
 
 def test_bad_settings_missing_inputs_and_help_are_answered_before_torch_is_imported(tmp_path):
-    """The training commands check their settings (FinetuneConfig, PretrainConfig: no torch) and
-    the inference commands their input files before they import what runs models: a mistyped key,
-    a missing file or --help is answered in a fraction of a second."""
+    """The training commands check their settings (FinetuneConfig, PretrainConfig: no torch), the
+    inference commands their input files and `serve` its settings (ServeConfig) before they import
+    what runs models: a mistyped key, a missing file, a bad port or --help is answered in a
+    fraction of a second."""
     root = Path(__file__).resolve().parents[2]
     finetune, pretrain = root / "configs" / "finetune_sst2.yaml", root / "configs" / "pretrain_tiny.yaml"
     missing = str(tmp_path / "nothere.tsv")
     calls = [["finetune", "--config", str(finetune), "batchsize=8"],
              ["pretrain", "--config", str(pretrain), "max_stpes=10"],
              ["evaluate", "--model", str(tmp_path), "--data", missing],
-             ["predict", "--model", str(tmp_path), "--input", missing, "--output", "out.jsonl"]]
-    calls += [[command, "--help"] for command in ("finetune", "pretrain", "evaluate", "predict", "embed", "attention")]
+             ["predict", "--model", str(tmp_path), "--input", missing, "--output", "out.jsonl"],
+             ["serve", "--model", str(tmp_path), "--port", "70000"]]
+    calls += [[command, "--help"] for command in ("finetune", "pretrain", "evaluate", "predict", "embed", "attention",
+                                                  "serve")]
     code = (f"import sys\nfrom bert_kit.cli import main\nprint([main(argv) for argv in {calls!r}], "
             "'torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.stdout.splitlines()[-1] == "[2, 2, 2, 2, 0, 0, 0, 0, 0, 0] False", run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "[2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0] False", run.stdout + run.stderr
     for line in ["bert-kit finetune: error: override 'batchsize=8': unknown key 'batchsize' (did you mean batch_size?)",
                  "bert-kit pretrain: error: override 'max_stpes=10': unknown key 'max_stpes' (did you mean max_steps?)",
                  f"bert-kit evaluate: error: input file not found: {missing} (--data)",
-                 f"bert-kit predict: error: input file not found: {missing} (--input)"]:
+                 f"bert-kit predict: error: input file not found: {missing} (--input)",
+                 "bert-kit serve: error: port=70000 is out of range: expected an integer in [0, 65535] (0 picks a "
+                 "free port)"]:
         assert line in run.stderr, run.stderr
 
 
