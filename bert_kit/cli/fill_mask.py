@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from bert_kit.config import load_hf_config
     from bert_kit.model_folder import resolve_model
     from bert_kit.tokenizer import get_tokenizer
-    from bert_kit.training.precision import resolve_device
+    from bert_kit.checks import resolve_device
 
     folder = resolve_model(args.model)  # a run folder's final/, or a hub name's local copy
     tokenizer = get_tokenizer(args.tokenizer or folder)

@@ -15,17 +15,21 @@ Bounds, each a ConfigError that says what to change: a text holds 1 to MAX_MASKS
 all within the model's positions (a mask past them would be cut off with the text); top_k is an
 integer from 1 to the vocabulary size. Each prediction carries its whole filled-in text, so
 masks x top_k is what an answer costs.
+
+torch is imported by the functions that run a model: `bert-kit fill-mask` checks its texts (and
+answers --help) without it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any, Sequence
 
 from bert_kit.checks import ConfigError, Range, resolve_device
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 MAX_MASKS = 16  # [MASK] tokens per text: each is predicted on its own, with the others still masked
 
@@ -50,7 +54,6 @@ def encode_masked(tokenizer: Any, text: str, max_length: int | None = None, max_
     return ids
 
 
-@torch.no_grad()
 def fill_mask(model: nn.Module, tokenizer: Any, text: str, top_k: int = 5) -> list[list[dict[str, Any]]]:
     """Top-k predictions for every [MASK] in `text`, in order of appearance.
 
@@ -72,11 +75,12 @@ def vocab_size(model: nn.Module, tokenizer: Any) -> int:
     return getattr(getattr(model, "config", None), "vocab_size", None) or tokenizer.vocab_size
 
 
-@torch.no_grad()
 def fill_masks(model: nn.Module, tokenizer: Any, rows: Sequence[Sequence[int]],
                top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
     """`fill_mask` for a batch of token id lists (with [CLS]/[SEP]): one padded forward pass, the
     MLM head only at the [MASK] positions. Returns, per row, one list of `top_k` dicts per mask."""
+    import torch
+
     check_top_k(top_k, vocab_size(model, tokenizer))
     lengths = torch.tensor([len(r) for r in rows])
     ids = torch.full((len(rows), int(lengths.max())), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
@@ -87,8 +91,9 @@ def fill_masks(model: nn.Module, tokenizer: Any, rows: Sequence[Sequence[int]],
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out = model(ids.to(device), attention_mask.to(device), torch.zeros_like(ids).to(device),
-                masked_index=index.to(device))
+    with torch.no_grad():
+        out = model(ids.to(device), attention_mask.to(device), torch.zeros_like(ids).to(device),
+                    masked_index=index.to(device))
     model.train(was_training)
     logits = out[0] if isinstance(out, tuple) else out  # (M, V): (mlm, nsp) for a pretraining model
     scores, top_ids = logits.float().softmax(dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)  # (M, k)
