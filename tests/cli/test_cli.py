@@ -143,3 +143,14 @@ def test_a_profiled_command_writes_its_profile(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "bert-tiny" in done.stdout, done.stderr
     assert stats.stat().st_size > 0
+
+
+def test_pooling_choices_of_the_commands_are_the_librarys():
+    """`embed` and `evaluate` list their --pooling choices without importing torch: they must stay
+    the ones `bert_kit.embeddings` accepts."""
+    from bert_kit.embeddings import POOLING_MODES
+
+    parser = build_parser()
+    for name in ("embed", "evaluate"):
+        pooling = next(a for a in parser.command_parsers[name]._actions if "--pooling" in a.option_strings)
+        assert tuple(pooling.choices) == POOLING_MODES, name
