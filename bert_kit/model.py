@@ -19,6 +19,8 @@ What the fast path does, in the same code:
 - optionally a 16-bit residual stream under autocast (`set_low_precision_residual`, on in pretraining).
 - hidden dropout draws its mask with a Triton kernel when compiled on CUDA (`dropout.py`): inductor's
   per-element random numbers made the fused dropout + residual + LayerNorm kernel compute-bound.
+- compiled pretraining on CUDA writes the FFN's and the QKV projection's gradients together with
+  their bias gradients (`fused_backward.py`), instead of reading the widest gradients twice.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bert_kit import fused_backward
 from bert_kit.config import BertConfig
 from bert_kit.dropout import Dropout
 
@@ -314,7 +317,11 @@ class MultiHeadAttention(nn.Module):
         p = self.attn_dropout if self.training else 0.0
         if packed is None:
             B, T, H = x.shape
-            q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+            if fused_backward.applies(x, self.qkv):  # same function, fewer passes backward
+                q, k, v = fused_backward.qkv_projection(x, self.qkv, self.num_heads)
+            else:
+                qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
             y = masked_attention(q, k, v, mask, p)  # (B, nh, T, hd)
             y = y.transpose(1, 2).reshape(B, T, H)
         else:
@@ -334,6 +341,8 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.act, GELU) and fused_backward.applies(x, self.up, self.down):
+            return fused_backward.feed_forward(x, self.up, self.down)  # same function, fewer passes backward
         return self.down(self.act(self.up(x)))
 
 

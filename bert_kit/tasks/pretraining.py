@@ -38,6 +38,7 @@ import torch
 
 from bert_kit.config import BertConfig
 from bert_kit.dropout import register_mask_op
+from bert_kit.fused_backward import register_fused_backward
 from bert_kit.model import set_dropout, set_low_precision_residual
 from bert_kit.model_folder import locate_model
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
@@ -104,6 +105,7 @@ def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.dev
     options = {"triton.cudagraphs": cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
     register_mask_op()  # dropout's cheaper mask, traced into the graph
+    register_fused_backward()  # gradients written with their bias gradients
     model.compile(dynamic=False, options=options if device.type == "cuda" else None)
 
 

@@ -1,0 +1,105 @@
+"""Backward passes that write a gradient and its bias gradient in one pass over the gradient.
+
+Compiled, inductor computes a bias gradient as a separate reduction that reads the gradient again,
+and for the two widest it recomputes the gradient inside that reduction: GELU's backward over the
+FFN's (tokens x 4H) activation, and the QKV projection's (tokens x 3H) gradient assembled from
+attention's three. In BERT-base pretraining these second passes took 1.6 ms of a 50 ms step on an
+H100. Here two Triton kernels (`fused_backward_triton.py`) write each gradient and its column sums
+together (+2.6% tokens/s, benchmarks/RESULTS.md); the matmuls stay cuBLAS's:
+
+    FFN   forward:  z = x @ W1.T + b1, h = GELU(z), y = h @ W2.T + b2
+          backward: dz, db1 = (dy @ W2) * GELU'(z), its column sums      (one kernel)
+                    dx = dz @ W1, dW1 = dz.T @ x, dW2 = dy.T @ h, db2 = sum(dy)
+    QKV   forward:  q, k, v = views of x @ W.T + b, (B, nh, T, hd) each
+          backward: dqkv, db = [dq | dk | dv] token-major, its column sums   (one kernel)
+                    dx = dqkv @ W, dW = dqkv.T @ x
+
+Used while training compiled on CUDA in 16 bits once `register_fused_backward` has run
+(pretraining); everywhere else (and with `enabled` off) the model's plain code runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+enabled = True  # switch for measuring against inductor's own kernels
+_ops = None  # the Triton module, once `register_fused_backward` has run
+
+
+def register_fused_backward():
+    """Import the Triton ops (once) and return their module, or None without Triton. Call it
+    before compiling a model that should use them (see `dropout.register_mask_op` for why late)."""
+    global _ops
+    if _ops is None and hasattr(torch.library, "triton_op"):
+        try:
+            from bert_kit import fused_backward_triton
+        except ImportError:  # CPU-only installs: no Triton
+            return None
+        _ops = fused_backward_triton
+    return _ops
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+
+
+def applies(x: torch.Tensor, *linears: nn.Linear) -> bool:
+    """Whether the fused backward takes this call: registered, training compiled on CUDA with a
+    16-bit stream (x already in the compute dtype, as `set_low_precision_residual` makes it),
+    biases present, widths the kernels tile (multiples of 64)."""
+    return (enabled and _ops is not None and x.is_cuda and torch.is_grad_enabled() and torch.compiler.is_compiling()
+            and x.dtype in (torch.bfloat16, torch.float16) and _compute_dtype(x) == x.dtype
+            and all(m.bias is not None and m.in_features % 64 == 0 and m.out_features % 64 == 0 for m in linears))
+
+
+def _cast(dtype: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(dtype).contiguous() for t in tensors]
+
+
+class _FeedForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2):
+        x2 = x.reshape(-1, x.shape[-1])
+        z = F.linear(x2, w1, b1)
+        h = F.gelu(z)
+        ctx.save_for_backward(x2, w1, w2, z, h)
+        return F.linear(h, w2, b2).view(*x.shape[:-1], w2.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w1, w2, z, h = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dz, partial = _ops.gelu_grad(dy2 @ w2, z)
+        dx = (dz @ w1).view(*dy.shape[:-1], w1.shape[1])
+        return dx, dz.t() @ x2, partial.sum(0).to(w1.dtype), dy2.t() @ h, dy2.sum(0)
+
+
+def feed_forward(x: torch.Tensor, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    """down(GELU(up(x))): x (..., H) -> (..., H), in the autocast dtype (or x's)."""
+    with torch.autocast("cuda", enabled=False):
+        return _FeedForward.apply(*_cast(_compute_dtype(x), x, up.weight, up.bias, down.weight, down.bias))
+
+
+class _QKVProjection(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, num_heads):
+        B, T, H = x.shape
+        x2 = x.reshape(B * T, H)
+        ctx.save_for_backward(x2, w)
+        q, k, v = F.linear(x2, w, b).view(B, T, 3, num_heads, H // num_heads).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        x2, w = ctx.saved_tensors
+        dqkv, partial = _ops.qkv_grad(dq, dk, dv)
+        dx = (dqkv @ w).view(dq.shape[0], dq.shape[2], w.shape[1])
+        return dx, dqkv.t() @ x2, partial.sum(0).to(w.dtype), None
+
+
+def qkv_projection(x: torch.Tensor, qkv: nn.Linear, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (B, T, H) -> q, k, v (B, nh, T, hd), views of one fused projection, in the autocast dtype."""
+    with torch.autocast("cuda", enabled=False):
+        return _QKVProjection.apply(*_cast(_compute_dtype(x), x, qkv.weight, qkv.bias), num_heads)

@@ -1,0 +1,83 @@
+"""bert_kit.fused_backward: gradients written with their bias gradients equal the plain ones."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bert_kit import fused_backward
+from bert_kit.config import BertConfig
+from bert_kit.model import FeedForward, MultiHeadAttention
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or fused_backward.register_fused_backward() is None,
+                          reason="needs CUDA and Triton")
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_plain_path_outside_compiled_cuda_training():
+    cfg = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=1)
+    ffn, attention = FeedForward(cfg), MultiHeadAttention(cfg)
+    x = torch.randn(2, 5, 64)
+    assert not fused_backward.applies(x, ffn.up, ffn.down) and not fused_backward.applies(x, attention.qkv)
+    torch.testing.assert_close(ffn(x), ffn.down(F.gelu(ffn.up(x))))
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 513, 2000])
+def test_gelu_grad_kernel_matches_float64(rows):
+    ops = fused_backward.register_fused_backward()
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    dh, z = (torch.randn(rows, 384, device="cuda", generator=g).bfloat16() for _ in range(2))
+    dz, partial = ops.gelu_grad(dh, z)
+    zd = z.double().requires_grad_()
+    ref = torch.autograd.grad(F.gelu(zd), zd, dh.double())[0]
+    assert partial.shape == (-(-rows // ops.GELU_SETTINGS["ROWS"]), 384)
+    assert rel(dz, ref) < 5e-3 and rel(partial.sum(0), ref.sum(0)) < 1e-5
+
+
+@cuda
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_qkv_grad_kernel_lays_the_three_gradients_side_by_side(contiguous):
+    ops = fused_backward.register_fused_backward()
+    B, nh, T, hd = 5, 6, 150, 64
+    qkv = torch.randn(B, T, 3, nh, hd, device="cuda").bfloat16()
+    dq, dk, dv = qkv.permute(2, 0, 3, 1, 4)  # strided, as attention's inputs are
+    if contiguous:
+        dq, dk, dv = dq.contiguous(), dk.contiguous(), dv.contiguous()
+    out, partial = ops.qkv_grad(dq, dk, dv)
+    assert torch.equal(out, qkv.reshape(B * T, 3 * nh * hd))
+    assert rel(partial.sum(0), out.double().sum(0)) < 1e-5
+
+
+@cuda
+@pytest.mark.parametrize("block", ["ffn", "attention"])
+def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeypatch, block):
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=128, intermediate_size=512, num_attention_heads=2, attention_probs_dropout_prob=0.0)
+    module = (FeedForward(cfg) if block == "ffn" else MultiHeadAttention(cfg)).cuda()
+    x = torch.randn(4, 96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # a 16-bit stream
+    dy = torch.randn(4, 96, 128, device="cuda")
+    calls = []
+    for name in ("feed_forward", "qkv_projection"):
+        fn = getattr(fused_backward, name)
+        monkeypatch.setattr(fused_backward, name, lambda *a, fn=fn: calls.append(1) or fn(*a))
+
+    def run(enabled: bool):
+        monkeypatch.setattr(fused_backward, "enabled", enabled)
+        torch._dynamo.reset()
+        for t in [x, *module.parameters()]:
+            t.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.compile(module, fullgraph=True)(x)
+        y.float().backward(dy)
+        return [y.float(), x.grad, *(p.grad for p in module.parameters())]
+
+    plain = run(False)
+    assert not calls
+    fast = run(True)
+    assert calls
+    for a, b in zip(fast, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert rel(a, b) < 2e-2
