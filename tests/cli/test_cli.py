@@ -67,11 +67,11 @@ def test_bad_settings_missing_inputs_and_help_are_answered_before_torch_is_impor
              ["predict", "--model", str(tmp_path), "--input", missing, "--output", "out.jsonl"],
              ["serve", "--model", str(tmp_path), "--port", "70000"]]
     calls += [[command, "--help"] for command in ("finetune", "pretrain", "evaluate", "predict", "embed", "attention",
-                                                  "serve", "fill-mask")]
+                                                  "serve", "fill-mask", "export")]
     code = (f"import sys\nfrom bert_kit.cli import main\nprint([main(argv) for argv in {calls!r}], "
             "'torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.stdout.splitlines()[-1] == "[2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0] False", run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "[2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0] False", run.stdout + run.stderr
     for line in ["bert-kit finetune: error: override 'batchsize=8': unknown key 'batchsize' (did you mean batch_size?)",
                  "bert-kit pretrain: error: override 'max_stpes=10': unknown key 'max_stpes' (did you mean max_steps?)",
                  f"bert-kit evaluate: error: input file not found: {missing} (--data)",
@@ -154,3 +154,12 @@ def test_pooling_choices_of_the_commands_are_the_librarys():
     for name in ("embed", "evaluate"):
         pooling = next(a for a in parser.command_parsers[name]._actions if "--pooling" in a.option_strings)
         assert tuple(pooling.choices) == POOLING_MODES, name
+
+
+def test_export_settings_of_the_command_are_the_librarys():
+    """`export` writes its defaults and choices as literals to keep torch out of --help."""
+    from bert_kit import onnx_export
+    from bert_kit.cli import export
+
+    assert (export.OPSET, export.MIN_OPSET, export.QUANTIZE_CHOICES) == (
+        onnx_export.OPSET, onnx_export.MIN_OPSET, onnx_export.QUANTIZE_CHOICES)
