@@ -52,13 +52,14 @@ def test_qkv_grad_kernel_lays_the_three_gradients_side_by_side(contiguous):
 
 
 @cuda
-@pytest.mark.parametrize("block", ["ffn", "attention"])
+@pytest.mark.parametrize("block", ["ffn", "ffn-packed", "attention"])
 def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeypatch, block):
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=128, intermediate_size=512, num_attention_heads=2, attention_probs_dropout_prob=0.0)
-    module = (FeedForward(cfg) if block == "ffn" else MultiHeadAttention(cfg)).cuda()
-    x = torch.randn(4, 96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # a 16-bit stream
-    dy = torch.randn(4, 96, 128, device="cuda")
+    module = (MultiHeadAttention(cfg) if block == "attention" else FeedForward(cfg)).cuda()
+    shape = (384, 128) if block == "ffn-packed" else (4, 96, 128)  # packed batches: (tokens, H)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # a 16-bit stream
+    dy = torch.randn(shape, device="cuda")
     calls = []
     for name in ("feed_forward", "qkv_projection"):
         fn = getattr(fused_backward, name)
