@@ -55,7 +55,7 @@ def applies(x: torch.Tensor, *linears: nn.Linear) -> bool:
 
 
 def _cast(dtype: torch.dtype, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    return [t.to(dtype).contiguous() for t in tensors]
+    return [t.to(dtype).contiguous() for t in tensors]  # the parameters, as autocast would cast them
 
 
 class _FeedForward(torch.autograd.Function):
@@ -77,9 +77,9 @@ class _FeedForward(torch.autograd.Function):
 
 
 def feed_forward(x: torch.Tensor, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
-    """down(GELU(up(x))): x (..., H) -> (..., H), in the autocast dtype (or x's)."""
+    """down(GELU(up(x))): x (..., H) -> (..., H), in x's dtype (the compute dtype, see `applies`)."""
     with torch.autocast("cuda", enabled=False):
-        return _FeedForward.apply(*_cast(_compute_dtype(x), x, up.weight, up.bias, down.weight, down.bias))
+        return _FeedForward.apply(x.contiguous(), *_cast(x.dtype, up.weight, up.bias, down.weight, down.bias))
 
 
 class _QKVProjection(torch.autograd.Function):
@@ -100,6 +100,6 @@ class _QKVProjection(torch.autograd.Function):
 
 
 def qkv_projection(x: torch.Tensor, qkv: nn.Linear, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (B, T, H) -> q, k, v (B, nh, T, hd), views of one fused projection, in the autocast dtype."""
+    """x (B, T, H) -> q, k, v (B, nh, T, hd), views of one fused projection, in x's dtype."""
     with torch.autocast("cuda", enabled=False):
-        return _QKVProjection.apply(*_cast(_compute_dtype(x), x, qkv.weight, qkv.bias), num_heads)
+        return _QKVProjection.apply(x.contiguous(), *_cast(x.dtype, qkv.weight, qkv.bias), num_heads)
