@@ -36,7 +36,11 @@ def _dropout_mask_kernel(seed_ptr, mask_ptr, n, threshold, BLOCK: tl.constexpr):
 @torch.library.triton_op("bert_kit::dropout_mask", mutates_args=())
 def dropout_mask(seed: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
     """Keep mask (bool, `shape`) with P(keep) = 1 - round(p * 65536) / 65536; seed: (1,) int64 on the GPU."""
-    mask = torch.empty(shape, dtype=torch.bool, device=seed.device)
+    return fill_mask(torch.empty(shape, dtype=torch.bool, device=seed.device), seed, p)
+
+
+def fill_mask(mask: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
+    """Write `dropout_mask`'s keep mask into `mask` (contiguous bool) and return it; for other triton_ops."""
     n = mask.numel()
     grid = (triton.cdiv(n, 8 * BLOCK),)
     torch.library.wrap_triton(_dropout_mask_kernel)[grid](seed, mask, n, round(p * 65536), BLOCK=BLOCK)

@@ -20,6 +20,9 @@ Used while training compiled on CUDA in 16 bits once `register_fused_backward` h
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,16 +31,23 @@ enabled = True  # switch for measuring against inductor's own kernels
 _ops = None  # the Triton module, once `register_fused_backward` has run
 
 
-def register_fused_backward():
+def import_triton_ops(name: str) -> ModuleType | None:
+    """The module `bert_kit.<name>` of Triton kernels, or None where torch or Triton cannot run them
+    (CPU-only installs). Imported late: loading Triton and registering a `triton_op` loads
+    torch._inductor (seconds of start-up), which only compiled runs should pay."""
+    if not hasattr(torch.library, "triton_op"):
+        return None
+    try:
+        return importlib.import_module(f"bert_kit.{name}")
+    except ImportError:
+        return None
+
+
+def register_fused_backward() -> ModuleType | None:
     """Import the Triton ops (once) and return their module, or None without Triton. Call it
-    before compiling a model that should use them (see `dropout.register_mask_op` for why late)."""
+    before compiling a model that should use them."""
     global _ops
-    if _ops is None and hasattr(torch.library, "triton_op"):
-        try:
-            from bert_kit import fused_backward_triton
-        except ImportError:  # CPU-only installs: no Triton
-            return None
-        _ops = fused_backward_triton
+    _ops = _ops or import_triton_ops("fused_backward_triton")
     return _ops
 
 

@@ -20,7 +20,8 @@ What the fast path does, in the same code:
 - hidden dropout draws its mask with a Triton kernel when compiled on CUDA (`dropout.py`): inductor's
   per-element random numbers made the fused dropout + residual + LayerNorm kernel compute-bound.
 - compiled pretraining on CUDA writes the FFN's and the QKV projection's gradients together with
-  their bias gradients (`fused_backward.py`), instead of reading the widest gradients twice.
+  their bias gradients (`fused_backward.py`), instead of reading the widest gradients twice, and
+  at T <= 128 runs attention with its QKV gradient as two Triton kernels (`short_attention.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bert_kit import fused_backward
+from bert_kit import fused_backward, short_attention
 from bert_kit.config import BertConfig
 from bert_kit.dropout import Dropout
 
@@ -317,6 +318,8 @@ class MultiHeadAttention(nn.Module):
         p = self.attn_dropout if self.training else 0.0
         if packed is None:
             B, T, H = x.shape
+            if short_attention.applies(x, mask, self.qkv, self.head_dim, p):  # same function, fewer kernels
+                return self.out(short_attention.self_attention(x, self.qkv, mask, self.num_heads, p))
             if fused_backward.applies(x, self.qkv):  # same function, fewer passes backward
                 q, k, v = fused_backward.qkv_projection(x, self.qkv, self.num_heads)
             else:

@@ -16,6 +16,24 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+def compiled_output_and_grads(module: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, *args) -> list:
+    """module(x, *args) compiled whole under bf16 autocast, then backward from dy: the output, x's
+    gradient and every parameter's."""
+    torch._dynamo.reset()
+    for t in [x, *module.parameters()]:
+        t.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.compile(module, fullgraph=True)(x, *args)
+    y.float().backward(dy)
+    return [y.float(), x.grad, *(p.grad for p in module.parameters())]
+
+
+def assert_equal_within_bf16(fast: list, plain: list) -> None:
+    for a, b in zip(fast, plain, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert rel(a, b) < 2e-2
+
+
 def test_plain_path_outside_compiled_cuda_training():
     cfg = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=1)
     ffn, attention = FeedForward(cfg), MultiHeadAttention(cfg)
@@ -57,7 +75,8 @@ def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeyp
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=128, intermediate_size=512, num_attention_heads=2, attention_probs_dropout_prob=0.0)
     module = (MultiHeadAttention(cfg) if block == "attention" else FeedForward(cfg)).cuda()
-    shape = (384, 128) if block == "ffn-packed" else (4, 96, 128)  # packed batches: (tokens, H)
+    # packed batches: (tokens, H); attention over more than 128 tokens (bert_kit.short_attention takes the rest)
+    shape = {"ffn": (4, 96, 128), "ffn-packed": (384, 128), "attention": (2, 160, 128)}[block]
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # a 16-bit stream
     dy = torch.randn(shape, device="cuda")
     calls = []
@@ -65,20 +84,10 @@ def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeyp
         fn = getattr(fused_backward, name)
         monkeypatch.setattr(fused_backward, name, lambda *a, fn=fn: calls.append(1) or fn(*a))
 
-    def run(enabled: bool):
-        monkeypatch.setattr(fused_backward, "enabled", enabled)
-        torch._dynamo.reset()
-        for t in [x, *module.parameters()]:
-            t.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = torch.compile(module, fullgraph=True)(x)
-        y.float().backward(dy)
-        return [y.float(), x.grad, *(p.grad for p in module.parameters())]
-
-    plain = run(False)
+    monkeypatch.setattr(fused_backward, "enabled", False)
+    plain = compiled_output_and_grads(module, x, dy)
     assert not calls
-    fast = run(True)
+    monkeypatch.setattr(fused_backward, "enabled", True)
+    fast = compiled_output_and_grads(module, x, dy)
     assert calls
-    for a, b in zip(fast, plain):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert rel(a, b) < 2e-2
+    assert_equal_within_bf16(fast, plain)

@@ -41,6 +41,7 @@ from bert_kit.dropout import register_mask_op
 from bert_kit.fused_backward import register_fused_backward
 from bert_kit.model import set_dropout, set_low_precision_residual
 from bert_kit.model_folder import locate_model
+from bert_kit.short_attention import register_short_attention
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state,  # noqa: F401
@@ -106,6 +107,7 @@ def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.dev
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
     register_mask_op()  # dropout's cheaper mask, traced into the graph
     register_fused_backward()  # gradients written with their bias gradients
+    register_short_attention()  # attention in one tile at T <= 128
     model.compile(dynamic=False, options=options if device.type == "cuda" else None)
 
 
