@@ -28,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bert_kit.dropout  # noqa: E402
 import bert_kit.fused_backward  # noqa: E402
+import bert_kit.short_attention  # noqa: E402
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import masked_index, with_prediction_slots  # noqa: E402
 from bert_kit.model import estimate_mfu, set_low_precision_residual  # noqa: E402
@@ -78,11 +79,14 @@ def real_batches(path: Path, batch: int, seq: int, n: int, tokenizer_dir: Path) 
 
 def make_bertkit(config, compile_mode: str | None, unpadded: bool, static: bool = False,
                  options: dict | None = None, fp32_residual: bool = False, rng_recompute: bool = False,
-                 cudnn_attention: bool = True, triton_dropout: bool = True, fused_grads: bool = True):
+                 cudnn_attention: bool = True, triton_dropout: bool = True, fused_grads: bool = True,
+                 short_attention: bool = True):
     bert_kit.dropout.triton_mask_enabled = triton_dropout  # read when traced
     bert_kit.dropout.register_mask_op()
     bert_kit.fused_backward.enabled = fused_grads  # read when traced
     bert_kit.fused_backward.register_fused_backward()
+    bert_kit.short_attention.enabled = short_attention  # read when traced; needs fused_grads
+    bert_kit.short_attention.register_short_attention()
     torch._functorch.config.functionalize_rng_ops = rng_recompute  # process-wide, read when traced
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)  # off: SDPA falls back to flash attention
     model = set_low_precision_residual(BERTForPreTraining(config).cuda(), not fp32_residual)
@@ -135,14 +139,22 @@ VARIANTS = {
     # inductor's own dropout (one Philox call per element) instead of bert_kit.dropout's mask
     "bertkit-static-inductordropout": lambda c: make_bertkit(c, "default", False, static=True, triton_dropout=False),
     # inductor's kernels for the FFN's and QKV's gradients and bias gradients instead of bert_kit.fused_backward's
+    # (and SDPA's attention: bert_kit.short_attention builds on fused_backward)
     "bertkit-static-inductorbackward": lambda c: make_bertkit(c, "default", False, static=True, fused_grads=False),
     "bertkit-static-cudagraphs-inductorbackward": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
                                                                          fused_grads=False),
     "bertkit-static-cudagraphs-coord-inductorbackward": lambda c: make_bertkit(
         c, "default", False, static=True, fused_grads=False,
         options={"triton.cudagraphs": True, "coordinate_descent_tuning": True}),
-    # SDPA's flash kernel instead of cuDNN's
-    "bertkit-static-flash": lambda c: make_bertkit(c, "default", False, static=True, cudnn_attention=False),
+    # SDPA's attention (cuDNN's kernels) instead of bert_kit.short_attention's; "flash": SDPA's flash kernel
+    "bertkit-static-sdpa": lambda c: make_bertkit(c, "default", False, static=True, short_attention=False),
+    "bertkit-static-cudagraphs-sdpa": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
+                                                             short_attention=False),
+    "bertkit-static-cudagraphs-coord-sdpa": lambda c: make_bertkit(
+        c, "default", False, static=True, short_attention=False,
+        options={"triton.cudagraphs": True, "coordinate_descent_tuning": True}),
+    "bertkit-static-flash": lambda c: make_bertkit(c, "default", False, static=True, cudnn_attention=False,
+                                                   short_attention=False),
     # independent small kernels (bias gradients, optimizer pieces) launched as one
     "bertkit-static-combo": lambda c: make_bertkit(c, "default", False, static=True, options={"combo_kernels": True}),
     # Triton matmul templates with fused epilogues, chosen by benchmarking (minutes of compilation)
