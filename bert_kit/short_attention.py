@@ -39,11 +39,13 @@ def register_short_attention() -> ModuleType | None:
 
 
 def applies(x: torch.Tensor, mask: torch.Tensor | None, qkv: nn.Linear, head_dim: int, p: float) -> bool:
-    """Whether this call takes the Triton kernels: x (B, T, H) with T <= 128, mask (B, 1, 1, T) or
-    None, a head size the kernels tile, and `fused_backward.applies` (compiled 16-bit CUDA training)."""
+    """Whether this call takes the Triton kernels: x (B, T, H) with T <= 128, a bool key mask
+    (B, 1, 1, T) or None, a head size the kernels tile, and `fused_backward.applies` (compiled
+    16-bit CUDA training)."""
+    key_mask = mask is None or (mask.dtype == torch.bool and mask.shape == (x.shape[0], 1, 1, x.shape[1]))
     return (enabled and _ops is not None and x.dim() == 3 and 0 < x.shape[1] <= 128 and p < 1.0
-            and 16 <= head_dim <= 128 and head_dim & (head_dim - 1) == 0
-            and (mask is None or mask.shape == (x.shape[0], 1, 1, x.shape[1])) and fused_backward.applies(x, qkv))
+            and 16 <= head_dim <= 128 and head_dim & (head_dim - 1) == 0 and key_mask
+            and fused_backward.applies(x, qkv))
 
 
 class _SelfAttention(torch.autograd.Function):

@@ -17,14 +17,14 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or short_attention.regis
 @pytest.mark.parametrize("T, head_dim, mask_shape, p, takes", [
     (128, 64, "keys", 0.1, True), (77, 32, None, 0.0, True), (129, 64, None, 0.1, False),
     (64, 48, None, 0.1, False), (64, 256, None, 0.1, False), (64, 64, "per-query", 0.1, False),
-    (64, 64, None, 1.0, False)])
+    (64, 64, "additive", 0.1, False), (64, 64, None, 1.0, False)])
 def test_applies_only_where_the_kernels_tile(monkeypatch, T, head_dim, mask_shape, p, takes):
     monkeypatch.setattr(short_attention, "_ops", object())  # as if registered
     monkeypatch.setattr(fused_backward, "applies", lambda x, *linears: True)  # as if compiled CUDA training
     B, H = 2, 4 * head_dim
     x = torch.randn(B, T, H)
     mask = {None: None, "keys": torch.ones(B, 1, 1, T, dtype=torch.bool),
-            "per-query": torch.ones(B, 1, T, T, dtype=torch.bool)}[mask_shape]
+            "per-query": torch.ones(B, 1, T, T, dtype=torch.bool), "additive": torch.zeros(B, 1, 1, T)}[mask_shape]
     assert short_attention.applies(x, mask, torch.nn.Linear(H, 3 * H), head_dim, p) is takes
     monkeypatch.setattr(short_attention, "enabled", False)
     assert not short_attention.applies(x, mask, torch.nn.Linear(H, 3 * H), head_dim, p)
