@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bert_kit.fused_backward import import_triton_ops
+
 triton_mask_enabled = True  # switch for measuring against inductor's own dropout
 dropout_mask = None  # the custom op, once `register_mask_op` has run
 
@@ -26,11 +28,9 @@ def register_mask_op():
     compiling a model that trains with dropout: importing Triton and registering a `triton_op`
     loads torch._inductor (seconds of start-up), which only compiled runs should pay."""
     global dropout_mask
-    if dropout_mask is None and hasattr(torch.library, "triton_op"):
-        try:
-            from bert_kit.dropout_triton import dropout_mask
-        except ImportError:  # CPU-only installs: no Triton
-            return None
+    if dropout_mask is None:
+        ops = import_triton_ops("dropout_triton")
+        dropout_mask = ops.dropout_mask if ops is not None else None
     return dropout_mask
 
 
