@@ -20,12 +20,12 @@ import triton.language as tl
 
 from bert_kit.dropout_triton import fill_mask
 
-NUM_WARPS = 8  # with one block of all the queries: the fastest of 2 x 3 settings on an H200
+NUM_WARPS = 8  # the fastest of 4, 8 and 16 on an H200 (benchmarks/RESULTS.md)
 
 
 @triton.jit
 def _scores(q, k, mask_ptr, b, t, scale: tl.constexpr, T: tl.constexpr, HAS_MASK: tl.constexpr):
-    """Scaled scores (BLOCK_Q, BLOCK_T), float32, -inf at padded or masked keys."""
+    """Scaled scores (BLOCK_T, BLOCK_T), float32, -inf at padded or masked keys."""
     s = tl.dot(q, tl.trans(k)) * scale
     key_ok = t < T
     if HAS_MASK:
@@ -34,85 +34,75 @@ def _scores(q, k, mask_ptr, b, t, scale: tl.constexpr, T: tl.constexpr, HAS_MASK
 
 
 @triton.jit
-def _keep(keep_ptr, pid, tq, t, T: tl.constexpr):
-    """This block's rows of program `pid`'s (T, T) dropout keep mask."""
-    inside = (tq < T)[:, None] & (t < T)[None, :]
-    return tl.load(keep_ptr + pid.to(tl.int64) * T * T + tq[:, None] * T + t[None, :], mask=inside, other=0) != 0
+def _keep(keep_ptr, pid, t, T: tl.constexpr):
+    """Program `pid`'s (T, T) dropout keep mask, padded to (BLOCK_T, BLOCK_T) with False."""
+    inside = (t < T)[:, None] & (t < T)[None, :]
+    return tl.load(keep_ptr + pid.to(tl.int64) * T * T + t[:, None] * T + t[None, :], mask=inside, other=0) != 0
 
 
 @triton.jit
 def _attention_fwd(qkv_ptr, mask_ptr, keep_ptr, o_ptr, lse_ptr, scale: tl.constexpr, keep_scale: tl.constexpr,
                    T: tl.constexpr, nh: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr,
-                   DROPOUT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr):
+                   DROPOUT: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr):
     # qkv: (B * T, 3H), columns [q heads | k heads | v heads]; o: (B * T, H); lse: (B * nh, BLOCK_T)
     pid = tl.program_id(0)
     b, h = pid // nh, pid % nh
     t, d = tl.arange(0, BLOCK_T), tl.arange(0, HEAD_DIM)
-    base = qkv_ptr + b.to(tl.int64) * T * 3 * H + h * HEAD_DIM
-    keys = base + t[:, None] * (3 * H) + d[None, :]
-    k = tl.load(keys + H, mask=(t < T)[:, None], other=0.0)
-    v = tl.load(keys + 2 * H, mask=(t < T)[:, None], other=0.0)
-    for row0 in tl.static_range(0, BLOCK_T, BLOCK_Q):
-        tq = row0 + tl.arange(0, BLOCK_Q)
-        rows = tq < T
-        q = tl.load(base + tq[:, None] * (3 * H) + d[None, :], mask=rows[:, None], other=0.0)
-        s = _scores(q, k, mask_ptr, b, t, scale, T, HAS_MASK)
-        m = tl.max(s, 1)
-        p = tl.exp(s - m[:, None])
-        total = tl.sum(p, 1)
-        p = p / total[:, None]
-        if DROPOUT:
-            p = tl.where(_keep(keep_ptr, pid, tq, t, T), p * keep_scale, 0.0)
-        o = tl.dot(p.to(v.dtype), v)
-        dst = o_ptr + b.to(tl.int64) * T * H + h * HEAD_DIM + tq[:, None] * H + d[None, :]
-        tl.store(dst, o.to(o_ptr.dtype.element_ty), mask=rows[:, None])
-        tl.store(lse_ptr + pid.to(tl.int64) * BLOCK_T + tq, m + tl.log(total))
+    rows = (t < T)[:, None]
+    offs = b.to(tl.int64) * T * 3 * H + h * HEAD_DIM + t[:, None] * (3 * H) + d[None, :]
+    q = tl.load(qkv_ptr + offs, mask=rows, other=0.0)
+    k = tl.load(qkv_ptr + offs + H, mask=rows, other=0.0)
+    v = tl.load(qkv_ptr + offs + 2 * H, mask=rows, other=0.0)
+    s = _scores(q, k, mask_ptr, b, t, scale, T, HAS_MASK)
+    m = tl.max(s, 1)
+    p = tl.exp(s - m[:, None])
+    total = tl.sum(p, 1)
+    p = p / total[:, None]
+    if DROPOUT:
+        p = tl.where(_keep(keep_ptr, pid, t, T), p * keep_scale, 0.0)
+    o = tl.dot(p.to(v.dtype), v)
+    o_offs = b.to(tl.int64) * T * H + h * HEAD_DIM + t[:, None] * H + d[None, :]
+    tl.store(o_ptr + o_offs, o.to(o_ptr.dtype.element_ty), mask=rows)
+    tl.store(lse_ptr + pid.to(tl.int64) * BLOCK_T + t, m + tl.log(total))
 
 
 @triton.jit
 def _attention_bwd(qkv_ptr, mask_ptr, keep_ptr, o_ptr, do_ptr, lse_ptr, dqkv_ptr, partial_ptr,
                    scale: tl.constexpr, keep_scale: tl.constexpr, T: tl.constexpr, nh: tl.constexpr,
                    H: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # dqkv: (B * T, 3H) like qkv; partial: (B, 3H) float32, column sums over each sequence's tokens
+                   HEAD_DIM: tl.constexpr):
+    # dqkv: (B * T, 3H) like qkv; partial: (B, 3H) float32, column sums over each sequence's tokens.
+    # Padded query rows load do = 0 and padded keys get p = 0, so they add nothing to the sums.
     pid = tl.program_id(0)
     b, h = pid // nh, pid % nh
     t, d = tl.arange(0, BLOCK_T), tl.arange(0, HEAD_DIM)
-    qkv_base = b.to(tl.int64) * T * 3 * H + h * HEAD_DIM
-    o_base = b.to(tl.int64) * T * H + h * HEAD_DIM
-    key_offs = qkv_base + t[:, None] * (3 * H) + d[None, :]
-    k = tl.load(qkv_ptr + key_offs + H, mask=(t < T)[:, None], other=0.0)
-    v = tl.load(qkv_ptr + key_offs + 2 * H, mask=(t < T)[:, None], other=0.0)
-    dk = tl.zeros((BLOCK_T, HEAD_DIM), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_T, HEAD_DIM), dtype=tl.float32)
-    dq_sum = tl.zeros((HEAD_DIM,), dtype=tl.float32)
+    rows = (t < T)[:, None]
+    offs = b.to(tl.int64) * T * 3 * H + h * HEAD_DIM + t[:, None] * (3 * H) + d[None, :]
+    o_offs = b.to(tl.int64) * T * H + h * HEAD_DIM + t[:, None] * H + d[None, :]
+    q = tl.load(qkv_ptr + offs, mask=rows, other=0.0)
+    k = tl.load(qkv_ptr + offs + H, mask=rows, other=0.0)
+    v = tl.load(qkv_ptr + offs + 2 * H, mask=rows, other=0.0)
+    o = tl.load(o_ptr + o_offs, mask=rows, other=0.0)
+    do = tl.load(do_ptr + o_offs, mask=rows, other=0.0)
+    lse = tl.load(lse_ptr + pid.to(tl.int64) * BLOCK_T + t)
+    p = tl.exp(_scores(q, k, mask_ptr, b, t, scale, T, HAS_MASK) - lse[:, None])
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # rowsum(dO * O) = rowsum(P * dP)
+    dp = tl.dot(do, tl.trans(v))
+    if DROPOUT:
+        keep = _keep(keep_ptr, pid, t, T)
+        dv = tl.dot(tl.trans(tl.where(keep, p * keep_scale, 0.0).to(do.dtype)), do)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
+    else:
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do)
+    ds = (p * (dp - delta[:, None]) * scale).to(q.dtype)
+    dq = tl.dot(ds, k)
+    dk = tl.dot(tl.trans(ds), q)
     ty = dqkv_ptr.dtype.element_ty
-    for row0 in tl.static_range(0, BLOCK_T, BLOCK_Q):
-        tq = row0 + tl.arange(0, BLOCK_Q)
-        rows = tq < T
-        q_offs = qkv_base + tq[:, None] * (3 * H) + d[None, :]
-        q = tl.load(qkv_ptr + q_offs, mask=rows[:, None], other=0.0)
-        o = tl.load(o_ptr + o_base + tq[:, None] * H + d[None, :], mask=rows[:, None], other=0.0)
-        do = tl.load(do_ptr + o_base + tq[:, None] * H + d[None, :], mask=rows[:, None], other=0.0)
-        lse = tl.load(lse_ptr + pid.to(tl.int64) * BLOCK_T + tq)
-        p = tl.exp(_scores(q, k, mask_ptr, b, t, scale, T, HAS_MASK) - lse[:, None])
-        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # rowsum(dO * O) = rowsum(P * dP)
-        dp = tl.dot(do, tl.trans(v))
-        if DROPOUT:
-            keep = _keep(keep_ptr, pid, tq, t, T)
-            dv += tl.dot(tl.trans(tl.where(keep, p * keep_scale, 0.0).to(do.dtype)), do)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
-        else:
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        ds = (p * (dp - delta[:, None]) * scale).to(q.dtype)
-        dq = tl.dot(ds, k)
-        dk += tl.dot(tl.trans(ds), q)
-        tl.store(dqkv_ptr + q_offs, dq.to(ty), mask=rows[:, None])
-        dq_sum += tl.sum(dq, 0)
-    tl.store(dqkv_ptr + key_offs + H, dk.to(ty), mask=(t < T)[:, None])
-    tl.store(dqkv_ptr + key_offs + 2 * H, dv.to(ty), mask=(t < T)[:, None])
+    tl.store(dqkv_ptr + offs, dq.to(ty), mask=rows)
+    tl.store(dqkv_ptr + offs + H, dk.to(ty), mask=rows)
+    tl.store(dqkv_ptr + offs + 2 * H, dv.to(ty), mask=rows)
     sums = partial_ptr + b.to(tl.int64) * 3 * H + h * HEAD_DIM + d
-    tl.store(sums, dq_sum)
+    tl.store(sums, tl.sum(dq, 0))
     tl.store(sums + H, tl.sum(dk, 0))
     tl.store(sums + 2 * H, tl.sum(dv, 0))
 
@@ -121,7 +111,7 @@ def _meta(qkv: torch.Tensor, mask: torch.Tensor | None, T: int, nh: int, p: floa
     H = qkv.shape[1] // 3
     block = max(16, triton.next_power_of_2(T))
     return dict(scale=(H // nh) ** -0.5, keep_scale=1.0 / (1.0 - p), T=T, nh=nh, H=H, HAS_MASK=mask is not None,
-                DROPOUT=p > 0.0, BLOCK_T=block, BLOCK_Q=block, HEAD_DIM=H // nh, num_warps=NUM_WARPS)
+                DROPOUT=p > 0.0, BLOCK_T=block, HEAD_DIM=H // nh, num_warps=NUM_WARPS)
 
 
 @torch.library.triton_op("bert_kit::short_attention_fwd", mutates_args=())
