@@ -1,6 +1,8 @@
 """Diagnostic: bert_kit.fused_backward's kernels against inductor's, on one GPU.
 
 BERT-base at batch 256 x 128 (32768 tokens, bf16), each timed alone (median, triton's do_bench):
+0. GELU's forward: the Triton kernel against inductor's, with the share of outputs rounded as the
+   exact GELU (float64) rounds;
 1. the FFN's GELU gradient with its bias gradient, and the QKV gradient laid out with its bias
    gradient: the Triton kernel against what inductor compiles from the same PyTorch expression;
    a copy of the same bytes gives the memory-bandwidth floor;
@@ -28,6 +30,21 @@ def bench(fn) -> float:
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def gelu_forward(ops, M: int, I: int) -> None:
+    z = (3 * torch.randn(M, I, device="cuda")).bfloat16()
+    inductor = torch.compile(torch.nn.functional.gelu)
+    copy, ours, theirs = bench(lambda: z.clone()), bench(lambda: ops.gelu(z)), bench(lambda: inductor(z))
+    zd = z.double()
+    exact = (zd * 0.5 * torch.special.erfc(-zd / 2**0.5)).bfloat16()
+    del zd
+
+    def share(h: torch.Tensor) -> float:
+        return 100 * (h == exact).double().mean().item()
+
+    print(f"GELU forward ({M} x {I}): Triton {ours:.3f} ms, inductor {theirs:.3f} ms, copy floor {copy:.3f} ms; "
+          f"rounded as the exact GELU: Triton {share(ops.gelu(z)):.3f}%, inductor {share(inductor(z)):.3f}%")
 
 
 def kernels(ops, M: int, H: int, I: int, nh: int) -> None:
@@ -102,6 +119,7 @@ def main() -> None:
     ops = fused_backward.register_fused_backward()
     assert torch.cuda.is_available() and ops is not None, "this benchmark needs a CUDA GPU and Triton"
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    gelu_forward(ops, args.tokens, 3072)
     kernels(ops, args.tokens, 768, 3072, 12)
     if args.sweep:
         sweep(ops, args.tokens, 768, 3072, 12)

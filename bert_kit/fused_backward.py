@@ -7,7 +7,7 @@ attention's three. In BERT-base pretraining these second passes took 1.6 ms of a
 H100. Here two Triton kernels (`fused_backward_triton.py`) write each gradient and its column sums
 together (+2.6% tokens/s, benchmarks/RESULTS.md); the matmuls stay cuBLAS's:
 
-    FFN   forward:  z = x @ W1.T + b1, h = GELU(z), y = h @ W2.T + b2
+    FFN   forward:  z = x @ W1.T + b1, h = GELU(z) (a Triton kernel too), y = h @ W2.T + b2
           backward: dz, db1 = (dy @ W2) * GELU'(z), its column sums      (one kernel)
                     dx = dz @ W1, dW1 = dz.T @ x, dW2 = dy.T @ h, db2 = sum(dy)
     QKV   forward:  q, k, v = views of x @ W.T + b, (B, nh, T, hd) each
@@ -73,7 +73,7 @@ class _FeedForward(torch.autograd.Function):
     def forward(ctx, x, w1, b1, w2, b2):
         x2 = x.reshape(-1, x.shape[-1])
         z = F.linear(x2, w1, b1)
-        h = F.gelu(z)
+        h = _ops.gelu(z)
         ctx.save_for_backward(x2, w1, w2, z, h)
         return F.linear(h, w2, b2).view(*x.shape[:-1], w2.shape[0])
 
