@@ -8,11 +8,12 @@ two runs consume no random numbers differently) must give the same loss curve.
 Run: .venv/bin/python -m pytest tests/test_fast_path.py -q
 """
 
+import pytest
 import torch
 from torch.testing import assert_close
 
 from bert_kit import BERTForPreTraining, BertConfig
-from bert_kit.heads import masked_index, pad_masked
+from bert_kit.heads import MLMHead, masked_index, pad_masked, padded_linear
 from bert_kit.training.losses import compute_classification_loss, compute_mlm_loss
 
 CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -113,3 +114,42 @@ def test_low_precision_residual_keeps_the_stream_16_bit_and_close():
     set_low_precision_residual(model, enabled=False)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.bert(inputs, mask)[0].dtype == torch.float32
+
+
+def test_padded_linear_gives_the_linear_layers_outputs_and_gradients():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 120)  # 120 outputs: padded to 128
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    y = padded_linear(x, linear)
+    assert y.shape == (3, 5, 120)
+    assert_close(y, linear(x))
+    dy = torch.randn_like(y)
+    fast = torch.autograd.grad(y, [x, linear.weight, linear.bias], dy)
+    plain = torch.autograd.grad(linear(x), [x, linear.weight, linear.bias], dy)
+    for a, b in zip(fast, plain):
+        assert a.shape == b.shape
+        assert_close(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_mlm_head_on_cuda_pads_the_vocabulary_with_the_same_results():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=64, intermediate_size=128, num_attention_heads=1)
+    head = MLMHead(cfg).cuda()
+    x = torch.randn(300, 64, device="cuda", requires_grad=True)
+
+    def run(fn):
+        for t in (x, *head.parameters()):
+            t.grad = None
+        y = fn(x)
+        y.square().mean().backward()
+        return [y, x.grad, *(p.grad for p in head.parameters())]
+
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(head, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm)
+    fast, plain = run(compiled), run(head)
+    assert any("pad" in str(n.target) for g in graphs for n in g.graph.nodes)  # took the padded decoder
+    for a, b in zip(fast, plain, strict=True):
+        assert a.shape == b.shape
+        assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -71,8 +71,8 @@ class PretrainConfig(RunSettings):
     """torch.compile the model with static shapes: batches padded to max_length, masked positions
     gathered into fixed prediction slots (mask_probability + 5% of the tokens), the MLM loss compiled too (with
     parallel=fsdp on several ranks: the encoder only); on CUDA GPUs with Triton kernels for the dropout masks
-    and, with low_precision_residual, for the FFN's and QKV's gradients and for attention at max_length
-    <= 128 (see model.py)"""
+    and, with low_precision_residual, for the FFN's GELU and gradients, the QKV's gradients and attention at
+    max_length <= 128 (see model.py), and the MLM decoder's vocabulary padded to a multiple of 64"""
     cuda_graphs: bool | Literal["auto"] = False
     """with compile on CUDA GPUs (grad_accum 1; under torchrun without parallel=fsdp, and the gradients
     all-reduced by the trainer instead of DDP): replay the compiled steps as CUDA graphs. auto:
