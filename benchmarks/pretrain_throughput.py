@@ -18,6 +18,7 @@ import gc
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -192,8 +193,25 @@ KERNEL_GROUPS = (("matmul (cuBLAS/CUTLASS)", ("gemm", "cutlass", "cublas", "sm90
                  ("fused elementwise / norms (Triton)", ("triton",)))
 
 
+def print_gaps(prof, n: int) -> None:
+    """How much of the steps' span the GPU ran kernels, from the profile's trace (no step waits
+    for the one before, as in training): the idle time is launch gaps between kernels."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = sorted((e["ts"], e["dur"]) for e in events
+                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"))
+    if not kernels:
+        return
+    busy, span = sum(d for _, d in kernels), kernels[-1][0] + kernels[-1][1] - kernels[0][0]
+    gaps = [b[0] - (a[0] + a[1]) for a, b in zip(kernels, kernels[1:])]
+    print(f"  trace: GPU busy {busy / n / 1e3:.2f} ms of {span / n / 1e3:.2f} a step, {len(kernels) // n} kernels a step; "
+          f"gaps over 8 us {sum(g for g in gaps if g > 8) / n / 1e3:.2f} ms a step, the longest {max(gaps, default=0):.0f} us")
+
+
 def print_profile(step, dev: list[dict], n: int = 5) -> None:
-    """GPU time per step by kernel family, then the 40 costliest kernels (torch.profiler)."""
+    """GPU time per step by kernel family, the launch gaps, then the 40 costliest kernels (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -211,6 +229,7 @@ def print_profile(step, dev: list[dict], n: int = 5) -> None:
         group = next((g for g, keys in KERNEL_GROUPS if any(k in name for k in keys)), "other")
         groups[group] = groups.get(group, 0.0) + e.self_device_time_total / n
     print(f"  profile: {total / 1e3:.1f} ms of GPU kernels per step")
+    print_gaps(prof, n)
     for g, t in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"    {g:38s} {t / 1e3:7.2f} ms  {100 * t / total:5.1f}%")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:40]:
