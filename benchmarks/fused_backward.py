@@ -6,7 +6,8 @@ BERT-base at batch 256 x 128 (32768 tokens, bf16), each timed alone (median, tri
 1. the FFN's GELU gradient with its bias gradient, and the QKV gradient laid out with its bias
    gradient: the Triton kernel against what inductor compiles from the same PyTorch expression;
    a copy of the same bytes gives the memory-bandwidth floor;
-2. with --sweep, the kernels' launch settings (rows per program, rows per step, columns, warps);
+2. with --sweep, the kernels' launch settings (rows per program, rows per step, columns, warps;
+   for GELU's forward, elements per program and warps);
 3. one FFN and one attention block, forward + backward, compiled, plain against fused.
 
     python benchmarks/fused_backward.py [--tokens 32768] [--sweep]
@@ -87,6 +88,11 @@ def sweep(ops, M: int, H: int, I: int, nh: int) -> None:
               f"GELU gradient {gelu:.3f} ms ({3 * dh.numel() * 2 / gelu / 1e9:.2f} TB/s), "
               f"QKV gradient {qkv:.3f} ms ({6 * dq.numel() * 2 / qkv / 1e9:.2f} TB/s)")
     ops.GELU_SETTINGS, ops.QKV_SETTINGS = defaults
+    forward = dict(ops.GELU_FORWARD_SETTINGS)
+    for block, warps in ((1024, 2), (1024, 4), (2048, 2), (2048, 4), (4096, 4), (4096, 8)):
+        ops.GELU_FORWARD_SETTINGS = {"BLOCK": block, "num_warps": warps}
+        print(f"  GELU forward, block {block:4d} warps {warps}: {bench(lambda: ops.gelu(z)):.3f} ms")
+    ops.GELU_FORWARD_SETTINGS = forward
 
 
 def blocks(M: int, H: int, I: int, nh: int) -> None:
