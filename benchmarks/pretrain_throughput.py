@@ -122,6 +122,8 @@ def make_hf(config, compile_mode: str | None, attn: str):
     return model, loss_fn
 
 
+CUDAGRAPHS_COORD = {"triton.cudagraphs": True, "coordinate_descent_tuning": True}  # inductor options
+
 # Variants named "static" train on fixed prediction slots (what `bert-kit pretrain compile=true`
 # does); the others on the exact masked positions of each batch.
 VARIANTS = {
@@ -131,12 +133,8 @@ VARIANTS = {
     "bertkit-static-cudagraphs": lambda c: make_bertkit(c, "reduce-overhead", False, static=True),
     # the same on the exact masked positions (no padded slots): one graph per masked count, so it
     # fits a benchmark's few fixed batches, not a training run; the figures of 2026-11-26 used it
-    "bertkit-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True,
-                                                       options={"triton.cudagraphs": True,
-                                                                "coordinate_descent_tuning": True}),
-    "bertkit-static-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True,
-                                                              options={"triton.cudagraphs": True,
-                                                                       "coordinate_descent_tuning": True}),
+    "bertkit-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True, options=CUDAGRAPHS_COORD),
+    "bertkit-static-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True, options=CUDAGRAPHS_COORD),
     # inductor's own dropout (one Philox call per element) instead of bert_kit.dropout's mask
     "bertkit-static-inductordropout": lambda c: make_bertkit(c, "default", False, static=True, triton_dropout=False),
     # inductor's kernels for the FFN's and QKV's gradients and bias gradients instead of bert_kit.fused_backward's
@@ -145,15 +143,13 @@ VARIANTS = {
     "bertkit-static-cudagraphs-inductorbackward": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
                                                                          fused_grads=False),
     "bertkit-static-cudagraphs-coord-inductorbackward": lambda c: make_bertkit(
-        c, "default", False, static=True, fused_grads=False,
-        options={"triton.cudagraphs": True, "coordinate_descent_tuning": True}),
+        c, "default", False, static=True, fused_grads=False, options=CUDAGRAPHS_COORD),
     # SDPA's attention (cuDNN's kernels) instead of bert_kit.short_attention's; "flash": SDPA's flash kernel
     "bertkit-static-sdpa": lambda c: make_bertkit(c, "default", False, static=True, short_attention=False),
     "bertkit-static-cudagraphs-sdpa": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
                                                              short_attention=False),
     "bertkit-static-cudagraphs-coord-sdpa": lambda c: make_bertkit(
-        c, "default", False, static=True, short_attention=False,
-        options={"triton.cudagraphs": True, "coordinate_descent_tuning": True}),
+        c, "default", False, static=True, short_attention=False, options=CUDAGRAPHS_COORD),
     "bertkit-static-flash": lambda c: make_bertkit(c, "default", False, static=True, cudnn_attention=False,
                                                    short_attention=False),
     # independent small kernels (bias gradients, optimizer pieces) launched as one
