@@ -21,7 +21,9 @@ What the fast path does, in the same code:
   per-element random numbers made the fused dropout + residual + LayerNorm kernel compute-bound.
 - compiled pretraining on CUDA writes the FFN's and the QKV projection's gradients together with
   their bias gradients (`fused_backward.py`), instead of reading the widest gradients twice, and
-  at T <= 128 runs attention with its QKV gradient as two Triton kernels (`short_attention.py`).
+  at T <= 128 runs attention with its QKV gradient as two Triton kernels (`short_attention.py`);
+  GELU's forward is a Triton kernel there too, and the MLM decoder runs on a vocabulary padded to
+  a multiple of 64 (`heads.padded_linear`).
 """
 
 from __future__ import annotations
