@@ -58,7 +58,7 @@ def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torc
     sampler = DistributedResumableSampler(len(items), shuffle=True, seed=cfg.seed, rank=rank(), world_size=world_size())
     return ResumableDataLoader(items, sampler, batch_size=cfg.batch_size, collate_fn=task.collate,
                                num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
-                               generator=torch.Generator().manual_seed(cfg.seed))
+                               generator=torch.Generator().manual_seed(cfg.seed), start_next_epoch_early=True)
 
 
 def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,

@@ -202,7 +202,7 @@ def make_loader(cfg: PretrainConfig, dataset: Any, tokenizer: Any, batch_size: i
     # which keeps a resumed run on the exact random stream of an uninterrupted one
     return ResumableDataLoader(dataset, sampler, batch_size=batch_size, collate_fn=collator,
                                num_workers=cfg.num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
-                               generator=torch.Generator().manual_seed(seed))
+                               generator=torch.Generator().manual_seed(seed), start_next_epoch_early=train)
 
 
 def forever(loader: Any):

@@ -211,6 +211,47 @@ def test_loader_resume_reproduces_batches_and_masks(tokenizer, wiki_docs):
     assert again.state_dict() == {"epoch": 1, "batch_index": 0}
 
 
+def test_next_epoch_started_early_gives_the_same_batches_and_resumes(tokenizer, wiki_docs):
+    from bert_kit.data.pretraining import ResumableDataLoader
+
+    texts = [line for d in wiki_docs[:3] for line in d.splitlines()][:60]
+
+    def loader(workers: int, early: bool) -> ResumableDataLoader:
+        plain = create_mlm_dataloader(texts, tokenizer, batch_size=4, max_length=48, seed=11)
+        sampler = DistributedResumableSampler(len(plain.dataset), shuffle=True, seed=11)
+        return ResumableDataLoader(plain.dataset, sampler, batch_size=4, collate_fn=plain.collate_fn,
+                                   num_workers=workers, start_next_epoch_early=early)
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    reference = loader(0, False)
+    epochs = [list(reference) for _ in range(3)]
+    n = len(epochs[0])
+    assert n == 12 and not same(epochs[0][0], epochs[1][0])
+    early = loader(2, True)
+    for e in range(3):
+        it = iter(early)
+        for k, want in enumerate(epochs[e]):
+            assert same(next(it), want), (e, k)
+            # the next epoch's workers start once n - 8 batches are out, while this epoch's run
+            assert (early._next is not None) == (k + 1 >= n - 8), k
+        assert next(it, None) is None
+    # stopped with the next epoch started: its state is still the batches consumed
+    stopped = loader(2, True)
+    it = iter(stopped)
+    for _ in range(10):
+        next(it)
+    assert stopped._next is not None and stopped.state_dict() == {"epoch": 0, "batch_index": 10}
+    resumed = loader(2, True)
+    resumed.load_state_dict(stopped.state_dict())
+    rest = list(resumed) + list(resumed)
+    assert len(rest) == 2 + n and all(same(a, b) for a, b in zip(rest, epochs[0][10:] + epochs[1]))
+    # a partial pass iterated again continues where it stopped, not with the early epoch
+    assert all(same(a, b) for a, b in zip(list(stopped), epochs[0][10:]))
+    assert stopped.state_dict() == {"epoch": 1, "batch_index": 0}
+
+
 def test_packed_dataset_reconstructs_the_stream():
     docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [], [19, 20]]
     cache = TokenCache.from_documents(docs, vocab_size=30522)
