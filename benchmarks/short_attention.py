@@ -9,7 +9,7 @@ forward + backward, each timed alone (median, triton's do_bench):
   gradient and its bias sums itself.
 The matmuls of the QKV projection are the same on both sides and left out. Needs CUDA and Triton.
 
-    python benchmarks/short_attention.py [--batch 256] [--seq 128] [--dropout 0.1]
+    python benchmarks/short_attention.py [--batch 256] [--seq 128] [--dropout 0.1] [--masked]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--masked", action="store_true", help="a key mask (lengths T/3-T), as padded training batches have")
     args = p.parse_args()
     fused, short = register_fused_backward(), register_short_attention()
     if not torch.cuda.is_available() or fused is None or short is None:
@@ -50,17 +51,23 @@ def main() -> None:
     seed = torch.tensor([12345], device="cuda")
     q, k, v = (t.detach().requires_grad_() for t in qkv.view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4))
     dy = do.view(B, T, nh, hd).transpose(1, 2)
+    mask = None
+    if args.masked:
+        lengths = torch.randint(T // 3, T + 1, (B,), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        mask = torch.arange(T, device="cuda")[None] < lengths[:, None]
+    sdpa_mask = None if mask is None else mask[:, None, None, :]
 
     def sdpa():
-        return torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, dropout_p=drop), (q, k, v), dy)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=drop)
+        return torch.autograd.grad(o, (q, k, v), dy)
 
     dq, dk, dv = sdpa()
     sdpa_ms, assembly_ms = bench(sdpa), bench(lambda: fused.qkv_grad(dq, dk, dv))
-    o, lse, keep = short.attention_fwd(qkv, None, seed, B, T, nh, drop)
-    fwd_ms = bench(lambda: short.attention_fwd(qkv, None, seed, B, T, nh, drop))
-    bwd_ms = bench(lambda: short.attention_bwd(qkv, None, keep, o, do, lse, B, T, nh, drop))
+    o, lse, keep = short.attention_fwd(qkv, mask, seed, B, T, nh, drop)
+    fwd_ms = bench(lambda: short.attention_fwd(qkv, mask, seed, B, T, nh, drop))
+    bwd_ms = bench(lambda: short.attention_bwd(qkv, mask, keep, o, do, lse, B, T, nh, drop))
     print(torch.cuda.get_device_name())
-    print(f"B {B} T {T} heads {nh} x {hd} dropout {drop}, one layer (ms):")
+    print(f"B {B} T {T} heads {nh} x {hd} dropout {drop}{', key mask' if mask is not None else ''}, one layer (ms):")
     print(f"  SDPA forward + backward {sdpa_ms:.3f} + QKV gradient assembly {assembly_ms:.3f} = "
           f"{sdpa_ms + assembly_ms:.3f}")
     print(f"  short attention forward {fwd_ms:.3f} + backward {bwd_ms:.3f} = {fwd_ms + bwd_ms:.3f} "
