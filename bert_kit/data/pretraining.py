@@ -399,7 +399,8 @@ class ResumableDataLoader(DataLoader):
     With workers and `start_next_epoch_early`, the next epoch's workers start (and prefetch) while
     the last batches of this one are consumed. Otherwise every epoch begins with a pause while they
     start: 0.2-0.35 s (`benchmarks/epoch_start.py`), seen every 45 steps of BERT-base pretraining on
-    WikiText-2 over two H200s, whose steps take 0.05 s.
+    WikiText-2 over two H200s, whose steps take 0.05 s. `stop_after` tells it where the run ends,
+    so that no workers start for an epoch that will not be read.
     """
 
     def __init__(self, dataset: Dataset, sampler: DistributedResumableSampler,
@@ -409,6 +410,12 @@ class ResumableDataLoader(DataLoader):
         self.epoch, self.batch_index, self._finished = 0, 0, False
         self.start_next_epoch_early = start_next_epoch_early and self.num_workers > 0
         self._next: tuple[int, Iterator] | None = None  # (epoch, its batches), started early
+        self._end: int | None = None  # batches of the whole pass (epochs x len) after which reading stops
+
+    def stop_after(self, batches: int) -> None:
+        """The consumer reads at most `batches` more batches (from the current position)."""
+        epoch, index = (self.epoch + 1, 0) if self._finished else (self.epoch, self.batch_index)
+        self._end = epoch * len(self) + index + batches
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.batch_index, self._finished = int(epoch), 0, False
@@ -441,9 +448,10 @@ class ResumableDataLoader(DataLoader):
         batches = early[1] if fresh else self._start(self.epoch, self.batch_index)
         # the next epoch's workers start when this epoch's last prefetched batches are out
         start_next_at = len(self) - max(8, self.num_workers * (self.prefetch_factor or 2))
+        next_read = self._end is None or (self.epoch + 1) * len(self) < self._end
         for batch in batches:
             self.batch_index += 1
-            if self.start_next_epoch_early and self.batch_index == max(1, start_next_at):
+            if self.start_next_epoch_early and next_read and self.batch_index == max(1, start_next_at):
                 self._next = (self.epoch + 1, self._start(self.epoch + 1, 0))
             yield batch
         self._finished = True
@@ -464,7 +472,9 @@ class StreamingDataLoader:
     worker) and which worker's batch comes next; after `load_state_dict()` the next iteration
     skips those examples and continues with the batches, and masks, that an uninterrupted run
     would have produced (same seed, ranks and workers). Iterating again after a full pass
-    starts the next epoch, which reshuffles the stream.
+    starts the next epoch, which reshuffles the stream. The length of an epoch is not known ahead,
+    so unlike `ResumableDataLoader` its workers start when the epoch begins (a pause of a fraction
+    of a second, once per pass over a corpus large enough to be streamed).
     """
 
     def __init__(self, dataset: StreamingTextDataset, collator: DataCollatorForMLM, batch_size: int,

@@ -150,6 +150,7 @@ class FinetuningJob(Job):
 
     def step_batches(self, step: int) -> list[dict]:
         if self.batches is None:
+            self.loader.stop_after((self.total_steps - step) * self.cfg.grad_accum)
             self.batches = forever(self.loader)
         batches = [next(self.batches) for _ in range(self.cfg.grad_accum)]
         if self.cfg.unpadded and not self.cuda_graphs and self.cfg.engine == "torch":  # the layout from the host's mask

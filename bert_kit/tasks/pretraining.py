@@ -158,6 +158,8 @@ class PretrainingJob(Job):
         self.resumed_data = None
         self.batches = forever(self.loader)
         p = self.phase
+        if p.end < UNBOUNDED_STEPS and hasattr(self.loader, "stop_after"):  # a streamed corpus has no epoch length
+            self.loader.stop_after((p.end - step) * p.grad_accum)
         self.log(f"phase {p.index}: steps {p.start}-{p.end if p.end < UNBOUNDED_STEPS else 'end of time budget'}, "
                  f"max_length {p.max_length}, global batch {self.global_batch} sequences (batch {p.batch_size} x "
                  f"grad_accum {p.grad_accum} x {world_size()} rank(s)), {about}")

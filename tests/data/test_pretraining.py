@@ -252,6 +252,36 @@ def test_next_epoch_started_early_gives_the_same_batches_and_resumes(tokenizer, 
     assert stopped.state_dict() == {"epoch": 1, "batch_index": 0}
 
 
+def test_no_workers_start_for_an_epoch_past_the_runs_end(tokenizer, wiki_docs):
+    from bert_kit.data.pretraining import ResumableDataLoader
+
+    texts = [line for d in wiki_docs[:3] for line in d.splitlines()][:60]
+    plain = create_mlm_dataloader(texts, tokenizer, batch_size=4, max_length=48, seed=11)
+
+    def started_early(stop_after: int | None, epochs: int = 2, resume_at: int = 0) -> list[bool]:
+        """Per epoch read: whether the next epoch's workers were started during it."""
+        sampler = DistributedResumableSampler(len(plain.dataset), shuffle=True, seed=11)
+        loader = ResumableDataLoader(plain.dataset, sampler, batch_size=4, collate_fn=plain.collate_fn,
+                                     num_workers=1, start_next_epoch_early=True)
+        loader.load_state_dict({"epoch": 0, "batch_index": resume_at})
+        if stop_after is not None:
+            loader.stop_after(stop_after)
+        seen = []
+        for _ in range(epochs):
+            for _ in loader:
+                pass
+            seen.append(loader._next is not None)
+        return seen
+
+    n = len(plain)  # 12 batches an epoch
+    assert started_early(None) == [True, True]
+    assert started_early(2 * n) == [True, False]  # the run ends with the second epoch
+    assert started_early(n) == [False, False]
+    assert started_early(n + 1) == [True, False]  # one batch of the second epoch is read
+    assert started_early(n - 3 + 1, resume_at=3) == [True, False]  # counted from the resumed position
+    assert started_early(n - 3, resume_at=3) == [False, False]
+
+
 def test_packed_dataset_reconstructs_the_stream():
     docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [], [19, 20]]
     cache = TokenCache.from_documents(docs, vocab_size=30522)

@@ -127,6 +127,19 @@ def test_the_precision_is_resolved_after_the_data_is_read_and_the_model_built(ti
     assert events == []
 
 
+def test_the_loader_knows_where_the_run_ends(tiny_encoder, sst2, tmp_path, monkeypatch):
+    """So that its last epoch starts no workers for an epoch nobody reads."""
+    from bert_kit.data.pretraining import ResumableDataLoader
+
+    calls, stop_after = [], ResumableDataLoader.stop_after
+    monkeypatch.setattr(ResumableDataLoader, "stop_after",
+                        lambda self, n: calls.append((self.epoch, self.batch_index, n)) or stop_after(self, n))
+    train, dev = sst2
+    finetune(tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=5,
+                         grad_accum=2, eval_every=0))
+    assert calls == [(0, 0, 10)]
+
+
 def test_resume_reproduces_the_uninterrupted_run(tiny_encoder, sst2, tmp_path):
     train, dev = sst2
     full = tiny_config(tiny_encoder, tmp_path / "a", train_file=str(train), validation_file=str(dev),

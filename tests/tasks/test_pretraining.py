@@ -355,6 +355,17 @@ def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatc
     assert (evals[2]["mlm_tokens"] < evals[3]["mlm_tokens"]) == (eval_batches == 2)  # 50: the whole set
 
 
+def test_the_train_loader_knows_where_the_phase_ends(tmp_path, monkeypatch):
+    """So that its last epoch starts no workers for an epoch nobody reads."""
+    from bert_kit.data.pretraining import ResumableDataLoader
+
+    calls, stop_after = [], ResumableDataLoader.stop_after
+    monkeypatch.setattr(ResumableDataLoader, "stop_after",
+                        lambda self, n: calls.append((self.epoch, self.batch_index, n)) or stop_after(self, n))
+    pretrain(tiny_config(tmp_path, max_steps=6, grad_accum=2, eval_every=0))
+    assert calls == [(0, 0, 12)]
+
+
 def test_plan_phases_splits_steps():
     cfg = PretrainConfig(max_steps=101, max_length=512, batch_size=8,
                          phases=[{"fraction": 0.9, "max_length": 128, "batch_size": 64}, {"fraction": 0.1}])
