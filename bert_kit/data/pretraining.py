@@ -410,7 +410,7 @@ class ResumableDataLoader(DataLoader):
         self.epoch, self.batch_index, self._finished = 0, 0, False
         self.start_next_epoch_early = start_next_epoch_early and self.num_workers > 0
         self._next: tuple[int, Iterator] | None = None  # (epoch, its batches), started early
-        self._end: int | None = None  # batches of the whole pass (epochs x len) after which reading stops
+        self._end: int | None = None  # where reading stops, as epoch * len(self) + batch index
 
     def stop_after(self, batches: int) -> None:
         """The consumer reads at most `batches` more batches (from the current position)."""
