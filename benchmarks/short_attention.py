@@ -65,7 +65,7 @@ def main() -> None:
     sdpa_ms, assembly_ms = bench(sdpa), bench(lambda: fused.qkv_grad(dq, dk, dv))
     o, lse, keep = short.attention_fwd(qkv, mask, seed, B, T, nh, drop)
     fwd_ms = bench(lambda: short.attention_fwd(qkv, mask, seed, B, T, nh, drop))
-    bwd_ms = bench(lambda: short.attention_bwd(qkv, mask, keep, o, do, lse, B, T, nh, drop))
+    bwd_ms = bench(lambda: short.attention_bwd(qkv, mask, keep, do, lse, B, T, nh, drop))
     print(torch.cuda.get_device_name())
     print(f"B {B} T {T} heads {nh} x {hd} dropout {drop}{', key mask' if mask is not None else ''}, one layer (ms):")
     print(f"  SDPA forward + backward {sdpa_ms:.3f} + QKV gradient assembly {assembly_ms:.3f} = "

@@ -6,7 +6,7 @@ conversion, and the assembly of the QKV gradient with its bias gradient: in BERT
 on an H100, +4% tokens/s (benchmarks/RESULTS.md). The matmuls stay cuBLAS's:
 
     forward:  qkv = x @ W.T + b;  o, lse, keep = attention(qkv)                     (one kernel)
-    backward: dqkv, its column sums = attention_bwd(qkv, o, do, lse, keep)          (one kernel)
+    backward: dqkv, its column sums = attention_bwd(qkv, do, lse, keep)             (one kernel)
               dx = dqkv @ W,  dW = dqkv.T @ x,  db = the column sums' total
 
 Dropout on the attention probabilities keeps the elements of a mask drawn once per forward as
@@ -55,15 +55,15 @@ class _SelfAttention(torch.autograd.Function):
         x2 = x.reshape(B * T, H)
         qkv = F.linear(x2, w, b)
         o, lse, keep = _ops.attention_fwd(qkv, mask, seed, B, T, num_heads, p)
-        ctx.save_for_backward(x2, w, qkv, mask, keep, o, lse)
+        ctx.save_for_backward(x2, w, qkv, mask, keep, lse)
         ctx.num_heads, ctx.p = num_heads, p
         return o.view(B, T, H)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, w, qkv, mask, keep, o, lse = ctx.saved_tensors
+        x2, w, qkv, mask, keep, lse = ctx.saved_tensors
         B, T, H = dy.shape
-        dqkv, partial = _ops.attention_bwd(qkv, mask, keep, o, dy.reshape(B * T, H).contiguous(), lse, B, T,
+        dqkv, partial = _ops.attention_bwd(qkv, mask, keep, dy.reshape(B * T, H).contiguous(), lse, B, T,
                                            ctx.num_heads, ctx.p)
         return (dqkv @ w).view(B, T, H), dqkv.t() @ x2, partial.sum(0).to(w.dtype), None, None, None, None
 
