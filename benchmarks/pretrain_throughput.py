@@ -164,7 +164,7 @@ VARIANTS = {
     # autocast's float32 LayerNorm outputs, so a float32 residual stream (as HF)
     "bertkit-static-fp32res": lambda c: make_bertkit(c, "default", False, static=True, fp32_residual=True),
     # static shapes, CUDA graphs and recomputed dropout masks together (inductor's CUDA-graph
-    # pool check rejects this in torch 2.11, see RESULTS.md)
+    # pool check rejects this in torch 2.11, see reports/2026-11-26-pretrain-throughput.md)
     "bertkit-fast": lambda c: make_bertkit(c, "default", False, static=True, rng_recompute=True,
                                            options={"triton.cudagraphs": True}),
     # diagnostic, not a comparable configuration: what dropout (masks, RNG, extra passes) costs

@@ -8,7 +8,7 @@ mask applied per block; bert_kit/short_attention_triton.py now applies it to k a
 CUDA and Triton:
 
     git worktree add /tmp/before 9164ad1
-    MASKED_ONLY=1 SRC=/tmp/before python benchmarks/short_attention_variants.py   # the RESULTS.md table
+    MASKED_ONLY=1 SRC=/tmp/before python benchmarks/short_attention_variants.py   # the table of reports/2026-11-28-short-attention-blocks-of-64.md
     SRC=/tmp/before python benchmarks/short_attention_variants.py                 # every variant, no mask
 
 Prints each variant's time (median, triton's do_bench), relative error, registers and spills.
