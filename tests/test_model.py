@@ -11,7 +11,8 @@ from torch.testing import assert_close
 from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering,
                       BERTForSequenceClassification, BERTForTokenClassification, BERTModel,
                       BertConfig, create_model_config)
-from bert_kit.model import Packed, unchecked_inputs
+from bert_kit.input_checks import unchecked_inputs
+from bert_kit.model import Packed
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,8 @@ import torch
 
 from bert_kit import BertConfig
 from bert_kit.heads import BERTForSequenceClassification
-from bert_kit.model import Packed, unchecked_inputs
+from bert_kit.input_checks import unchecked_inputs
+from bert_kit.model import Packed
 from bert_kit.tasks.base import encode
 from bert_kit.training.losses import compute_classification_loss
 from bert_kit.training.optim import create_optimizer
