@@ -30,7 +30,7 @@ from bert_kit.checks import ConfigError
 from bert_kit.cli import main as cli
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
-from bert_kit.model import set_low_precision_residual
+from bert_kit.kernels.residual import set_low_precision_residual
 from bert_kit.training.optim import create_optimizer
 from bert_kit.training.precision import resolve_precision
 from bert_kit.tasks.pretraining import PretrainConfig, plan_phases, pretrain
