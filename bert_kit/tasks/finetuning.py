@@ -149,6 +149,7 @@ class FinetuningJob(Job):
                   f"parameters, {len(self.train_items)} train / {len(self.eval_items or [])} eval {unit}, "
                   f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, global batch "
                   f"{self.global_micro_batch * cfg.grad_accum}){ranks}{where}", flush=True)
+            print(self.fast_path, flush=True)
 
     def step_batches(self, step: int) -> list[dict]:
         if self.batches is None:
@@ -208,7 +209,8 @@ class FinetuningJob(Job):
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
                 f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
-                "best_model": str(out / "best") if (out / "best").is_dir() else None}
+                "best_model": str(out / "best") if (out / "best").is_dir() else None,
+                "fast_path": self.fast_path.removeprefix("fast path: ")}
 
 
 

@@ -142,7 +142,9 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     if not exported:
         from bert_kit.kernels import fast_path
 
-        fast_path.apply(model, precision.device, training=False, dtype=precision.dtype)
+        fast = fast_path.apply(model, precision.device, training=False, dtype=precision.dtype)
+        if verbose:
+            print(fast, flush=True)
     return task, model, precision
 
 

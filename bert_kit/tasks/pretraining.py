@@ -148,6 +148,7 @@ class PretrainingJob(Job):
             ranks = f", {world_size()} ranks ({how})" if world_size() > 1 else ""
             print(f"model: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
                   f"parameters, vocab {model.config.vocab_size}{ranks}{where}", flush=True)
+            print(self.fast_path, flush=True)
 
     def enter_phase(self, step: int) -> None:
         """The loaders of the phase holding `step`; after a resume, at the saved position."""
@@ -227,6 +228,7 @@ class PretrainingJob(Job):
                 "test_mlm_loss": final.get("mlm_loss"), "test_perplexity": final.get("perplexity"),
                 "test_mlm_accuracy": final.get("mlm_accuracy"), "test_nsp_loss": final.get("nsp_loss"),
                 "test_nsp_accuracy": final.get("nsp_accuracy"), "global_batch": self.global_batch,
+                "fast_path": self.fast_path.removeprefix("fast path: "),
                 "final_model": str(Path(summary["output_dir"]) / "final")
                 if (Path(summary["output_dir"]) / "final").is_dir() else None}
 

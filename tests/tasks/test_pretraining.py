@@ -321,6 +321,18 @@ def test_dropout_setting_pretrains_without_dropout_and_saves_the_models_rates(tm
         tiny_config(tmp_path, dropout=1.0)
 
 
+def test_the_run_says_which_fast_path_it_took(tmp_path, capsys):
+    """One line on the console, results.json's "fast_path" and run_config.yaml's first line (a
+    comment: the file still loads as the run's config) name what `fast_path.apply` put on."""
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=0, device="cpu", precision="fp32")
+    results = pretrain(cfg)
+    assert "fast path: none (CPU: eager SDPA)" in capsys.readouterr().out.splitlines()
+    assert results["fast_path"] == "none (CPU: eager SDPA)"
+    run_config = Path(cfg.output_dir) / "run_config.yaml"
+    assert run_config.read_text().splitlines()[0] == "# fast path: none (CPU: eager SDPA)"
+    assert load_config(PretrainConfig, run_config) == cfg
+
+
 @pytest.mark.parametrize("eval_batches", [2, 50])
 def test_periodic_evaluations_read_the_held_out_loader_once(tmp_path, monkeypatch, eval_batches):
     """The periodic evaluations score the same batches: kept after the first read, not masked again
