@@ -119,15 +119,21 @@ def install(model: nn.Module, fast: FastPath) -> FastPath:
     if fast.padded_decoder:
         swaps[MLMHead] = PaddedDecoderMLMHead
     if fast.fused_ffn or fast.fused_qkv:  # these modules import Triton: only when planned
-        from bert_kit.kernels import fused_backward, short_attention
+        from bert_kit.kernels import fused_backward
 
-        if fused_backward.triton_ops is None or short_attention.triton_ops is None:
+        if fused_backward.triton_ops is None:
             fast = dataclasses.replace(fast, fused_ffn=False, fused_qkv=False, short_attention=False)
         if fast.fused_ffn:
             swaps[FeedForward] = fused_backward.FusedFeedForward
         if fast.fused_qkv:
-            swaps[MultiHeadAttention] = (short_attention.ShortAttention if fast.short_attention
-                                         else fused_backward.FusedQKVAttention)
+            swaps[MultiHeadAttention] = fused_backward.FusedQKVAttention
+    if fast.short_attention:
+        from bert_kit.kernels import short_attention
+
+        if short_attention.triton_ops is None:
+            fast = dataclasses.replace(fast, short_attention=False)
+        else:
+            swaps[MultiHeadAttention] = short_attention.ShortAttention
     if fast.dropout_masks:
         from bert_kit.kernels import dropout
 

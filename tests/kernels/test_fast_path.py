@@ -175,6 +175,16 @@ def test_apply_without_triton_leaves_the_triton_kernels_out(monkeypatch):
     assert type(model.bert.encoder.layers[0].ffn) is FeedForward
 
 
+def test_without_the_short_attention_kernels_the_fused_projection_stays(monkeypatch):
+    monkeypatch.setattr(fused_backward, "triton_ops", object())
+    monkeypatch.setattr(short_attention, "triton_ops", None)
+    model = BERTForPreTraining(CONFIG)
+    fast = fast_path.install(model, EVERYTHING)
+    assert fast.fused_qkv and fast.fused_ffn and not fast.short_attention
+    assert type(model.bert.encoder.layers[0].attention) is fused_backward.FusedQKVAttention
+    assert type(model.bert.encoder.layers[0].ffn) is FusedFeedForward
+
+
 def test_low_precision_residual_keeps_the_stream_16_bit_and_close():
     """`set_low_precision_residual`: under bf16 autocast every LayerNorm (so the residual stream
     and the encoder output) is bf16 instead of float32, and the results stay at bf16 rounding."""
