@@ -115,10 +115,10 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.qkv(x).view(N, 3, self.num_heads, self.head_dim).unbind(1)  # (N, nh, hd)
             return self.out(packed_attention(q, k, v, packed, p).reshape(N, H))
         B, T, H = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hd)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, nh, T, hd)
-        return self.out(y.transpose(1, 2).reshape(B, T, H))
+        return self.out(y.transpose(1, 2).reshape(B, T, H))  # the heads side by side: (B, T, H)
 
 
 class FeedForward(nn.Module):
