@@ -59,7 +59,7 @@ class _SelfAttention(torch.autograd.Function):
         x2, w, qkv, mask, keep, lse = ctx.saved_tensors
         B, T, H = dy.shape
         dqkv, partial = triton_ops.attention_bwd(qkv, mask, keep, dy.reshape(B * T, H).contiguous(), lse, B, T,
-                                           ctx.num_heads, ctx.p)
+                                                 ctx.num_heads, ctx.p)
         return (dqkv @ w).view(B, T, H), dqkv.t() @ x2, partial.sum(0).to(w.dtype), None, None, None, None
 
 
