@@ -90,6 +90,7 @@ class Job:
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
     cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
     compiled_graphs = False  # the compiled model replays its forward and backward as CUDA graphs (inductor's)
+    fast_path = ""  # what `fast_path.apply` put on the model, one line: run_config.yaml's first (a comment)
     eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
     model: nn.Module
     tokenizer: Any
@@ -263,7 +264,7 @@ def train(job: Job, cfg: RunSettings, run: Run) -> dict[str, Any]:
         job.load_data_state(state.get("data") or {})
     run_config = config_to_dict(cfg)
     if main:
-        save_config(cfg, out / "run_config.yaml")
+        save_config(cfg, out / "run_config.yaml", note=job.fast_path)
         if state is not None:
             truncate_metrics(out, step)  # records after the checkpoint belong to the lost steps
             records, records_lost = check_records(out, step, state.get("train_records"))
