@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, CorruptFileError, check_settings, fraction, load_yaml, non_negative, positive,
-                             read_json, read_text, resolve_plain)
+from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, check_settings, fraction, load_yaml,
+                             non_negative, positive, read_json, read_text, resolve_plain)
 
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import.
 # chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
@@ -72,10 +72,6 @@ _RULES = {
 
 
 MAX_PARAMETERS = 2 * 10**10  # 80 GB of fp32 weights: 60x BERT-large, past any encoder trained
-
-
-class UnsupportedModelError(ConfigError):
-    """config.json describes a model bert-kit does not build (a decoder, relative positions, ...)."""
 
 
 def unsupported_family(model_type: Any, source: str) -> UnsupportedModelError:

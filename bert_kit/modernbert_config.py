@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import ConfigError, check_settings, fraction, non_negative, positive, read_json
-from bert_kit.config import UnsupportedModelError
+from bert_kit.checks import (ConfigError, UnsupportedModelError, check_settings, fraction, non_negative, positive,
+                             read_json)
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "relu", "silu")  # HF ACT2FN names bert-kit implements
