@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert_kit.checks import CorruptFileError, read_json, writing
-from bert_kit.config import architecture_role, hf_architecture, load_hf_config
+from bert_kit.config import BertConfig, architecture_role, hf_architecture, load_hf_config
 from bert_kit.hf_names import BERT_HEADS, FAMILY_NAMES, QKV, Names
 
 if TYPE_CHECKING:
@@ -394,6 +394,10 @@ def initialise(model: nn.Module, names: list[str]) -> None:
     import torch
     import torch.nn as nn
 
+    if hasattr(model, "init_module"):  # an init of its own (ModernBERT's): the top-level modules holding them
+        for owner in dict.fromkeys(name.split(".")[0] for name in names):
+            model.init_module(owner)
+        return
     std = model.config.initializer_range
     with torch.no_grad():
         for name in names:
@@ -425,6 +429,11 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
 
         folder = resolve_model(folder)
     config = load_hf_config(folder)
+    wanted = getattr(cls, "config_class", BertConfig)
+    if not isinstance(config, wanted):
+        raise ValueError(f"{folder} holds a {config.model_type} model, which {cls.__name__} is not: load it with "
+                         + ("bert_kit.modernbert's classes" if config.model_type == "modernbert" else
+                            "bert-kit's BERT classes (BERTModel, BERTForSequenceClassification, ...)"))
     hf_state = read_state_dict(folder)
     config_dict = read_json(folder / "config.json")
     head_args = {**_infer_head_args(cls, hf_state, config_dict), **head_args}

@@ -32,7 +32,7 @@ _IGNORED_KEYS = {
     "layer_norm_eps", "position_embedding_type", "use_cache", "bos_token_id", "eos_token_id", "cls_token_id",
     "sep_token_id", "finetuning_task", "tokenizer_class", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "bert_kit", "tie_word_embeddings", "is_decoder", "add_cross_attention",
-    "initializer_cutoff_factor", "classifier_dropout", "chunk_size_feed_forward",
+    "initializer_cutoff_factor", "chunk_size_feed_forward",
 }
 _RULES = {
     **{name: positive(integer=True) for name in (
@@ -41,7 +41,8 @@ _RULES = {
     "norm_eps": positive(),
     "initializer_range": positive(),
     "pad_token_id": non_negative(integer=True),
-    **{name: fraction(high_open=True) for name in ("attention_dropout", "embedding_dropout", "mlp_dropout")},
+    **{name: fraction(high_open=True) for name in ("attention_dropout", "embedding_dropout", "mlp_dropout",
+                                                   "classifier_dropout")},
 }
 
 
@@ -70,6 +71,7 @@ class ModernBertConfig:
     mlp_dropout: float = 0.0
     decoder_bias: bool = True  # the MLM decoder's bias
     classifier_pooling: str = "cls"  # sequence classification pools "cls" (first token) or "mean"
+    classifier_dropout: float = 0.0  # before the heads' classifier
     classifier_bias: bool = False  # the heads' dense layer (dense, act, norm) without a bias
     classifier_activation: str = "gelu"  # the heads' activation
 
