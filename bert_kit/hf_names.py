@@ -152,3 +152,15 @@ FAMILY_NAMES = {
                         ("decoder.weight", "decoder.weight")),
 }
 FAMILY_NAMES["xlm-roberta"] = FAMILY_NAMES["roberta"]
+
+# the start of the MLM head's weight names in each family's folders (ModernBERT's `head.` is also
+# the classifiers' dense layer: there it is an MLM head when no classifier sits beside it)
+_MLM_PREFIX = {"bert": "cls.predictions.", "roberta": "lm_head.", "xlm-roberta": "lm_head.",
+               "distilbert": "vocab_transform.", "modernbert": "head."}
+
+
+def holds_mlm_head(keys: list[str], model_type: str = "bert") -> bool:
+    """Whether HF weight names (a folder's) hold the family's MLM head."""
+    if model_type == "modernbert" and any(k == "classifier.weight" for k in keys):
+        return False
+    return any(k.startswith(_MLM_PREFIX.get(model_type, "cls.predictions.")) for k in keys)

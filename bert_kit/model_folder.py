@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_kit.checks import CorruptFileError, read_json
+from bert_kit.config import architecture_role
 
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -256,8 +257,16 @@ def default_max_length(folder: str | Path) -> int:
     folder = Path(folder)
     meta = read_model_metadata(folder)
     length = meta.get("max_length") or sentence_transformers_settings(folder).get("max_length")
-    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    positions = model_positions(folder)
     return min(int(length), positions) if length else int(positions)
+
+
+def model_positions(folder: str | Path) -> int:
+    """The longest input a folder's model takes: its position table's rows, less RoBERTa's offset
+    past the padding index (514 rows: 512 tokens), or ModernBERT's context."""
+    from bert_kit.config import load_hf_config
+
+    return load_hf_config(folder).max_length
 
 
 def model_config(spec: Any) -> Any:
@@ -303,7 +312,8 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
         raise CorruptFileError(f"{Path(folder) / 'config.json'}: expected a mapping of config keys, got "
                                f"{type(d).__name__}")
     meta = dict(d.get("bert_kit") or {})
-    meta["architectures"] = d.get("architectures") or []
+    # as bert-kit's BERT class of that role (RobertaForMaskedLM -> BertForMaskedLM): every family alike
+    meta["architectures"] = [architecture_role(a) for a in d.get("architectures") or [] if isinstance(a, str)]
     if "id2label" in d:
         meta["label_names"] = [d["id2label"][k] for k in sorted(d["id2label"], key=int)]
     return meta

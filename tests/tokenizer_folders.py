@@ -4,7 +4,8 @@ and saved as HF folders by transformers' own classes (nothing comes from a hub):
 - `roberta_folder`: byte-level BPE, <s> a </s></s> b </s> (RobertaProcessing), as RoBERTa's;
 - `modernbert_folder`: byte-level BPE under NFC, [CLS] a [SEP] b [SEP] (TemplateProcessing), saved
   as a PreTrainedTokenizerFast with model_input_names [input_ids, attention_mask], as ModernBERT's;
-- `xlmr_folder`: Unigram with a Metaspace pre-tokenizer (SentencePiece's), as XLM-RoBERTa's.
+- `xlmr_folder`: Unigram with a Metaspace pre-tokenizer (SentencePiece's), as XLM-RoBERTa's;
+- `distilbert_folder`: BERT's WordPiece, saved by DistilBertTokenizerFast (no token_type_ids).
 
 Each pipeline is the one transformers' class for that family builds (transformers 5 rebuilds
 the normalizer and pre-tokenizer of RobertaTokenizer and XLMRobertaTokenizer from the class, not
@@ -98,4 +99,18 @@ def xlmr_folder(folder: Path) -> Path:
     return folder
 
 
+def distilbert_folder(folder: Path) -> Path:
+    """DistilBERT's tokenizer: BERT's WordPiece (trained here), without token_type_ids."""
+    import transformers
+
+    from bert_kit.tokenizer import train_tokenizer
+
+    wordpiece = folder.parent / f"{folder.name}-wordpiece"
+    train_tokenizer(texts=CORPUS, vocab_size=200, min_frequency=1).save(wordpiece)
+    hf = transformers.DistilBertTokenizerFast(vocab_file=str(wordpiece / "vocab.txt"), model_max_length=512)
+    hf.save_pretrained(folder)
+    return folder
+
+
 FOLDERS = {"roberta": roberta_folder, "modernbert": modernbert_folder, "xlm-roberta": xlmr_folder}
+ALL_FOLDERS = {**FOLDERS, "distilbert": distilbert_folder}
