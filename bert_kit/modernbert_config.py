@@ -29,8 +29,8 @@ _IGNORED_KEYS = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype", "id2label",
     "label2id", "num_labels", "problem_type", "gradient_checkpointing", "deterministic_flash_attn",
     "reference_compile", "repad_logits_with_grad", "sparse_prediction", "sparse_pred_ignore_index",
-    "layer_norm_eps", "position_embedding_type", "use_cache", "bos_token_id", "eos_token_id", "cls_token_id",
-    "sep_token_id", "finetuning_task", "tokenizer_class", "return_dict", "output_hidden_states",
+    "layer_norm_eps", "position_embedding_type", "use_cache", "finetuning_task", "tokenizer_class", "return_dict",
+    "output_hidden_states",
     "output_attentions", "torchscript", "bert_kit", "tie_word_embeddings", "is_decoder", "add_cross_attention",
     "initializer_cutoff_factor", "chunk_size_feed_forward",
 }
@@ -61,6 +61,11 @@ class ModernBertConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon
     norm_bias: bool = False  # LayerNorms without a bias
     pad_token_id: int = 50283
+    # the ids of [CLS], [SEP] (bos, eos): written back for transformers; the model does not read them
+    cls_token_id: int | None = 50281
+    sep_token_id: int | None = 50282
+    bos_token_id: int | None = 50281
+    eos_token_id: int | None = 50282
     attention_bias: bool = False  # Wqkv and Wo without biases
     attention_dropout: float = 0.0  # on attention probabilities and on the attention output
     layer_types: list[str] | None = None  # per layer: "full_attention" or "sliding_attention"; None: every 3rd global
@@ -246,10 +251,12 @@ def _size(layers: int, hidden: int, intermediate: int, heads: int) -> dict[str, 
             "num_attention_heads": heads}
 
 
+_SMALL_VOCAB = {"vocab_size": 512, "pad_token_id": 0, "cls_token_id": 1, "sep_token_id": 2, "bos_token_id": 1,
+               "eos_token_id": 2}
 # answerdotai/ModernBERT-base and -large shapes, and small ones for tests
 PRESETS: dict[str, dict[str, Any]] = {
     "modernbert-base": _size(22, 768, 1152, 12),
     "modernbert-large": _size(28, 1024, 2624, 16),
-    "modernbert-tiny": {**_size(3, 64, 96, 4), "vocab_size": 512, "pad_token_id": 0, "max_position_embeddings": 512},
-    "modernbert-mini": {**_size(6, 256, 384, 4), "vocab_size": 512, "pad_token_id": 0, "max_position_embeddings": 1024},
+    "modernbert-tiny": {**_size(3, 64, 96, 4), **_SMALL_VOCAB, "max_position_embeddings": 512},
+    "modernbert-mini": {**_size(6, 256, 384, 4), **_SMALL_VOCAB, "max_position_embeddings": 1024},
 }

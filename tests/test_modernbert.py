@@ -119,9 +119,9 @@ def test_base_shaped_model_matches_transformers(layers):
     """ModernBERT-base's shape (width 768, 12 heads, GeGLU 1152, window 128, thetas 160,000 /
     10,000; its first 3 layers, or all 22: 20 s on 2 cores) at 150 tokens, past the window, with
     padding; the weights go over in memory (the mapping without a 600 MB file)."""
-    config = ModernBertConfig.from_name("modernbert-base", vocab_size=512, pad_token_id=0, num_hidden_layers=layers)
-    hf_config = transformers.ModernBertConfig(**{k: v for k, v in config.to_hf_dict().items() if k != "architectures"},
-                                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = ModernBertConfig.from_name("modernbert-base", vocab_size=512, pad_token_id=0, cls_token_id=1,
+                                        sep_token_id=2, bos_token_id=1, eos_token_id=2, num_hidden_layers=layers)
+    hf_config = transformers.ModernBertConfig(**{k: v for k, v in config.to_hf_dict().items() if k != "architectures"})
     with undrawn_init():  # random weights drawn below, faster than either init (truncated normals)
         hf = transformers.ModernBertModel(hf_config).eval()
         ours = ModernBertModel(config).eval()
