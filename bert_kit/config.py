@@ -113,7 +113,7 @@ class BertConfig:
     pad_token_id: int = 0  # padding id; its embedding row is zero-initialised
     position_embedding_type: str = "learned"  # "learned" table or fixed "sinusoidal"
     # The family member (HF model_type) whose config.json and weight names its folders use, and
-    # the two details in which the members differ from BERT (None: the family's own):
+    # two details in which the members differ from BERT that no HF config names (None: the family's):
     model_type: str = "bert"  # "bert", "roberta", "xlm-roberta" or "distilbert"
     position_offset: int | None = None  # RoBERTa: positions start at pad_token_id + 1, padding sits at pad_token_id
     pooler: bool | None = None  # BERT's dense + tanh on [CLS]; RoBERTa's and DistilBERT's heads have none
