@@ -28,6 +28,7 @@ _EXPORTS = {
     "get_tokenizer": "tokenizer",
     "train_tokenizer": "tokenizer",
     "WordPieceTokenizer": "tokenizer",
+    "FastTokenizer": "tokenizer",
     "MLMDataset": "data.pretraining",
     "NSPDataset": "data.pretraining",
     "create_mlm_dataloader": "data.pretraining",

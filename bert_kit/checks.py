@@ -59,6 +59,10 @@ class InputNotFoundError(FileNotFoundError, ConfigError):
 ConfigFileNotFoundError = InputNotFoundError  # the run config file named on the command line
 
 
+class UnsupportedModelError(ConfigError):
+    """config.json describes a model bert-kit does not build (a decoder, relative positions, ...)."""
+
+
 class CorruptFileError(ValueError):
     """A file exists but cannot be used: empty, truncated, garbage, or unsafe to unpickle."""
 

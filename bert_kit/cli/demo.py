@@ -90,7 +90,7 @@ def score_fill_mask(folder: Path, probes: list[tuple[str, str, str]], train_file
     from bert_kit.tokenizer import get_tokenizer
 
     model, tokenizer = load_mlm_model(folder), get_tokenizer(folder)
-    enc = tokenizer([text for text, _, _ in probes], max_length=model.config.max_position_embeddings,
+    enc = tokenizer([text for text, _, _ in probes], max_length=model.config.max_length,
                     return_tensors="pt")
     with torch.no_grad():
         logits = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])  # (N, T, V)

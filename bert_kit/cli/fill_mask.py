@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     folder = resolve_model(args.model)  # a run folder's final/, or a hub name's local copy
     tokenizer = get_tokenizer(args.tokenizer or folder)
     config = load_hf_config(folder)
-    rows = [encode_masked(tokenizer, text, config.max_position_embeddings) for text in args.text]  # before the model
+    rows = [encode_masked(tokenizer, text, config.max_length) for text in args.text]  # before the model
     check_top_k(args.top_k, config.vocab_size)
     model = load_mlm_model(folder, resolve_device(args.device or "auto"))
     everything = []

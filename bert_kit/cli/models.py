@@ -1,5 +1,6 @@
 """`bert-kit models`: the model presets (fresh weights of a known shape) and the hub models
-that have a local copy, i.e. every name `model=` and `--model` accept besides a folder.
+that have a local copy, i.e. every name `model=` and `--model` accept besides a folder, each
+with its family (config.json's model_type: bert, roberta, xlm-roberta, distilbert, modernbert).
 
     bert-kit models            # a table of presets, then the local copies found
     bert-kit models --json     # the same as JSON
@@ -36,11 +37,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
+def family(folder) -> str:
+    """config.json's model_type ("bert", "roberta", ...), with a note when bert-kit does not build it."""
+    from bert_kit.config import FAMILIES
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type") or "bert"
+    except (OSError, ValueError, AttributeError):
+        return "unreadable config.json"
+    return model_type if model_type in FAMILIES else f"{model_type}: not built by bert-kit"
+
+
 def run(args: argparse.Namespace) -> int:
     from bert_kit.model_folder import hf_cache_dir, local_models
 
     presets = preset_table()
-    local = [{"name": name, "folder": str(folder)} for name, folder in local_models()]
+    local = [{"name": name, "folder": str(folder), "family": family(folder)} for name, folder in local_models()]
     if args.json:
         print(json.dumps({"presets": presets, "local_copies": local}, indent=2))
         return 0
@@ -52,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"local copies of hub models (pretrained weights; model=NAME or --model NAME), "
           f"from installed packages and {hf_cache_dir()}:")
     for r in local:
-        print(f"  {r['name']:<45} {r['folder']}")
+        print(f"  {r['name']:<45} {r['family']:<12} {r['folder']}")
     if not local:
         print("  none: `huggingface-cli download NAME` makes one, or pass a model folder")
     return 0

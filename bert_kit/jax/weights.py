@@ -130,6 +130,9 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
 
         folder = resolve_model(folder)
     config = load_hf_config(folder)
+    if config.model_type != "bert":  # the JAX engine builds BERT's details only (positions, segments, pooler)
+        raise ValueError(f"{folder} holds a {config.model_type} model: the JAX engine builds BERT models only; "
+                         "use the PyTorch engine")
     hf_state = read_arrays(folder)
     head_args = {**_infer_head_args(cls, hf_state, read_json(folder / "config.json")), **head_args}
     def build() -> nnx.Module:

@@ -339,7 +339,10 @@ def _has_mlm_head(folder: Path) -> bool:
             keys = list(f.keys())
     else:
         keys = list(read_state_dict(folder))
-    return any(k.startswith("cls.predictions.") for k in keys)
+    from bert_kit.config import load_hf_config
+    from bert_kit.hf_names import holds_mlm_head
+
+    return holds_mlm_head(keys, load_hf_config(folder).model_type)
 
 
 def serve_length(folder: Path, max_length: int | None) -> int:
@@ -349,7 +352,7 @@ def serve_length(folder: Path, max_length: int | None) -> int:
     from bert_kit.config import load_hf_config
     from bert_kit.model_folder import default_max_length
 
-    positions = load_hf_config(folder).max_position_embeddings
+    positions = load_hf_config(folder).max_length
     length = max_length or default_max_length(folder)
     Range(3, positions, integer=True, hint=f"the model in {folder} has {positions} positions").check("max_length",
                                                                                                     length)

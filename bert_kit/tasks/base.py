@@ -58,7 +58,8 @@ def freeze_pooler(model: nn.Module) -> nn.Module:
     """Heads that never read the pooled [CLS] output leave the pooler frozen (unchanged when
     saved), so the optimizer and DDP see no parameter that never gets a gradient."""
     encoder = model.bert if hasattr(model, "bert") else model
-    encoder.pooler.requires_grad_(False)
+    if getattr(encoder, "pooler", None) is not None:  # RoBERTa, DistilBERT, ModernBERT have none
+        encoder.pooler.requires_grad_(False)
     return model
 
 

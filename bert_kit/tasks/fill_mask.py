@@ -61,7 +61,7 @@ def fill_mask(model: nn.Module, tokenizer: Any, text: str, top_k: int = 5) -> li
     probability over the vocabulary) and sequence (the text with this token filled in).
     """
     check_top_k(top_k, vocab_size(model, tokenizer))
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limit = getattr(getattr(model, "config", None), "max_length", None)
     return fill_masks(model, tokenizer, [encode_masked(tokenizer, text, limit)], top_k)[0]
 
 
@@ -117,13 +117,15 @@ def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn
     from bert_kit.heads import BERTForMaskedLM
     from bert_kit.hf import load_into, read_state_dict
 
-    state = read_state_dict(folder)
-    if not any(k.startswith("cls.predictions.") for k in state):
-        raise ValueError(f"{folder} has no MLM head weights (cls.predictions.*): it is an encoder-only "
+    from bert_kit.hf_names import holds_mlm_head
+
+    state, config = read_state_dict(folder), load_hf_config(folder)
+    if not holds_mlm_head(list(state), config.model_type):
+        raise ValueError(f"{folder} has no MLM head weights: it is an encoder-only "
                          "checkpoint, so its [MASK] predictions would be random")
     from bert_kit.kernels import fast_path
 
-    model = BERTForMaskedLM(load_hf_config(folder))
+    model = BERTForMaskedLM(config)
     load_into(model, state, source=str(folder))
     device = resolve_device(device)
     fast_path.apply(model, device, training=False)

@@ -102,9 +102,9 @@ class FinetuningJob(Job):
         if not self.train_items:
             raise ValueError(f"{cfg.train_file}: no training examples")
         model = task.build(cfg.model)
-        if cfg.max_length > model.config.max_position_embeddings:
-            raise ValueError(f"max_length {cfg.max_length} exceeds the model's max_position_embeddings "
-                             f"{model.config.max_position_embeddings}")
+        if cfg.max_length > model.config.max_length:
+            raise ValueError(f"max_length {cfg.max_length} exceeds the model's {model.config.max_length} positions "
+                             f"(max_position_embeddings {model.config.max_position_embeddings})")
         # the device now: CUDA started in a thread while the data was read and the model built
         self.precision, device = run.precision, run.precision.device
         sharded = cfg.parallel == "fsdp" and world_size() > 1

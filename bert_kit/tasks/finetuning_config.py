@@ -158,9 +158,9 @@ class FinetuneConfig(RunSettings):
             config = model_config(self.model) if self.model else None
         except ConfigError:
             config = None  # an unknown model name: `finetune` names it before reading any data
-        if config is not None and self.max_length > config.max_position_embeddings:
+        if config is not None and self.max_length > config.max_length:
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
-                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
+                              f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
 
 

@@ -37,7 +37,8 @@ from typing import Any
 
 from bert_kit.data import parse_jsonl, read_lines, read_text, setting
 from bert_kit.data.tables import parse_where, table_layout
-from bert_kit.model_folder import default_max_length, read_model_metadata, resolve_model, sentence_transformers_settings
+from bert_kit.model_folder import (default_max_length, model_positions, read_model_metadata, resolve_model,
+                                   sentence_transformers_settings)
 from bert_kit.onnx_export import onnx_folder
 from bert_kit.tasks import TASKS, make_task
 from bert_kit.tasks.base import Task, flag_empty_texts
@@ -88,7 +89,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
         mode = "cross-encoder" if heads and len(meta.get("label_names") or []) == 1 else "bi-encoder"
     # the length it was fine-tuned with, else its sentence-transformers length, else its positions
     max_length = args.max_length or default_max_length(folder)
-    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    positions = model_positions(folder)
     if max_length > positions:
         raise ValueError(f"--max-length {max_length} exceeds the {positions} positions of {folder}")
     where = parse_where(getattr(args, "where", None))

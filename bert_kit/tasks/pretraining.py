@@ -78,7 +78,8 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
         model = cls(config)
     if not cfg.nsp:
         # MLM-only training never reaches the pooler; frozen, DDP does not wait for its gradients
-        model.bert.pooler.requires_grad_(False)
+        if getattr(model.bert, "pooler", None) is not None:
+            model.bert.pooler.requires_grad_(False)
     if config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"model vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
     if max_length > config.max_position_embeddings:

@@ -471,9 +471,9 @@ def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     """Full saved model (and optimizer) state -> this rank's FSDP2 shards (`set_state_dict`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
-    from bert_kit.hf import from_hf_state_dict, read_state_dict
+    from bert_kit.hf import from_hf_state_dict, names_for, read_state_dict
 
-    weights, unmapped = from_hf_state_dict(read_state_dict(path), hasattr(model, "bert"))
+    weights, unmapped = from_hf_state_dict(read_state_dict(path), hasattr(model, "bert"), names_for(model))
     own = model.state_dict()  # sharded DTensors; only the names and global shapes are used
     if "mlm.decoder.weight" in own and "bert.embeddings.word_embeddings.weight" in weights:
         weights["mlm.decoder.weight"] = weights["bert.embeddings.word_embeddings.weight"]  # tied

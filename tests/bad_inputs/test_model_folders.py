@@ -77,13 +77,13 @@ CONFIG_DAMAGE = {
     "invalid-json": (b'{"hidden_size": 32,\n  "num_hidden_layers" 2}\n', ["config.json:2: invalid JSON"]),
     "not-utf8": (b'{"model_type": "bert",\n "note": "caf\xe9"}\n', ["config.json:2: not UTF-8 text"]),
     "a-list": (b"[1, 2]\n", ["config.json: expected a mapping"]),
-    "roberta": (None, ["model_type is 'roberta', expected 'bert'"]),
+    "t5": (None, ["model_type 't5' is a model family bert-kit does not build; it builds bert, roberta"]),
     "heads-3": (None, ["hidden_size (32) must be divisible by num_attention_heads (3)"]),
     "layers-0": (None, ["num_hidden_layers=0 is out of range", ">= 1"]),
     "dropout-2": (None, ["hidden_dropout_prob=2", "[0, 1)"]),
     "missing": (None, ["config.json"]),
 }
-CONFIG_CHANGES = {"roberta": {"model_type": "roberta"}, "heads-3": {"num_attention_heads": 3},
+CONFIG_CHANGES = {"t5": {"model_type": "t5"}, "heads-3": {"num_attention_heads": 3},
                   "layers-0": {"num_hidden_layers": 0}, "dropout-2": {"hidden_dropout_prob": 2}}
 
 

@@ -256,7 +256,14 @@ CONFIG_CASES = {
     "vocab-size-bool": ({"vocab_size": True}, "vocab_size=True is not a number"),
     "activation-none": ({"hidden_act": None}, "hidden_act=None is not a valid choice"),
     "positions-type": ({"position_embedding_type": "rotary"}, "position_embedding_type='rotary'"),
-    "type-vocab-0": ({"type_vocab_size": 0}, "type_vocab_size=0 is out of range: expected an integer >= 1"),
+    "type-vocab-0": ({"type_vocab_size": 0}, "type_vocab_size=0 does not fit model_type='bert': expected at least 1"),
+    "type-vocab-negative": ({"type_vocab_size": -1}, "type_vocab_size=-1 is out of range: expected an integer >= 0"),
+    "family-unknown": ({"model_type": "t5"}, "model_type='t5' is not a valid choice: expected one of"),
+    "roberta-offset": ({"model_type": "roberta", "pad_token_id": 1, "position_offset": 0},
+                       "position_offset=0 does not fit model_type='roberta': RoBERTa numbers positions from "
+                       "pad_token_id + 1 = 2"),
+    "distilbert-segments": ({"model_type": "distilbert"}, "type_vocab_size=2 does not fit model_type='distilbert'"),
+    "bert-without-pooler": ({"pooler": False}, "pooler=False does not fit model_type='bert'"),
 }
 
 

@@ -92,7 +92,7 @@ def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
     assert "(also bert-base, bert-base-uncased)" in out and "109.5M parameters" in out  # BERT-base: 109,482,240
     assert main(["models", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert {"name": "org/tiny-bert", "folder": str(snap)} in listed["local_copies"]
+    assert {"name": "org/tiny-bert", "folder": str(snap), "family": "bert"} in listed["local_copies"]
     assert [p["name"] for p in listed["presets"]][:2] == ["bert-tiny", "bert-mini"]
 
 

@@ -155,3 +155,15 @@ def test_the_twin_trains_with_the_dropout_the_torch_model_was_set_to():
     assert twin.bert.encoder.layers[0].dropout.rate == 0.0
     assert twin.bert.encoder.layers[0].attention.attn_dropout.rate == 0.0
     assert twin.bert.embeddings.dropout.rate == 0.0
+
+
+def test_a_family_member_the_jax_engine_does_not_build_is_refused(tmp_path):
+    """A RoBERTa encoder has BERT's weight names but other positions: JAX would run it as BERT."""
+    from bert_kit import BertConfig
+
+    roberta = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=20, model_type="roberta", pad_token_id=1,
+                         type_vocab_size=1)
+    BERTModel(roberta).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="holds a roberta model: the JAX engine builds BERT models only"):
+        bj.BERTModel.from_pretrained(tmp_path)
