@@ -12,10 +12,11 @@ ids, type ids, masks, offsets, word ids, overflow windows), so SQuAD feature bui
 label alignment written against HF work unchanged. Truncation is set on the Rust backend only
 for the duration of one call, under a lock (so `tokenizer.backend` is stateless between calls
 and threads may share a tokenizer; DataLoader workers each get a copy). With truncation, a
-long text is cut to a prefix before it reaches the Rust tokenizer (`bert_kit.long_texts`):
+long text is squeezed (runs of spaces, of dropped characters, words past WordPiece's 100
+characters) and cut to a prefix before it reaches the Rust tokenizer (`bert_kit.long_texts`):
 the tokens kept are the same, and the time and memory are bounded by max_length, not by the
-text. A text that is not valid Unicode (a lone surrogate such as "\ud800") is a ValueError
-naming its index.
+text, with or without spaces. A text that is not valid Unicode (a lone surrogate such as
+"\ud800") is a ValueError naming its index.
 
     tok = get_tokenizer("/path/to/bert-folder")          # tokenizer.json or vocab.txt
     batch = tok(["a sentence", "another"], max_length=128)  # dict of (B, T) torch.long tensors
@@ -38,7 +39,7 @@ from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, p
 from tokenizers.models import WordPiece
 
 from bert_kit.checks import Range, read_json, read_text, writing
-from bert_kit.long_texts import Cutter
+from bert_kit.long_texts import Cutter, original_offsets
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -291,8 +292,8 @@ class WordPieceTokenizer:
         settings = self._configured(max_length, truncation, "longest_first", 0, n_special)
         with self._lock:
             if settings.max_length is not None:
-                [text], pairs = self._cutter.cut([text], None if text_pair is None else [text_pair],
-                                                 settings.max_length - n_special, "longest_first", False)
+                [text], pairs, _ = self._cutter.cut([text], None if text_pair is None else [text_pair],
+                                                    settings.max_length - n_special, "longest_first", False)
                 text_pair = pairs and pairs[0]
             with settings:
                 return self.backend.encode(text, text_pair).ids
@@ -376,9 +377,11 @@ class WordPieceTokenizer:
         limit = settings.max_length  # None without truncation
         if return_overflowing_tokens and limit is not None and stride >= limit - n_special:
             raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
+        squeezed = None  # per row, where a squeezed text's characters were (`long_texts.original_offsets`)
         with self._lock:
             if limit is not None and not return_overflowing_tokens:  # the windows need the whole text
-                batch_a, batch_b = self._cutter.cut(batch_a, batch_b, limit - n_special, strategy, is_split_into_words)
+                batch_a, batch_b, squeezed = self._cutter.cut(batch_a, batch_b, limit - n_special, strategy,
+                                                              is_split_into_words)
                 inputs = batch_a if batch_b is None else list(zip(batch_a, batch_b))
             with settings:
                 encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
@@ -406,7 +409,9 @@ class WordPieceTokenizer:
         if return_attention_mask:
             out["attention_mask"] = [e.attention_mask for e in rows]
         if return_offsets_mapping:
-            out["offset_mapping"] = [e.offsets for e in rows]
+            out["offset_mapping"] = [e.offsets if squeezed is None or squeezed[i] == (None, None) else
+                                     original_offsets(e.offsets, e.sequence_ids, e.word_ids, squeezed[i])
+                                     for i, e in enumerate(rows)]
         if return_tensors is not None:
             lengths = {len(r) for r in out["input_ids"]}
             if len(lengths) > 1:
