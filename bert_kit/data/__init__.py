@@ -133,15 +133,10 @@ def decode_text(data: bytes, path: str | Path, first_line: int = 1, encoding: st
     return text.removeprefix(BOM)
 
 
-def read_bytes(path: str | Path, what: str = "data file") -> bytes:
-    """All bytes of a readable path that is not a folder: a file, a FIFO, /dev/stdin or `<(command)`,
-    read once (no existence check first, which a pipe could not pass twice). A missing path or a
-    folder is a FileNotFoundError naming `what` and the path."""
-    with _open(path, what) as f:
-        return f.read()
-
-
 def _open(path: str | Path, what: str) -> Any:
+    """A readable path that is not a folder, open for reading bytes: a file, a FIFO, /dev/stdin or
+    `<(command)`, read once (no existence check first, which a pipe could not pass twice). A
+    missing path or a folder is a FileNotFoundError naming `what` and the path."""
     path = Path(path)
     if path.is_dir():
         raise FileNotFoundError(f"{what} is a folder, not a file: {path}")
@@ -156,16 +151,26 @@ def _open(path: str | Path, what: str) -> Any:
 def read_text(path: str | Path, what: str = "data file", encoding: str | None = None,
               max_line: int | None = MAX_LINE) -> str:
     """The whole text of a file in `encoding` (default UTF-8; see `decode_text`); a missing path or
-    a folder is a FileNotFoundError naming `what` and the path (see `read_bytes`).
+    a folder is a FileNotFoundError naming `what` and the path (see `_open`).
 
     Read and decoded a chunk at a time, so that a binary file (/dev/zero, /dev/urandom) fails at
     its first bytes, and a line longer than `max_line` characters (None: no limit, for a JSON
     document) keeps its first `max_line` in memory bounded by them; a warning says how many lines
     were cut, and which."""
+    cut = _LineCutter(max_line)
+    kept = [cut.feed(text, line) for text, line in _decoded(path, what, encoding)]
+    if cut.lines:
+        shown = ", ".join(map(str, cut.lines[:5])) + (", ..." if len(cut.lines) > 5 else "")
+        warnings.warn(f"{path}: {len(cut.lines)} line(s) longer than {max_line:,} characters were cut to their "
+                      f"first {max_line:,} (line {shown})", stacklevel=2)
+    return "".join(kept).removeprefix(BOM)
+
+
+def _decoded(path: str | Path, what: str, encoding: str | None) -> Iterator[tuple[str, int]]:
+    """(text, the line it starts on) of a file, a chunk of READ_BYTES at a time: bytes that do not
+    decode, or a NUL byte, are a ValueError naming the file and line (see `decode_text`)."""
     encoding = check_encoding(encoding)
     decoder = codecs.getincrementaldecoder(encoding)()
-    kept: list[str] = []
-    cut = _LineCutter(max_line)
     line, column = 1, 1  # where the next byte to decode is: its line, and its byte in that line
     with _open(path, what) as f:
         while True:
@@ -177,17 +182,12 @@ def read_text(path: str | Path, what: str = "data file", encoding: str | None = 
             if (nul := text.find("\x00")) >= 0:
                 raise ValueError(f"{path}:{line + text.count(chr(10), 0, nul)}: NUL byte: this is a binary file, "
                                  "not text")
-            kept.append(cut.feed(text, line))
+            yield text, line
             newline = data.rfind(b"\n")
             line += text.count("\n")
             column = len(data) - newline if newline >= 0 else column + len(data)
             if not data:
-                break
-    if cut.lines:
-        shown = ", ".join(map(str, cut.lines[:5])) + (", ..." if len(cut.lines) > 5 else "")
-        warnings.warn(f"{path}: {len(cut.lines)} line(s) longer than {max_line:,} characters were cut to their "
-                      f"first {max_line:,} (line {shown})", stacklevel=2)
-    return "".join(kept).removeprefix(BOM)
+                return
 
 
 class _LineCutter:
@@ -226,18 +226,11 @@ class _LineCutter:
         return "".join(parts)
 
 
-def check_text_file(path: str | Path, chunk_bytes: int = 1 << 23, encoding: str | None = None) -> None:
-    """Raise the `decode_text` error if a file of any size (read in chunks of whole lines) is not
+def check_text_file(path: str | Path, encoding: str | None = None) -> None:
+    """Raise the `decode_text` error if a file of any size (read a chunk at a time) is not
     `encoding` text; for files handed to the Rust readers, whose errors name no file or line."""
-    encoding = check_encoding(encoding)
-    if not splits_at_newline_bytes(encoding):  # UTF-16 / UTF-32: a chunk of lines is no whole text
-        decode_text(read_bytes(path), path, encoding=encoding)
-        return
-    with open(path, "rb") as f:
-        line = 1
-        while chunk := f.read(chunk_bytes) + f.readline():  # whole lines: no character is cut
-            decode_text(chunk, path, line, encoding)
-            line += chunk.count(b"\n")
+    for _ in _decoded(path, "data file", encoding):
+        pass
 
 
 def split_lines(text: str) -> list[str]:

@@ -59,10 +59,12 @@ def test_dev_zero_as_input_is_a_binary_file_at_once(cli, assets, command):
     out.one_line_error("/dev/zero:1: NUL byte: this is a binary file, not text", code=2)
 
 
-def test_dev_zero_as_corpus_or_settings_file(cli, assets):
+def test_dev_zero_as_corpus_training_or_settings_file(cli, assets):
     from bert_kit.checks import CorruptFileError, read_json
 
     out = cli("pretrain", "--config", assets.pretrain_yaml, "train_files=[/dev/zero]", "output_dir=run")
+    out.one_line_error("/dev/zero:1: NUL byte: this is a binary file, not text", code=2)
+    out = cli("tokenizer", "train", "--files", "/dev/zero", "--vocab-size", "100", "--output", "tok")
     out.one_line_error("/dev/zero:1: NUL byte: this is a binary file, not text", code=2)
     with pytest.raises(CorruptFileError, match="/dev/zero: more than 64 MB: not a settings, config or vocabulary"):
         read_json("/dev/zero")
