@@ -35,7 +35,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (AddedToken, Encoding, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors,
+                        trainers)
 from tokenizers.models import WordPiece
 
 from bert_kit.checks import Range, read_json, read_text, writing
@@ -48,6 +49,7 @@ DEFAULT_MODEL_MAX_LENGTH = 512
 _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a pair of them is a character, and Python holds it as one
 MAX_VOCAB_SIZE = 1 << 24  # ids past this are no vocabulary: the trainer would only run out of memory
+MAX_WORD = 100  # WordPiece's max_input_chars_per_word, as BERT's: a longer word is one [UNK]
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -201,7 +203,7 @@ class WordPieceTokenizer:
         for role, token in specials.items():  # check here so the error names the file
             if token not in vocab:
                 raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
-        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
+        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=MAX_WORD))
         _bert_pipeline(backend, specials, lowercase, strip_accents, tokenize_chinese_chars)
         backend.post_processor = _template(backend, specials["cls"], specials["sep"])
         return cls(backend, model_max_length, specials, source=str(path))
@@ -570,6 +572,10 @@ def train_tokenizer(
     """
     if (files is None) == (texts is None):
         raise ValueError("pass exactly one of files=... or texts=...")
+    if files is not None and not isinstance(files, (str, os.PathLike)):
+        files = list(files)
+        if not files:
+            raise ValueError("files is empty: name at least one text file to learn the vocabulary from")
     missing = [t for t in DEFAULT_SPECIAL_TOKENS.values() if t not in special_tokens]
     if missing:
         raise ValueError(f"special_tokens {list(special_tokens)} lacks {missing}")
@@ -591,9 +597,13 @@ def train_tokenizer(
                              limit_alphabet, show_progress)
     # canonical ids: specials, then characters, then "##" characters, then longer pieces, each sorted
     trained = [t for t in vocab if t not in special_tokens]
+    if not trained:
+        where = "the texts" if files is None else ", ".join(map(str, paths))
+        raise ValueError(f"no word to learn a vocabulary from in {where}: only blank lines, special tokens or "
+                         f"words longer than {MAX_WORD} characters")
     order = sorted(trained, key=lambda t: (len(t.removeprefix("##")) > 1, t.startswith("##"), t))
     ids = {t: i for i, t in enumerate(list(special_tokens) + order)}
-    backend = Tokenizer(WordPiece(ids, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100))
+    backend = Tokenizer(WordPiece(ids, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=MAX_WORD))
     _bert_pipeline(backend, {}, lowercase=lowercase)
     # the specials are added tokens, so raw "[MASK]" is matched whole
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
@@ -628,7 +638,12 @@ def _learn_vocab(paths: list[str], vocab_size: int, lowercase: bool, min_frequen
 
     def learn(size: int, initial: list[str], limit: int | None, alphabet: list[str]) -> dict[str, int]:
         backend = _bert_pipeline(Tokenizer(WordPiece(unk_token=DEFAULT_SPECIAL_TOKENS["unk"],
-                                                     max_input_chars_per_word=100)), {}, lowercase=lowercase)
+                                                     max_input_chars_per_word=MAX_WORD)), {}, lowercase=lowercase)
+        # a word past MAX_WORD characters encodes as one [UNK]: the trainer does not see it (its merges
+        # cost the square of a word's length: a line of 800,000 letters took 5 minutes), as HF's
+        # trainers bound the length of what they merge
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            backend.pre_tokenizer, pre_tokenizers.Split(Regex(f".{{{MAX_WORD + 1},}}"), behavior="removed")])
         trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=initial,
                                             initial_alphabet=alphabet, continuing_subword_prefix="##",
                                             show_progress=show_progress,
