@@ -119,8 +119,8 @@ class SentenceEncoder:
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
         its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
         its fine-tuning length, its sentence-transformers max_seq_length, else its positions).
-        A folder written by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with
-        the same outputs."""
+        A folder written by `bert-kit export` (an encoder, or a fine-tuned head's graph, which
+        outputs the encoder's states too) runs in ONNX Runtime on the CPU, with the same outputs."""
         from bert_kit.model_folder import default_max_length, resolve_model
         from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
 
@@ -132,8 +132,10 @@ class SentenceEncoder:
             model, device = OnnxModel(folder), device or "cpu"
             unpadded = False  # the graph takes padded batches
             if model.architecture != "BertModel":
-                raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
-                                 f"need an exported encoder (a BertModel folder)")
+                if not model.has_encoder_states:
+                    raise ValueError(f"{folder} holds an exported {model.architecture} graph without the encoder's "
+                                     "states (last_hidden_state): export the folder again to embed with it")
+                model = model.encoder()  # a head's graph that also outputs the encoder states, as /embed uses
         else:
             model = BERTModel.from_pretrained(folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
