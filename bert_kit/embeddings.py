@@ -88,6 +88,9 @@ class SentenceEncoder:
             raise TypeError(f"tokenizer must be a WordPieceTokenizer (get_tokenizer(folder)), got {type(tokenizer).__name__}")
         if pooling not in POOLING_MODES:
             raise ConfigError(f"pooling={pooling!r} is not a valid choice: expected one of {POOLING_MODES}")
+        for name, value in (("normalize", normalize), ("unpadded", unpadded), ("compile", compile)):
+            if not isinstance(value, bool):  # "no" and None read as a choice would be silently True / False
+                raise ConfigError(f"{name}={value!r} is not a valid choice: expected True or False")
         # [CLS] and [SEP] plus at least one token, and no more than the model has positions
         Range(3, model.config.max_position_embeddings, integer=True,
               hint="max_position_embeddings of the model").check("max_length", max_length)
@@ -125,7 +128,7 @@ class SentenceEncoder:
         from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
 
         folder = resolve_model(folder)
-        max_length = max_length or default_max_length(folder)
+        max_length = default_max_length(folder) if max_length is None else max_length  # 0 is refused, not "default"
         if is_onnx_folder(folder):  # written by `bert-kit export`: ONNX Runtime on the CPU
             if compile:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
