@@ -329,17 +329,9 @@ class FillMask(Operation):
 
 def _has_mlm_head(folder: Path) -> bool:
     """Whether the weights hold an MLM head (cls.predictions.*), without loading them from safetensors."""
-    from bert_kit.hf import read_state_dict
+    from bert_kit.hf import weight_names
 
-    weights = folder / "model.safetensors"
-    if weights.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(weights), framework="pt") as f:
-            keys = list(f.keys())
-    else:
-        keys = list(read_state_dict(folder))
-    return any(k.startswith("cls.predictions.") for k in keys)
+    return any(k.startswith("cls.predictions.") for k in weight_names(folder))
 
 
 def serve_length(folder: Path, max_length: int | None) -> int:
