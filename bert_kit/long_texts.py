@@ -404,9 +404,10 @@ class Cutter:
             shorter = "".join(parts) if len(parts) > 1 else parts[0]
             cut = self.prefix(shorter, budget)  # a prefix ending before the windows end
             if cut is not None or done == len(text):
-                same = starts == [0] and origins == [0]
-                return (shorter if cut is None else shorter[:cut[0]]), None if same else Squeezed(shorter, starts,
-                                                                                                  origins)
+                kept = shorter if cut is None else shorter[:cut[0]]
+                if starts == origins:  # nothing was squeezed out
+                    return kept, None
+                return kept, Squeezed(shorter, starts, origins)
             size *= 4
 
     def _cut(self, batch_a: list, batch_b: list | None, budget: int, strategy: str,
