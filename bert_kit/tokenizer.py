@@ -50,6 +50,7 @@ _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a pair of them is a character, and Python holds it as one
 MAX_VOCAB_SIZE = 1 << 24  # ids past this are no vocabulary: the trainer would only run out of memory
 MAX_WORD = 100  # WordPiece's max_input_chars_per_word, as BERT's: a longer word is one [UNK]
+MAX_TRAIN_LINE = 1 << 20  # characters of one line the trainer reads (`_broken`)
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -591,6 +592,9 @@ def train_tokenizer(
             for p in paths:
                 if not Path(p).is_file():
                     raise FileNotFoundError(f"training file not found: {p}")
+            # a file with a line too long for the trainer to hold is read through a copy with it broken
+            paths = [_write_texts(_file_chunks(p), Path(tmp) / f"{i}.txt", (), newlines=False)
+                     if _has_long_line(p) else p for i, p in enumerate(paths)]
         else:  # the Rust trainer reads files fast and in parallel, and every pass needs the texts again
             paths = [_write_texts(texts, Path(tmp) / "texts.txt", special_tokens)]
         vocab = _learn_vocab([str(p) for p in paths], vocab_size, lowercase, min_frequency, list(special_tokens),
@@ -611,16 +615,60 @@ def train_tokenizer(
     return WordPieceTokenizer(backend, model_max_length, source="train_tokenizer()")
 
 
-def _write_texts(texts: Iterable[str], path: Path, special_tokens: Sequence[str]) -> Path:
-    """The texts into one UTF-8 file for the trainer, special tokens blanked out."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+def _write_texts(texts: Iterable[str], path: Path, special_tokens: Sequence[str], newlines: bool = True) -> Path:
+    """The texts into one UTF-8 file for the trainer, special tokens blanked out, lines longer than
+    MAX_TRAIN_LINE broken (`_broken`); newlines=False: the texts are chunks of one text (a file)."""
+    def blanked() -> Iterator[str]:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
             for token in special_tokens:
                 text = text.replace(token, " ")
-            f.write(text + "\n")  # a document may span lines: words never do
+            yield text + "\n" if newlines else text  # a document may span lines: words never do
+
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(_broken(blanked()))
     return path
+
+
+def _broken(chunks: Iterable[str]) -> Iterator[str]:
+    """The text of `chunks` with every line longer than MAX_TRAIN_LINE characters broken at its
+    last space before that length (at the length itself when there is none: a line of one word,
+    which training leaves out anyway). The Rust trainer holds a whole line at about 120 bytes a
+    character (an 8 MB line took 1 GB)."""
+    pending = ""
+    for chunk in chunks:
+        text, at = pending + chunk, 0
+        while len(text) - at > MAX_TRAIN_LINE:
+            last = text.rfind("\n", at, at + MAX_TRAIN_LINE + 1)
+            if last >= 0:  # whole lines, short enough
+                yield text[at:last + 1]
+                at = last + 1
+                continue
+            space = max(text.rfind(" ", at, at + MAX_TRAIN_LINE), text.rfind("\t", at, at + MAX_TRAIN_LINE))
+            cut = space + 1 if space >= at else at + MAX_TRAIN_LINE
+            yield text[at:cut] + "\n"
+            at = cut
+        pending = text[at:]
+    if pending:
+        yield pending
+
+
+def _has_long_line(path: str | os.PathLike) -> bool:
+    """Whether a file holds a line of more than MAX_TRAIN_LINE bytes (read a chunk at a time)."""
+    half = MAX_TRAIN_LINE // 2  # a longer line holds a newline-free stretch of `half` bytes at a multiple of it
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            if any(chunk.find(b"\n", k, k + half) < 0 for k in range(0, len(chunk), half)):
+                return True
+    return False
+
+
+def _file_chunks(path: str | os.PathLike) -> Iterator[str]:
+    from bert_kit.data import BOM, _decoded  # a file's text a chunk at a time, bad bytes named by line
+
+    for i, (text, _) in enumerate(_decoded(path, "training file", None)):
+        yield text.removeprefix(BOM) if i == 0 else text
 
 
 def _learn_vocab(paths: list[str], vocab_size: int, lowercase: bool, min_frequency: int, special_tokens: list[str],

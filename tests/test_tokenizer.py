@@ -485,6 +485,29 @@ def test_train_tokenizer_leaves_out_words_wordpiece_never_splits():
     assert with_long.tokenize("q" * 50_000) == ["[UNK]"]
 
 
+
+def test_train_tokenizer_breaks_lines_too_long_to_hold_between_words(tmp_path, monkeypatch):
+    """The Rust trainer holds a whole line (an 8 MB line took 1 GB): a line past MAX_TRAIN_LINE
+    characters, in a file or a text, is read broken at a space, and learns what its words do."""
+    import bert_kit.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "MAX_TRAIN_LINE", 1000)
+    words = "the cat sat on the mat, a dog ran past it; "
+    short = train_tokenizer(texts=[words] * 500, vocab_size=60, min_frequency=1)
+    assert train_tokenizer(texts=[words * 500], vocab_size=60, min_frequency=1).get_vocab() == short.get_vocab()
+    (tmp_path / "one_line.txt").write_text("\ufeff" + words * 500 + "\n" + "q" * 5000 + "\n")
+    seen: list[int] = []
+    real = tokenizer._broken
+
+    def broken(chunks):
+        for line in real(chunks):
+            seen.append(len(line))
+            yield line
+
+    monkeypatch.setattr(tokenizer, "_broken", broken)
+    from_file = train_tokenizer([tmp_path / "one_line.txt"], vocab_size=60, min_frequency=1)
+    assert from_file.get_vocab() == short.get_vocab() and seen and max(seen) <= 1001
+
 # ------------------------------------------------------------------------------ invalid Unicode, threads
 def test_a_lone_surrogate_is_a_value_error_naming_the_text(tok):
     """"\\ud800" is no character (JSON and Python let it through); the Rust tokenizer raised a
