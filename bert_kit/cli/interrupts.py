@@ -21,12 +21,9 @@ gracefully (training, serving) install their own handlers while they run.
 
 from __future__ import annotations
 
-import os
+import os  # builtins only: this module is imported before anything else, while a signal may come
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -47,7 +44,7 @@ def runs_as_command() -> bool:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     return getattr(spec, "name", None) == "bert_kit.__main__" or \
-        Path(getattr(main, "__file__", None) or "").name == "bert-kit"
+        os.path.basename(getattr(main, "__file__", None) or "") == "bert-kit"
 
 
 def handle(signum: int, frame: Any) -> None:
@@ -67,16 +64,17 @@ def handle(signum: int, frame: Any) -> None:
 _caught = False  # whether the command line catches KeyboardInterrupt now (`caught`)
 
 
-@contextmanager
-def caught() -> Iterator[None]:
+class caught:
     """Inside, the command line catches KeyboardInterrupt and Terminated; outside (before the
     command starts, after it ended) `handle` ends the process at once."""
-    global _caught
-    before, _caught = _caught, True
-    try:
-        yield
-    finally:
-        _caught = before
+
+    def __enter__(self) -> None:
+        global _caught
+        self.before, _caught = _caught, True
+
+    def __exit__(self, *exc: Any) -> None:
+        global _caught
+        _caught = self.before
 
 
 def install() -> None:
