@@ -172,7 +172,8 @@ def test_a_50_mb_line_and_a_long_pair_cost_little_time_and_memory(tokenizers):
 # runs that a squeeze shortens: words past WordPiece's 100 characters (letters, emoji, accents,
 # control characters inside), runs of dropped characters and of whitespace, brackets of [MASK]
 RUNS = ["a" * 150, "Z" * 300, "😀" * 140, "e\u0301" * 120, "ab\x00" * 60, "\x00" * 7, "\u0301" * 9, " " * 6,
-        " \x00\t" * 4, "\x00\x00 \x00", "\n\n\n", "[" * 5, "]" * 5, "[MASK" + "K" * 200, "MASK]" * 30, "x" * 101, "x" * 107]
+        " \x00\t" * 4, "\x00\x00 \x00", "\n\n\n", "[" * 5, "]" * 5, "[MASK" + "K" * 200, "MASK]" * 30, "x" * 101,
+        "x" * 107]
 run = st.sampled_from(RUNS)
 with_runs = st.lists(run | piece, min_size=1, max_size=40).map("".join)
 
