@@ -9,10 +9,11 @@ so they are concatenated on import and split on export.
 The renaming (`to_hf_state_dict`, `from_hf_state_dict`) works on torch tensors and on NumPy
 arrays alike and imports no torch, so the JAX engine (`bert_kit.jax`) maps its weights here too.
 
-Loading checks what would otherwise give silently wrong outputs: a tensor with NaN or inf, or of
-integers, is an error naming the file and the tensor, an MLM decoder that is not the word embeddings (bert-kit
-ties them) is refused, and `from_pretrained` warns (`NewWeightsWarning`) about every weight it
-initialises because the folder does not hold it (a new head: random until trained).
+Loading checks what would otherwise give silently wrong outputs: a tensor with NaN or inf, or
+of integers, is an error naming the file and the tensor, an MLM decoder that is not the word
+embeddings (bert-kit ties them) is refused, and `from_pretrained` warns (`NewWeightsWarning`)
+about every weight it initialises because the folder does not hold it (a new head: random until
+trained).
 """
 
 from __future__ import annotations
