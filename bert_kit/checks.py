@@ -249,10 +249,18 @@ def resolve_device(device: Any = "auto") -> Any:
 
 # ---- files -----------------------------------------------------------------------------------------
 
+MAX_SETTINGS_BYTES = 1 << 26  # a settings, config or vocabulary file larger than this is no such file
+
+
 def read_text(path: str | Path) -> str:
-    """The UTF-8 text of `path` (a byte-order mark is dropped); a decode error names file and line."""
+    """The UTF-8 text of `path` (a byte-order mark is dropped); a decode error names file and line.
+    For settings, configs and vocabularies: past MAX_SETTINGS_BYTES (/dev/zero) it is refused."""
     path = Path(path)
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(MAX_SETTINGS_BYTES + 1)
+    if len(data) > MAX_SETTINGS_BYTES:
+        raise CorruptFileError(f"{path}: more than {MAX_SETTINGS_BYTES >> 20} MB: not a settings, config or "
+                               "vocabulary file")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -94,6 +94,9 @@ class SentenceEncoder:
             raise TypeError(f"tokenizer must be a WordPieceTokenizer (get_tokenizer(folder)), got {type(tokenizer).__name__}")
         if pooling not in POOLING_MODES:
             raise ConfigError(f"pooling={pooling!r} is not a valid choice: expected one of {POOLING_MODES}")
+        for name, value in (("normalize", normalize), ("unpadded", unpadded), ("compile", compile)):
+            if not isinstance(value, bool):  # "no" and None read as a choice would be silently True / False
+                raise ConfigError(f"{name}={value!r} is not a valid choice: expected True or False")
         # [CLS] and [SEP] plus at least one token, and no more than the model has positions
         offset = " less position_offset" if getattr(model.config, "position_offset", 0) else ""
         Range(3, model.config.max_length, integer=True,
@@ -128,21 +131,23 @@ class SentenceEncoder:
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
         its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
         its fine-tuning length, its sentence-transformers max_seq_length, else its positions).
-        A folder written by `bert-kit export` (an encoder) runs in ONNX Runtime on the CPU, with
-        the same outputs."""
+        A folder written by `bert-kit export` (an encoder, or a fine-tuned head's graph, which
+        outputs the encoder's states too) runs in ONNX Runtime on the CPU, with the same outputs."""
         from bert_kit.model_folder import default_max_length, resolve_model
         from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
 
         folder = resolve_model(folder)
-        max_length = max_length or default_max_length(folder)
+        max_length = default_max_length(folder) if max_length is None else max_length  # 0 is refused, not "default"
         if is_onnx_folder(folder):  # written by `bert-kit export`: ONNX Runtime on the CPU
             if compile:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
             model, device = OnnxModel(folder), device or "cpu"
             unpadded = False  # the graph takes padded batches
             if model.architecture != "BertModel":
-                raise ValueError(f"{folder} holds an exported {model.architecture} graph; sentence embeddings "
-                                 f"need an exported encoder (a BertModel folder)")
+                if not model.has_encoder_states:
+                    raise ValueError(f"{folder} holds an exported {model.architecture} graph without the encoder's "
+                                     "states (last_hidden_state): export the folder again to embed with it")
+                model = model.encoder()  # a head's graph that also outputs the encoder states, as /embed uses
         else:
             from bert_kit.config import load_hf_config
 

@@ -2,18 +2,20 @@
 (`bert_kit.hf_names`: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ModernBERT), inverted for import.
 
 A model folder (ours or HF's) holds `config.json` and `model.safetensors` (or a legacy
-`pytorch_model.bin`, read with `weights_only=True`). We always write safetensors, with the
-config.json and class name (`architectures`) of the model's family, so transformers loads it.
-The only non-renaming step is the fused QKV projection: BERT, RoBERTa and DistilBERT keep query,
-key and value apart, so they are concatenated on import and split on export.
+`pytorch_model.bin`, read with `weights_only=True`), or the shards of either with their index
+(`model.safetensors.index.json`, as HF writes a large model). We always write one safetensors,
+with the config.json and class name (`architectures`) of the model's family, so transformers loads
+it. The only non-renaming step is the fused QKV projection: BERT, RoBERTa and DistilBERT keep
+query, key and value apart, so they are concatenated on import and split on export.
 
 The renaming (`to_hf_state_dict`, `from_hf_state_dict`) works on torch tensors and on NumPy
 arrays alike and imports no torch, so the JAX engine (`bert_kit.jax`) maps its weights here too.
 
-Loading checks what would otherwise give silently wrong outputs: a tensor with NaN or inf is an
-error naming the file and the tensor, an MLM decoder that is not the word embeddings (bert-kit
-ties them) is refused, and `from_pretrained` warns (`NewWeightsWarning`) about every weight it
-initialises because the folder does not hold it (a new head: random until trained).
+Loading checks what would otherwise give silently wrong outputs: a tensor with NaN or inf, or
+of integers, is an error naming the file and the tensor, an MLM decoder that is not the word
+embeddings (bert-kit ties them) is refused, and `from_pretrained` warns (`NewWeightsWarning`)
+about every weight it initialises because the folder does not hold it (a new head: random until
+trained).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from bert_kit.checks import CorruptFileError, read_json, writing
 from bert_kit.config import BertConfig, architecture_role, hf_architecture, load_hf_config
-from bert_kit.hf_names import BERT_HEADS, FAMILY_NAMES, QKV, Names
+from bert_kit.hf_names import BERT_HEADS, BUFFERS, FAMILY_NAMES, QKV, Names
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +53,8 @@ class FiniteTensors(dict):
 LEGACY = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
 HEAD_PREFIXES = BERT_HEADS  # our head weights' names start with one of these (BERT's family)
 LAYER = re.compile(r"\.(\d+)\.")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # a model folder's weights, in order of preference
+INDEX_SUFFIX = ".index.json"  # model.safetensors.index.json: the shards of a large model, as HF writes it
 
 
 def names_for(model: Any) -> Names:
@@ -160,26 +164,109 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool,
 
 
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`.
+    """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`, or of every
+    shard its index names (`weights_files`).
 
     A truncated, empty or garbage file raises CorruptFileError naming it; a pickle that holds
-    anything but tensors and plain data is refused (never unpickled)."""
-    file = weights_file(folder)
-    if file.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+    anything but tensors and plain data is refused (never unpickled); so is a tensor of integers
+    (every BERT weight is floating point: loading would cast it silently)."""
+    tensors: dict[str, Any] = {}
+    files = weights_files(folder)
+    for file in files:
+        if file.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
 
-        try:
-            tensors = load_file(str(file))
-        except SafetensorError as e:  # a bad header, or a file shorter than its header says
-            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
-                                   "or corrupt; copy or save the model again") from None
-    else:
-        tensors = load_torch_file(file)
-    if not isinstance(tensors, dict):
-        raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
-    check_finite(tensors, str(file))
+            try:
+                part = load_file(str(file))
+            except SafetensorError as e:  # a bad header, or a file shorter than its header says
+                raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
+                                       "truncated or corrupt; copy or save the model again") from None
+        else:
+            part = load_torch_file(file)
+        if not isinstance(part, dict):
+            raise CorruptFileError(f"{file} holds a {type(part).__name__}, not a state dict of named tensors")
+        check_finite(part, str(file))
+        check_float(part, str(file))
+        tensors.update(part)
+    if len(files) > 1:
+        check_shards(Path(folder), tensors)
     return FiniteTensors(tensors)
+
+
+def weights_files(folder: str | Path) -> list[Path]:
+    """The weight files of a model folder: `model.safetensors` (preferred) or `pytorch_model.bin`,
+    or the shards that `model.safetensors.index.json` (or `pytorch_model.bin.index.json`) names, as
+    HF writes a large model. A shard the index names must be a file beside it."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder not found: {folder}")
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return [folder / name]
+        index = folder / f"{name}{INDEX_SUFFIX}"
+        if index.is_file():
+            shards = sorted(set(_weight_map(index).values()))
+            for shard in shards:
+                if Path(shard).name != shard or not shard.endswith(Path(name).suffix):
+                    raise CorruptFileError(f"{index}: shard {shard!r} is not a {Path(name).suffix} file beside it")
+                if not (folder / shard).is_file():
+                    raise FileNotFoundError(f"{index} names the shard {shard}, which is not in {folder}: copy every "
+                                            "shard of the model")
+            return [folder / shard for shard in shards]
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder} (nor the index of a sharded "
+                            f"model, model.safetensors{INDEX_SUFFIX})")
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The tensor name -> shard file map of an index file."""
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptFileError(f"{index}: expected a 'weight_map' of tensor names to shard files")
+    return weight_map
+
+
+def check_shards(folder: Path, tensors: dict[str, Any]) -> None:
+    """Every tensor the index names was in the shards, and no shard held a tensor the index omits."""
+    name = next(f"{w}{INDEX_SUFFIX}" for w in WEIGHT_FILES if (folder / f"{w}{INDEX_SUFFIX}").is_file())
+    weight_map = _weight_map(folder / name)
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise CorruptFileError(f"{folder / name} names {len(missing)} tensor(s) its shards do not hold (first "
+                               f"{missing[0]} in {weight_map[missing[0]]}): a shard is from another model or "
+                               "incomplete")
+
+
+def weight_names(folder: str | Path) -> list[str]:
+    """The names of the tensors a folder's weights hold, read from the safetensors headers (or an
+    index) without loading them; a pytorch_model.bin is loaded."""
+    files = weights_files(folder)
+    if len(files) > 1:
+        return sorted(_weight_map(next(Path(folder) / f"{w}{INDEX_SUFFIX}" for w in WEIGHT_FILES
+                                       if (Path(folder) / f"{w}{INDEX_SUFFIX}").is_file())))
+    if files[0].suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(files[0]), framework="pt") as f:
+            return list(f.keys())
+    return list(read_state_dict(folder))
+
+
+def check_float(tensors: dict[str, Any], source: str) -> None:
+    """Raise CorruptFileError naming `source` and the first weight that is not floating point:
+    every BERT weight is, and loading integers into a float parameter would cast them silently
+    (a quantized checkpoint's int8 codes read as weights). Buffers HF stores (position_ids) pass."""
+    for name, t in tensors.items():
+        dtype = getattr(t, "dtype", None)
+        if dtype is None or re.search(BUFFERS, name):
+            continue
+        # NumPy arrays (the JAX engine's): bfloat16 is no NumPy float kind, so integers are what is refused
+        integers = not t.is_floating_point() if hasattr(t, "is_floating_point") else np.dtype(dtype).kind in "iub"
+        if integers:
+            raise CorruptFileError(f"{source}: tensor {name} holds {str(dtype).removeprefix('torch.')} values, not "
+                                   "floating point: every BERT weight is float (float32, float16 or bfloat16); "
+                                   "dequantize or convert the checkpoint first")
 
 
 def check_finite(tensors: dict[str, Any], source: str) -> None:
@@ -206,32 +293,21 @@ def check_finite(tensors: dict[str, Any], source: str) -> None:
                                "earlier checkpoint, or save the model again")
 
 
-def weights_file(folder: str | Path) -> Path:
-    """`model.safetensors` (preferred) or `pytorch_model.bin` of a model folder."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model folder not found: {folder}")
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
-
-
 def check_weights_file(folder: str | Path) -> None:
-    """Cheap check that a folder's weights can be read: the safetensors header (which must cover
+    """Cheap check that a folder's weights can be read: each safetensors header (which must cover
     the whole file) or a memory-mapped torch load. Raises CorruptFileError naming the file."""
-    file = weights_file(folder)
-    if file.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
+    for file in weights_files(folder):
+        if file.suffix == ".safetensors":
+            from safetensors import SafetensorError, safe_open
 
-        try:
-            with safe_open(str(file), framework="pt"):
-                pass
-        except SafetensorError as e:
-            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
-                                   "or corrupt") from None
-    else:
-        load_torch_file(file, mmap=True)
+            try:
+                with safe_open(str(file), framework="pt"):
+                    pass
+            except SafetensorError as e:
+                raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
+                                       "truncated or corrupt") from None
+        else:
+            load_torch_file(file, mmap=True)
 
 
 def load_torch_file(file: str | Path, mmap: bool = False) -> Any:
@@ -308,6 +384,7 @@ def load_into(model: nn.Module, hf_state: dict[str, torch.Tensor], source: str =
     """
     if not isinstance(hf_state, FiniteTensors):  # tensors from elsewhere than read_state_dict
         check_finite(hf_state, source)
+        check_float(hf_state, source)
     names = names_for(model)
     own = {k: v for k, v in model.state_dict().items() if k != names.tied[0]}
     if names.tied[0] in model.state_dict():

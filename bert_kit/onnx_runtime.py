@@ -13,7 +13,8 @@ graph that also outputs the encoder's `last_hidden_state` gives `model.encoder()
 call, for sentence embeddings.
 
 What the folder says is checked against the graph when it loads: the graph file must lie inside
-the folder (config.json names it), and a classifier's `id2label` must name one label per output.
+the folder (config.json names it), and a classifier's `id2label` must name one label per output;
+a graph file ONNX Runtime cannot load (truncated, empty) is a CorruptFileError naming it.
 
 Needs the optional extra: `pip install "bert-kit[onnx]"` (onnx, onnxruntime).
 """
@@ -71,6 +72,21 @@ def is_onnx_folder(folder: str | Path) -> bool:
     return onnx_metadata(folder) is not None
 
 
+def _session(ort: Any, graph: Path, options: Any) -> Any:
+    """An ONNX Runtime session of `graph`; a file that is not a graph ONNX Runtime can load (cut
+    short, empty, not ONNX) is a CorruptFileError naming it, as a truncated safetensors file is."""
+    from bert_kit.checks import CorruptFileError
+
+    try:
+        return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001: onnxruntime raises its own classes (InvalidProtobuf, InvalidGraph, Fail)
+        if type(e).__module__.split(".")[0] != "onnxruntime":
+            raise
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CorruptFileError(f"{graph} is not a readable ONNX graph ({type(e).__name__}: {reason[:200]}): it is "
+                               "truncated or corrupt; export the folder again (bert-kit export)") from None
+
+
 class OnnxModel:
     """An exported graph in an ONNX Runtime session, with the call and outputs of its PyTorch model.
 
@@ -109,7 +125,7 @@ class OnnxModel:
         options.inter_op_num_threads = 1  # one graph, run node after node: no second pool competing
         # OMP_WAIT_POLICY=PASSIVE puts every pool to sleep while it waits, this one too (bert_kit.threads)
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning() else "0")
-        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.session = _session(ort, graph, options)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.num_labels = self._check_labels(graph)

@@ -19,10 +19,11 @@ ids, type ids, masks, offsets, word ids, overflow windows), so SQuAD feature bui
 label alignment written against HF work unchanged. Truncation is set on the Rust backend only
 for the duration of one call, under a lock (so `tokenizer.backend` is stateless between calls
 and threads may share a tokenizer; DataLoader workers each get a copy). With truncation, a
-long text is cut to a prefix before it reaches the Rust tokenizer (`bert_kit.long_texts`):
+long text is squeezed (runs of spaces, of dropped characters, words past WordPiece's 100
+characters) and cut to a prefix before it reaches the Rust tokenizer (`bert_kit.long_texts`):
 the tokens kept are the same, and the time and memory are bounded by max_length, not by the
-text. A text that is not valid Unicode (a lone surrogate such as "\ud800") is a ValueError
-naming its index.
+text, with or without spaces. A text that is not valid Unicode (a lone surrogate such as
+"\ud800") is a ValueError naming its index.
 
     tok = get_tokenizer("/path/to/model-folder")         # tokenizer.json or vocab.txt
     batch = tok(["a sentence", "another"], max_length=128)  # dict of (B, T) torch.long tensors
@@ -41,11 +42,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (AddedToken, Encoding, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors,
+                        trainers)
 from tokenizers.models import WordPiece
 
 from bert_kit.checks import Range, read_json, read_text, writing
-from bert_kit.long_texts import Cutter
+from bert_kit.long_texts import Cutter, original_offsets
 
 # role -> default token string; ids always come from the vocabulary
 DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -58,6 +60,8 @@ DEFAULT_MODEL_MAX_LENGTH = 512
 _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a pair of them is a character, and Python holds it as one
 MAX_VOCAB_SIZE = 1 << 24  # ids past this are no vocabulary: the trainer would only run out of memory
+MAX_WORD = 100  # WordPiece's max_input_chars_per_word, as BERT's: a longer word is one [UNK]
+MAX_TRAIN_LINE = 1 << 20  # characters of one line the trainer reads (`_broken`)
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -299,8 +303,8 @@ class FastTokenizer:
         settings = self._configured(max_length, truncation, "longest_first", 0, n_special)
         with self._lock:
             if settings.max_length is not None:
-                [text], pairs = self._cutter.cut([text], None if text_pair is None else [text_pair],
-                                                 settings.max_length - n_special, "longest_first", False)
+                [text], pairs, _ = self._cutter.cut([text], None if text_pair is None else [text_pair],
+                                                    settings.max_length - n_special, "longest_first", False)
                 text_pair = pairs and pairs[0]
             with settings:
                 return self.backend.encode(text, text_pair).ids
@@ -384,9 +388,11 @@ class FastTokenizer:
         limit = settings.max_length  # None without truncation
         if return_overflowing_tokens and limit is not None and stride >= limit - n_special:
             raise ValueError(f"stride {stride} must be smaller than max_length minus {n_special} special tokens")
+        squeezed = None  # per row, where a squeezed text's characters were (`long_texts.original_offsets`)
         with self._lock:
             if limit is not None and not return_overflowing_tokens:  # the windows need the whole text
-                batch_a, batch_b = self._cutter.cut(batch_a, batch_b, limit - n_special, strategy, is_split_into_words)
+                batch_a, batch_b, squeezed = self._cutter.cut(batch_a, batch_b, limit - n_special, strategy,
+                                                              is_split_into_words)
                 inputs = batch_a if batch_b is None else list(zip(batch_a, batch_b))
             with settings:
                 encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words)
@@ -414,7 +420,9 @@ class FastTokenizer:
         if return_attention_mask:
             out["attention_mask"] = [e.attention_mask for e in rows]
         if return_offsets_mapping:
-            out["offset_mapping"] = [e.offsets for e in rows]
+            out["offset_mapping"] = [e.offsets if squeezed is None or squeezed[i] == (None, None) else
+                                     original_offsets(e.offsets, e.sequence_ids, e.word_ids, squeezed[i])
+                                     for i, e in enumerate(rows)]
         if return_tensors is not None:
             lengths = {len(r) for r in out["input_ids"]}
             if len(lengths) > 1:
@@ -492,7 +500,7 @@ class WordPieceTokenizer(FastTokenizer):
         for role, token in specials.items():  # check here so the error names the file
             if token not in vocab:
                 raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
-        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
+        backend = Tokenizer(WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=MAX_WORD))
         _bert_pipeline(backend, specials, lowercase, strip_accents, tokenize_chinese_chars)
         backend.post_processor = _template(backend, specials["cls"], specials["sep"])
         return cls(backend, model_max_length, specials, source=str(path))
@@ -647,6 +655,10 @@ def train_tokenizer(
     """
     if (files is None) == (texts is None):
         raise ValueError("pass exactly one of files=... or texts=...")
+    if files is not None and not isinstance(files, (str, os.PathLike)):
+        files = list(files)
+        if not files:
+            raise ValueError("files is empty: name at least one text file to learn the vocabulary from")
     missing = [t for t in DEFAULT_SPECIAL_TOKENS.values() if t not in special_tokens]
     if missing:
         raise ValueError(f"special_tokens {list(special_tokens)} lacks {missing}")
@@ -662,15 +674,22 @@ def train_tokenizer(
             for p in paths:
                 if not Path(p).is_file():
                     raise FileNotFoundError(f"training file not found: {p}")
+            # a file with a line too long for the trainer to hold is read through a copy with it broken
+            paths = [_write_texts(_file_chunks(p), Path(tmp) / f"{i}.txt", (), newlines=False)
+                     if _has_long_line(p) else p for i, p in enumerate(paths)]
         else:  # the Rust trainer reads files fast and in parallel, and every pass needs the texts again
             paths = [_write_texts(texts, Path(tmp) / "texts.txt", special_tokens)]
         vocab = _learn_vocab([str(p) for p in paths], vocab_size, lowercase, min_frequency, list(special_tokens),
                              limit_alphabet, show_progress)
     # canonical ids: specials, then characters, then "##" characters, then longer pieces, each sorted
     trained = [t for t in vocab if t not in special_tokens]
+    if not trained:
+        where = "the texts" if files is None else ", ".join(map(str, paths))
+        raise ValueError(f"no word to learn a vocabulary from in {where}: only blank lines, special tokens or "
+                         f"words longer than {MAX_WORD} characters")
     order = sorted(trained, key=lambda t: (len(t.removeprefix("##")) > 1, t.startswith("##"), t))
     ids = {t: i for i, t in enumerate(list(special_tokens) + order)}
-    backend = Tokenizer(WordPiece(ids, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=100))
+    backend = Tokenizer(WordPiece(ids, unk_token=DEFAULT_SPECIAL_TOKENS["unk"], max_input_chars_per_word=MAX_WORD))
     _bert_pipeline(backend, {}, lowercase=lowercase)
     # the specials are added tokens, so raw "[MASK]" is matched whole
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
@@ -678,16 +697,60 @@ def train_tokenizer(
     return WordPieceTokenizer(backend, model_max_length, source="train_tokenizer()")
 
 
-def _write_texts(texts: Iterable[str], path: Path, special_tokens: Sequence[str]) -> Path:
-    """The texts into one UTF-8 file for the trainer, special tokens blanked out."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+def _write_texts(texts: Iterable[str], path: Path, special_tokens: Sequence[str], newlines: bool = True) -> Path:
+    """The texts into one UTF-8 file for the trainer, special tokens blanked out, lines longer than
+    MAX_TRAIN_LINE broken (`_broken`); newlines=False: the texts are chunks of one text (a file)."""
+    def blanked() -> Iterator[str]:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
             for token in special_tokens:
                 text = text.replace(token, " ")
-            f.write(text + "\n")  # a document may span lines: words never do
+            yield text + "\n" if newlines else text  # a document may span lines: words never do
+
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(_broken(blanked()))
     return path
+
+
+def _broken(chunks: Iterable[str]) -> Iterator[str]:
+    """The text of `chunks` with every line longer than MAX_TRAIN_LINE characters broken at its
+    last space before that length (at the length itself when there is none: a line of one word,
+    which training leaves out anyway). The Rust trainer holds a whole line at about 120 bytes a
+    character (an 8 MB line took 1 GB)."""
+    pending = ""
+    for chunk in chunks:
+        text, at = pending + chunk, 0
+        while len(text) - at > MAX_TRAIN_LINE:
+            last = text.rfind("\n", at, at + MAX_TRAIN_LINE + 1)
+            if last >= 0:  # whole lines, short enough
+                yield text[at:last + 1]
+                at = last + 1
+                continue
+            space = max(text.rfind(" ", at, at + MAX_TRAIN_LINE), text.rfind("\t", at, at + MAX_TRAIN_LINE))
+            cut = space + 1 if space >= at else at + MAX_TRAIN_LINE
+            yield text[at:cut] + "\n"
+            at = cut
+        pending = text[at:]
+    if pending:
+        yield pending
+
+
+def _has_long_line(path: str | os.PathLike) -> bool:
+    """Whether a file holds a line of more than MAX_TRAIN_LINE bytes (read a chunk at a time)."""
+    half = MAX_TRAIN_LINE // 2  # a longer line holds a newline-free stretch of `half` bytes at a multiple of it
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            if any(chunk.find(b"\n", k, k + half) < 0 for k in range(0, len(chunk), half)):
+                return True
+    return False
+
+
+def _file_chunks(path: str | os.PathLike) -> Iterator[str]:
+    from bert_kit.data import BOM, _decoded  # a file's text a chunk at a time, bad bytes named by line
+
+    for i, (text, _) in enumerate(_decoded(path, "training file", None)):
+        yield text.removeprefix(BOM) if i == 0 else text
 
 
 def _learn_vocab(paths: list[str], vocab_size: int, lowercase: bool, min_frequency: int, special_tokens: list[str],
@@ -705,7 +768,12 @@ def _learn_vocab(paths: list[str], vocab_size: int, lowercase: bool, min_frequen
 
     def learn(size: int, initial: list[str], limit: int | None, alphabet: list[str]) -> dict[str, int]:
         backend = _bert_pipeline(Tokenizer(WordPiece(unk_token=DEFAULT_SPECIAL_TOKENS["unk"],
-                                                     max_input_chars_per_word=100)), {}, lowercase=lowercase)
+                                                     max_input_chars_per_word=MAX_WORD)), {}, lowercase=lowercase)
+        # a word past MAX_WORD characters encodes as one [UNK]: the trainer does not see it (its merges
+        # cost the square of a word's length: a line of 800,000 letters took 5 minutes), as HF's
+        # trainers bound the length of what they merge
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            backend.pre_tokenizer, pre_tokenizers.Split(Regex(f".{{{MAX_WORD + 1},}}"), behavior="removed")])
         trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=initial,
                                             initial_alphabet=alphabet, continuing_subword_prefix="##",
                                             show_progress=show_progress,

@@ -136,6 +136,23 @@ def test_bad_arguments(minilm_path, encoder):
         encoder.encode(["fine", 3])
 
 
+@pytest.mark.parametrize("bad, message", [
+    ({"max_length": 0}, r"max_length=0 is out of range: expected an integer in \[3, 512\]"),  # was the default 256
+    ({"max_length": 2}, r"max_length=2 is out of range"),
+    ({"normalize": "no"}, r"normalize='no' is not a valid choice: expected True or False"),  # was normalised
+    ({"normalize": None}, r"normalize=None is not a valid choice"),
+    ({"unpadded": 1}, r"unpadded=1 is not a valid choice"),
+    ({"compile": "yes"}, r"compile='yes' is not a valid choice"),
+])
+def test_obviously_bad_constructor_arguments_are_refused(minilm_path, encoder, bad, message):
+    from bert_kit.checks import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        SentenceEncoder.from_pretrained(minilm_path, **bad)
+    with pytest.raises(ConfigError, match=message):
+        SentenceEncoder(encoder.model, encoder.tokenizer, **bad)
+
+
 @pytest.mark.slow
 def test_compiled_encoder_matches_eager_and_leaves_training_compiles_alone(minilm_path, encoder, sts_sentences):
     compiled = SentenceEncoder.from_pretrained(minilm_path, device="cpu", compile=True)

@@ -278,3 +278,73 @@ def test_large_half_precision_weights_are_not_mistaken_for_non_finite(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = BERTModel.from_pretrained(tmp_path, dtype=torch.float16)
     assert loaded.embeddings.word_embeddings.weight.dtype == torch.float16
+
+
+def test_integer_weights_are_refused_naming_the_tensor(tmp_path):
+    """An int32 tensor was cast to float silently by from_pretrained and convert (the codes of a
+    quantized checkpoint read as weights); every BERT weight is floating point."""
+    from bert_kit.cli import main
+
+    BERTForMaskedLM(TINY).save_pretrained(tmp_path / "model")
+    file = tmp_path / "model" / "model.safetensors"
+    state = load_file(file)
+    state["bert.encoder.layer.0.attention.self.query.weight"] = torch.ones(32, 32, dtype=torch.int32)
+    state["bert.embeddings.position_ids"] = torch.arange(40)[None]  # an integer buffer HF stores: fine
+    save_file(state, str(file))
+    message = rf"^{file}: tensor bert.encoder.layer.0.attention.self.query.weight holds int32 values, not floating"
+    with pytest.raises(CorruptFileError, match=message):
+        BERTForMaskedLM.from_pretrained(tmp_path / "model")
+    with pytest.raises(CorruptFileError, match="^mine: tensor bert.encoder.layer.0.attention.self.query.weight holds"):
+        load_into(BERTForMaskedLM(TINY), dict(state), source="mine")
+    assert main(["convert", "--input", str(tmp_path / "model"), "--output", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_sharded_checkpoint_loads_as_the_whole_one(tmp_path, capsys):
+    """HF writes a large model as shards and model.safetensors.index.json: from_pretrained, convert
+    and every command read it as the one file (it was 'no model.safetensors')."""
+    from bert_kit.cli import main
+    from bert_kit.hf import read_state_dict
+
+    torch.manual_seed(2)
+    model = BERTForPreTraining(TINY).eval()
+    model.save_pretrained(tmp_path / "whole")
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "whole")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    whole, sharded = read_state_dict(tmp_path / "whole"), read_state_dict(tmp_path / "sharded")
+    assert set(sharded) >= set(whole)
+    for key in whole:
+        assert_close(sharded[key], whole[key], rtol=0, atol=0)
+    ids = torch.randint(1, 120, (2, 12))
+    with torch.no_grad():
+        assert_close(BERTForPreTraining.from_pretrained(tmp_path / "sharded")(ids)[0], model(ids)[0], rtol=0, atol=0)
+    assert main(["convert", "--input", str(tmp_path / "sharded"), "--output", str(tmp_path / "converted")]) == 0
+    with torch.no_grad():
+        assert_close(BERTForPreTraining.from_pretrained(tmp_path / "converted")(ids)[0], model(ids)[0], rtol=0,
+                     atol=0)
+
+    (tmp_path / "sharded" / shards[1]).unlink()  # a shard left behind when copying
+    with pytest.raises(FileNotFoundError, match=rf"model.safetensors.index.json names the shard {shards[1]}, which "
+                                                "is not in"):
+        BERTModel.from_pretrained(tmp_path / "sharded")
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"] = {k: "../whole/model.safetensors" for k in data["weight_map"]}
+    index.write_text(json.dumps(data))
+    with pytest.raises(CorruptFileError, match=r"shard '../whole/model.safetensors' is not a .safetensors file "
+                                               "beside it"):
+        BERTModel.from_pretrained(tmp_path / "sharded")
+
+
+def test_a_shard_short_of_a_tensor_its_index_names(tmp_path):
+    torch.manual_seed(3)
+    transformers.BertModel(transformers.BertConfig(**{k: v for k, v in TINY.to_hf_dict().items()})).save_pretrained(
+        tmp_path, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["encoder.layer.9.output.dense.weight"] = next(iter(index["weight_map"].values()))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CorruptFileError, match=r"names 1 tensor\(s\) its shards do not hold \(first "
+                                               r"encoder.layer.9.output.dense.weight"):
+        BERTModel.from_pretrained(tmp_path)

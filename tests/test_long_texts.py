@@ -37,7 +37,7 @@ def tokenizers(minilm_path):
     """(the tokenizer, a copy that never cuts)."""
     tok = get_tokenizer(minilm_path)
     whole = pickle.loads(pickle.dumps(tok))
-    whole._cutter._boundary = None  # no boundary: every text is tokenized whole
+    whole._cutter._chars = None  # no text is squeezed or cut: every text is tokenized whole
     return tok, whole
 
 
@@ -167,3 +167,93 @@ def test_a_50_mb_line_and_a_long_pair_cost_little_time_and_memory(tokenizers):
     assert len(got["input_ids"][0]) == 32 and len(pair["input_ids"][0]) == 32
     assert max(seen) < 80_000  # characters the tokenizer got at once (of 54 million)
     assert peak < 200e6  # bytes: the slices, never copies of the whole line per token
+
+
+# runs that a squeeze shortens: words past WordPiece's 100 characters (letters, emoji, accents,
+# control characters inside), runs of dropped characters and of whitespace, brackets of [MASK]
+RUNS = ["a" * 150, "Z" * 300, "😀" * 140, "e\u0301" * 120, "ab\x00" * 60, "\x00" * 7, "\u0301" * 9, " " * 6,
+        " \x00\t" * 4, "\x00\x00 \x00", "\n\n\n", "[" * 5, "]" * 5, "[MASK" + "K" * 200, "MASK]" * 30, "x" * 101,
+        "x" * 107]
+run = st.sampled_from(RUNS)
+with_runs = st.lists(run | piece, min_size=1, max_size=40).map("".join)
+
+
+@property_settings
+@given(texts=st.lists(with_runs, min_size=1, max_size=3), max_length=st.integers(3, 24))
+def test_property_squeezed_runs_keep_the_tokens_word_ids_and_offsets(tokenizers, texts, max_length):
+    """Squeezed and cut, a text has exactly the ids, word ids and offsets of the whole text's
+    first max_length tokens (the real constants for the squeeze: runs of 100+ characters)."""
+    tok, whole = tokenizers
+    with cutting_everywhere():
+        same(tok, whole, texts, max_length=max_length, return_word_ids=True)
+    same(tok, whole, texts, max_length=max_length, return_word_ids=True)
+
+
+@property_settings
+@given(a=with_runs, b=with_runs, max_length=st.integers(4, 24),
+       strategy=st.sampled_from([True, "only_first", "only_second"]))
+def test_property_squeezed_pairs_and_word_lists_keep_their_tokens(tokenizers, a, b, max_length, strategy):
+    tok, whole = tokenizers
+    with cutting_everywhere():
+        same(tok, whole, [a], [b], max_length=max_length, truncation=strategy)
+        same(tok, whole, [a.split(" ")], is_split_into_words=True, max_length=max_length, return_word_ids=True)
+
+
+def test_texts_within_the_bound_reach_the_tokenizer_unchanged(tokenizers):
+    """The bound, CHARS_PER_TOKEN * (max_length - 1) + SHORT characters: a text within it is not
+    touched; one past it with nothing to squeeze or cut is not either."""
+    tok, _ = tokenizers
+    cutter, budget = tok._cutter, 30  # max_length 32
+    bound = long_texts.CHARS_PER_TOKEN * (budget + 1) + long_texts.SHORT
+    within = ["a" * bound, "\x00" * bound, " " * bound, ("word " * bound)[:bound]]
+    assert cutter.cut(within, None, budget, "longest_first", False) == (within, None, None)
+    short = ["a b " * 100]  # a few tokens past the bound, no run: nothing to change
+    assert cutter.cut(short, None, 1000, "longest_first", False) == (short, None, None)
+
+
+@pytest.mark.parametrize("text, same_as", [
+    ("a" * 10_000_000, "a" * 500),  # one word: one [UNK]
+    ("\x00" * 10_000_000, ""),  # /dev/zero: nothing
+    (" " * 10_000_000 + "end", "end"),
+    ("😀" * 2_000_000, "😀" * 101),
+    ("𠀀" * 2_000_000, "𠀀" * 40),  # a word each
+    ("]" * 2_000_000, "]" * 40),
+    ("[" * 2_000_000, "[" * 40),
+    ("a\x00" * 5_000_000 + " end", "a" * 200 + " end"),
+    ("e\u0301" * 5_000_000, "e" * 200),
+    ("a" * 10_000_000 + " b c", "a" * 200 + " b c"),  # a squeeze keeps what follows the run
+])
+def test_a_line_without_spaces_costs_what_max_length_costs(tokenizers, text, same_as):
+    """Runs without a boundary (no space, no punctuation) are squeezed before the Rust tokenizer
+    sees them: it gets a number of characters bounded by max_length, not by the text, and the
+    ids (and offsets, back in the whole text) are those of the whole text."""
+    tok, whole = tokenizers
+    seen: list[int] = []
+    backend = tok.backend
+
+    class Spy:  # records the characters every backend call receives
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        def encode(self, sequence, *args, **kwargs):
+            seen.append(len(sequence))
+            return backend.encode(sequence, *args, **kwargs)
+
+        def encode_batch(self, inputs, *args, **kwargs):
+            seen.extend(len(x) for x in inputs)
+            return backend.encode_batch(inputs, *args, **kwargs)
+
+    tok.backend = tok._cutter.backend = Spy()
+    try:
+        got = tok([text], max_length=32, return_tensors=None, return_offsets_mapping=True)
+        ids = tok.encode(text, max_length=32)
+    finally:
+        tok.backend = tok._cutter.backend = backend
+    want = whole([same_as], max_length=32, return_tensors=None)
+    assert got["input_ids"] == want["input_ids"] and ids == want["input_ids"][0]
+    assert max(seen) < 20_000  # characters the tokenizer got at once
+    starts = [s for s, e in got["offset_mapping"][0] if e > s]
+    ends = [e for s, e in got["offset_mapping"][0] if e > s]
+    assert all(0 <= s < e <= len(text) for s, e in zip(starts, ends))
+    if text.startswith("a" * 1000):  # the [UNK] covers the whole word
+        assert got["offset_mapping"][0][1] == (0, text.index(" ") if " " in text else len(text))

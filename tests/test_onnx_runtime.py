@@ -116,3 +116,51 @@ def test_a_non_finite_output_of_an_exported_graph_is_an_error(exported, monkeypa
     monkeypatch.setattr(model.session, "run", lambda names, feeds: [np.full((1, 2), np.nan, np.float32)])
     with pytest.raises(NonFiniteOutput, match="non-finite values"):
         model(ids)
+
+
+def test_an_exported_head_embeds_as_its_pytorch_encoder(exported):
+    """The README's promise: an exported folder alone serves /embed and `bert-kit embed` /
+    `SentenceEncoder.from_pretrained`, with the vectors of the PyTorch encoder it came from."""
+    from bert_kit.embeddings import SentenceEncoder
+
+    got = SentenceEncoder.from_pretrained(exported["onnx"], max_length=64).encode(TEXTS)
+    want = SentenceEncoder.from_pretrained(exported["torch"], max_length=64, device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match=r"exported BertForSequenceClassification graph without the encoder's "
+                                         r"states \(last_hidden_state\): export the folder again"):
+        SentenceEncoder.from_pretrained(exported["logits_only"])
+
+
+def test_bert_kit_embed_on_an_exported_classifier(exported, tmp_path):
+    from bert_kit.cli import main
+
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    assert main(["embed", "--model", str(exported["onnx"]), "--input", str(tmp_path / "in.txt"),
+                 "--output", str(tmp_path / "v.npy"), "--max-length", "64"]) == 0
+    assert np.load(tmp_path / "v.npy").shape == (len(TEXTS), 32)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0, 0.999])
+def test_a_truncated_graph_is_a_corrupt_file_in_every_command(exported, tmp_path, capsys, keep):
+    """Cut short (or emptied), model.onnx is the corrupt-file error a truncated safetensors file
+    gets, exit 2: not onnxruntime's InvalidProtobuf and 'please report it'."""
+    from bert_kit.checks import CorruptFileError
+    from bert_kit.cli import main
+    from bert_kit.onnx_runtime import OnnxModel
+
+    folder = shutil.copytree(exported["onnx"], tmp_path / "cut")
+    graph = (folder / "model.onnx").read_bytes()
+    (folder / "model.onnx").write_bytes(graph[:int(len(graph) * keep)])
+    with pytest.raises(CorruptFileError, match=r"cut/model\.onnx is not a readable ONNX graph .*: it is truncated "
+                                               r"or corrupt; export the folder again"):
+        OnnxModel(folder)
+    (tmp_path / "in.txt").write_text("a fine film\n")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\na fine film\tpos\n")
+    for argv in (["predict", "--input", "in.txt", "--output", "o.jsonl"],
+                 ["embed", "--input", "in.txt", "--output", "v.npy"],
+                 ["evaluate", "--data", "dev.tsv", "--output", "e.json"]):
+        capsys.readouterr()
+        argv = [str(tmp_path / a) if a in ("in.txt", "dev.tsv", "o.jsonl", "v.npy", "e.json") else a for a in argv]
+        assert main([*argv, "--model", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "model.onnx is not a readable ONNX graph" in err and "report" not in err, err

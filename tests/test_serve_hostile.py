@@ -269,6 +269,30 @@ def test_stalled_connections_are_dropped_and_a_stalled_body_is_a_408(servers):
         assert idle.recv(1000) == b""
 
 
+def test_a_client_that_leaves_with_pipelined_requests_is_counted_quietly(servers, http):
+    """A client that sends requests back to back on one connection and closes it before the
+    answers: uvicorn wrote them to the closed connection and logged "Exception in ASGI
+    application" with a traceback per request. Now each answer is dropped quietly and counted."""
+    server = servers["cls"]
+    before = len(server.lines)
+    body = json.dumps({"inputs": ["a fine film " * 20] * 8}).encode()
+    request = (b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    dropped = 0.0
+    for attempt in range(30):  # until an answer met a closed connection (the first attempt, mostly)
+        with raw_connection(server.url) as sock:
+            sock.sendall(request * 10)
+            threading.Event().wait(0.02 * (attempt % 5))
+        threading.Event().wait(0.5)
+        dropped = metric_values(http.get(f"{server.url}/metrics").text)["bert_kit_client_disconnects_total"]
+        if dropped:
+            break
+    assert dropped >= 1
+    assert http.get(f"{server.url}/health").status_code == 200
+    new_lines = server.lines[before:]
+    assert not [line for line in new_lines if "Traceback" in line or "Exception in ASGI" in line
+                or "without completing response" in line], new_lines
+
 # ---- broken models, broken threads, SIGTERM --------------------------------------------------------
 
 def test_a_model_output_with_nan_is_a_500_saying_so(servers, http):

@@ -452,6 +452,62 @@ def test_train_tokenizer_refuses_a_vocabulary_it_cannot_allocate():
     assert "a" in train_tokenizer(texts=["a b c"], vocab_size=6, min_frequency=1).get_vocab()  # the smallest size
 
 
+
+def test_train_tokenizer_on_nothing_is_an_error(tmp_path):
+    """No files, no texts, or nothing but blank lines and words past 100 characters: no
+    vocabulary to learn."""
+    with pytest.raises(ValueError, match="files is empty: name at least one text file"):
+        train_tokenizer([])
+    with pytest.raises(ValueError, match="files is empty"):
+        train_tokenizer(iter([]))
+    (tmp_path / "blank.txt").write_text("\n\n  \n" + "y" * 300 + "\n")
+    with pytest.raises(ValueError, match=r"no word to learn a vocabulary from in .*blank\.txt"):
+        train_tokenizer([tmp_path / "blank.txt"])
+    with pytest.raises(ValueError, match="no word to learn a vocabulary from in the texts"):
+        train_tokenizer(texts=[])
+    with pytest.raises(ValueError, match="no word to learn a vocabulary from in the texts"):
+        train_tokenizer(texts=["[MASK] [UNK]", ""])
+
+
+def test_train_tokenizer_leaves_out_words_wordpiece_never_splits():
+    """A word past WordPiece's 100 characters encodes as one [UNK]: the trainer does not see it.
+    Its merges cost the square of its length (800,000 letters took 5 minutes; 8 MB never ended):
+    now such a word costs what its characters cost, and teaches nothing."""
+    import time
+
+    texts = ["the cat sat on the mat"] * 20 + ["k" * 100]  # 100 letters: a word WordPiece splits
+    plain = train_tokenizer(texts=texts, vocab_size=80, min_frequency=1)
+    started = time.perf_counter()
+    with_long = train_tokenizer(texts=texts + ["q" * 50_000, "z" * 101 + " mat"], vocab_size=80, min_frequency=1)
+    assert time.perf_counter() - started < 30  # the quadratic trainer: hours
+    assert with_long.get_vocab() == plain.get_vocab()
+    assert "k" in plain.get_vocab()
+    assert with_long.tokenize("q" * 50_000) == ["[UNK]"]
+
+
+
+def test_train_tokenizer_breaks_lines_too_long_to_hold_between_words(tmp_path, monkeypatch):
+    """The Rust trainer holds a whole line (an 8 MB line took 1 GB): a line past MAX_TRAIN_LINE
+    characters, in a file or a text, is read broken at a space, and learns what its words do."""
+    import bert_kit.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "MAX_TRAIN_LINE", 1000)
+    words = "the cat sat on the mat, a dog ran past it; "
+    short = train_tokenizer(texts=[words] * 500, vocab_size=60, min_frequency=1)
+    assert train_tokenizer(texts=[words * 500], vocab_size=60, min_frequency=1).get_vocab() == short.get_vocab()
+    (tmp_path / "one_line.txt").write_text("\ufeff" + words * 500 + "\n" + "q" * 5000 + "\n")
+    seen: list[int] = []
+    real = tokenizer._broken
+
+    def broken(chunks):
+        for line in real(chunks):
+            seen.append(len(line))
+            yield line
+
+    monkeypatch.setattr(tokenizer, "_broken", broken)
+    from_file = train_tokenizer([tmp_path / "one_line.txt"], vocab_size=60, min_frequency=1)
+    assert from_file.get_vocab() == short.get_vocab() and seen and max(seen) <= 1001
+
 # ------------------------------------------------------------------------------ invalid Unicode, threads
 def test_a_lone_surrogate_is_a_value_error_naming_the_text(tok):
     """"\\ud800" is no character (JSON and Python let it through); the Rust tokenizer raised a

@@ -22,21 +22,26 @@ A command run as the process's own command line ends the process as soon as it i
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import os
-import re
-import sys
-import threading
-import time
-import warnings
-from importlib import import_module
-from pathlib import Path
-from typing import NoReturn
+from bert_kit.cli import interrupts
 
-from bert_kit.checks import suggestion
-from bert_kit.cli.errors import debug_requested, describe, one_line, print_traceback
-from bert_kit.threads import share_cores
+if interrupts.runs_as_command():  # first: Ctrl-C while the imports below run ends the command cleanly
+    interrupts.install()
+
+import argparse  # noqa: E402
+import atexit  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from importlib import import_module  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+from bert_kit.checks import suggestion  # noqa: E402
+from bert_kit.cli.errors import debug_requested, describe, one_line, print_traceback  # noqa: E402
+from bert_kit.threads import share_cores  # noqa: E402
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -56,6 +61,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("bert_kit.cli.serve", "a model folder behind HTTP with dynamic batching (needs the [serve] extra)"),
     "models": ("bert_kit.cli.models", "list the model presets and the local copies of hub models"),
 }
+# commands whose run turns SIGTERM into `Terminated` (one line, 143); the others die of it at once
+# (`interrupts.started`). serve: while it loads the model and starts its workers, then it drains.
+SIGTERM_RAISES = ("serve",)
 
 
 def version() -> str:
@@ -172,9 +180,12 @@ def exit_now(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Without `argv` it is this process's command line: the command's clock
-    (a time budget) starts at the process's launch, and the process ends with the command
-    (`exit_now`). With `argv` (a call from Python), the clock starts at this call and the exit
+    (a time budget) starts at the process's launch, SIGINT and SIGTERM end it in one line at any
+    moment (`interrupts`), and the process ends with the command (`exit_now`). With `argv` (a call
+    from Python), the clock starts at this call, the caller's signal handlers stay, and the exit
     status is returned."""
+    if argv is None:
+        interrupts.install()
     code = run_command(argv)
     if argv is None:
         exit_now(code)
@@ -182,9 +193,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(argv: list[str] | None) -> int:
-    """The command of `main`; its exit status."""
+    """The command of `main`; its exit status (130 / 143 when interrupted, at any moment)."""
+    given = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    try:
+        with interrupts.caught():
+            return _run(argv, given)
+    except KeyboardInterrupt as e:  # Terminated too (SIGTERM)
+        return _interrupted(next((a for a in given if not a.startswith("-")), ""), e)
+
+
+def _run(argv: list[str] | None, given: list[str]) -> int:
     started = process_started() if argv is None else time.time()
-    debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
+    debug, argv = debug_requested(given)
     wanted = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=wanted if wanted in COMMANDS else "")
     try:
@@ -201,16 +221,22 @@ def run_command(argv: list[str] | None) -> int:
                 f"bert-kit {args.command}: warning: {one_line(str(message))}", file=sys.stderr)
             share_cores()  # before torch starts its threads
             module = import_module(COMMANDS[args.command][0])
+            interrupts.started(keep_sigterm=args.command in SIGTERM_RAISES)
             return int(module.run(args) or 0)
-    except KeyboardInterrupt:
-        print(f"bert-kit {args.command}: interrupted", file=sys.stderr)
-        return 130
     except Exception as e:  # one line instead of a traceback (unless asked for)
         code, message = describe(e)
         if debug:
             print_traceback(e, sys.stderr)
         print(f"bert-kit {args.command}: error: {message}", file=sys.stderr)
         return code
+
+
+def _interrupted(command: str, e: KeyboardInterrupt) -> int:
+    """One line for Ctrl-C (130) or SIGTERM (143)."""
+    terminated = isinstance(e, interrupts.Terminated)
+    print(f"bert-kit{' ' + command if command else ''}: {'terminated' if terminated else 'interrupted'}",
+          file=sys.stderr)
+    return 143 if terminated else 130
 
 
 if __name__ == "__main__":

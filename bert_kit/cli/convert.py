@@ -1,6 +1,7 @@
 """`bert-kit convert`: turn an HF folder of BERT, RoBERTa, XLM-RoBERTa, DistilBERT or ModernBERT
-(safetensors or pytorch_model.bin) into a clean bert-kit / HF folder with `model.safetensors`,
-choosing which heads to keep.
+(safetensors or pytorch_model.bin, one file or shards with their index) into a clean bert-kit / HF
+folder with one `model.safetensors`, choosing which heads to keep. Weights of integers (a quantized
+checkpoint) are refused, naming the tensor.
 
     bert-kit convert --input ~/models/bert-base-uncased --output models/bert-base --head mlm
 

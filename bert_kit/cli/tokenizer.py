@@ -18,7 +18,7 @@ from pathlib import Path
 
 FORMATS = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikitext": "wikitext"}
 WRITTEN = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")  # what WordPieceTokenizer.save writes
-MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.onnx")
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "model.onnx")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

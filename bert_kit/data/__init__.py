@@ -9,7 +9,9 @@ Every reader takes files as editors and spreadsheets write them: UTF-8 with or w
 byte-order mark, LF or CRLF line ends, or any other text encoding named by `encoding` (a Python
 codec name: latin-1, cp1252, utf-16, ...). A file that is not text in its encoding is an error
 naming the file and the line of the first bad byte, never a decode traceback. Any readable path
-that is not a folder is read once, whole: a regular file, a FIFO, /dev/stdin, `<(command)`.
+that is not a folder is read once, whole: a regular file, a FIFO, /dev/stdin, `<(command)`; a
+chunk at a time, so that a binary file fails at its first bytes and a line past `MAX_LINE`
+characters is cut, with a warning, in bounded memory (`read_text`).
 
 Messages that tell the user what to set name the setting as the command at hand spells it:
 `header=false` in a run config, `--no-header` in `evaluate`, `predict` and `embed`, which run
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -27,6 +31,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 BOM = "\ufeff"
 DEFAULT_ENCODING = "utf-8"
+MAX_LINE = 1_000_000  # characters a line of an input file keeps (tokens past any model's max_length)
+READ_BYTES = 1 << 23  # bytes read and decoded at a time
 
 # setting -> the command-line flag that sets it, while a command of flags runs (None: key=value)
 _FLAGS: ContextVar[Mapping[str, str] | None] = ContextVar("bert_kit_setting_flags", default=None)
@@ -91,14 +97,15 @@ def splits_at_newline_bytes(encoding: str) -> bool:
 
 
 def decode_error(path: str | Path, data: bytes, err: UnicodeDecodeError, first_line: int = 1,
-                 encoding: str = DEFAULT_ENCODING) -> ValueError:
+                 encoding: str = DEFAULT_ENCODING, first_column: int = 1) -> ValueError:
     """The one-line error for bytes that are not `encoding` text, naming the file, line and bad
     byte, and how to name the file's encoding.
 
-    data: the bytes that failed to decode (err.start indexes into them); first_line: the line
-    of the file that data starts on."""
+    data: the bytes that failed to decode (err.start indexes into them); first_line, first_column:
+    the line of the file that data starts on, and the byte of that line."""
     line = first_line + data.count(b"\n", 0, err.start)
-    column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+    newline = data.rfind(b"\n", 0, err.start)
+    column = err.start - newline if newline >= 0 else first_column + err.start
     name = "UTF-8" if _is_utf8(encoding) else encoding
     where = f"{path}:{line}: not {name} text (byte 0x{data[err.start]:02x} at column {column})"
     if not _is_utf8(encoding):
@@ -126,41 +133,104 @@ def decode_text(data: bytes, path: str | Path, first_line: int = 1, encoding: st
     return text.removeprefix(BOM)
 
 
-def read_bytes(path: str | Path, what: str = "data file") -> bytes:
-    """All bytes of a readable path that is not a folder: a file, a FIFO, /dev/stdin or `<(command)`,
-    read once (no existence check first, which a pipe could not pass twice). A missing path or a
-    folder is a FileNotFoundError naming `what` and the path."""
+def _open(path: str | Path, what: str) -> Any:
+    """A readable path that is not a folder, open for reading bytes: a file, a FIFO, /dev/stdin or
+    `<(command)`, read once (no existence check first, which a pipe could not pass twice). A
+    missing path or a folder is a FileNotFoundError naming `what` and the path."""
     path = Path(path)
     if path.is_dir():
         raise FileNotFoundError(f"{what} is a folder, not a file: {path}")
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return open(path, "rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except IsADirectoryError:
         raise FileNotFoundError(f"{what} is a folder, not a file: {path}") from None
 
 
-def read_text(path: str | Path, what: str = "data file", encoding: str | None = None) -> str:
+def read_text(path: str | Path, what: str = "data file", encoding: str | None = None,
+              max_line: int | None = MAX_LINE) -> str:
     """The whole text of a file in `encoding` (default UTF-8; see `decode_text`); a missing path or
-    a folder is a FileNotFoundError naming `what` and the path (see `read_bytes`)."""
+    a folder is a FileNotFoundError naming `what` and the path (see `_open`).
+
+    Read and decoded a chunk at a time, so that a binary file (/dev/zero, /dev/urandom) fails at
+    its first bytes, and a line longer than `max_line` characters (None: no limit, for a JSON
+    document) keeps its first `max_line` in memory bounded by them; a warning says how many lines
+    were cut, and which."""
+    cut = _LineCutter(max_line)
+    kept = [cut.feed(text, line) for text, line in _decoded(path, what, encoding)]
+    if cut.lines:
+        shown = ", ".join(map(str, cut.lines[:5])) + (", ..." if len(cut.lines) > 5 else "")
+        warnings.warn(f"{path}: {len(cut.lines)} line(s) longer than {max_line:,} characters were cut to their "
+                      f"first {max_line:,} (line {shown})", stacklevel=2)
+    return "".join(kept).removeprefix(BOM)
+
+
+def _decoded(path: str | Path, what: str, encoding: str | None) -> Iterator[tuple[str, int]]:
+    """(text, the line it starts on) of a file, a chunk of READ_BYTES at a time: bytes that do not
+    decode, or a NUL byte, are a ValueError naming the file and line (see `decode_text`)."""
     encoding = check_encoding(encoding)
-    return decode_text(read_bytes(path, what), path, encoding=encoding)
+    decoder = codecs.getincrementaldecoder(encoding)()
+    line, column = 1, 1  # where the next byte to decode is: its line, and its byte in that line
+    with _open(path, what) as f:
+        while True:
+            data = f.read(READ_BYTES)
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:  # e.object: the bytes held back from the last chunk, then these
+                raise decode_error(path, e.object, e, line, encoding, column - len(e.object) + len(data)) from None
+            if (nul := text.find("\x00")) >= 0:
+                raise ValueError(f"{path}:{line + text.count(chr(10), 0, nul)}: NUL byte: this is a binary file, "
+                                 "not text")
+            yield text, line
+            newline = data.rfind(b"\n")
+            line += text.count("\n")
+            column = len(data) - newline if newline >= 0 else column + len(data)
+            if not data:
+                return
 
 
-def check_text_file(path: str | Path, chunk_bytes: int = 1 << 23, encoding: str | None = None) -> None:
-    """Raise the `decode_text` error if a file of any size (read in chunks of whole lines) is not
+class _LineCutter:
+    """Cuts the lines of a text read a chunk at a time to `max_line` characters (None: no cut);
+    `lines`: the numbers of the lines cut."""
+
+    def __init__(self, max_line: int | None):
+        self.max_line, self.length, self.lines = max_line, 0, []  # length: characters of the open line so far
+        self._long = None if max_line is None else re.compile(f"(?<![^\n])[^\n]{{{max_line + 1},}}")
+
+    def feed(self, text: str, line: int) -> str:
+        """The part of `text` (the next chunk, starting on `line`) that is kept."""
+        if self.max_line is None:
+            return text
+        first = text.find("\n")
+        open_end = len(text) if first < 0 else first  # the open line goes on to here
+        keep = max(0, min(open_end, self.max_line - self.length))
+        if keep < open_end and (not self.lines or self.lines[-1] != line):
+            self.lines.append(line)
+        if first < 0:
+            self.length += len(text)
+            return text[:keep]
+        half = (self.max_line + 1) // 2  # a line past max_line holds a newline-free window of `half`
+        windows = range(first + 1, len(text), half)
+        found = list(self._long.finditer(text, first + 1)) if any(text.find("\n", k, k + half) < 0
+                                                                  for k in windows) else []
+        self.length = len(text) - text.rfind("\n") - 1
+        if keep == open_end and not found:
+            return text
+        parts, at = [text[:keep]], first
+        for long in found:  # whole lines, and the start of the next
+            self.lines.append(line + text.count("\n", 0, long.start()))
+            parts.append(text[at:long.start() + self.max_line])
+            at = long.end()
+        parts.append(text[at:])
+        return "".join(parts)
+
+
+def check_text_file(path: str | Path, encoding: str | None = None) -> None:
+    """Raise the `decode_text` error if a file of any size (read a chunk at a time) is not
     `encoding` text; for files handed to the Rust readers, whose errors name no file or line."""
-    encoding = check_encoding(encoding)
-    if not splits_at_newline_bytes(encoding):  # UTF-16 / UTF-32: a chunk of lines is no whole text
-        decode_text(read_bytes(path), path, encoding=encoding)
-        return
-    with open(path, "rb") as f:
-        line = 1
-        while chunk := f.read(chunk_bytes) + f.readline():  # whole lines: no character is cut
-            decode_text(chunk, path, line, encoding)
-            line += chunk.count(b"\n")
+    for _ in _decoded(path, "data file", encoding):
+        pass
 
 
 def split_lines(text: str) -> list[str]:

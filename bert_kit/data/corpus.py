@@ -50,6 +50,7 @@ __all__ = [
 PathLike = str | os.PathLike
 MODES = ("auto", "blank_line", "line", "wikitext", "jsonl")
 _CACHE_VERSION = 2  # 2: WikiText's <unk> is the tokenizer's unknown token
+MAX_LINE_BYTES = 1 << 26  # a corpus line longer than this (64 MB) is refused, read no further
 
 
 def resolve_files(path: PathLike | Sequence[PathLike]) -> list[Path]:
@@ -103,14 +104,23 @@ def _is_heading(line: str) -> bool:
 
 def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a text file read lazily; a byte-order mark is dropped and bytes that
-    do not decode are a ValueError naming the file and line (a corpus may be too big to read whole).
+    do not decode, a NUL byte or a line past MAX_LINE_BYTES are a ValueError naming the file and
+    line (a corpus may be too big to read whole).
     A UTF-16 or UTF-32 file, whose line ends are no single bytes, is decoded whole."""
     encoding = check_encoding(encoding)
     with _open_binary(path) as f:
         if not splits_at_newline_bytes(encoding):
             yield from enumerate(decode_text(f.read(), path, encoding=encoding).splitlines(keepends=True), start=1)
             return
-        for lineno, raw in enumerate(f, start=1):
+        for lineno in itertools.count(1):
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            if b"\x00" in raw:
+                raise ValueError(f"{path}:{lineno}: NUL byte: this is a binary file, not text")
+            if len(raw) > MAX_LINE_BYTES:  # read no further: /dev/zero has no line end
+                raise ValueError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MB: a corpus holds a "
+                                 "document or a paragraph per line; is this a text file?")
             try:
                 line = raw.decode(encoding)
             except UnicodeDecodeError as e:

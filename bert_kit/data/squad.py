@@ -44,7 +44,7 @@ def read_squad(path: str | Path, skip_bad_answers: bool = False, encoding: str |
     """
     path = Path(path)
     try:
-        root = json.loads(read_text(path, what, encoding))
+        root = json.loads(read_text(path, what, encoding, max_line=None))  # one JSON document: often one line
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: invalid JSON at column {e.colno} ({e.msg})") from None
 

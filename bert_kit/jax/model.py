@@ -234,19 +234,50 @@ class BertPooler(nnx.Module):
         return jnp.tanh(self.dense(hidden[:, 0]))
 
 
-def check_shapes(config: BertConfig, input_ids: jax.Array, attention_mask: jax.Array | None,
+def check_inputs(config: BertConfig, input_ids: jax.Array, attention_mask: jax.Array | None,
                  token_type_ids: jax.Array | None) -> None:
-    """Clear errors for wrong shapes and dtypes (static, so free under jit). Token id values are
-    not checked: a jitted step cannot stop on them, and bert-kit's tokenizers produce valid ids."""
+    """Clear errors for bad ids, masks and shapes, with the messages of the torch model's
+    `check_inputs`: out-of-vocabulary ids would give NaN logits, type ids past type_vocab_size
+    silently wrong ones. Shapes and dtypes are static (free under jit); values are checked on the
+    host when the arrays are concrete, outside jitted code (a traced step cannot stop on a value;
+    the engine's batches come from bert-kit's tokenizers and collators)."""
     if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
         raise ValueError(f"input_ids must be integers of shape (batch, seq_len), got {input_ids.dtype} "
                          f"{tuple(input_ids.shape)}")
-    if input_ids.shape[1] > config.max_position_embeddings:
-        raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
+    B, T = input_ids.shape
+    if T == 0 and B > 0:
+        raise ValueError(f"input_ids has no tokens (shape {tuple(input_ids.shape)}): a sequence holds at least "
+                         "[CLS] and [SEP]")
+    if T > config.max_position_embeddings:
+        raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                          f"({config.max_position_embeddings}); truncate the input")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    if token_type_ids is not None and not jnp.issubdtype(token_type_ids.dtype, jnp.integer):
+        raise TypeError(f"token_type_ids must be integers, got {token_type_ids.dtype}")
+    given = [t for t in (input_ids, attention_mask, token_type_ids) if t is not None]
+    if not input_ids.size or any(isinstance(t, jax.core.Tracer) for t in given):
+        return
+    ids = np.asarray(input_ids)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= config.vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} out of range for vocab_size {config.vocab_size}")
+    if token_type_ids is not None:
+        types = np.asarray(token_type_ids)
+        lo, hi = int(types.min()), int(types.max())
+        if lo < 0 or hi >= config.type_vocab_size:
+            raise ValueError(f"token_type id {lo if lo < 0 else hi} out of range for type_vocab_size "
+                             f"{config.type_vocab_size}")
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask)
+        odd = mask[(mask != 0) & (mask != 1)]
+        if odd.size:
+            raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), found {odd[:3].tolist()}")
+        empty = np.flatnonzero((mask != 0).sum(axis=1) == 0)
+        if empty.size:
+            raise ValueError(f"attention_mask row {int(empty[0])} is all zeros: every sequence needs at least one "
+                             "token")
 
 
 class BertPreTrainedModel(nnx.Module):
@@ -293,7 +324,7 @@ class BERTModel(BertPreTrainedModel):
                  token_type_ids: jax.Array | None = None, *, rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids, attention_mask (1 = token, 0 = pad), token_type_ids: (B, T) -> (B, T, H).
         rngs: an `nnx.Rngs` with a `dropout` stream to train with dropout; None is eval."""
-        check_shapes(self.config, input_ids, attention_mask, token_type_ids)
+        check_inputs(self.config, input_ids, attention_mask, token_type_ids)
         mask = None if attention_mask is None else attention_mask.astype(bool)  # (B, T)
         x = self.embeddings(input_ids, token_type_ids, rngs)  # (B, T, H)
         return self.encoder(x, mask, rngs)

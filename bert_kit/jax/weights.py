@@ -24,7 +24,8 @@ from flax import nnx
 from bert_kit.checks import CorruptFileError, read_json
 from bert_kit.config import load_hf_config
 from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _first_line, _infer_head_args, check_decoder_tied,
-                         check_finite, from_hf_state_dict, load_torch_file, to_hf_state_dict, weights_file)
+                         check_finite, check_float, check_shards, from_hf_state_dict, load_torch_file,
+                         to_hf_state_dict, weights_files)
 from bert_kit.hf import save_pretrained as save_hf_folder
 
 log = logging.getLogger(__name__)
@@ -99,24 +100,31 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
 
 
 def read_arrays(folder: str | Path) -> dict[str, np.ndarray]:
-    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`,
-    with the checks of `bert_kit.hf.read_state_dict`: a corrupt file or NaN / inf weights are named."""
-    file = weights_file(folder)
-    if file.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
+    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`
+    (or of the shards an index names), with the checks of `bert_kit.hf.read_state_dict`: a corrupt
+    file, NaN / inf weights or integer weights are named."""
+    arrays: dict[str, np.ndarray] = {}
+    files = weights_files(folder)
+    for file in files:
+        if file.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.numpy import load_file
 
-        try:
-            arrays = load_file(str(file))
-        except SafetensorError as e:
-            raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is truncated "
-                                   "or corrupt; copy or save the model again") from None
-    else:
-        tensors = load_torch_file(file)
-        if not isinstance(tensors, dict):
-            raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
-        arrays = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
-    check_finite(arrays, str(file))
+            try:
+                part = load_file(str(file))
+            except SafetensorError as e:
+                raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
+                                       "truncated or corrupt; copy or save the model again") from None
+        else:
+            tensors = load_torch_file(file)
+            if not isinstance(tensors, dict):
+                raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
+            part = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
+        check_finite(part, str(file))
+        check_float(part, str(file))
+        arrays.update(part)
+    if len(files) > 1:
+        check_shards(Path(folder), arrays)
     return arrays
 
 

@@ -237,6 +237,7 @@ class Server:
         except InputError as e:
             return error(e.status, str(e), e.field)
         except ClientDisconnect:  # gone before its body arrived: nobody reads this answer
+            self.metrics.disconnects.inc()
             return error(400, "client disconnected while sending the body")
         except QueueFull as e:
             return error(503, f"server busy: {e}; retry later", headers={"Retry-After": str(self.limits.retry_after)})
@@ -358,9 +359,39 @@ class DirectPosts:
         self._posts = {op.path: op for op in server.operations}
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            send = self._delivering(send)
         op = self._posts.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if op is None:
             await self.app(scope, receive, send)
             return
         response = await self._server.handle(Request(scope, receive), op)
         await response(scope, receive, send)
+
+    def _delivering(self, send: Callable) -> Callable:
+        """`send` for one request, dropping its answer once the client has closed the connection.
+        A client that closes with pipelined requests in flight: uvicorn (with uvloop) writes their
+        answers to the closed transport and raises, which logged "Exception in ASGI application"
+        and a traceback per request. The answer goes nowhere, quietly; the metric
+        bert_kit_client_disconnects_total counts it."""
+        gone = False
+
+        async def send_or_drop(message: dict) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                await send(message)
+            except (OSError, RuntimeError) as e:
+                if isinstance(e, RuntimeError) and "closed" not in str(e):
+                    raise  # not the transport: a bug to report
+                gone = True
+                self._server.metrics.disconnects.inc()
+                log.debug("client gone before its answer: %s", e)
+                # uvicorn marks only the newest request of a closed connection as disconnected; marked,
+                # this one is not reported as "returned without completing response" either
+                cycle = getattr(send, "__self__", None)
+                if hasattr(cycle, "disconnected"):
+                    cycle.disconnected = True
+
+        return send_or_drop

@@ -154,9 +154,12 @@ class ServerMetrics:
         self.in_flight = Gauge("bert_kit_requests_in_flight", "requests accepted by the batcher and not yet answered")
         self.pending = Gauge("bert_kit_requests_pending", "requests read and not yet answered: being tokenized, "
                              "queued or computed (at most --max-queue)")
+        self.disconnects = Counter("bert_kit_client_disconnects_total",
+                                   "answers not delivered: the client closed its connection first")
+        self.disconnects.inc(amount=0)  # shown from the start, at 0
         self.families: list[_Family] = [self.requests, self.inputs, self.latency, self.queue_wait, self.batch_inputs,
                                         self.batch_tokens, self.batch_seconds, self.queue_depth, self.in_flight,
-                                        self.pending]
+                                        self.pending, self.disconnects]
 
     def render(self) -> str:
         return "\n".join(line for family in self.families for line in family.lines()) + "\n"

@@ -329,20 +329,12 @@ class FillMask(Operation):
 
 def _has_mlm_head(folder: Path) -> bool:
     """Whether the weights hold an MLM head (cls.predictions.*), without loading them from safetensors."""
-    from bert_kit.hf import read_state_dict
+    from bert_kit.hf import weight_names
 
-    weights = folder / "model.safetensors"
-    if weights.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(weights), framework="pt") as f:
-            keys = list(f.keys())
-    else:
-        keys = list(read_state_dict(folder))
     from bert_kit.config import load_hf_config
     from bert_kit.hf_names import holds_mlm_head
 
-    return holds_mlm_head(keys, load_hf_config(folder).model_type)
+    return holds_mlm_head(list(weight_names(folder)), load_hf_config(folder).model_type)
 
 
 def serve_length(folder: Path, max_length: int | None) -> int:

@@ -23,7 +23,9 @@ The supervisor (the process `bert-kit serve` started):
 A worker that exits while serving stops the others (exit status 1), as the death of a single
 server process ends serving. Workers leave the terminal's process group, so Ctrl-C reaches the
 supervisor alone (which then stops each worker once: a second SIGINT would make uvicorn drop its
-requests); a worker whose supervisor is gone (killed) stops as on SIGTERM. Every worker answers
+requests); a worker whose supervisor is gone (killed) stops as on SIGTERM. A stop signal while the
+workers load ends them at once and the command with one line (130 / 143); a worker whose
+supervisor went away while it loaded ends quietly. Every worker answers
 /health, /info and /metrics for itself; /info names it (`worker`, `workers`, `pid`).
 """
 
@@ -120,7 +122,10 @@ def _watch_supervisor(supervisor: int) -> None:
 def _worker(cfg: ServeConfig, index: int, count: int, port: int, outbox: Connection) -> None:
     """One worker process: load, listen on the shared port, serve until SIGTERM, report."""
     os.setpgrp()  # out of the terminal's process group: Ctrl-C reaches the supervisor alone
-    supervisor = os.getppid()
+    # while it loads, SIGTERM (from the supervisor, or its own watch once the supervisor is gone)
+    # ends it at once and quietly; serving, uvicorn's handlers drain first
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _watch_supervisor(os.getppid())
     share = max(1, (os.cpu_count() or 1) // count)  # CPU threads (torch's, the tokenizer's) per worker
     os.environ.setdefault("RAYON_NUM_THREADS", str(share))
     try:
@@ -131,12 +136,22 @@ def _worker(cfg: ServeConfig, index: int, count: int, port: int, outbox: Connect
         info, operations, app = build(cfg, (index, count))
         sock = listen(cfg.host, port, reuse_port=True)
     except BaseException as e:  # reported to the supervisor, which ends the command with it
-        outbox.send(("failed", _portable(e)))
+        _report(outbox, ("failed", _portable(e)))
         return
-    outbox.send(("ready", info, [op.path for op in operations]))
-    _watch_supervisor(supervisor)
+    if not _report(outbox, ("ready", info, [op.path for op in operations])):
+        return  # the supervisor is gone: nobody announced this worker, nobody will stop it
     answered, accepted = run_app(app, sock, cfg)
-    outbox.send(("stopped", answered, accepted))
+    _report(outbox, ("stopped", answered, accepted))
+
+
+def _report(outbox: Connection, message: tuple) -> bool:
+    """Send `message` to the supervisor; False, quietly, when it is gone (its end of the pipe closed:
+    it was stopped while this worker loaded)."""
+    try:
+        outbox.send(message)
+        return True
+    except (BrokenPipeError, ConnectionError, EOFError, OSError):
+        return False
 
 
 def _signal_all(workers: list[_Worker], sig: int) -> None:
@@ -179,7 +194,14 @@ def serve_workers(cfg: ServeConfig, count: int) -> int:
     probe.close()
     held = listen(cfg.host, port, reuse_port=True, backlog=0)  # the port stays ours while workers start
     context = multiprocessing.get_context("spawn")
-    workers = []
+    workers: list[_Worker] = []
+    stop_at: list[float] = []  # when the workers were told to stop
+
+    def stop(*_: Any) -> None:
+        if not stop_at:
+            stop_at.append(time.monotonic())
+            _signal_all(workers, signal.SIGTERM)
+
     try:
         for index in range(count):
             inbox, outbox = context.Pipe(duplex=False)
@@ -189,7 +211,10 @@ def serve_workers(cfg: ServeConfig, count: int) -> int:
             outbox.close()
             workers.append(_Worker(index, process, inbox))
         info, paths = _start(workers)
-    except BaseException:  # a worker's error, or Ctrl-C while loading: no worker outlives the command
+        # from here a stop signal drains the workers; before, it is an exception (Ctrl-C's
+        # KeyboardInterrupt, the command line's Terminated for SIGTERM) that ends loading
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    except BaseException:  # a worker's error, or a stop signal while loading: no worker outlives the command
         _signal_all(workers, signal.SIGKILL)
         for w in workers:
             w.process.join()
@@ -197,15 +222,6 @@ def serve_workers(cfg: ServeConfig, count: int) -> int:
         raise
     info["workers"] = count
     announce(info, paths, cfg.host, port, time.perf_counter() - t0)
-
-    stop_at: list[float] = []  # when the workers were told to stop
-
-    def stop(*_: Any) -> None:
-        if not stop_at:
-            stop_at.append(time.monotonic())
-            _signal_all(workers, signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     died = []
     try:
         while any(w.process.is_alive() for w in workers):

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 
+from bert_kit.checks import CorruptFileError
 from bert_kit.data import setting
 from bert_kit.data.classification import pad_collate, tokenless
 from bert_kit.input_checks import unchecked_inputs
@@ -257,6 +258,8 @@ class Task:
         cls = self.model_class()
         try:  # strict: a head that is missing would otherwise be silently random
             return cls.from_pretrained(folder, strict=cls is not BERTModel)
+        except CorruptFileError:
+            raise  # a file that cannot be used (truncated, NaN or integer weights): its own message
         except ValueError as e:
             raise ValueError(f"{folder} is not a {self.name} model (fine-tune it first: bert-kit finetune "
                              f"--task {self.name}): {e}") from None

@@ -57,7 +57,7 @@ def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.n
 
     cls = BERTForPreTraining if cfg.nsp else BERTForMaskedLM
     spec = cfg.model
-    weights = ("model.safetensors", "pytorch_model.bin")
+    weights = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
     # a preset name is a fresh model; a folder or a hub name's local copy continues from its weights
     kind, where = locate_model(spec, presets_first=True) if isinstance(spec, str) else ("mapping", spec)
     if kind == "folder" and any((Path(where) / f).is_file() for f in weights):

@@ -34,6 +34,23 @@ def test_nan_weights(cli, assets, tmp_path, single_thread, name):
     assert not (tmp_path / "e.npy").exists() and not (tmp_path / "p.jsonl").exists()
 
 
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_integer_weights(cli, assets, tmp_path, single_thread, name):
+    """An int32 tensor (a quantized checkpoint's codes) was cast to float silently; evaluate and
+    predict also called a corrupt file "not a classification model (fine-tune it first)"."""
+    import torch
+
+    folder = assets.copy(source_of(name), tmp_path / "model")
+    file = folder / "model.safetensors"
+    state = load_file(file)
+    key = "bert.encoder.layer.0.attention.output.dense.weight"
+    state[key] = state[key].round().to(torch.int32)
+    save_file(state, str(file))
+    line = cli(*command(name, folder, assets, tmp_path)).one_line_error(
+        f"{file}: tensor {key} holds int32 values, not floating point", code=WRONG_INPUT)
+    assert "fine-tune it first" not in line
+
 @pytest.mark.parametrize("change", [{"is_decoder": True}, {"add_cross_attention": True},
                                     {"position_embedding_type": "relative_key"}, {"hidden_act": "gelu_new"}])
 @pytest.mark.parametrize("name", ["fill-mask", "embed", "evaluate"])

@@ -154,6 +154,36 @@ def test_shapes_are_checked_with_clear_errors():
         model(np.ones((2, 5), np.float32))
 
 
+
+@pytest.mark.parametrize("bad", [
+    {"input_ids": [[1, 2, 999_999]]},  # past the vocabulary: NaN logits
+    {"input_ids": [[1, -3, 2]]},
+    {"token_type_ids": [[0, 5, 0]]},  # past type_vocab_size: finite garbage
+    {"token_type_ids": [[0, -1, 0]]},
+    {"attention_mask": [[1, 2, 1]]},
+    {"attention_mask": [[1, 1, 1], [0, 0, 0]], "input_ids": [[1, 2, 3], [1, 2, 3]]},
+])
+def test_values_are_checked_on_the_host_as_the_torch_model_does(bad):
+    """Token ids past the vocabulary (NaN logits) and type ids past type_vocab_size (wrong
+    logits) are refused by both engines, with the same message; a jitted call is not stopped."""
+    config = tiny()
+    inputs = {"input_ids": [[1, 2, 3]], **bad}
+    inputs = {k: np.asarray(v, np.int32) for k, v in inputs.items()}
+    inputs = {"attention_mask": np.ones_like(inputs["input_ids"]), "token_type_ids": np.zeros_like(inputs["input_ids"]),
+              **inputs}
+    with pytest.raises(ValueError) as from_torch:
+        torch_heads.BERTModel(config)(*(torch.as_tensor(inputs[k]).long() for k in
+                                        ("input_ids", "attention_mask", "token_type_ids")))
+    model = bj.BERTModel(config)
+    args = [inputs[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    with pytest.raises(ValueError) as from_jax:
+        model(*args)
+    assert str(from_jax.value) == str(from_torch.value)
+    with pytest.raises(ValueError, match="out of range|attention_mask"):
+        model(*(jnp.asarray(a) for a in args))  # device arrays too
+    nnx.jit(lambda m, *a: m(*a))(model, *args)  # traced: shapes only, no host sync
+
+
 def test_the_engine_imports_without_torch():
     code = "import sys, bert_kit.jax; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -92,6 +92,27 @@ def test_a_legacy_pytorch_model_bin_folder_loads(tmp_path):
     assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in expected)
 
 
+def test_a_sharded_folder_and_integer_weights(tmp_path):
+    """Shards and their index (as HF writes a large model) load as the one file would; a weight of
+    integers is refused, as on the torch side, not cast."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(4)
+    source = BERTForPreTraining(tiny())
+    source.save_pretrained(tmp_path / "whole")
+    transformers.BertForPreTraining.from_pretrained(tmp_path / "whole").save_pretrained(tmp_path / "sharded",
+                                                                                          max_shard_size="40KB")
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 2
+    got = torch_state_dict(bj.BERTForPreTraining.from_pretrained(tmp_path / "sharded"))
+    expected = {k: v.numpy() for k, v in source.state_dict().items() if k != "mlm.decoder.weight"}
+    assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in expected)
+
+    state = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    state["bert.pooler.dense.bias"] = np.zeros(state["bert.pooler.dense.bias"].shape, np.int32)
+    save_file(state, str(tmp_path / "whole" / "model.safetensors"))
+    with pytest.raises(CorruptFileError, match="tensor bert.pooler.dense.bias holds int32 values, not floating"):
+        bj.BERTForPreTraining.from_pretrained(tmp_path / "whole")
+
+
 def test_a_new_head_is_drawn_and_strict_refuses_it(tmp_path):
     config = tiny(num_hidden_layers=1)
     torch.manual_seed(2)
