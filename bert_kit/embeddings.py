@@ -28,6 +28,7 @@ The pooling functions are plain tensor functions, so the bi-encoder fine-tuning 
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import queue
 import threading
@@ -50,7 +51,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHUNK_TEXTS = 4096  # texts tokenized at a time by the batching thread
 CPU_TOKEN_BUDGET = 8192  # padded tokens a batch on the CPU: beyond it throughput stays flat
-GPU_TOKEN_BUDGET = 131072  # on a GPU: a MiniLM batch is then ~6 ms of bf16 work, launches a few percent
+GPU_TOKEN_BUDGET = 131072  # on a GPU: by estimate a MiniLM batch is ~3 TFLOP, far more than its ~100 launches
+PINNED_OUTPUT_BYTES = 1 << 30  # vectors gathered in page-locked host memory up to this size
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -255,7 +257,12 @@ class SentenceEncoder:
         padded = np.full(keep.shape, self.tokenizer.pad_token_id, dtype=np.int64)
         padded[keep] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
         input_ids, mask = torch.from_numpy(padded), torch.from_numpy(keep.astype(np.int64))
-        layout = Packed.from_mask(mask) if self.unpadded else None
+        layout = None
+        if self.unpadded:  # `Packed.from_mask` in NumPy: no torch CPU op in the batching thread
+            cu_seqlens = np.zeros(len(ids) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=cu_seqlens[1:])
+            layout = Packed(torch.from_numpy(cu_seqlens), int(lengths.max()), torch.from_numpy(np.flatnonzero(keep)),
+                            *keep.shape)
         if self.device.type == "cuda":  # pinned: the copy to the device neither waits nor stages
             input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
             if layout is not None:
@@ -354,10 +361,11 @@ class SentenceEncoder:
         n, cuda = len(texts), self.device.type == "cuda"
         if on_device:
             done = torch.empty(n, self.dim, device=self.device)
-        else:  # on a GPU each batch is copied out as it is computed: no wait, no device memory held
-            done = torch.empty(n, self.dim, pin_memory=cuda)
+        else:  # on a GPU each batch is copied out as it is computed: no wait, no device memory held;
+            # past PINNED_OUTPUT_BYTES the array is pageable (each copy then waits, on batches that are large)
+            done = torch.empty(n, self.dim, pin_memory=cuda and n * self.dim * 4 <= PINNED_OUTPUT_BYTES)
         rows, at = np.empty(n, dtype=np.int64), 0
-        with torch.inference_mode(), self.autocast(), _Prefetched(self.batches(texts, batch_size)) as batches:
+        with torch.inference_mode(), self.autocast(), _no_gc(), _Prefetched(self.batches(texts, batch_size)) as batches:
             for batch in batches:
                 size = len(batch.rows)
                 done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)
@@ -396,6 +404,19 @@ class SentenceEncoder:
         a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
         b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
         return np.einsum("nh,nh->n", a.astype(np.float64), b.astype(np.float64))
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: tokenizing allocates many small lists (no cycles), and
+    each collection walks every object of the process, all of torch's (as `data.tables` does)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Prefetched:
