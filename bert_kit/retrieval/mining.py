@@ -136,7 +136,8 @@ def mine_hard_negatives(encoder: SentenceEncoder, anchors: Sequence[str], positi
                         corpus: Sequence[str] = (), settings: MiningSettings | None = None,
                         query_prefix: str = "", passage_prefix: str = "", rescore: Rescore | None = None,
                         batch_size: int | None = None, show_progress: bool = False) -> Mined:
-    """Hard negatives for the pairs (anchors[i], positives[i]) from `corpus` and the positives."""
+    """Hard negatives for the pairs (anchors[i], positives[i]) from `corpus` and the positives. The
+    passages' vectors are held on the encoder's device while the queries search them."""
     s = settings or MiningSettings()
     if len(anchors) != len(positives):
         raise ValueError(f"{len(anchors)} anchors but {len(positives)} positives")
@@ -195,18 +196,19 @@ def mine_hard_negatives(encoder: SentenceEncoder, anchors: Sequence[str], positi
         drop("min_score", scores < s.min_score)
 
     # the kept candidates best first, places range_min..range_max, then n of them
-    kept_scores = scores.masked_fill(dropped, -torch.inf)
-    order = kept_scores.argsort(dim=1, descending=True, stable=True)[:, s.range_min:range_max]
+    kept, gone = scores.masked_fill(dropped, -torch.inf).numpy(), dropped.numpy()
+    candidates, values = indices.numpy(), scores.numpy()
+    order = np.argsort(-kept, axis=1, kind="stable")[:, s.range_min:range_max]  # dropped ones sort last
     generator = np.random.default_rng(s.seed)
     negatives, negative_scores = [], []
     for q in range(len(queries)):
-        places = [int(j) for j in order[q] if not dropped[q, j]]
+        places = order[q][~gone[q, order[q]]]
         if s.sampling == "random" and len(places) > s.num_negatives:
-            places = sorted(generator.choice(places, s.num_negatives, replace=False).tolist(),
-                            key=lambda j: -kept_scores[q, j].item())
+            places = generator.choice(places, s.num_negatives, replace=False)
+            places = places[np.argsort(-kept[q, places], kind="stable")]
         places = places[:s.num_negatives]
-        negatives.append([int(indices[q, j]) for j in places])
-        negative_scores.append([float(scores[q, j]) for j in places])
+        negatives.append(candidates[q, places].tolist())
+        negative_scores.append(values[q, places].tolist())
     return Mined(queries, passages, pairs, negatives, negative_scores, positive_scores.tolist(), s.num_negatives,
                  skipped)
 
