@@ -95,6 +95,7 @@ def main() -> None:
         return st_worker(args)
 
     from bert_kit.retrieval.beir import read_beir
+    from bert_kit.retrieval.metrics import ranked
 
     qrels = read_beir(args.data, args.split, warn=False).qrels
     device = ["--device", args.device] if args.device else []
@@ -109,8 +110,8 @@ def main() -> None:
         bk_run = read_trec_run(tmp / "bk.run")
         st = json.loads((tmp / "st.json").read_text())
     bk, ref = score(bk_run, qrels), score(st["run"], qrels)
-    same_top10 = sum(sorted(bk_run[q], key=bk_run[q].get, reverse=True)[:10] ==
-                     sorted(st["run"][q], key=st["run"][q].get, reverse=True)[:10] for q in qrels)
+    top10 = lambda run, q: ranked(list(run[q]), list(run[q].values()))[:10]  # noqa: E731  (ties by id)
+    same_top10 = sum(top10(bk_run, q) == top10(st["run"], q) for q in qrels)
     print(f"\n{args.data.name} {args.split}: {len(qrels)} queries, {bk_json['num_docs']} documents, {args.model}, "
           f"max length {bk_json['max_length']} (sentence-transformers {st['max_seq_length']}), "
           f"bert-kit in {bk_json['precision']}")
