@@ -50,7 +50,7 @@ POOLING_MODES = ("mean", "cls")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHUNK_TEXTS = 4096  # texts tokenized at a time by the batching thread
-CPU_TOKEN_BUDGET = 8192  # padded tokens a batch on the CPU: beyond it throughput stays flat
+CPU_TOKEN_BUDGET = 8192  # padded tokens a batch on the CPU: 32 passages of 256 tokens, hundreds of sentences
 GPU_TOKEN_BUDGET = 131072  # on a GPU: by estimate a MiniLM batch is ~3 TFLOP, far more than its ~100 launches
 PINNED_OUTPUT_BYTES = 1 << 30  # vectors gathered in page-locked host memory up to this size
 
@@ -177,7 +177,7 @@ class SentenceEncoder:
         config = model.config
         self.max_tokens_per_batch = max_tokens_per_batch or default_token_budget(
             self.device, config.hidden_size, config.intermediate_size)
-        # ids of the model's own tokenizer fit its vocabulary: no check that reads them back per batch
+        # ids of a tokenizer whose vocabulary fits the model's need no check that reads them back
         self.trusted_ids = getattr(tokenizer, "vocab_size", None) is not None and \
             tokenizer.vocab_size <= config.vocab_size
         # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,
@@ -286,11 +286,12 @@ class SentenceEncoder:
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The encoder's precision as an autocast context (none in fp32), with the input check
-        skipped where the ids come from the model's own tokenizer."""
+    def autocast(self, own_ids: bool = False) -> contextlib.AbstractContextManager:
+        """The encoder's precision as an autocast context (none in fp32); own_ids: the ids came from
+        `tokenize`, so the model skips the check of their values (a wait for the device a batch)
+        when the tokenizer's vocabulary fits the model's."""
         stack = contextlib.ExitStack()
-        if self.trusted_ids:
+        if own_ids and self.trusted_ids:
             stack.enter_context(unchecked_inputs())
         if self.dtype != torch.float32 and isinstance(self.model, torch.nn.Module):
             stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
@@ -298,7 +299,8 @@ class SentenceEncoder:
 
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32."""
+        """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32; the
+        ids are checked against the model's vocabulary."""
         if not len(ids):
             return torch.zeros(0, self.dim, device=self.device)
         with self.autocast():
@@ -365,7 +367,8 @@ class SentenceEncoder:
             # past PINNED_OUTPUT_BYTES the array is pageable (each copy then waits, on batches that are large)
             done = torch.empty(n, self.dim, pin_memory=cuda and n * self.dim * 4 <= PINNED_OUTPUT_BYTES)
         rows, at = np.empty(n, dtype=np.int64), 0
-        with torch.inference_mode(), self.autocast(), _no_gc(), _Prefetched(self.batches(texts, batch_size)) as batches:
+        prefetched = _Prefetched(self.batches(texts, batch_size))  # the batching thread starts on entry
+        with torch.inference_mode(), self.autocast(own_ids=True), _no_gc(), prefetched as batches:
             for batch in batches:
                 size = len(batch.rows)
                 done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)

@@ -120,6 +120,29 @@ def test_errors_name_the_input_and_stop_the_batching_thread(tiny, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "embed-batches"]
 
 
+def test_only_ids_of_its_own_tokenizer_skip_the_value_check(tiny, minilm_path, monkeypatch):
+    """The check reads the ids back from the device (a wait every batch on a GPU): `encode` skips it
+    for the ids it tokenized itself, when the tokenizer's vocabulary fits the model; `encode_ids`
+    checks the ids it is given."""
+    import bert_kit.model
+
+    model, tokenizer = tiny
+    checked = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: checked.append(
+        not bert_kit.model._inputs_checked_by_caller) or forward(*a, **k))
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=100)
+    encoder.encode(varied_texts(10))
+    assert checked and not any(checked)
+    checked.clear()
+    encoder.encode_ids([[101, 2000, 102]])
+    assert checked == [True]
+    small = BERTModel(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=128))
+    with pytest.raises(ValueError, match="out of range for vocab_size 1000"):
+        SentenceEncoder(small, tokenizer, max_length=64, device="cpu").encode(["a word outside the first thousand"])
+
+
 def test_precision_choices_and_bf16_autocast_on_the_cpu(minilm_path):
     assert inference_dtype("auto", torch.device("cpu")) == torch.float32
     assert inference_dtype("fp16", torch.device("cpu")) == torch.float16
