@@ -66,7 +66,8 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" / "data")))
+    root = Path(os.environ.get("BERT_KIT_DATA", REPO.parent / "shared" / "data"))
+    parser.add_argument("--data", type=Path, default=root, help="the data root (default BERT_KIT_DATA)")
     parser.add_argument("--limit", type=int, default=None, help="the first N sentences only")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--device", default="", help="cpu, cuda (default: cuda if available)")
@@ -97,8 +98,8 @@ def main() -> None:
     print(f"\n{len(texts)} sentences, {args.model}, launch to exit")
     print(f"  bert-kit embed                              {bk_seconds:8.2f} s  {len(texts) / bk_seconds:9.0f}/s")
     print(f"  SentenceTransformer.encode(batch_size=256)  {st_seconds:8.2f} s  {len(texts) / st_seconds:9.0f}/s")
-    print(f"  speed-up {st_seconds / bk_seconds:.2f}x; cosine bert-kit vs sentence-transformers: min {cosine.min():.6f}, "
-          f"mean {cosine.mean():.6f}; max |difference| {np.abs(bk - st).max():.2e}")
+    print(f"  speed-up {st_seconds / bk_seconds:.2f}x; cosine bert-kit vs sentence-transformers: "
+          f"min {cosine.min():.6f}, mean {cosine.mean():.6f}; max |difference| {np.abs(bk - st).max():.2e}")
 
 
 if __name__ == "__main__":

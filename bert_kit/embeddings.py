@@ -387,8 +387,9 @@ class SentenceEncoder:
         if bad:  # NaN weights (or an overflow) give NaN vectors: an error, never vectors that mean nothing
             params = getattr(self.model, "named_parameters", lambda: [])()
             broken = next((name for name, p in params if not torch.isfinite(p).all()), None)
-            why = f"its weights hold NaN or inf values (first in {broken})" if broken else (
-                f"{self.precision} overflowed: use precision fp32" if self.dtype == torch.float16 else "a layer overflowed")
+            overflow = f"{self.precision} overflowed: use precision fp32" if self.dtype == torch.float16 else \
+                "a layer overflowed"
+            why = f"its weights hold NaN or inf values (first in {broken})" if broken else overflow
             raise FloatingPointError(f"the model's vectors are NaN or inf for {bad} of {len(out)} text(s): {why}")
 
     def embed(self, texts: str | Sequence[str], batch_size: int | None = None) -> np.ndarray:
