@@ -222,7 +222,8 @@ def subsample(data: BeirData, max_queries: int | None = None, max_docs: int | No
               seed: int = 0) -> BeirData:
     """A smaller split for a quick score (during training): `max_queries` queries drawn at random,
     the documents judged for them, and other documents drawn at random up to `max_docs` in all.
-    Scores on it are higher than on the whole corpus (fewer distractors), but they rank models alike."""
+    Scores on it are higher than on the whole corpus (fewer distractors): for comparing the
+    checkpoints of a run, not for quoting beside published figures."""
     rng = random.Random(seed)
     query_ids = list(data.qrels)
     if max_queries is not None and max_queries < len(query_ids):
