@@ -9,30 +9,55 @@ vector per text, as sentence-transformers does:
     vectors = enc.encode(["A man is eating.", "Someone eats."])          # (2, 384) float32
     cosine_similarity(vectors, vectors)                                  # (2, 2)
 
-Texts are sorted by token count before batching, so each batch pads to nearly its own length,
-and the original order is restored at the end. The pooling functions are plain tensor
-functions, so the bi-encoder fine-tuning loop (`bert_kit.tasks.similarity`) trains exactly what is used here.
+How `encode` keeps the device busy:
+- batches hold a token budget, not a number of texts (`max_tokens_per_batch`: texts x the
+  longest one's tokens; sized for the device, `default_token_budget`): thousands of short
+  sentences or a few dozen long passages per batch;
+- texts go longest first (by characters, then exactly by tokens within each chunk of
+  `CHUNK_TEXTS`), so each batch pads to nearly its own length; the output keeps the input order;
+- a thread tokenizes the next chunk and lays out its batches (padded ids, packing layout, in
+  pinned memory on a GPU) while the device runs the current one;
+- on a GPU nothing waits for the device until the end: copies in and out are asynchronous, the
+  inputs are not read back (`unchecked_inputs`: the ids come from the model's own tokenizer),
+  and the vectors land in one pinned host array; `precision` "auto" runs bf16 autocast where the
+  GPU has it (fp16 on older GPUs, fp32 on the CPU).
+
+The pooling functions are plain tensor functions, so the bi-encoder fine-tuning loop
+(`bert_kit.tasks.similarity`) trains exactly what is used here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
+import queue
+import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
+from bert_kit.input_checks import unchecked_inputs
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
 from bert_kit.model import BERTModel
 from bert_kit.modernbert import ModernBertModel
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
+from bert_kit.tokenizer import _check_str as check_text
 
 POOLING_MODES = ("mean", "cls")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CHUNK_TEXTS = 4096  # texts tokenized at a time by the batching thread
+CPU_TOKEN_BUDGET = 8192  # padded tokens a batch on the CPU: 32 passages of 256 tokens, hundreds of sentences
+GPU_TOKEN_BUDGET = 131072  # on a GPU: by estimate a MiniLM batch is ~3 TFLOP, far more than its ~100 launches
+PINNED_OUTPUT_BYTES = 1 << 30  # vectors gathered in page-locked host memory up to this size
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -69,6 +94,53 @@ def cosine_similarity(a, b) -> np.ndarray:
     return a @ b.T
 
 
+def inference_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype of `precision` on `device`; "auto" is bf16 on a GPU that has it, fp16 on
+    an older GPU, fp32 (no autocast) elsewhere. The rule of `training.precision.resolve_precision`."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not a valid choice: expected one of {PRECISIONS}")
+    if precision != "auto":
+        return _DTYPES[precision]
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def default_token_budget(device: torch.device, hidden_size: int, intermediate_size: int) -> int:
+    """Padded tokens per batch for `device`: CPU_TOKEN_BUDGET on the CPU; on a GPU GPU_TOKEN_BUDGET,
+    less where a tenth of its memory cannot hold that many tokens' float32 activations (the
+    feed-forward's two intermediate tensors and four hidden-size ones)."""
+    if device.type != "cuda":
+        return CPU_TOKEN_BUDGET
+    bytes_per_token = 4 * (2 * intermediate_size + 4 * hidden_size)
+    fits = torch.cuda.get_device_properties(device).total_memory // 10 // bytes_per_token
+    return int(max(CPU_TOKEN_BUDGET, min(GPU_TOKEN_BUDGET, fits)))
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int, max_texts: int | None = None) -> list[slice]:
+    """Cut texts sorted longest first (their token counts, `lengths`) into consecutive batches whose
+    padded size, texts x the first (longest) one's tokens, stays within `max_tokens` (a text longer
+    than that is a batch of its own), with at most `max_texts` texts each."""
+    batches, start, n = [], 0, len(lengths)
+    while start < n:
+        fit = max(1, max_tokens // max(1, int(lengths[start])))
+        stop = min(n, start + (fit if max_texts is None else min(fit, max_texts)))
+        batches.append(slice(start, stop))
+        start = stop
+    return batches
+
+
+@dataclass
+class HostBatch:
+    """One batch laid out on the host: `rows` (B,) the texts' positions in the input; input_ids and
+    attention_mask (B, T) int64 (pinned for a GPU); `layout` the packing of the mask, or None."""
+
+    rows: np.ndarray
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    layout: Packed | None
+
+
 class SentenceEncoder:
     """A BERT encoder plus pooling that turns texts into fixed-size vectors.
 
@@ -81,11 +153,16 @@ class SentenceEncoder:
         (inductor `freezing`: constant folding and pre-packed matmul weights). The first batches
         pay a one-off compilation (about 10 s on 2 CPU cores); after that MiniLM encodes about
         twice as fast on the CPU. Worth it for large inputs; uses the padded path.
+    precision: "auto" (bf16 autocast on a GPU that has it, fp16 on older GPUs, fp32 on the CPU),
+        "fp32", "bf16" or "fp16"; weights stay float32, vectors come out float32.
+    max_tokens_per_batch: the token budget of a batch (texts x longest text); None sizes it for
+        the device (`default_token_budget`).
     """
 
     def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
-                 unpadded: bool = True, compile: bool = False):
+                 unpadded: bool = True, compile: bool = False, precision: str = "auto",
+                 max_tokens_per_batch: int | None = None):
         if not (isinstance(model, (BERTModel, ModernBertModel))
                 or getattr(model, "architecture", None) == "BertModel"):  # or its export
             hint = ": pass its encoder, model.bert" if isinstance(getattr(model, "bert", None), BERTModel) else ""
@@ -101,12 +178,21 @@ class SentenceEncoder:
         offset = " less position_offset" if getattr(model.config, "position_offset", 0) else ""
         Range(3, model.config.max_length, integer=True,
               hint=f"max_position_embeddings of the model{offset}").check("max_length", max_length)
+        if max_tokens_per_batch is not None:
+            positive(integer=True).check("max_tokens_per_batch", max_tokens_per_batch)
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         if isinstance(model, BERTModel):  # (an exported graph has its own kernels)
             fast_path.apply(self.model, self.device, training=False)
         self.tokenizer = tokenizer
         self.pooling, self.normalize, self.max_length = pooling, normalize, max_length
+        self.dtype = inference_dtype(precision, self.device)
+        config = model.config
+        self.max_tokens_per_batch = max_tokens_per_batch or default_token_budget(
+            self.device, config.hidden_size, config.intermediate_size)
+        # ids of a tokenizer whose vocabulary fits the model's need no check that reads them back
+        self.trusted_ids = getattr(tokenizer, "vocab_size", None) is not None and \
+            tokenizer.vocab_size <= config.vocab_size
         # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,
         # length-sorted, CPU-seconds): +5% texts/s at batch 32 and +25% at batch 128, so it is
         # the default everywhere; on CUDA it also gets varlen flash attention.
@@ -126,7 +212,8 @@ class SentenceEncoder:
     @classmethod
     def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
                         max_length: int | None = None, device: str | torch.device | None = None,
-                        unpadded: bool = True, compile: bool = False) -> "SentenceEncoder":
+                        unpadded: bool = True, compile: bool = False, precision: str = "auto",
+                        max_tokens_per_batch: int | None = None) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
         its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
@@ -142,7 +229,7 @@ class SentenceEncoder:
             if compile:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
             model, device = OnnxModel(folder), device or "cpu"
-            unpadded = False  # the graph takes padded batches
+            unpadded, precision = False, "fp32"  # the graph takes padded batches, in the precision it was exported in
             if model.architecture != "BertModel":
                 if not model.has_encoder_states:
                     raise ValueError(f"{folder} holds an exported {model.architecture} graph without the encoder's "
@@ -153,11 +240,17 @@ class SentenceEncoder:
 
             encoder = ModernBertModel if load_hf_config(folder).model_type == "modernbert" else BERTModel
             model = encoder.from_pretrained(folder)
-        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile)
+        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile,
+                   precision, max_tokens_per_batch)
 
     @property
     def dim(self) -> int:
         return self.model.config.hidden_size
+
+    @property
+    def precision(self) -> str:
+        """The autocast precision the encoder runs in: fp32, bf16 or fp16."""
+        return next(name for name, dtype in _DTYPES.items() if dtype == self.dtype)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids with [CLS]/[SEP], truncated to max_length, one list per text."""
@@ -167,79 +260,163 @@ class SentenceEncoder:
                              return_tensors=None, return_token_type_ids=False, return_attention_mask=False)
         return enc["input_ids"]
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the encoder's device; to a GPU from pinned memory without waiting (the
-        copy queues behind the kernels already launched, and the host goes on preparing)."""
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+    # ---- one batch ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
-        """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32."""
-        if not len(ids):
-            return torch.zeros(0, self.dim, device=self.device)
+    def host_batch(self, ids: Sequence[Sequence[int]], rows: np.ndarray | None = None) -> HostBatch:
+        """Lay out token id lists as a padded batch on the host (pinned for a GPU), with the packing
+        layout of its mask when the encoder runs unpadded: the device is never asked for it."""
         empty = [i for i, row in enumerate(ids) if not len(row)]
         if empty:
             raise ValueError(f"ids[{empty[0]}] is empty: each text needs at least [CLS] and [SEP]")
-        # padded on the host in NumPy, one copy for the whole batch (a tensor op per row cost
-        # ~5 us each: 2.5 ms for a server batch of 500 sentences)
+        # padded in NumPy, one copy for the whole batch (a tensor op per row cost ~5 us each:
+        # 2.5 ms for a server batch of 500 sentences)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         keep = np.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
         padded = np.full(keep.shape, self.tokenizer.pad_token_id, dtype=np.int64)
         padded[keep] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
         input_ids, mask = torch.from_numpy(padded), torch.from_numpy(keep.astype(np.int64))
-        # the packing layout from the host's mask: the device is never asked for it
-        layout = Packed.from_mask(mask) if self.unpadded else False
-        if layout:
-            layout = Packed(self._to_device(layout.cu_seqlens), layout.max_seqlen, self._to_device(layout.indices),
-                            layout.batch, layout.seqlen)
-        input_ids, mask = self._to_device(input_ids), self._to_device(mask)
+        layout = None
+        if self.unpadded:  # `Packed.from_mask` in NumPy: no torch CPU op in the batching thread
+            cu_seqlens = np.zeros(len(ids) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=cu_seqlens[1:])
+            layout = Packed(torch.from_numpy(cu_seqlens), int(lengths.max()), torch.from_numpy(np.flatnonzero(keep)),
+                            *keep.shape)
+        if self.device.type == "cuda":  # pinned: the copy to the device neither waits nor stages
+            input_ids, mask = input_ids.pin_memory(), mask.pin_memory()
+            if layout is not None:
+                layout = Packed(layout.cu_seqlens.pin_memory(), layout.max_seqlen, layout.indices.pin_memory(),
+                                layout.batch, layout.seqlen)
+        return HostBatch(np.arange(len(ids)) if rows is None else rows, input_ids, mask, layout)
+
+    def run_batch(self, batch: HostBatch) -> torch.Tensor:
+        """Pooled (and maybe normalised) float32 vectors (B, H) of a host batch, left on the device
+        (call under torch.inference_mode and `self.autocast()`)."""
+        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731  (asynchronous from pinned memory)
+        input_ids, mask = move(batch.input_ids), move(batch.attention_mask)
         if self.normalize and getattr(self.model, "pooling", None) == self.pooling:  # an exported graph pools itself
             return self.model.sentence_embedding(input_ids, mask, torch.zeros_like(input_ids))
-        hidden = self.forward(input_ids, mask, torch.zeros_like(input_ids), unpadded=layout)
+        layout = batch.layout
+        if layout is not None:
+            layout = Packed(move(layout.cu_seqlens), layout.max_seqlen, move(layout.indices), layout.batch,
+                            layout.seqlen)
+        types = None if isinstance(self.model, BERTModel) else torch.zeros_like(input_ids)  # None: segment 0
+        hidden = self.forward(input_ids, mask, types, unpadded=layout if layout is not None else False)
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
-    def encode(self, texts: str | Sequence[str], batch_size: int = 32, show_progress: bool = False) -> np.ndarray:
-        """Embed texts in the order given: (n, hidden) float32 array ((hidden,) for one str)."""
+    def autocast(self, own_ids: bool = False) -> contextlib.AbstractContextManager:
+        """The encoder's precision as an autocast context (none in fp32); own_ids: the ids came from
+        `tokenize`, so the model skips the check of their values (a wait for the device a batch)
+        when the tokenizer's vocabulary fits the model's."""
+        stack = contextlib.ExitStack()
+        if own_ids and self.trusted_ids:
+            stack.enter_context(unchecked_inputs())
+        if self.dtype != torch.float32 and isinstance(self.model, torch.nn.Module):
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        return stack
+
+    @torch.inference_mode()
+    def encode_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One batch of token id lists -> pooled (and maybe normalised) vectors (B, H) float32; the
+        ids are checked against the model's vocabulary."""
+        if not len(ids):
+            return torch.zeros(0, self.dim, device=self.device)
+        with self.autocast():
+            return self.run_batch(self.host_batch(ids))
+
+    # ---- many texts -----------------------------------------------------------------------------
+
+    def batches(self, texts: Sequence[str], batch_size: int | None = None) -> Iterator[HostBatch]:
+        """Host batches of `texts`, longest first, within the token budget (and `batch_size` texts):
+        by characters across chunks of CHUNK_TEXTS texts, by tokens within each chunk."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first: OOM shows at once
+        for start in range(0, len(order), CHUNK_TEXTS):
+            chunk = np.asarray(order[start: start + CHUNK_TEXTS], dtype=np.int64)
+            ids = self.tokenize([texts[i] for i in chunk])
+            by_tokens = sorted(range(len(ids)), key=lambda j: -len(ids[j]))
+            lengths = [len(ids[j]) for j in by_tokens]
+            for part in token_batches(lengths, self.max_tokens_per_batch, batch_size):
+                local = by_tokens[part]
+                yield self.host_batch([ids[j] for j in local], chunk[local])
+
+    def encode(self, texts: str | Sequence[str], batch_size: int | None = None, show_progress: bool = False,
+               convert_to_tensor: bool = False, progress: Callable[[int], object] | None = None
+               ) -> np.ndarray | torch.Tensor:
+        """Embed texts in the order given: (n, hidden) float32 array ((hidden,) for one str).
+
+        Batches hold `max_tokens_per_batch` padded tokens; batch_size caps the texts in a batch
+        too. convert_to_tensor: a float32 tensor on the encoder's device instead of an array.
+        progress: called with the number of texts done after each batch (for a caller's bar)."""
         single = isinstance(texts, str)
         if not single and (not isinstance(texts, Iterable) or isinstance(texts, (bytes, dict))):
             raise TypeError(f"texts must be a str or a list of str, got {type(texts).__name__}")
         texts = [texts] if single else list(texts)
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
-        positive(integer=True).check("batch_size", batch_size)
-        ids = self.tokenize(texts)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: OOM shows at once
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        starts = range(0, len(order), batch_size)
+        for i, t in enumerate(texts):  # here, not in the batching thread: the error names the input's index
+            check_text(t, f"texts[{i}]")
+        if batch_size is not None:
+            positive(integer=True).check("batch_size", batch_size)
+        bar = None
         if show_progress:
             from tqdm.auto import tqdm
 
-            starts = tqdm(starts, desc="embed", unit="batch")
-        done = []  # vectors stay on the device until the end: no wait after every batch
-        for start in starts:
-            chunk = order[start: start + batch_size]
-            done.append((chunk, self.encode_ids([ids[i] for i in chunk])))
-        for chunk, vectors in done:
-            out[chunk] = vectors.cpu().numpy()
-        bad = int((~np.isfinite(out)).any(axis=1).sum())
+            bar = tqdm(total=len(texts), desc="embed", unit="text", dynamic_ncols=True)
+        try:
+            done, rows = self._encode(texts, batch_size, convert_to_tensor, bar, progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        if convert_to_tensor:
+            out = torch.empty_like(done)
+            out[torch.from_numpy(rows).to(self.device)] = done
+            self._check_finite(out)
+        else:
+            out = np.empty_like(done)
+            out[rows] = done
+            self._check_finite(out)
+        return out[0] if single else out
+
+    def _encode(self, texts: list[str], batch_size: int | None, on_device: bool, bar, progress
+                ) -> tuple[np.ndarray | torch.Tensor, np.ndarray]:
+        """The vectors (n, H) in the order computed (longest first), and each one's input position."""
+        n, cuda = len(texts), self.device.type == "cuda"
+        if on_device:
+            done = torch.empty(n, self.dim, device=self.device)
+        else:  # on a GPU each batch is copied out as it is computed: no wait, no device memory held;
+            # past PINNED_OUTPUT_BYTES the array is pageable (each copy then waits, on batches that are large)
+            done = torch.empty(n, self.dim, pin_memory=cuda and n * self.dim * 4 <= PINNED_OUTPUT_BYTES)
+        rows, at = np.empty(n, dtype=np.int64), 0
+        prefetched = _Prefetched(self.batches(texts, batch_size))  # the batching thread starts on entry
+        with torch.inference_mode(), self.autocast(own_ids=True), _no_gc(), prefetched as batches:
+            for batch in batches:
+                size = len(batch.rows)
+                done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)
+                rows[at: at + size] = batch.rows
+                at += size
+                for report in (bar.update if bar is not None else None, progress):
+                    if report is not None:
+                        report(size)
+        if cuda:
+            torch.cuda.current_stream(self.device).synchronize()  # the one wait, for the last copies
+        return (done if on_device else done.numpy()), rows
+
+    def _check_finite(self, out: np.ndarray | torch.Tensor) -> None:
+        bad = int((~torch.isfinite(out)).any(dim=1).sum()) if torch.is_tensor(out) else \
+            int((~np.isfinite(out)).any(axis=1).sum())
         if bad:  # NaN weights (or an overflow) give NaN vectors: an error, never vectors that mean nothing
             params = getattr(self.model, "named_parameters", lambda: [])()
             broken = next((name for name, p in params if not torch.isfinite(p).all()), None)
-            why = f"its weights hold NaN or inf values (first in {broken})" if broken else "a layer overflowed"
-            raise FloatingPointError(f"the model's vectors are NaN or inf for {bad} of {len(texts)} text(s): {why}")
-        return out[0] if single else out
+            overflow = f"{self.precision} overflowed: use precision fp32" if self.dtype == torch.float16 else \
+                "a layer overflowed"
+            why = f"its weights hold NaN or inf values (first in {broken})" if broken else overflow
+            raise FloatingPointError(f"the model's vectors are NaN or inf for {bad} of {len(out)} text(s): {why}")
 
-    def embed(self, texts: str | Sequence[str], batch_size: int = 32) -> np.ndarray:
+    def embed(self, texts: str | Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """Same as `encode`; the short name of the 001 API."""
         return self.encode(texts, batch_size=batch_size)
 
     __call__ = embed
 
-    def similarity(self, texts_a: Sequence[str], texts_b: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    def similarity(self, texts_a: Sequence[str], texts_b: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """Row-wise cosine similarity (n,) of two equally long lists of texts (or two texts: (1,))."""
         texts_a = [texts_a] if isinstance(texts_a, str) else texts_a
         texts_b = [texts_b] if isinstance(texts_b, str) else texts_b
@@ -251,13 +428,75 @@ class SentenceEncoder:
         return np.einsum("nh,nh->n", a.astype(np.float64), b.astype(np.float64))
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: tokenizing allocates many small lists (no cycles), and
+    each collection walks every object of the process, all of torch's (as `data.tables` does)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Prefetched:
+    """Runs an iterator in a thread, `depth` items ahead of the loop that consumes it; its error is
+    raised in the consumer; leaving the loop early (an error, Ctrl-C) stops the thread."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator, depth: int = 4):
+        self.items, self.queue, self.stop = items, queue.Queue(maxsize=depth), threading.Event()
+        self.thread = threading.Thread(target=self._produce, name="embed-batches", daemon=True)
+
+    def _produce(self) -> None:
+        try:
+            for item in self.items:
+                if not self._put(item):
+                    return
+        except BaseException as e:  # noqa: BLE001  (handed to the consumer, which raises it)
+            self._put(e)
+            return
+        self._put(self._END)
+
+    def _put(self, item: object) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __enter__(self) -> Iterator:
+        self.thread.start()
+        return self._consume()
+
+    def _consume(self) -> Iterator:
+        while True:
+            item = self.queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 _ENCODERS: dict[tuple, SentenceEncoder] = {}
 
 
 def embed(texts: str | Sequence[str], model: str | Path, pooling: str = "mean", normalize: bool = True,
-          max_length: int = 256, batch_size: int = 32, device: str | None = None) -> np.ndarray:
+          max_length: int = 256, batch_size: int | None = None, device: str | None = None,
+          precision: str = "auto") -> np.ndarray:
     """One-call embeddings: `embed(texts, "path/to/model")` -> (n, hidden); the encoder is cached."""
-    key = (str(Path(model).resolve()), pooling, normalize, max_length, str(device))
+    key = (str(Path(model).resolve()), pooling, normalize, max_length, str(device), precision)
     if key not in _ENCODERS:
-        _ENCODERS[key] = SentenceEncoder.from_pretrained(model, pooling, normalize, max_length, device)
+        _ENCODERS[key] = SentenceEncoder.from_pretrained(model, pooling, normalize, max_length, device,
+                                                         precision=precision)
     return _ENCODERS[key].encode(texts, batch_size=batch_size)

@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("bert_kit.cli.evaluate", "evaluate a model folder on a task's data file"),
     "predict": ("bert_kit.cli.predict", "run a fine-tuned model over a file, JSONL out"),
     "embed": ("bert_kit.cli.embed", "sentence embeddings of a text file (one text per line) to .npy"),
+    "mine-negatives": ("bert_kit.cli.mine_negatives", "hard negatives for (query, positive) pairs, as triplets"),
     "fill-mask": ("bert_kit.cli.fill_mask", "top-k predictions for [MASK] tokens in a text"),
     "attention": ("bert_kit.cli.attention", "PNG grid of every layer's and head's attention map"),
     "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),

@@ -3,6 +3,10 @@
 The JSON (and, for classification, the confusion matrix PNG) goes to --output, else to the
 working directory as eval_{task}_{data file}.json: never into the model folder, which may be
 read-only or installed inside a package.
+
+`--task retrieval` scores any encoder on a BEIR folder (`--data nfcorpus --split test`): nDCG@10,
+MRR@10, Recall@1/10/100 and MAP@100 as MTEB computes them (`bert_kit.retrieval`), saved as
+eval_retrieval_{folder}_{split}.json.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from bert_kit.checks import check_input_file
+from bert_kit.checks import ConfigError, check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
@@ -20,11 +24,12 @@ from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, tasks: tuple[str, ...] = TASKS) -> None:
     """Flags shared with `bert-kit predict`."""
-    parser.add_argument("--task", choices=TASKS, default=None, help="default: the task recorded in the model folder")
-    add_model_option(parser, "fine-tuned, or any encoder for similarity")
-    parser.add_argument("--batch-size", type=COUNT, default=64)
+    parser.add_argument("--task", choices=tasks, default=None, help="default: the task recorded in the model folder")
+    add_model_option(parser, "fine-tuned, or any encoder for similarity and retrieval")
+    parser.add_argument("--batch-size", type=COUNT, default=None,
+                        help="examples a batch (default 64; retrieval: as many texts as --max-tokens-per-batch holds)")
     parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text (default: the model's fine-tuning length, else its positions)")
     add_device_option(parser)
@@ -48,8 +53,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
-    parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
+    add_common_arguments(parser, (*TASKS, "retrieval"))
+    parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B); "
+                                                      "retrieval: a BEIR folder")
     parser.add_argument("--output", default=None,
                         help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
     parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
@@ -62,11 +68,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-articles", type=COUNT, default=None,
                         help="qa: evaluate on the articles after the first N (the held-out part of a "
                              "fine-tuning split)")
+    add_retrieval_arguments(parser)
     name_settings_as_flags(parser)
+
+
+def add_retrieval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of --task retrieval (`bert_kit.retrieval.evaluator.RetrievalEvaluator`)."""
+    group = parser.add_argument_group("retrieval (--task retrieval --data BEIR_FOLDER)")
+    group.add_argument("--split", default="test", help="the qrels/SPLIT.tsv to score (default test)")
+    group.add_argument("--query-prefix", default="", help='put before every query, e.g. "query: " (E5 models)')
+    group.add_argument("--passage-prefix", default="", help='put before every document, e.g. "passage: "')
+    group.add_argument("--score-function", choices=("cos", "dot"), default="cos",
+                       help="cosine, or the dot product of the raw pooled vectors (default cos)")
+    for name, default in (("ndcg", [10]), ("mrr", [10]), ("recall", [1, 10, 100]), ("map", [100]), ("precision", [])):
+        group.add_argument(f"--{name}-at", type=COUNT, nargs="*", default=default, metavar="K",
+                           help=f"cutoffs of {name} (default {' '.join(map(str, default)) or 'none'})")
+    group.add_argument("--top-k", type=COUNT, default=None, help="documents retrieved per query (default: the "
+                                                                 "largest cutoff)")
+    group.add_argument("--max-tokens-per-batch", type=COUNT, default=None,
+                       help="padded tokens a batch (default: sized for the device)")
+    group.add_argument("--corpus-chunk-size", type=COUNT, default=50_000,
+                       help="documents embedded, then searched, at a time (default 50000)")
+    group.add_argument("--faiss", default=None, metavar="FACTORY",
+                       help='search a FAISS index instead ("Flat", "HNSW32", "IVF4096,PQ64"; needs the [retrieval] '
+                            "extra)")
+    group.add_argument("--save-run", default=None, metavar="FILE",
+                       help="also write the ranking as a TREC run file (query Q0 doc rank score tag)")
 
 
 @flag_messages
 def run(args: argparse.Namespace) -> int:
+    if args.task == "retrieval":
+        return run_retrieval(args)
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
     check_input_file(args.data, "--data")  # before torch and the model load
@@ -95,4 +128,56 @@ def run(args: argparse.Namespace) -> int:
         png = plot_confusion_matrix(metrics["confusion_matrix"], task.label_names, png,
                                     title=f"{Path(args.data).name}: accuracy {metrics['accuracy']:.3f}")
         print(f"wrote {png}")
+    return 0
+
+
+def run_retrieval(args: argparse.Namespace) -> int:
+    """--task retrieval: embed a BEIR split's queries and corpus, search, score, write the JSON."""
+    t0 = time.time()
+    folder = Path(args.data)
+    out = Path(args.output) if args.output else Path(f"eval_retrieval_{folder.resolve().name}_{args.split}.json")
+    check_output_file(out, "--output" if args.output else "the default --output")
+    check_output_file(args.save_run, "--save-run")
+    cutoffs = {name: getattr(args, f"{name}_at") for name in ("ndcg", "mrr", "recall", "map", "precision")}
+    if not any(cutoffs.values()):
+        raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
+    from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
+    from bert_kit.retrieval.beir import read_beir
+
+    data = read_beir(folder, args.split)  # before torch and the model load
+    if args.max_examples:  # the first N judged queries
+        data.qrels = dict(list(data.qrels.items())[:args.max_examples])
+        data.queries = {q: data.queries[q] for q in data.qrels}
+    model = resolve_model(args.model)
+    from bert_kit.embeddings import SentenceEncoder  # torch: after the data was read
+    from bert_kit.onnx_export import onnx_folder
+    from bert_kit.retrieval.evaluator import RetrievalEvaluator, format_table
+    from bert_kit.retrieval.metrics import metric_names
+    from bert_kit.training.precision import resolve_precision
+
+    exported = onnx_folder(model, args.backend)
+    precision = resolve_precision("fp32" if exported else args.precision, "cpu" if exported else args.device or "auto",
+                                  purpose="inference")
+    pooling = (args.pooling or read_model_metadata(model).get("pooling")
+               or sentence_transformers_settings(model).get("pooling") or "mean")
+    encoder = SentenceEncoder.from_pretrained(exported or model, pooling, args.score_function == "cos", args.max_length,
+                                              precision.device, precision=precision.name,
+                                              max_tokens_per_batch=args.max_tokens_per_batch)
+    evaluator = RetrievalEvaluator(data, cutoffs, args.query_prefix, args.passage_prefix, args.score_function,
+                                   args.top_k, args.corpus_chunk_size, args.faiss, args.batch_size, show_progress=True)
+    ranking = evaluator.search(encoder)
+    metrics = {**evaluator.score(ranking), "num_queries": len(data.qrels), "num_docs": len(data.corpus_ids),
+               "queries_without_relevant": data.unanswerable}
+    result = {"task": "retrieval", "model": str(args.model), "data": str(args.data), "split": args.split, **metrics,
+              "max_length": encoder.max_length, "pooling": pooling, "score_function": args.score_function,
+              "query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix, "precision": encoder.precision,
+              "top_k": evaluator.top_k, "index": args.faiss or "exact", "timings": evaluator.seconds,
+              "seconds": round(time.time() - t0, 3)}
+    write_text(out, json.dumps(result, indent=2) + "\n")
+    if args.save_run:
+        ranking.write_trec(args.save_run)
+    print(f"retrieval: {folder.name} {args.split}, {len(data.qrels)} queries, {len(data.corpus_ids)} documents "
+          f"({evaluator.seconds['corpus']:.1f} s to embed and search the corpus)")
+    print(format_table(metrics, metric_names(evaluator.cutoffs)))
+    print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0

@@ -404,7 +404,7 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
         guard_finite(encoder_model)
         info.update(device=str(prec.device), precision="float32")
     encoder = SentenceEncoder(encoder_model, tokenizer, pooling, normalize=False, max_length=length,
-                              device=prec.device)
+                              device=prec.device, precision="fp32")
     info.update(max_length=length, pooling=pooling, hidden_size=encoder.dim)
     return info, [Embed(encoder), *ops]
 

@@ -100,7 +100,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
         squad_train_articles=getattr(args, "split_articles", None), validation_where=where,
         **read_settings(args, folder, meta), skip_bad_answers=getattr(args, "skip_bad_answers", False),
         score_range=getattr(args, "score_range", None) or meta.get("score_range"),
-        eval_batch_size=args.batch_size, unpadded=True, device=args.device or "auto")
+        eval_batch_size=args.batch_size or 64, unpadded=True, device=args.device or "auto")
     return task, settings, meta
 
 

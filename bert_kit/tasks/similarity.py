@@ -132,7 +132,7 @@ class SimilarityTask(Task):
         if self.bi_encoder:
             # the SentenceEncoder that embeds after training, so the score is what users get
             encoder = SentenceEncoder(model, self.tokenizer, self.s.pooling, True, self.s.max_length,
-                                      precision.device, unpadded=True)
+                                      precision.device, unpadded=True, precision=precision.name)
             was_training = model.training
             try:  # under torchrun each rank scores its share of the pairs
                 scores = shard_and_gather(list(zip(s1, s2)), lambda pairs: encoder.similarity(

@@ -97,7 +97,7 @@ def test_models_lists_presets_and_local_copies(tmp_path, monkeypatch, capsys):
 
 
 def test_every_command_that_runs_a_model_takes_device():
-    runs_a_model = {"evaluate", "predict", "embed", "fill-mask", "attention", "demo"}
+    runs_a_model = {"evaluate", "predict", "embed", "mine-negatives", "fill-mask", "attention", "demo"}
     parser = build_parser()
     for name in runs_a_model:
         assert name in COMMANDS
@@ -151,9 +151,18 @@ def test_pooling_choices_of_the_commands_are_the_librarys():
     from bert_kit.embeddings import POOLING_MODES
 
     parser = build_parser()
-    for name in ("embed", "evaluate"):
+    for name in ("embed", "evaluate", "mine-negatives"):
         pooling = next(a for a in parser.command_parsers[name]._actions if "--pooling" in a.option_strings)
         assert tuple(pooling.choices) == POOLING_MODES, name
+
+
+def test_precision_choices_of_the_encoding_commands_are_the_librarys():
+    from bert_kit.embeddings import PRECISIONS
+
+    parser = build_parser()
+    for name in ("embed", "evaluate", "mine-negatives"):
+        precision = next(a for a in parser.command_parsers[name]._actions if "--precision" in a.option_strings)
+        assert tuple(precision.choices) == PRECISIONS, name
 
 
 def test_export_settings_of_the_command_are_the_librarys():

@@ -1,0 +1,173 @@
+"""SentenceEncoder's batching: token-budget batches, the tokenizing thread, precision.
+
+Every text's vector must not depend on the batch it ran in: each is checked against the text
+run alone through the padded model (what `encode` computed before batches held a token budget),
+with texts from one character to far past max_length, in shuffled order. GPU tests (bf16
+against fp32, the asynchronous copies) skip on the CPU:
+
+    .venv/bin/python -m pytest tests/test_embeddings_batching.py -q
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from bert_kit import embeddings
+from bert_kit.config import BertConfig
+from bert_kit.embeddings import SentenceEncoder, inference_dtype, mean_pool, token_batches
+from bert_kit.model import BERTModel
+from bert_kit.tokenizer import get_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+WORDS = "the patient was given a daily dose of vitamin d and followed for twelve months".split()
+
+
+def varied_texts(n: int = 60, seed: int = 0) -> list[str]:
+    """Texts of 0 to 300 words (past max_length=64 tokens), some repeated, in random order."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(0, 300, size=n)]
+    texts += ["", "a", "x y", texts[3], "Hello, world!"]
+    return [texts[i] for i in rng.permutation(len(texts))]
+
+
+@pytest.fixture(scope="module")
+def tiny(minilm_path):
+    """A seeded 2-layer BERT with MiniLM's vocabulary and tokenizer."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128)
+    return BERTModel(config).eval(), get_tokenizer(minilm_path)
+
+
+def alone(model, tokenizer, texts, pooling="mean", normalize=True, max_length=64) -> np.ndarray:
+    """Each text through the padded model on its own (no batch, no packing)."""
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            enc = tokenizer([text], max_length=max_length)
+            hidden = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+            v = mean_pool(hidden, enc["attention_mask"]) if pooling == "mean" else hidden[:, 0]
+            rows.append(torch.nn.functional.normalize(v, dim=-1) if normalize else v)
+    return torch.cat(rows).numpy()
+
+
+def test_token_batches_hold_the_padded_budget():
+    # texts x the longest (first) text of each batch stays within the budget
+    assert token_batches([10, 9, 9, 3, 3, 3, 2], 20) == [slice(0, 2), slice(2, 4), slice(4, 7)]
+    assert token_batches([50, 4, 4], 20) == [slice(0, 1), slice(1, 3)]  # too long for the budget: alone
+    assert token_batches([3] * 10, 30, max_texts=4) == [slice(0, 4), slice(4, 8), slice(8, 10)]
+    assert token_batches([], 8) == []
+
+
+@pytest.mark.parametrize("budget, batch_size, chunk", [(None, None, 4096), (70, None, 4096), (600, None, 7),
+                                                       (10**6, 5, 13), (10**6, None, 4096)])
+def test_every_batching_gives_each_text_its_own_vector_in_input_order(tiny, monkeypatch, budget, batch_size, chunk):
+    model, tokenizer = tiny
+    monkeypatch.setattr(embeddings, "CHUNK_TEXTS", chunk)  # several tokenizing chunks on a small input
+    texts = varied_texts()
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=budget)
+    got = encoder.encode(texts, batch_size=batch_size)
+    assert got.shape == (len(texts), 32) and got.dtype == np.float32
+    np.testing.assert_allclose(got, alone(model, tokenizer, texts), rtol=0, atol=1e-5)
+
+
+def test_cls_pooling_raw_vectors_and_the_padded_path(tiny):
+    model, tokenizer = tiny
+    texts = varied_texts(30, seed=1)
+    expect = alone(model, tokenizer, texts, pooling="cls", normalize=False)
+    for unpadded in (True, False):
+        encoder = SentenceEncoder(model, tokenizer, "cls", normalize=False, max_length=64, device="cpu",
+                                  unpadded=unpadded, max_tokens_per_batch=200)
+        np.testing.assert_allclose(encoder.encode(texts), expect, rtol=0, atol=1e-5)
+
+
+def test_tensor_output_progress_and_single_text(tiny):
+    model, tokenizer = tiny
+    texts = varied_texts(25, seed=2)
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=300)
+    counted = []
+    array = encoder.encode(texts, progress=counted.append)
+    assert sum(counted) == len(texts) and len(counted) > 1
+    tensor = encoder.encode(texts, convert_to_tensor=True)
+    assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+    assert_close(tensor, torch.from_numpy(array), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(texts[4]), array[4], rtol=0, atol=1e-6)
+    assert encoder.encode([]).shape == (0, 32)
+
+
+def test_errors_name_the_input_and_stop_the_batching_thread(tiny, monkeypatch):
+    model, tokenizer = tiny
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu")
+    with pytest.raises(ValueError, match=r"texts\[1\] holds a lone surrogate"):
+        encoder.encode(["fine", "bad \ud800 text"])  # named by its place in the input, not in a sorted chunk
+    calls = []
+
+    def failing(texts):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise RuntimeError("tokenizer broke")
+        return SentenceEncoder.tokenize(encoder, texts)
+
+    monkeypatch.setattr(embeddings, "CHUNK_TEXTS", 5)
+    monkeypatch.setattr(encoder, "tokenize", failing)
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        encoder.encode(varied_texts(20))
+    assert not [t for t in threading.enumerate() if t.name == "embed-batches"]
+
+
+def test_only_ids_of_its_own_tokenizer_skip_the_value_check(tiny, minilm_path, monkeypatch):
+    """The check reads the ids back from the device (a wait every batch on a GPU): `encode` skips it
+    for the ids it tokenized itself, when the tokenizer's vocabulary fits the model; `encode_ids`
+    checks the ids it is given."""
+    import bert_kit.model
+
+    model, tokenizer = tiny
+    checked = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: checked.append(
+        not bert_kit.model._inputs_checked_by_caller) or forward(*a, **k))
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=100)
+    encoder.encode(varied_texts(10))
+    assert checked and not any(checked)
+    checked.clear()
+    encoder.encode_ids([[101, 2000, 102]])
+    assert checked == [True]
+    small = BERTModel(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=128))
+    with pytest.raises(ValueError, match="out of range for vocab_size 1000"):
+        SentenceEncoder(small, tokenizer, max_length=64, device="cpu").encode(["a word outside the first thousand"])
+
+
+def test_precision_choices_and_bf16_autocast_on_the_cpu(minilm_path):
+    assert inference_dtype("auto", torch.device("cpu")) == torch.float32
+    assert inference_dtype("fp16", torch.device("cpu")) == torch.float16
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        inference_dtype("fp8", torch.device("cpu"))
+    texts = ["A man is eating food.", "Statins and breast cancer survival in Finland", "x"]
+    fp32 = SentenceEncoder.from_pretrained(minilm_path, device="cpu", precision="fp32").encode(texts)
+    bf16 = SentenceEncoder.from_pretrained(minilm_path, device="cpu", precision="bf16")
+    assert bf16.precision == "bf16"
+    cosines = np.einsum("nh,nh->n", fp32, bf16.encode(texts))
+    assert cosines.min() > 0.99  # bf16's 8-bit mantissa on the CPU; the GPU test holds 1e-3
+
+
+@cuda
+def test_gpu_bf16_vectors_within_1e_3_cosine_of_fp32_and_fp32_equal_to_the_cpu(minilm_path, data_dir):
+    from bert_kit.data.tables import read_texts
+
+    texts = read_texts(data_dir / "sst2" / "dev.tsv", "sentence") + varied_texts()
+    cpu = SentenceEncoder.from_pretrained(minilm_path, device="cpu").encode(texts)
+    gpu32 = SentenceEncoder.from_pretrained(minilm_path, device="cuda", precision="fp32").encode(texts)
+    np.testing.assert_allclose(gpu32, cpu, rtol=0, atol=1e-4)
+    auto = SentenceEncoder.from_pretrained(minilm_path, device="cuda")
+    assert auto.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    assert auto.max_tokens_per_batch > embeddings.CPU_TOKEN_BUDGET
+    cosines = np.einsum("nh,nh->n", auto.encode(texts), cpu)
+    assert cosines.min() > 1 - 1e-3
+    on_device = auto.encode(texts, convert_to_tensor=True)
+    assert on_device.device.type == "cuda"
