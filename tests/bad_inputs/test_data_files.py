@@ -186,7 +186,21 @@ FINETUNE_CASES = {
                             ("train.jsonl:1: label true is a boolean; write 0/1 or a class name",),
                             train_file="train.jsonl"),
     "json-list-label": Case({"train.jsonl": '{"sentence": "a", "label": [1]}\n'},
-                            ("train.jsonl:1: label [1] is a JSON list",), train_file="train.jsonl"),
+                            ("train.jsonl:1: column 'label' holds a JSON list of labels ([1])",
+                             "multi-label classification (several labels per row) is not supported"),
+                            train_file="train.jsonl"),
+    # a multi-label file read as classes: every combination would become a class of its own
+    "multi-label-csv": Case({"train.csv": "text,labels\n" + "".join(
+                                f'review {i},"{("price,quality", "price", "quality,service", "price,service")[i % 4]}"\n'
+                                for i in range(12))},
+                            ("train.csv:2: column 'labels' holds lists of labels ('price,quality', separated by ',', "
+                             "in 9 of 12 rows)", "multi-label classification", "is not supported"),
+                            settings=["text_column=text", "label_column=labels"], train_file="train.csv"),
+    "multi-label-jsonl": Case({"train.jsonl": '{"t": "a", "tags": ["price", "quality"]}\n{"t": "b", "tags": "x"}\n'},
+                              ("train.jsonl:1: column 'tags' holds a JSON list of labels", "not supported"),
+                              settings=["text_column=t", "label_column=tags"], train_file="train.jsonl"),
+    "multi-label-semicolons": Case({"train.tsv": tsv("a\tpos;neg", "b\tneg", "c\tneg;pos")},
+                                   ("train.tsv:2: column 'label' holds lists of labels ('pos;neg', separated by ';'",)),
     "empty-label": Case({"train.tsv": tsv("a\t1", "b\t ")}, ("train.tsv:3: empty label",)),
     "negative-label": Case({"train.tsv": tsv("a\t1", "b\t-1")}, ("train.tsv:3: label -1 is negative",)),
     "label-beyond-num-labels": Case({"train.tsv": tsv("a\t1", "b\t2")},
