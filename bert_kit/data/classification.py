@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bert_kit.data import read_text, setting
 from bert_kit.data.tables import Column, first_line, no_garbage_collection, read_table, separator_hint, table_layout
+from bert_kit.data.truncation import find_truncated
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
@@ -325,6 +326,8 @@ class ClassificationDataset(Dataset):
 
     Item keys: input_ids, token_type_ids, attention_mask (each a list of length T_i <=
     max_length) and labels (an int, or a float for regression) when labels were given.
+    `truncated` says which texts (pairs) were longer than max_length and cut
+    (`bert_kit.data.truncation`).
     """
 
     def __init__(self, texts: Sequence[str], labels: Sequence[int] | Sequence[float] | None,
@@ -343,6 +346,8 @@ class ClassificationDataset(Dataset):
         else:
             enc = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
         self.encodings = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        self.truncated = find_truncated(tokenizer, texts, text_pairs, max_length, list(map(len, enc["input_ids"])),
+                                        "texts" if text_pairs is None else "pairs")
 
     def __len__(self) -> int:
         return len(self.encodings["input_ids"])

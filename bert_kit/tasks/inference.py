@@ -18,13 +18,15 @@ MCC, per-class scores. token-classification: entity-level P/R/F1 (CoNLL); qa: SQ
 predict, input files per task:
 - classification: .txt with one text per line (a tab separates a pair), or TSV/CSV/JSONL with
   the text column(s) (--header, --delimiter, --where, --label-pattern as for fine-tuning) ->
-  text, label, label_id, probabilities (score for a regression head);
+  text, label, label_id, probabilities (score for a regression head), truncated;
 - token-classification: .txt with one sentence per line, or a CoNLL file -> words, tags,
   entities (type, start, end, text);
 - qa: JSON Lines {"question", "context"[, "id"]} or SQuAD JSON -> id, question, answer;
 - similarity: two tab-separated sentences per line, an STS-B file, JSON Lines
   {"sentence1", "sentence2"}, or any pair file with --text-column and --text-pair-column
-  -> sentence1, sentence2, score.
+  -> sentence1, sentence2, score, truncated.
+`truncated` is true for a row longer than max_length, cut to its first max_length tokens; how
+many were cut, and by how much, is said on one line before the predictions (so does `evaluate`).
 """
 
 from __future__ import annotations
@@ -273,13 +275,15 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
     unit = "line" if Path(path).suffix == ".txt" else "row"
     flag_empty_texts(path, task.tokenizer, texts, pairs, unit)
     ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
+    task.report_truncated(path, ds.truncated)
+    cut = set(ds.truncated.rows)
     logits = task.logits(model, [ds[i] for i in range(len(ds))], precision)  # (N, C)
     records = []
     for i, row in enumerate(logits):
         rec: dict[str, Any] = {"text": texts[i]}
         if pairs is not None:
             rec["text_pair"] = pairs[i]
-        records.append({**rec, **label_record(task, row)})
+        records.append({**rec, **label_record(task, row), "truncated": i in cut})
     return records
 
 
@@ -322,8 +326,12 @@ def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt
 def predict_similarity(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     s1, s2 = read_pairs(task, path)
     flag_empty_texts(path, task.tokenizer, s1, s2, "pair")
+    found = task.truncation(s1, s2)
+    task.report_truncated(path, found)
+    cut = set(found.rows)
     scores = task.scores(model, s1, s2, precision)
-    return [{"sentence1": a, "sentence2": b, "score": float(x)} for a, b, x in zip(s1, s2, scores)]
+    return [{"sentence1": a, "sentence2": b, "score": float(x), "truncated": i in cut}
+            for i, (a, b, x) in enumerate(zip(s1, s2, scores))]
 
 
 PREDICTORS = {"classification": predict_classification, "token-classification": predict_tokens,

@@ -585,3 +585,49 @@ def test_embed_a_column_of_a_table(cli, folders, tmp_path):
                 "--device", "cpu", "--max-length", "32")
     assert alone.code == 0, alone.err
     np.testing.assert_allclose(vectors[0], np.load(tmp_path / "w.npy")[0], atol=1e-6)
+
+
+# ---- long texts: every command that cuts them to max_length says how many, once, before the work
+LONG = "the film starts slowly " * 12 + "and the end is great"  # 55 tokens with [CLS] and [SEP]
+
+
+def truncation_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "were longer than" in line]
+
+
+def test_long_texts_are_cut_and_counted_by_every_command(cli, folders, tmp_path):
+    import numpy as np
+
+    short = ["a fine film", "so dull", "great fun", "awful"]
+    write_files({"train.tsv": tsv(*(f"{t}\t{i % 2}" for i, t in enumerate(short + [LONG, LONG + " indeed"]))),
+                 "in.txt": "\n".join(short + [LONG]) + "\n",
+                 "pairs.tsv": "a fine film\tgreat fun\n" + f"{LONG}\tso dull\n"})
+    expected = "2 of 6 texts were longer than max_length 32 and were cut (median 55 tokens, longest 56)"
+    run = cli("finetune", "task=classification", f"model={folders['encoder']}", "train_file=train.tsv",
+              "validation_file=train.tsv", "output_dir=run", "max_steps=1", "device=cpu", "max_length=32")
+    assert run.code == 0, run.err
+    assert truncation_lines(run.err) == [f"train.tsv: {expected}; set max_length higher (up to the model's 128 "
+                                         "positions) to keep more of each"] * 2  # the training and validation file
+    flags = ["--model", str(folders["classifier"]), "--device", "cpu"]
+    evaluated = cli("evaluate", *flags, "--data", "train.tsv")
+    assert evaluated.code == 0 and truncation_lines(evaluated.err) == [
+        f"train.tsv: {expected.replace('max_length', '--max-length')}; set --max-length higher (up to the model's "
+        "128 positions) to keep more of each"], evaluated.err
+    predicted = cli("predict", *flags, "--input", "in.txt", "--output", "p.jsonl")
+    assert predicted.code == 0 and len(truncation_lines(predicted.err)) == 1, predicted.err
+    assert "in.txt: 1 of 5 texts were longer than --max-length 32" in predicted.err
+    records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["truncated"] for r in records] == [False] * 4 + [True]  # each cut row is marked
+    embedded = cli("embed", "--model", str(folders["bi-encoder"]), "--input", "in.txt", "--output", "v.npy",
+                   "--device", "cpu")
+    assert embedded.code == 0 and np.load(tmp_path / "v.npy").shape == (5, 32)
+    assert truncation_lines(embedded.err) == ["in.txt: 1 of 5 texts were longer than --max-length 32 and were cut "
+                                              "(median 55 tokens, longest 55); set --max-length higher (up to the "
+                                              "model's 128 positions) to keep more of each"]
+    pairs = cli("predict", "--model", str(folders["bi-encoder"]), "--device", "cpu", "--input", "pairs.tsv",
+                "--output", "s.jsonl")
+    assert pairs.code == 0 and "pairs.tsv: 1 of 2 pairs were longer than --max-length 32" in pairs.err, pairs.err
+    assert [json.loads(line)["truncated"] for line in (tmp_path / "s.jsonl").read_text().splitlines()] == [False, True]
+    # nothing cut, nothing said
+    quiet = cli("evaluate", *flags, "--data", "train.tsv", "--max-length", "128", "--output", "e.json")
+    assert quiet.code == 0 and not truncation_lines(quiet.err)
