@@ -2,7 +2,9 @@
 
 The JSON (and, for classification, the confusion matrix PNG) goes to --output, else to the
 working directory as eval_{task}_{data file}.json: never into the model folder, which may be
-read-only or installed inside a package.
+read-only or installed inside a package. That default file is replaced by a new evaluation of
+the same model, but not by one of another model (the same dev.tsv scored by two models): that
+is refused before the evaluation, asking for --output.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import json
 import time
 from pathlib import Path
 
-from bert_kit.checks import check_input_file
+from bert_kit.checks import ConfigError, check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
+from bert_kit.model_folder import resolve_model
 from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 
@@ -51,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
     parser.add_argument("--output", default=None,
-                        help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
+                        help="metrics JSON (default: ./eval_{task}_{data file name}.json, which an evaluation of "
+                             "another model does not replace)")
     parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default=None,
                         help="classification: label column; similarity: score (default: the model's, else label)")
@@ -73,16 +77,19 @@ def run(args: argparse.Namespace) -> int:
     from bert_kit.tasks.inference import load_task_model, summary_line
 
     task, model, precision = load_task_model(args)
+    folder = resolve_model(args.model).resolve()
     out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
     png = out.with_name(out.stem + "_confusion_matrix.png") if task.name == "classification" else None
     named = "--output" if args.output else "the default --output"  # checked before the evaluation too
     check_output_file(out, named, inputs=[args.data])
     check_output_file(png, f"the confusion matrix beside {named}", inputs=[args.data])
+    if not args.output:
+        check_same_model(out, folder)
     items = task.read_eval(args.data, args.max_examples)
     if not items:
         raise ValueError(f"{args.data}: no examples to evaluate")
     metrics = task.evaluate(model, items, precision)
-    result = {"task": task.name, "model": str(args.model), "data": str(args.data), **metrics,
+    result = {"task": task.name, "model": str(args.model), "model_path": str(folder), "data": str(args.data), **metrics,
               "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
@@ -96,3 +103,23 @@ def run(args: argparse.Namespace) -> int:
                                     title=f"{Path(args.data).name}: accuracy {metrics['accuracy']:.3f}")
         print(f"wrote {png}")
     return 0
+
+
+def check_same_model(out: Path, folder: Path) -> None:
+    """Refuse to replace the default output `out` when it holds an evaluation of another model
+    than `folder`: two models scored on the same dev.tsv would otherwise keep one JSON."""
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no earlier evaluation (or none that can be read): nothing to keep
+    if not isinstance(earlier, dict) or "task" not in earlier:
+        return
+    recorded = earlier.get("model_path")
+    if recorded is None:  # written before the folder was recorded: the model as it was named, from here
+        try:
+            recorded = str(resolve_model(str(earlier.get("model"))).resolve())
+        except (OSError, ValueError):
+            recorded = str(earlier.get("model"))
+    if Path(recorded) != folder:
+        raise ConfigError(f"the default --output {out} holds an evaluation of another model ({earlier.get('model')}); "
+                          f"name a file for this one with --output (or remove {out})")

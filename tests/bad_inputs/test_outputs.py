@@ -118,6 +118,25 @@ def test_evaluates_default_outputs_are_checked_before_the_evaluation(cli, assets
     assert not (tmp_path / "eval_classification_train.json").exists()  # refused before anything was written
 
 
+def test_evaluation_of_another_model_does_not_replace_the_default_output(cli, assets, tmp_path):
+    """eval_{task}_{data}.json of one model was replaced silently by the next model scored on the
+    same file: the same model (however it is named) replaces its own, another model is refused."""
+    other = assets.copy("classifier", tmp_path / "other")
+    default = tmp_path / "eval_classification_train.json"
+    assert cli("evaluate", "--model", assets.classifier, "--data", assets.train_tsv).code == 0
+    first = json.loads(default.read_text())
+    assert first["model_path"] == str(assets.classifier.resolve())
+    cli("evaluate", "--model", other, "--data", assets.train_tsv).one_line_error(
+        "the default --output eval_classification_train.json holds an evaluation of another model", "--output",
+        code=USAGE)
+    assert json.loads(default.read_text()) == first  # kept
+    assert cli("evaluate", "--model", other, "--data", assets.train_tsv, "--output", tmp_path / "other.json").code == 0
+    # the same folder named another way replaces its own evaluation
+    relative = os.path.relpath(assets.classifier, tmp_path) + "/"
+    assert cli("evaluate", "--model", relative, "--data", assets.train_tsv).code == 0
+    assert json.loads(default.read_text())["model"] == relative
+
+
 @pytest.mark.parametrize("name, flag", [("predict", "--input"), ("embed", "--input"), ("evaluate", "--data")])
 def test_an_output_that_is_an_input_is_refused(cli, assets, tmp_path, name, flag):
     data = tmp_path / "data.tsv"
