@@ -13,12 +13,13 @@ from typing import Any
 from bert_kit.checks import (ConfigError, CorruptFileError, check_settings, fraction, load_yaml, non_negative, positive,
                              read_json, read_text, resolve_plain)
 
-# HF `config.json` keys that carry no architecture information; accepted and dropped on import.
+# HF `config.json` keys that carry no architecture information; accepted and dropped on import
+# (id2label is kept: a classifier's label names; label2id and num_labels follow from it).
 # chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
 # outputs are the same. tie_word_embeddings: false is checked against the weights (`bert_kit.hf`).
 _HF_IGNORED_KEYS = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "gradient_checkpointing",
-    "use_cache", "classifier_dropout", "torch_dtype", "dtype", "id2label", "label2id", "num_labels",
+    "use_cache", "classifier_dropout", "torch_dtype", "dtype", "label2id", "num_labels",
     "problem_type", "output_past", "bos_token_id", "eos_token_id", "directionality", "pooler_fc_size",
     "pooler_num_attention_heads", "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type",
     "is_decoder", "add_cross_attention", "tie_word_embeddings", "chunk_size_feed_forward",
@@ -75,10 +76,13 @@ class BertConfig:
     initializer_range: float = 0.02  # std of the normal init of weights
     pad_token_id: int = 0  # padding id; its embedding row is zero-initialised
     position_embedding_type: str = "learned"  # "learned" table or fixed "sinusoidal"
+    id2label: dict[int, str] | None = None  # a classifier's label name per output (HF's id2label); None: LABEL_i
 
     def __post_init__(self) -> None:
         if self.position_embedding_type == "absolute":  # HF's name for the learned table
             self.position_embedding_type = "learned"
+        if self.id2label is not None:
+            self.id2label = label_map(self.id2label)
         check_settings(self, _RULES)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -98,6 +102,11 @@ class BertConfig:
                               f"{self.intermediate_size}, vocab_size={self.vocab_size}, max_position_embeddings="
                               f"{self.max_position_embeddings}); bert-kit builds encoders of at most "
                               f"{MAX_PARAMETERS:.0e} parameters: check those sizes".replace("e+10", "e10"))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """The output of each label name (HF's label2id); empty without label names."""
+        return {name: i for i, name in (self.id2label or {}).items()}
 
     @property
     def head_dim(self) -> int:
@@ -182,11 +191,18 @@ class BertConfig:
     # ---- export -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; id2label only when there are label names."""
+        d = asdict(self)
+        if d["id2label"] is None:
+            del d["id2label"]
+        return d
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` dict that `transformers.BertConfig` reads."""
         d = self.to_dict()
+        if "id2label" in d:  # JSON keys are text, as HF writes them
+            d["id2label"] = {str(i): name for i, name in d["id2label"].items()}
+            d["label2id"] = self.label2id
         if d["position_embedding_type"] == "learned":
             d["position_embedding_type"] = "absolute"
         else:  # HF has no sinusoidal BERT: keep our marker so bert-kit reads it back
@@ -208,6 +224,24 @@ class BertConfig:
             path = path / "config.json"
         path.write_text(json.dumps(self.to_hf_dict(), indent=2) + "\n")
         return path
+
+
+def label_map(names: Any) -> dict[int, str]:
+    """Label names as {output: name}: from a dict keyed by ints or their text ({"0": "neg"}, as
+    config.json holds them) or a list of names; the outputs numbered 0..K-1."""
+    if isinstance(names, (list, tuple)):
+        names = dict(enumerate(names))
+    if not isinstance(names, dict):
+        raise ConfigError(f"id2label must map output ids to label names, got {type(names).__name__}")
+    out = {}
+    for key, name in names.items():
+        text = str(key).strip()
+        if isinstance(key, bool) or not text.isdigit() or not isinstance(name, str):
+            raise ConfigError(f"id2label: {key!r}: {name!r} is not an output id (0, 1, ...) and a label name")
+        out[int(text)] = name
+    if sorted(out) != list(range(len(out))):
+        raise ConfigError(f"id2label must number the outputs 0..{len(out) - 1}, got ids {sorted(out)}")
+    return {i: out[i] for i in sorted(out)}
 
 
 def _number_from_text(text: str, kind: str) -> Any:

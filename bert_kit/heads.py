@@ -171,6 +171,26 @@ class _Classifier(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.apply(self._init_weights)
 
+    @property
+    def id2label(self) -> dict[int, str]:
+        """The label name of each output: the config's (`config.id2label`, from config.json), else
+        LABEL_0, LABEL_1, ... as in `transformers`."""
+        from bert_kit.hf import label_names
+
+        return label_names(self)
+
+    @id2label.setter
+    def id2label(self, names: dict | list) -> None:
+        """Name the outputs: {0: "neg", 1: "pos"} ({"0": ...} or ["neg", "pos"] too), one name each;
+        saved into config.json by `save_pretrained`."""
+        from bert_kit.config import label_map
+
+        names = label_map(names)
+        if len(names) != self.num_labels:
+            raise ValueError(f"id2label names {len(names)} labels {list(names.values())} but the head has "
+                             f"{self.num_labels} outputs: give one name per output")
+        self.config.id2label = names
+
 
 class BERTForSequenceClassification(_Classifier):
     """Pooled [CLS] -> dropout -> linear. num_labels=1 makes it a regression head (e.g. STS-B)."""

@@ -562,8 +562,12 @@ def test_head_and_label_names_disagree(cli, folders, tmp_path, minilm_path):
     report probabilities that sum to 0.67."""
     folder = tmp_path / "three_outputs"
     model = BERTForSequenceClassification(TINY, num_labels=3)
-    model.id2label = {"0": "neg", "1": "pos"}
+    with pytest.raises(ValueError, match="id2label names 2 labels"):  # refused from Python at once
+        model.id2label = {"0": "neg", "1": "pos"}
     model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {"0": "neg", "1": "pos"}  # written by hand
+    (folder / "config.json").write_text(json.dumps(config))
     get_tokenizer(minilm_path).save(folder)
     write_model_metadata(folder, {"task": "classification"})
     write_files({"in.txt": "fine\n"})
