@@ -202,19 +202,21 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bert_kit.cli.options import COUNT, POSITIVE, SEED
+    from bert_kit.cli.options import COUNT, POSITIVE, SEED, add_device_option
 
     parser.add_argument("--output", default="runs/demo",
                         help="output folder (default runs/demo); an earlier demo there is replaced")
     parser.add_argument("--pretrain-steps", type=COUNT, default=2000, help="pretraining steps (default 2000)")
     parser.add_argument("--finetune-epochs", type=POSITIVE, default=3.0, help="fine-tuning epochs (default 3)")
     parser.add_argument("--seed", type=SEED, default=0)
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser, default="auto")
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.checks import resolve_device
     from bert_kit.cli.errors import check_output_dir
 
     check_output_dir(args.output, "--output")
+    resolve_device(args.device)  # a device this machine lacks is refused before the corpus is written
     demo(args.output, args.pretrain_steps, args.finetune_epochs, args.seed, args.device)
     return 0
