@@ -151,19 +151,26 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
             epochs=finetune_epochs, batch_size=16, lr=1e-3, eval_every=10, save_every=10_000, keep_last=1,
             log_every=5, seed=run_seed, device=device, output_dir=str(output_dir), overwrite=overwrite))
 
-    def topic_runs(model: str, name: str) -> tuple[dict[str, Any], list[float]]:
-        """The run of `seed` into OUT/name (shown), then the other seeds quietly into a temporary folder."""
+    runs = 2 * FINETUNE_SEEDS
+
+    def topic_runs(model: str, name: str, what: str, first_run: int) -> tuple[dict[str, Any], list[float]]:
+        """The run of `seed` into OUT/name (shown), then the other seeds quietly into a temporary
+        folder; a line names each run (the task's own line comes only with the shown one)."""
+        print(f"fine-tuning {first_run} of {runs}: {what}, seed {seed} (kept in {out / name})", flush=True)
         first = topic_run(model, out / name, seed, again)
         scores = [first["best_value"]]
-        for extra in range(seed + 1, seed + FINETUNE_SEEDS):
+        for i, extra in enumerate(range(seed + 1, seed + FINETUNE_SEEDS), start=first_run + 1):
+            print(f"fine-tuning {i} of {runs}: {what}, seed {extra} ...", end="", flush=True)
             with tempfile.TemporaryDirectory(prefix="bert-kit-demo-") as tmp, \
                     contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 scores.append(topic_run(model, Path(tmp) / name, extra, False)["best_value"])
+            print(f" accuracy {scores[-1]:.2f}", flush=True)
         return first, scores
 
-    fin, fin_scores = topic_runs(str(out / "pretrain" / "final"), "finetune")
+    fin, fin_scores = topic_runs(str(out / "pretrain" / "final"), "finetune", "the pretrained model", 1)
     # the same shape from random weights: what pretraining adds
-    scratch, scratch_scores = topic_runs(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init")
+    scratch, scratch_scores = topic_runs(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init",
+                                         "the same shape from random weights", 1 + FINETUNE_SEEDS)
     results = {
         "pretrain": {k: pre.get(k) for k in ("test_mlm_loss", "test_mlm_accuracy", "test_nsp_accuracy",
                                              "test_nsp_loss", "steps", "tokens_per_second")},
