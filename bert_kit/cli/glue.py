@@ -25,8 +25,8 @@ from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
 from bert_kit.model_folder import locate_model
 from bert_kit.outputs import FolderLock, OutputFolder, write_record, write_text
 from bert_kit.tasks.glue import TASKS, build_report, find_tasks, markdown_table, recipe_table, task_name
-from bert_kit.tasks.glue_runs import (check_configs, check_overrides, finished, log_path, lr_name, plan_runs, run_all,
-                                      visible_gpus)
+from bert_kit.tasks.glue_runs import (changed_inputs, check_configs, check_overrides, earlier_result, finished, log_path,
+                                      lr_name, plan_runs, run_all, visible_gpus)
 
 WRITTEN_BY = "bert-kit glue"
 RESULTS = "glue_results.json"
@@ -146,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
              + (f"; missing: {', '.join(TASKS[n].title for n in missing)}" if missing else ""))
         for run_id in kept:
             note(f"{run_id}: finished earlier, kept")
+        for run in todo:  # finished with these settings, but on other data or another model
+            earlier = earlier_result(run)
+            if earlier is not None:
+                changed = changed_inputs(run, earlier)
+                shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+                note(f"{run['id']}: {shown} changed since it finished: running it again")
 
         outcomes: dict[str, dict] = {r: {"glue": g} for r, g in kept.items()}
         context = {"args": args, "root": root, "present": present, "missing": missing, "runs": runs,

@@ -225,6 +225,68 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, tiny_encoder
     assert finished(run) == glue
 
 
+def test_a_rerun_runs_again_when_its_data_or_model_changed(tmp_path, tiny_encoder, capsys):
+    """A rerun said "finished earlier, kept" and reported the old figures after SST-2/train.tsv was
+    replaced (16 rows, then 48), or another model was put at the same --model path."""
+    import shutil
+
+    import torch
+
+    from bert_kit.model import BERTModel
+    from tests.tasks.conftest import TINY
+
+    data, out, model = write_glue(tmp_path / "glue", ("sst2",), n=16), tmp_path / "out", tmp_path / "model"
+    shutil.copytree(tiny_encoder, model)
+    args = ["--model", model, "--data", data, "--output-dir", out, "--gpus", "cpu", *QUICK]
+    results = out / "sst2" / "lrauto_seed42" / "results.json"
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and json.loads(results.read_text())["num_train_examples"] == 16, err
+    train = data / "SST-2" / "train.tsv"
+    train.touch()  # touched, not changed: kept
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and "finished earlier, kept" in err and "fine-tuning on" not in err
+
+    write_glue(tmp_path / "glue", ("sst2",), n=48)  # a new train.tsv
+    code, _, err = glue(capsys, *args)
+    said = [line for line in err.splitlines() if "changed since it finished: running it again" in line]
+    assert code == 0 and len(said) == 1 and said[0].startswith("glue: sst2/lrauto_seed42: ") and str(train) in said[0]
+    assert "finished earlier, kept" not in err and json.loads(results.read_text())["num_train_examples"] == 48
+    figures = json.loads((out / "glue_results.json").read_text())["tasks"]["sst2"]
+
+    torch.manual_seed(1)  # another model at the same path
+    BERTModel(TINY).save_pretrained(model)
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and f"{model / 'model.safetensors'} changed since it finished: running it again" in err, err
+    glue_entry = json.loads(results.read_text())["glue"]
+    assert glue_entry["inputs"][str(model / "model.safetensors")]["sha256"] == \
+        __import__("hashlib").sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads((out / "glue_results.json").read_text())["tasks"]["sst2"]["metrics"] != figures["metrics"] \
+        or glue_entry["seconds"] != figures.get("seconds")
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and "finished earlier, kept" in err  # and now it is kept again
+
+
+def test_an_interrupted_run_whose_data_changed_starts_over(tmp_path, tiny_encoder):
+    import dataclasses
+
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.glue_runs import inputs_path
+
+    data = write_glue(tmp_path / "glue", ("rte",), n=16)
+    present, _ = find_tasks(data)
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    (Path(run["folder"]).parent).mkdir(parents=True)
+    inputs_path(run).write_text(json.dumps(run["inputs"]))  # as execute records it when it starts
+    finetune(dataclasses.replace(make_config(run, "cpu"), max_steps=1, end_checkpoint=True))  # stopped after step 1
+    write_glue(tmp_path / "glue", ("rte",), n=24)  # then the data changed
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    execute(run, "cpu")
+    starts = [r["step"] for r in map(json.loads, (Path(run["folder"]) / "metrics.jsonl").read_text().splitlines())
+              if r["type"] == "start"]
+    assert starts == [0] and json.loads((Path(run["folder"]) / "results.json").read_text())["num_train_examples"] == 24
+    assert not inputs_path(run).exists() and finished(run) is not None
+
+
 def error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("bert-kit glue: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
