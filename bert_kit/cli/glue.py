@@ -125,7 +125,9 @@ def glue_folder(data: str | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     t0 = getattr(args, "started", None) or time.time()
     root = glue_folder(args.data)
-    wanted = parse_list("--tasks", args.tasks, task_name, "a GLUE task") if args.tasks else None
+    # --tasks "" is no task list (it ran every task); left out, every task whose files are there
+    wanted = None if args.tasks is None else parse_list("--tasks", args.tasks, task_name,
+                                                        f"one or more GLUE tasks ({','.join(TASKS)})")
     present, missing = find_tasks(root, wanted)
     locate_model(args.model)  # a model that is not there fails now, not in every run
     lrs = parse_list("--lrs", args.lrs, learning_rate, "a learning rate in (0, 1) or auto")
@@ -178,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(runs, outcomes)
 
 
+class WorkersEnded(OSError):
+    """Every worker process ended with runs still waiting: the run failed here (exit 1), not the command."""
+
+
 def note(line: str) -> None:
     print(f"glue: {line}", file=sys.stderr, flush=True)
 
@@ -212,12 +218,22 @@ def write_report(context: dict) -> dict:
 
 def exit_code(runs: list[dict], outcomes: dict[str, dict]) -> int:
     """0 when every run finished; else one error line per failed run (and the worst exit code),
-    or 130/143 when a run was stopped by a signal."""
+    or 130/143 when a run was stopped by a signal (the runs it kept from starting are named as
+    not run, on one line)."""
     code, seen = 0, set()
+    stopped = next((o["stopped"] for o in outcomes.values() if "stopped" in o), None)
+    if stopped is not None:
+        waiting = [run["id"] for run in runs if run["id"] not in outcomes]
+        if waiting:
+            note(f"not run, the command was interrupted ({stopped}): {', '.join(waiting)}; run the same command "
+                 "again to run them")
     for run in runs:
         outcome = outcomes.get(run["id"])
+        if outcome is None and stopped is not None:
+            continue  # said above
         if outcome is None:
-            outcome = {"error": RuntimeError("not run: every worker process had ended")}
+            outcome = {"error": WorkersEnded("not run: every worker process had ended before this run started "
+                                             "(their logs beside the run folders say why)")}
         if "stopped" in outcome:
             code = max(code, 130 if outcome["stopped"] == "SIGINT" else 143)
         elif "error" in outcome:

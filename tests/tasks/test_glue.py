@@ -287,6 +287,28 @@ def test_an_interrupted_run_whose_data_changed_starts_over(tmp_path, tiny_encode
     assert not inputs_path(run).exists() and finished(run) is not None
 
 
+def test_runs_that_an_interruption_kept_from_starting_are_not_run_not_failed(tmp_path, tiny_encoder, capsys,
+                                                                             monkeypatch):
+    """Ctrl-C on a CPU reported the task it kept from starting as "RuntimeError: not run: every
+    worker process had ended ... please report it"."""
+    import bert_kit.cli.glue as glue_cli
+
+    def stopped_at_once(run: dict, device: str) -> dict:
+        return {"stopped": "SIGINT"}  # what a run stopped by Ctrl-C returns
+
+    real = glue_cli.run_all
+    monkeypatch.setattr(glue_cli, "run_all", lambda runs, gpus, on_event: real(runs, gpus, on_event,
+                                                                               execute=stopped_at_once))
+    data = write_glue(tmp_path / "glue", ("cola", "wnli"), n=8)
+    code, _, err = glue(capsys, "--model", tiny_encoder, "--data", data, "--output-dir", tmp_path / "out", "--gpus",
+                        "cpu", *QUICK)
+    assert code == 130 and "Traceback" not in err and "error:" not in err and "report it" not in err, err
+    stopped = [run for run in ("cola/lrauto_seed42", "wnli/lrauto_seed42") if f"{run}: stopped by SIGINT" in err]
+    waiting = ({"cola/lrauto_seed42", "wnli/lrauto_seed42"} - set(stopped)).pop()
+    assert len(stopped) == 1 and f"not run, the command was interrupted (SIGINT): {waiting}; run the same " \
+                                 "command again to run them" in err
+
+
 def error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("bert-kit glue: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -301,6 +323,8 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         (["--data", tmp_path], "no GLUE task files under", "CoLA/ and SST-2/"),
         (["--data", data, "--tasks", "cola,sts"], "unknown GLUE task 'sts'", "did you mean 'stsb'?"),
         (["--data", data, "--tasks", "mnli"], "--tasks mnli: no MNLI/ folder under", "docs/glue.md"),
+        (["--data", data, "--tasks", ""], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
+        (["--data", data, "--tasks", ","], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
         (["--data", data, "lr=1e-4"], "lr= is set by --lrs", ""),
         (["--data", data, "--lrs", "1e-4,fast"], "--lrs 1e-4,fast: 'fast' is not a learning rate", ""),
         (["--data", data, "--gpus", "99"], "--gpus 99: there is", ""),
