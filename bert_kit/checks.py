@@ -212,6 +212,7 @@ def check_settings(cfg: Any, rules: dict[str, Range]) -> None:
     check_choices(cfg)
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the precisions a run or an inference may ask for
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d{1,6})?)$")  # torch cannot parse a 20-digit index
 
 

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from bert_kit.checks import ConfigError, check_input_file
+from bert_kit.checks import PRECISIONS, ConfigError, check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
@@ -31,7 +31,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text (default: the model's fine-tuning length, else its positions)")
     add_device_option(parser)
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
                         help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
                              "auto: onnx for exported folders, else torch")
