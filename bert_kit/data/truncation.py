@@ -37,7 +37,8 @@ class Truncated:
     max_length: int
     rows: list[int] = field(default_factory=list)  # 0-based rows that were cut
     lengths: list[int] = field(default_factory=list)  # their tokens ([CLS]/[SEP] included), at most COUNT_LIMIT
-    unit: str = "texts"  # what a row is: texts, pairs, sentences
+    unit: str = "texts"  # what a row is: texts, pairs, questions
+    key: str = "max_length"  # the setting that is the limit
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -49,7 +50,7 @@ class Truncated:
         for row, n in zip(other.rows, other.lengths):
             longest[row] = max(n, longest.get(row, 0))
         rows = sorted(longest)
-        return Truncated(self.total, self.max_length, rows, [longest[r] for r in rows], unit)
+        return Truncated(self.total, self.max_length, rows, [longest[r] for r in rows], unit, self.key)
 
     def message(self, source: str | Path | None = None, positions: int | None = None) -> str:
         """One line: how many were cut and by how much, and what to do; `positions`: the model's."""
@@ -58,7 +59,7 @@ class Truncated:
         def tokens(n: float) -> str:
             return f"at least {COUNT_LIMIT:,}" if n >= COUNT_LIMIT else f"{n:,.0f}"
 
-        key = setting("max_length")
+        key = setting(self.key)
         if positions is not None and self.max_length >= positions:
             advice = (f"the model has {positions} positions, so the rest of each is never read: split long texts "
                       "into parts to use all of them")
@@ -93,6 +94,14 @@ def find_truncated(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | 
                 found.rows.append(i)
                 found.lengths.append(len(ids))
     return found
+
+
+def find_long_questions(tokenizer: Any, questions: Sequence[str], max_query_length: int) -> Truncated:
+    """The questions of QA examples longer than `max_query_length` tokens (without [CLS]/[SEP]),
+    which the windows cut to that many (`bert_kit.data.squad`); lengths without [CLS]/[SEP] too."""
+    found = find_truncated(tokenizer, questions, None, max_query_length + 2)
+    return Truncated(found.total, max_query_length, found.rows, [n - 2 for n in found.lengths], "questions",
+                     "max_query_length")
 
 
 def _input_ids(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | None, max_length: int) -> list:

@@ -325,6 +325,7 @@ def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt
     from bert_kit.data.squad import prepare_eval_features
 
     examples = read_questions(path, task.s.skip_bad_answers, task.s.encoding)
+    task.report_long_questions(path, examples)
     features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.doc_stride,
                                      task.s.max_query_length)
     answers = task.answers(model, examples, features, precision)

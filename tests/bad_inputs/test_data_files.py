@@ -632,6 +632,14 @@ def test_long_texts_are_cut_and_counted_by_every_command(cli, folders, tmp_path)
                 "--output", "s.jsonl")
     assert pairs.code == 0 and "pairs.tsv: 1 of 2 pairs were longer than --max-length 32" in pairs.err, pairs.err
     assert [json.loads(line)["truncated"] for line in (tmp_path / "s.jsonl").read_text().splitlines()] == [False, True]
+    # QA reads long contexts in windows but cuts questions to max_query_length (16 for this folder)
+    write_files({"q.jsonl": json.dumps({"question": "who " * 30 + "?", "context": SQUAD_CONTEXT}) + "\n" +
+                 json.dumps({"question": "Who?", "context": SQUAD_CONTEXT * 20}) + "\n"})
+    answered = cli("predict", "--model", str(folders["qa"]), "--device", "cpu", "--input", "q.jsonl", "--output",
+                   "a.jsonl")
+    assert answered.code == 0 and truncation_lines(answered.err) == [
+        "q.jsonl: 1 of 2 questions were longer than max_query_length 16 and were cut (median 31 tokens, longest 31); "
+        "set max_query_length higher to keep more of each"], answered.err
     # nothing cut, nothing said
     quiet = cli("evaluate", *flags, "--data", "train.tsv", "--max-length", "128", "--output", "e.json")
     assert quiet.code == 0 and not truncation_lines(quiet.err)

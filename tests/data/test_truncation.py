@@ -69,3 +69,15 @@ def test_either_sentence_of_a_bi_encoder_pair():
     b = Truncated(5, 8, [3, 4], [30, 9])
     both = a.merge(b)
     assert (both.rows, both.lengths, both.unit, both.total) == ([1, 3, 4], [10, 30, 9], "pairs", 5)
+
+
+def test_questions_past_max_query_length_are_counted(tokenizer):
+    """QA reads a long context in windows, but cuts a question to max_query_length tokens."""
+    from bert_kit.data.truncation import find_long_questions
+
+    questions = ["who?", "what " * 20 + "is it?", "when " * 8]
+    found = find_long_questions(tokenizer, questions, 8)
+    assert found.rows == [1] and found.lengths == [23] and found.unit == "questions"
+    assert found.message("dev.json") == ("dev.json: 1 of 3 questions were longer than max_query_length 8 and were "
+                                         "cut (median 23 tokens, longest 23); set max_query_length higher to keep "
+                                         "more of each")
