@@ -346,7 +346,12 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
     meta = dict(d.get("bert_kit") or {})
     meta["architectures"] = d.get("architectures") or []
     if "id2label" in d:
-        meta["label_names"] = [d["id2label"][k] for k in sorted(d["id2label"], key=int)]
+        from bert_kit.config import label_map
+
+        try:
+            meta["label_names"] = list(label_map(d["id2label"]).values())
+        except ValueError as e:
+            raise CorruptFileError(f"{Path(folder) / 'config.json'}: {e}") from None
     return meta
 
 

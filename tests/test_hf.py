@@ -305,3 +305,24 @@ def test_label_names_load_and_round_trip(tmp_path):
         loaded.id2label = ["a", "b", "c"]
     with pytest.raises(ConfigError, match=r"id2label must number the outputs 0\.\.1, got ids \[0, 2\]"):
         BertConfig(id2label={"0": "a", "2": "b"})
+
+
+@pytest.mark.parametrize("id2label, needle", [({"a": "neg", "1": "pos"}, "id2label: 'a': 'neg' is not an output id"),
+                                              ({"0": "neg", "2": "pos"}, "id2label must number the outputs 0..1"),
+                                              (["neg", "pos"], None)])
+def test_an_id2label_that_names_no_outputs_is_a_corrupt_config(tmp_path, id2label, needle):
+    """Keys that are no output ids gave "invalid literal for int() with base 10: 'a'"."""
+    from bert_kit.model_folder import read_model_metadata
+
+    model = BERTForSequenceClassification(TINY, num_labels=2)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["id2label"] = id2label
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if needle is None:  # a list of names, as some tools write it, is read too
+        assert read_model_metadata(tmp_path)["label_names"] == ["neg", "pos"]
+        assert BERTForSequenceClassification.from_pretrained(tmp_path).config.id2label == {0: "neg", 1: "pos"}
+        return
+    for load in (read_model_metadata, BERTForSequenceClassification.from_pretrained):
+        with pytest.raises(CorruptFileError, match=f"{tmp_path / 'config.json'}.*{needle}"):
+            load(tmp_path)
