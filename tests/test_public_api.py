@@ -93,6 +93,8 @@ def test_finetune_then_predict_from_python(tmp_path, minilm_path):
         clf.predict(["fine", 3])
     with pytest.raises(ValueError, match="2 texts but 1 text_pairs"):
         clf.predict(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="^max_length=1000 exceeds the 64 positions of"):  # not --max-length
+        TextClassifier.from_pretrained(tmp_path / "runs" / "reviews", max_length=1000)
 
 
 def test_the_python_api_doc_names_what_bert_kit_exports():

@@ -93,7 +93,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     max_length = args.max_length or default_max_length(folder)
     positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
     if max_length > positions:
-        raise ValueError(f"--max-length {max_length} exceeds the {positions} positions of {folder}")
+        raise ValueError(f"{setting('max_length', max_length)} exceeds the {positions} positions of {folder}")
     where = parse_where(getattr(args, "where", None))
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
