@@ -202,9 +202,15 @@ def finished(run: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def changed_inputs(run: dict[str, Any], glue: dict[str, Any]) -> list[str]:
-    """The data and model files that changed since the run of `glue` (each of its inputs, when it
-    recorded none: a run of an earlier version is not known to match)."""
-    return same_inputs(glue.get("inputs"), run.get("inputs", {}))
+    """The data and model files that changed since the run of `glue`. A run of an earlier version
+    recorded no fingerprint: then the files modified after its results.json was written."""
+    if "inputs" in glue:
+        return same_inputs(glue["inputs"], run.get("inputs", {}))
+    try:
+        written = (Path(run["folder"]) / "results.json").stat().st_mtime_ns
+    except OSError:
+        return sorted(run.get("inputs", {}))
+    return sorted(path for path, seen in run.get("inputs", {}).items() if seen["mtime_ns"] > written)
 
 
 def inputs_path(run: dict[str, Any]) -> Path:

@@ -16,7 +16,7 @@ import pytest
 from bert_kit.cli import main
 from bert_kit.tasks.glue import (TASKS, build_report, find_tasks, glue_score, malformed_lines, markdown_table,
                                  summarize_task, task_metrics, task_score)
-from bert_kit.tasks.glue_runs import execute, finished, log_path, make_config, plan_runs, run_all
+from bert_kit.tasks.glue_runs import changed_inputs, execute, finished, log_path, make_config, plan_runs, run_all
 from tests.tasks.glue_files import EXPECTED, write_glue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -264,6 +264,23 @@ def test_a_rerun_runs_again_when_its_data_or_model_changed(tmp_path, tiny_encode
         or glue_entry["seconds"] != figures.get("seconds")
     code, _, err = glue(capsys, *args)
     assert code == 0 and "finished earlier, kept" in err  # and now it is kept again
+
+
+def test_a_run_of_an_earlier_version_is_kept_unless_a_file_is_newer_than_its_results(tmp_path, tiny_encoder):
+    """results.json written before fingerprints were recorded: kept while its inputs are older."""
+    import os
+
+    data = write_glue(tmp_path / "glue", ("rte",), n=8)
+    present, _ = find_tasks(data)
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    results = Path(run["folder"]) / "results.json"
+    results.parent.mkdir(parents=True)
+    results.write_text(json.dumps({"glue": {"spec": run["spec"], "metrics": {"accuracy": 50.0}}}))
+    assert finished(run) is not None
+    train = data / "RTE" / "train.tsv"
+    os.utime(train, ns=(results.stat().st_mtime_ns + 10**9,) * 2)  # changed after the results were written
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    assert finished(run) is None and changed_inputs(run, json.loads(results.read_text())["glue"]) == [str(train)]
 
 
 def test_an_interrupted_run_whose_data_changed_starts_over(tmp_path, tiny_encoder):
