@@ -236,7 +236,7 @@ def label_map(names: Any) -> dict[int, str]:
     out = {}
     for key, name in names.items():
         text = str(key).strip()
-        if isinstance(key, bool) or not text.isdigit() or not isinstance(name, str):
+        if isinstance(key, bool) or not (text.isascii() and text.isdigit()) or not isinstance(name, str):
             raise ConfigError(f"id2label: {key!r}: {name!r} is not an output id (0, 1, ...) and a label name")
         out[int(text)] = name
     if sorted(out) != list(range(len(out))):

@@ -148,7 +148,7 @@ def test_a_missing_folder_suggests_the_folders_of_similar_names(hub):
     with pytest.raises(FileNotFoundError) as e:
         resolve_model("runs/reviewz")
     assert str(e.value) == "model folder not found: runs/reviewz (did you mean runs/reviews or runs/reviews-v2?)"
-    with pytest.raises(FileNotFoundError, match=r"^model folder not found: nowhere/a/b \(there is no folder nowhere in "):
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: nowhere/a/b \(there is no folder nowhere "):
         resolve_model("nowhere/a/b")
     with pytest.raises(FileNotFoundError, match=r"^model folder not found: /nowhere/a/b \(/nowhere does not exist\)$"):
         resolve_model("/nowhere/a/b")

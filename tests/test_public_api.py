@@ -80,7 +80,8 @@ def test_finetune_then_predict_from_python(tmp_path, minilm_path):
     assert [set(p) for p in predictions] == [{"label", "label_id", "probabilities", "truncated"}] * 2
     assert [p["truncated"] for p in predictions] == [False, True]  # 22 tokens > max_length 16
     for p in predictions:
-        assert p["label"] == clf.labels[p["label_id"]] and sum(p["probabilities"].values()) == pytest.approx(1, abs=1e-5)
+        assert p["label"] == clf.labels[p["label_id"]]
+        assert sum(p["probabilities"].values()) == pytest.approx(1, abs=1e-5)
         assert max(p["probabilities"], key=p["probabilities"].get) == p["label"]
     assert clf.predict("a great film") == predictions[0]
     # the same probabilities as the model itself gives

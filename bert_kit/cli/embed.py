@@ -44,16 +44,17 @@ def run(args: argparse.Namespace) -> int:
     texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
                        args.encoding)
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
+    from bert_kit.data.truncation import find_truncated, report_truncated
     from bert_kit.embeddings import SentenceEncoder  # torch: after the input was read
     from bert_kit.onnx_export import onnx_folder
-    from bert_kit.data.truncation import find_truncated, report_truncated
     from bert_kit.tasks.inference import warn_blank_texts
 
     encoder = SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
                                               not args.no_normalize,
                                               args.max_length, args.device, compile=args.compile)
     warn_blank_texts(texts, args.input, tokenizer=encoder.tokenizer)  # blank, or only control characters
-    found = find_truncated(encoder.tokenizer, texts, None, encoder.max_length, list(map(len, encoder.tokenize(texts))))
+    kept = list(map(len, encoder.tokenize(texts)))  # tokens per text as truncated: the cut ones fill max_length
+    found = find_truncated(encoder.tokenizer, texts, None, encoder.max_length, kept)
     report_truncated(found, args.input, encoder.model.config.max_position_embeddings)
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 10 * args.batch_size)

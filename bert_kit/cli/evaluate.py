@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if not items:
         raise ValueError(f"{args.data}: no examples to evaluate")
     metrics = task.evaluate(model, items, precision)
-    result = {"task": task.name, "model": str(args.model), "model_path": str(folder), "data": str(args.data), **metrics,
-              "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
+    result = {"task": task.name, "model": str(args.model), "model_path": str(folder), "data": str(args.data),
+              **metrics, "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
     write_text(out, json.dumps(result, indent=2) + "\n")

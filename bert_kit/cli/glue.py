@@ -25,8 +25,8 @@ from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
 from bert_kit.model_folder import locate_model
 from bert_kit.outputs import FolderLock, OutputFolder, write_record, write_text
 from bert_kit.tasks.glue import TASKS, build_report, find_tasks, markdown_table, recipe_table, task_name
-from bert_kit.tasks.glue_runs import (changed_inputs, check_configs, check_overrides, earlier_result, finished, log_path,
-                                      lr_name, plan_runs, run_all, visible_gpus)
+from bert_kit.tasks.glue_runs import (changed_inputs, check_configs, check_overrides, earlier_result, finished,
+                                      log_path, lr_name, plan_runs, run_all, visible_gpus)
 
 WRITTEN_BY = "bert-kit glue"
 RESULTS = "glue_results.json"

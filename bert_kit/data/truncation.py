@@ -6,7 +6,7 @@ So every command that truncates (`finetune`, `evaluate`, `predict`, `embed`, `gl
 what it cut with `find_truncated` and prints one line per input file, before the work:
 
     train.csv: 142 of 2,000 texts were longer than max_length 128 and were cut (median 212 tokens,
-    longest 830); set max_length higher (up to the model's 512 positions) to keep more of each text
+    longest 830); set max_length higher (up to the model's 512 positions) to keep more of each
 
 `predict` also marks each cut row of its output (`"truncated": true`).
 
@@ -68,9 +68,9 @@ class Truncated:
         else:
             advice = f"set {key} higher to keep more of each"
         where = f"{source}: " if source is not None else ""
+        median, longest = tokens(statistics.median_low(lengths)), tokens(lengths[-1])
         return (f"{where}{len(self.rows):,} of {self.total:,} {self.unit} were longer than {key} {self.max_length} "
-                f"and were cut (median {tokens(statistics.median_low(lengths))} tokens, longest {tokens(lengths[-1])}); "
-                f"{advice}")
+                f"and were cut (median {median} tokens, longest {longest}); {advice}")
 
 
 def find_truncated(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | None, max_length: int | None,

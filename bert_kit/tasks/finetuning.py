@@ -139,8 +139,9 @@ class FinetuningJob(Job):
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         # a long run on a CPU says so after its first half minute, and how to check the setup sooner
-        self.long_run = LongRunNotice(self.total_steps, "this CPU", "for a quick check first: max_steps=200, or "
-                                      "max_train_examples=2000 epochs=1") if device.type == "cpu" and is_main() else None
+        quick = "for a quick check first: max_steps=200, or max_train_examples=2000 epochs=1"
+        on_cpu = device.type == "cpu" and is_main()
+        self.long_run = LongRunNotice(self.total_steps, "this CPU", quick) if on_cpu else None
         if is_main():
             # QA trains and scores windows ("features"); a long context gives several per question
             unit = "features" if task.name == "qa" else "examples"

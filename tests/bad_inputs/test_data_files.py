@@ -96,6 +96,7 @@ STS_ROW = "main-captions\tMSRvid\t2012test\t0001\t{}\tA man plays.\tA man is pla
 PAIRS = "a,b,score,split\nx y,x z,4.5,train\np q,p r,1,dev\n"
 PAIR_SETTINGS = ["text_column=a", "text_pair_column=b", "label_column=score", "score_range=[1, 5]"]
 
+MULTI = ("price,quality", "price", "quality,service", "price,service")  # the labels of a multi-label file
 FINETUNE_CASES = {
     # ---- encodings: every reader names the file and the line of the first bad byte
     "tsv-latin1": Case({"train.tsv": tsv(*GOOD_ROWS).encode() + LATIN1 + b"\t0\n"},
@@ -191,8 +192,7 @@ FINETUNE_CASES = {
                             train_file="train.jsonl"),
     # a multi-label file read as classes: every combination would become a class of its own
     "multi-label-csv": Case({"train.csv": "text,labels\n" + "".join(
-                                f'review {i},"{("price,quality", "price", "quality,service", "price,service")[i % 4]}"\n'
-                                for i in range(12))},
+                                f'review {i},"{MULTI[i % 4]}"\n' for i in range(12))},
                             ("train.csv:2: column 'labels' holds lists of labels ('price,quality', separated by ',', "
                              "in 9 of 12 rows)", "multi-label classification", "is not supported"),
                             settings=["text_column=text", "label_column=labels"], train_file="train.csv"),

@@ -22,7 +22,8 @@ def tokenizer(minilm_path):
 
 
 def whole_lengths(tokenizer, texts, pairs=None):
-    return [len(ids) for ids in tokenizer(texts, pairs, truncation=False, padding=False, return_tensors=None)["input_ids"]]
+    encoded = tokenizer(texts, pairs, truncation=False, padding=False, return_tensors=None)
+    return [len(ids) for ids in encoded["input_ids"]]
 
 
 TEXTS = ["a short one", "word " * 40, "", "the cat sat on the mat " * 3, "x " * 14, "x " * 13]
