@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bert_kit.data import read_text, setting
 from bert_kit.data.tables import Column, first_line, no_garbage_collection, read_table, separator_hint, table_layout
-from bert_kit.data.truncation import find_truncated
+from bert_kit.data.truncation import Truncated, find_truncated
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
@@ -346,8 +346,19 @@ class ClassificationDataset(Dataset):
         else:
             enc = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
         self.encodings = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
-        self.truncated = find_truncated(tokenizer, texts, text_pairs, max_length, list(map(len, enc["input_ids"])),
-                                        "texts" if text_pairs is None else "pairs")
+        # what `truncated` needs, counted when asked for (the server's one-text datasets never ask)
+        self._truncation_inputs = (tokenizer, texts, None if text_pairs is None else list(text_pairs), max_length)
+        self._truncated: Truncated | None = None
+
+    @property
+    def truncated(self) -> Truncated:
+        """The texts (pairs) longer than max_length, which were cut (`bert_kit.data.truncation`)."""
+        if self._truncated is None:
+            tokenizer, texts, pairs, max_length = self._truncation_inputs
+            kept = list(map(len, self.encodings["input_ids"]))
+            self._truncated = find_truncated(tokenizer, texts, pairs, max_length, kept,
+                                             "texts" if pairs is None else "pairs")
+        return self._truncated
 
     def __len__(self) -> int:
         return len(self.encodings["input_ids"])
