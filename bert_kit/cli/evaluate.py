@@ -3,18 +3,20 @@
 The JSON (and, for classification, the confusion matrix PNG) goes to --output, else to the
 working directory as eval_{task}_{data file}.json: never into the model folder, which may be
 read-only or installed inside a package. That default file is replaced by a new evaluation of
-the same model, but not by one of another model (the same dev.tsv scored by two models): that
-is refused before the evaluation, asking for --output.
+the same model, never by one of another model (the same dev.tsv scored by two models): the
+other model's goes to eval_{task}_{data file}_{model}.json, and the command says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
 import time
 from pathlib import Path
 
-from bert_kit.checks import PRECISIONS, ConfigError, check_input_file
+from bert_kit.checks import PRECISIONS, check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
@@ -54,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B)")
     parser.add_argument("--output", default=None,
-                        help="metrics JSON (default: ./eval_{task}_{data file name}.json, which an evaluation of "
-                             "another model does not replace)")
+                        help="metrics JSON (default: ./eval_{task}_{data file name}.json; when that holds another "
+                             "model's evaluation, ./eval_{task}_{data file name}_{model}.json)")
     parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default=None,
                         help="classification: label column; similarity: score (default: the model's, else label)")
@@ -78,13 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
     task, model, precision = load_task_model(args)
     folder = resolve_model(args.model).resolve()
-    out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
+    out = Path(args.output) if args.output else default_output(task.name, args.data, args.model, folder)
     png = out.with_name(out.stem + "_confusion_matrix.png") if task.name == "classification" else None
     named = "--output" if args.output else "the default --output"  # checked before the evaluation too
     check_output_file(out, named, inputs=[args.data])
     check_output_file(png, f"the confusion matrix beside {named}", inputs=[args.data])
-    if not args.output:
-        check_same_model(out, folder)
     items = task.read_eval(args.data, args.max_examples)
     if not items:
         raise ValueError(f"{args.data}: no examples to evaluate")
@@ -105,21 +105,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_same_model(out: Path, folder: Path) -> None:
-    """Refuse to replace the default output `out` when it holds an evaluation of another model
-    than `folder`: two models scored on the same dev.tsv would otherwise keep one JSON."""
+def default_output(task: str, data: str | Path, model: str | Path, folder: Path) -> Path:
+    """eval_{task}_{data}.json, unless it holds an evaluation of another model than `folder`:
+    then eval_{task}_{data}_{model}.json (a number added while that one is another model's too),
+    said on stderr. An evaluation is never replaced by another model's."""
+    plain = Path(f"eval_{task}_{Path(data).stem}.json")
+    holder = evaluated_model(plain)
+    if holder is None or holder[1] == folder:
+        return plain
+    label, n = model_label(model, folder), 1
+    while True:
+        out = plain.with_name(f"{plain.stem}_{label}{'' if n == 1 else f'_{n}'}.json")
+        found = evaluated_model(out)
+        if found is None or found[1] == folder:
+            print(f"evaluate: {plain} holds the evaluation of another model ({holder[0]}): writing {out}",
+                  file=sys.stderr, flush=True)
+            return out
+        n += 1
+
+
+def evaluated_model(path: Path) -> tuple[str, Path] | None:
+    """(the model as named, its folder) of the evaluation JSON at `path`; None when there is
+    none there (or not one that can be read as an evaluation)."""
     try:
-        earlier = json.loads(out.read_text(encoding="utf-8"))
+        earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return  # no earlier evaluation (or none that can be read): nothing to keep
-    if not isinstance(earlier, dict) or "task" not in earlier:
-        return
-    recorded = earlier.get("model_path")
-    if recorded is None:  # written before the folder was recorded: the model as it was named, from here
-        try:
-            recorded = str(resolve_model(str(earlier.get("model"))).resolve())
-        except (OSError, ValueError):
-            recorded = str(earlier.get("model"))
-    if Path(recorded) != folder:
-        raise ConfigError(f"the default --output {out} holds an evaluation of another model ({earlier.get('model')}); "
-                          f"name a file for this one with --output (or remove {out})")
+        return None
+    if not isinstance(earlier, dict) or "task" not in earlier or "model" not in earlier:
+        return None
+    named = str(earlier["model"])
+    if isinstance(earlier.get("model_path"), str):
+        return named, Path(earlier["model_path"])
+    try:  # written before the folder was recorded: the model as it was named, from here
+        return named, resolve_model(named).resolve()
+    except (OSError, ValueError):
+        return named, Path(named)
+
+
+def model_label(model: str | Path, folder: Path) -> str:
+    """A short name of a model for a file name: its folder's (`finetune_sst2`), with its run's
+    for a run's part (`finetune_sst2-best`), the last part of a hub name (`all-MiniLM-L6-v2`)."""
+    parts = Path(str(model).rstrip("/")).parts or folder.parts
+    name = parts[-1]
+    if (name in ("best", "final") or name.startswith("step-")) and len(parts) > 1:
+        name = f"{parts[-2]}-{name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
