@@ -47,6 +47,7 @@ _EXPORTS = {
     "cosine_similarity": "embeddings",
     "FinetuneConfig": "tasks.finetuning",
     "finetune": "tasks.finetuning",
+    "TextClassifier": "tasks.inference",
     "PretrainConfig": "tasks.pretraining",
     "pretrain": "tasks.pretraining",
     "AMPTrainer": "training.trainer",

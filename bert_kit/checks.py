@@ -216,20 +216,33 @@ def check_settings(cfg: Any, rules: dict[str, Range]) -> None:
     check_choices(cfg)
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the precisions a run or an inference may ask for
 _DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d{1,6})?)$")  # torch cannot parse a 20-digit index
 
 
 def check_device(device: Any, name: str = "device") -> None:
-    """`device` is "auto", "cpu", "cuda", "cuda:N", "mps" (or a torch.device / None for auto)."""
+    """`device` is "auto", "cpu", "cuda", "cuda:N", "mps", "xpu", "xpu:N" (or a torch.device /
+    None for auto)."""
     if device is None or type(device).__name__ == "device":
         return
     if not isinstance(device, str) or not _DEVICE.match(device.strip()):
-        raise ConfigError(f"{name}={device!r} is not a device: expected auto, cpu, cuda, cuda:N or mps")
+        raise ConfigError(f"{name}={device!r} is not a device: expected auto, cpu, cuda, cuda:N, mps, xpu or xpu:N")
+
+
+def _available(kind: str) -> bool:
+    """Whether this torch build and machine have a device of `kind` ("cuda", "mps", "xpu")."""
+    import torch
+
+    if kind == "mps":
+        return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    module = getattr(torch, kind, None)
+    return bool(module is not None and module.is_available())
 
 
 def resolve_device(device: Any = "auto") -> Any:
     """The torch.device to run on: "auto" (or None) is this process's GPU (LOCAL_RANK under
-    torchrun) when CUDA is available, else the CPU. A bad name or a missing GPU is a ConfigError."""
+    torchrun) when CUDA is available, else the CPU. A bad name, or a device of a kind this
+    machine does not have (cuda, mps, xpu) or an index past its count, is a ConfigError."""
     import torch
 
     if device is None or str(device).strip() == "auto":
@@ -238,12 +251,16 @@ def resolve_device(device: Any = "auto") -> Any:
         return torch.device("cpu")
     check_device(device)
     device = torch.device(device.strip() if isinstance(device, str) else device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={str(device)!r} but CUDA is not available on this machine: use cpu or auto")
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and device.index is not None and device.index >= count:
-        raise ConfigError(f"device={str(device)!r} but this machine has {count} CUDA device(s): "
-                          f"use cuda:0 to cuda:{count - 1}")
+    if device.type == "cpu":
+        return device
+    name = {"cuda": "CUDA", "mps": "MPS (Apple GPU)", "xpu": "XPU (Intel GPU)"}.get(device.type, device.type)
+    if not _available(device.type):
+        raise ConfigError(f"device={str(device)!r} but {name} is not available on this machine (or in this torch "
+                          "build): use cpu or auto")
+    count = getattr(torch, device.type).device_count() if device.type in ("cuda", "xpu") else 1
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"device={str(device)!r} but this machine has {count} {name} device(s): "
+                          f"use {device.type}:0 to {device.type}:{count - 1}")
     return device
 
 
@@ -497,3 +514,21 @@ def _disk_full(path: str | Path) -> bool:
         return shutil.disk_usage(folder).free < 1 << 20
     except OSError:
         return False
+
+
+def label_map(names: Any) -> dict[int, str]:
+    """Label names as {output: name}: from a dict keyed by ints or their text ({"0": "neg"}, as
+    config.json holds them) or a list of names; the outputs numbered 0..K-1."""
+    if isinstance(names, (list, tuple)):
+        names = dict(enumerate(names))
+    if not isinstance(names, dict):
+        raise ConfigError(f"id2label must map output ids to label names, got {type(names).__name__}")
+    out = {}
+    for key, name in names.items():
+        text = str(key).strip()
+        if isinstance(key, bool) or not (text.isascii() and text.isdigit()) or not isinstance(name, str):
+            raise ConfigError(f"id2label: {key!r}: {name!r} is not an output id (0, 1, ...) and a label name")
+        out[int(text)] = name
+    if sorted(out) != list(range(len(out))):
+        raise ConfigError(f"id2label must number the outputs 0..{len(out) - 1}, got ids {sorted(out)}")
+    return {i: out[i] for i in sorted(out)}

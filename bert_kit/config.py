@@ -18,15 +18,16 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, check_settings, fraction, load_yaml,
-                             non_negative, positive, read_json, read_text, resolve_plain)
+from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, check_settings, fraction, label_map,
+                             load_yaml, non_negative, positive, read_json, read_text, resolve_plain)
 
-# HF `config.json` keys that carry no architecture information; accepted and dropped on import.
+# HF `config.json` keys that carry no architecture information; accepted and dropped on import
+# (id2label is kept: a classifier's label names; label2id and num_labels follow from it).
 # chunk_size_feed_forward only splits the feed-forward over the sequence to save memory: the
 # outputs are the same. tie_word_embeddings: false is checked against the weights (`bert_kit.hf`).
 _HF_IGNORED_KEYS = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "gradient_checkpointing",
-    "use_cache", "classifier_dropout", "torch_dtype", "dtype", "id2label", "label2id", "num_labels",
+    "use_cache", "classifier_dropout", "torch_dtype", "dtype", "label2id", "num_labels",
     "problem_type", "output_past", "bos_token_id", "eos_token_id", "directionality", "pooler_fc_size",
     "pooler_num_attention_heads", "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type",
     "is_decoder", "add_cross_attention", "tie_word_embeddings", "chunk_size_feed_forward",
@@ -117,6 +118,7 @@ class BertConfig:
     model_type: str = "bert"  # "bert", "roberta", "xlm-roberta" or "distilbert"
     position_offset: int | None = None  # RoBERTa: positions start at pad_token_id + 1, padding sits at pad_token_id
     pooler: bool | None = None  # BERT's dense + tanh on [CLS]; RoBERTa's and DistilBERT's heads have none
+    id2label: dict[int, str] | None = None  # a classifier's label name per output (HF's id2label); None: LABEL_i
 
     def __post_init__(self) -> None:
         if self.position_embedding_type == "absolute":  # HF's name for the learned table
@@ -129,6 +131,8 @@ class BertConfig:
             self.position_offset = self.pad_token_id + 1 if roberta else 0
         if self.pooler is None:
             self.pooler = self.model_type == "bert"
+        if self.id2label is not None:
+            self.id2label = label_map(self.id2label)
         check_settings(self, _RULES)
         self._check_family(roberta)
         if self.hidden_size % self.num_attention_heads != 0:
@@ -171,6 +175,11 @@ class BertConfig:
         if self.max_length < 1:
             raise ConfigError(f"max_position_embeddings={self.max_position_embeddings} leaves no position past "
                               f"position_offset={self.position_offset}")
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """The output of each label name (HF's label2id); empty without label names."""
+        return {name: i for i, name in (self.id2label or {}).items()}
 
     @property
     def head_dim(self) -> int:
@@ -270,7 +279,11 @@ class BertConfig:
     # ---- export -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; id2label only when there are label names."""
+        d = asdict(self)
+        if d["id2label"] is None:
+            del d["id2label"]
+        return d
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` dict that transformers' config class of `model_type` reads."""
@@ -278,6 +291,9 @@ class BertConfig:
         for ours in ("model_type", "position_offset", "pooler"):  # implied by the family
             del d[ours]
         architecture = hf_architecture(self.model_type, "Model")
+        if "id2label" in d:  # JSON keys are text, as HF writes them
+            d["id2label"] = {str(i): name for i, name in d["id2label"].items()}
+            d["label2id"] = self.label2id
         if self.model_type == "distilbert":
             d["sinusoidal_pos_embds"] = d.pop("position_embedding_type") == "sinusoidal"
             for key in ("type_vocab_size", "layer_norm_eps"):

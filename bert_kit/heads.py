@@ -10,6 +10,8 @@ with them: at 15% masking this skips ~85% of the largest matmul of pretraining.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -143,7 +145,35 @@ class BERTForPreTraining(_TiedMLM):
         return self.mlm(select_masked(hidden, labels, masked_index)), nsp_logits
 
 
-class _Classifier(BertPreTrainedModel):
+class LabelledOutputs:
+    """The label names of a classifier's outputs (`id2label`), kept in its config as HF keeps them;
+    mixed into every family's classification heads."""
+
+    config: Any
+    num_labels: int
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """The label name of each output: the config's (`config.id2label`, from config.json), else
+        LABEL_0, LABEL_1, ... as in `transformers`."""
+        from bert_kit.hf import label_names
+
+        return label_names(self)
+
+    @id2label.setter
+    def id2label(self, names: dict | list) -> None:
+        """Name the outputs: {0: "neg", 1: "pos"} ({"0": ...} or ["neg", "pos"] too), one name each;
+        saved into config.json by `save_pretrained`."""
+        from bert_kit.checks import label_map
+
+        names = label_map(names)
+        if len(names) != self.num_labels:
+            raise ValueError(f"id2label names {len(names)} labels {list(names.values())} but the head has "
+                             f"{self.num_labels} outputs: give one name per output")
+        self.config.id2label = names
+
+
+class _Classifier(LabelledOutputs, BertPreTrainedModel):
     """BERT + dropout + a linear layer to `num_labels` outputs (shared by the two heads below)."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2, classifier_dropout: float | None = None):

@@ -520,10 +520,27 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, dtype: 
         model = model.to(dtype)
     new = load_into(model, hf_state, source=str(folder), strict=strict)
     initialise(model, new)
+    fit_label_names(model)
     if new:
         warnings.warn(f"{cls.__name__}: {', '.join(new)} {'are' if len(new) > 1 else 'is'} newly initialised "
                       f"(not in {folder}): train them before use", NewWeightsWarning, stacklevel=3)
     return model.eval()  # as HF: inference mode until the caller calls .train()
+
+
+def label_names(model: Any) -> dict[int, str]:
+    """The label name of each output of a classifier (any engine's: it has `num_labels` and a
+    `BertConfig`): `config.id2label` when it names every output, else LABEL_0, LABEL_1, ..."""
+    names = model.config.id2label
+    if names and len(names) == model.num_labels:
+        return dict(names)
+    return {i: f"LABEL_{i}" for i in range(model.num_labels)}
+
+
+def fit_label_names(model: Any) -> None:
+    """After loading: keep config.json's label names only when they name the head's outputs (an
+    encoder's LABEL_0/LABEL_1, or a 3-class head's names for a new 5-class head, are dropped)."""
+    if hasattr(model, "num_labels") and model.config.id2label and len(model.config.id2label) != model.num_labels:
+        model.config.id2label = None
 
 
 def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.ndarray] | None = None) -> None:
@@ -543,9 +560,9 @@ def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.
     folder.mkdir(parents=True, exist_ok=True)
     role = architecture_role(getattr(model, "hf_architecture", "BertModel")).removeprefix("Bert")
     config = {**model.config.to_hf_dict(), "architectures": [hf_architecture(model.config.model_type, role)]}
-    if hasattr(model, "num_labels"):
-        config["id2label"] = getattr(model, "id2label", None) or {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
-        config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    if hasattr(model, "num_labels"):  # a classifier: every output named, as transformers writes it
+        config["id2label"] = {str(i): name for i, name in label_names(model).items()}
+        config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
     tmp = folder / "model.safetensors.tmp"
     with writing(tmp):  # a full disk names the file
         save_file(tensors, str(tmp), metadata={"format": "pt"})

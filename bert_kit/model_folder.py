@@ -13,9 +13,11 @@ Hub names. Wherever a model is named, a Hugging Face hub name (`bert-base-uncase
 `~/.cache/huggingface/hub`), in the layout `models--ORG--NAME/snapshots/REVISION/` that
 `huggingface-cli download` and `transformers` write, the revision of `refs/main` first;
 (2) a Python package that ships the model folder (`MODEL_PACKAGES`). Nothing is downloaded:
-without a local copy the error says how to make one. A name written as a path (`./x`, `~/x`,
-`/x`, `a/b/c`, or `runs/x` where `runs/` is a folder here) is a folder that is not there: the
-error says so, with the folders of similar names beside it.
+without a local copy the error says how to make one. Only a name that can be a hub repository
+gets that hint (`looks_like_hub_name`): ORG/NAME, or one of the bare names the hub still serves
+(`bert-base-uncased`). Any other name (`./x`, `~/x`, `/x`, `a/b/c`, `runs/x` where `runs/` is a
+folder here or the folder bert-kit writes its runs to, a preset such as `bert-tiny`, `mymodel`)
+is a folder that is not there: the error says so, with the nearest folders beside it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ _MOVED = (("bert-", "google-bert"), ("roberta-", "FacebookAI"), ("xlm-roberta-",
           ("distilroberta-", "distilbert"), ("distilbert-", "distilbert"))
 # preset names that are also hub models: fine-tuning one means its pretrained weights, never random ones
 HUB_PRESET_NAMES = ("bert-base-uncased", "bert-large-uncased")
+# The hub's repositories are ORG/NAME, but for the oldest models (google-bert's, from BERT's first
+# release, and RoBERTa's, XLM-R's and DistilBERT's) it still serves the bare name; no other bare
+# name is a hub repository.
+BARE_HUB_NAMES = frozenset({
+    "roberta-base", "roberta-large", "xlm-roberta-base", "xlm-roberta-large", "distilroberta-base",
+    "distilbert-base-uncased", "distilbert-base-cased", "distilbert-base-multilingual-cased",
+    "bert-base-uncased", "bert-large-uncased", "bert-base-cased", "bert-large-cased", "bert-base-chinese",
+    "bert-base-multilingual-uncased", "bert-base-multilingual-cased", "bert-base-german-cased",
+    "bert-base-german-dbmdz-cased", "bert-base-german-dbmdz-uncased", "bert-base-cased-finetuned-mrpc",
+    "bert-large-uncased-whole-word-masking", "bert-large-cased-whole-word-masking",
+    "bert-large-uncased-whole-word-masking-finetuned-squad", "bert-large-cased-whole-word-masking-finetuned-squad"})
+# folders bert-kit writes (its configs' output_dir: runs/NAME) and the parts of a run folder: a name
+# in one of them is a path, never a hub repository
+OWN_FOLDERS = ("runs",)
+RUN_PARTS = ("best", "final", "checkpoints")
 
 
 def newest_checkpoint_folder(folder: Path) -> Path | None:
@@ -108,20 +125,43 @@ def written_as_path(name: str | Path) -> bool:
     return bool(slash) and Path(first).is_dir()
 
 
+def looks_like_hub_name(name: str | Path) -> bool:
+    """Whether `name`, not found here, can be a hub repository and so earns a `hf download`
+    hint: ORG/NAME not written as a path, whose ORG is not a folder bert-kit writes (`runs/`) and
+    whose NAME is not a part of a run folder (`best`), or one of the bare names the hub serves
+    (`bert-base-uncased`, and the bare names of packaged models such as `all-MiniLM-L6-v2`)."""
+    text = str(name)
+    if not is_hub_name(text) or written_as_path(text):
+        return False
+    org, slash, bare = text.partition("/")
+    if slash:
+        return org not in OWN_FOLDERS and bare not in RUN_PARTS and not _CHECKPOINT.match(bare)
+    packaged = {known.rpartition("/")[2].lower() for known in MODEL_PACKAGES}
+    return text.lower() in BARE_HUB_NAMES or text.lower() in packaged
+
+
 def folder_not_found(name: str | Path, what: str = "model") -> str:
-    """'model folder not found: runs/reviewz (did you mean runs/reviews?)': folders of similar
-    names beside the missing one (at most the first 1,000 entries of its parent are read)."""
+    """'model folder not found: runs/reviewz (did you mean runs/reviews?)': the folders of the
+    nearest names beside the missing one (at most the first 1,000 entries of its parent are
+    read), or the part of its path that is not there."""
     path = Path(name).expanduser()
     hint = ""
     try:
         if path.parent.is_dir():
-            siblings = [p.name for p in itertools.islice(path.parent.iterdir(), 1000) if p.is_dir()]
+            siblings = [p.name for p in itertools.islice(path.parent.iterdir(), 1000) if p.is_dir()
+                        and not p.name.startswith(".")]
             close = difflib.get_close_matches(path.name, siblings, n=3, cutoff=0.6)
+            parent = Path(name).parent
             if close:
-                hint = f" (did you mean {' or '.join(str(Path(name).parent / c) for c in close)}?)"
+                hint = f" (did you mean {' or '.join(str(parent / c) for c in close)}?)"
+            elif siblings and str(parent) != ".":  # nothing close: the nearest of what is there
+                nearest = sorted(siblings, key=lambda c: -difflib.SequenceMatcher(None, path.name, c).ratio())[:5]
+                hint = f" ({parent} holds {', '.join(nearest)}{', ...' if len(siblings) > 5 else ''})"
         else:
             missing = next((p for p in reversed(path.parents) if not p.exists()), None)
-            hint = f" ({missing} does not exist)" if missing is not None and missing != path else ""
+            if missing is not None and missing != path:
+                hint = f" (there is no folder {missing} in {Path.cwd()})" if not missing.is_absolute() and \
+                    len(missing.parts) == 1 else f" ({missing} does not exist)"
     except OSError:
         pass
     return f"{what} folder not found: {name}{hint}"
@@ -180,8 +220,12 @@ def find_local_model(name: str, files: tuple[str, ...] = MODEL_FILES) -> Path | 
 def missing_model_message(name: str, what: str = "model") -> str:
     """Why `name` is not found and how to provide a local copy (bert-kit downloads nothing); for a
     name written as a path, that the folder is not there."""
-    if written_as_path(name) or not is_hub_name(name):
-        return folder_not_found(name, what)
+    if not looks_like_hub_name(name):
+        from bert_kit.config import PRESETS
+
+        preset = (f"; {name} is a model preset: a shape for random weights, with no tokenizer (name a tokenizer "
+                  "folder, such as a model folder)" if what == "tokenizer" and name in PRESETS else "")
+        return folder_not_found(name, what) + preset
     spellings = hub_spellings(name)
     moved = next((org for prefix, org in _MOVED if name.startswith(prefix)), None)
     repo_id = f"{moved}/{name}" if moved and "/" not in name else name
@@ -321,7 +365,12 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
     # as bert-kit's BERT class of that role (RobertaForMaskedLM -> BertForMaskedLM): every family alike
     meta["architectures"] = [architecture_role(a) for a in d.get("architectures") or [] if isinstance(a, str)]
     if "id2label" in d:
-        meta["label_names"] = [d["id2label"][k] for k in sorted(d["id2label"], key=int)]
+        from bert_kit.checks import label_map
+
+        try:
+            meta["label_names"] = list(label_map(d["id2label"]).values())
+        except ValueError as e:
+            raise CorruptFileError(f"{Path(folder) / 'config.json'}: {e}") from None
     return meta
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit.heads import select_masked
+from bert_kit.heads import LabelledOutputs, select_masked
 from bert_kit.input_checks import check_inputs
 from bert_kit.kernels.packing import Packed, pad, to_sequences, unpad
 from bert_kit.model import BertPreTrainedModel
@@ -315,7 +315,7 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         return self.decoder(self.head(select_masked(hidden, labels, masked_index)))
 
 
-class _ModernBertClassifier(ModernBertPreTrainedModel):
+class _ModernBertClassifier(LabelledOutputs, ModernBertPreTrainedModel):
     """ModernBERT + head (dense, act, norm) + dropout + a linear layer to `num_labels` outputs."""
 
     def __init__(self, config: ModernBertConfig, num_labels: int = 2, classifier_dropout: float | None = None):

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, UnsupportedModelError, check_settings, fraction, non_negative, positive,
-                             read_json)
+from bert_kit.checks import (ConfigError, UnsupportedModelError, check_settings, fraction, label_map, non_negative,
+                             positive, read_json)
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "relu", "silu")  # HF ACT2FN names bert-kit implements
@@ -26,7 +26,7 @@ ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "relu", "silu")  # HF AC
 _LEGACY_KEYS = ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta")
 # keys that do not shape the outputs: training switches, kernel choices, bookkeeping
 _IGNORED_KEYS = {
-    "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype", "id2label",
+    "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
     "label2id", "num_labels", "problem_type", "gradient_checkpointing", "deterministic_flash_attn",
     "reference_compile", "repad_logits_with_grad", "sparse_prediction", "sparse_pred_ignore_index",
     "layer_norm_eps", "position_embedding_type", "use_cache", "finetuning_task", "tokenizer_class", "return_dict",
@@ -79,8 +79,11 @@ class ModernBertConfig:
     classifier_dropout: float = 0.0  # before the heads' classifier
     classifier_bias: bool = False  # the heads' dense layer (dense, act, norm) without a bias
     classifier_activation: str = "gelu"  # the heads' activation
+    id2label: dict[int, str] | None = None  # a classifier's label name per output (HF's id2label); None: LABEL_i
 
     def __post_init__(self) -> None:
+        if self.id2label is not None:
+            self.id2label = label_map(self.id2label)
         check_settings(self, _RULES)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -178,12 +181,24 @@ class ModernBertConfig:
 
     # ---- export -------------------------------------------------------------------------------
 
+    @property
+    def label2id(self) -> dict[str, int]:
+        """The output of each label name (HF's label2id); empty without label names."""
+        return {name: i for i, name in (self.id2label or {}).items()}
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; id2label only when there are label names."""
+        d = asdict(self)
+        if d["id2label"] is None:
+            del d["id2label"]
+        return d
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` dict that `transformers.ModernBertConfig` reads (4.x and 5.x)."""
         d = self.to_dict()
+        if "id2label" in d:  # JSON keys are text, as HF writes them
+            d["id2label"] = {str(i): name for i, name in d["id2label"].items()}
+            d["label2id"] = self.label2id
         n = next((n for n in range(1, self.num_hidden_layers + 1)
                   if layer_types_every(n, self.num_hidden_layers) == self.layer_types), None)
         if n is not None:  # the older keys, for transformers 4.x

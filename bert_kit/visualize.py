@@ -16,6 +16,7 @@ which the tests check against the model's own forward pass.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -77,20 +78,21 @@ def attention_maps(model: BERTModel, input_ids: torch.Tensor, attention_mask: to
 
 
 def _parse_indices(spec: str | None, n: int, what: str) -> list[int]:
-    """"0,2,5" or "1-3" or None (all) -> sorted indices, each checked against n."""
+    """"0,2,5" or "1-3" or None (all) -> sorted indices, each checked against n: a part that is no
+    index or range, a range written high to low, or an index past the model's is a ConfigError."""
     if spec is None or spec == "all":
         return list(range(n))
     out: set[int] = set()
     for part in spec.split(","):
-        part = part.strip()
-        try:
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            raise ConfigError(f"--{what}: cannot read {part!r}; use e.g. 0,2,5 or 1-3") from None
-    bad = [i for i in out if not 0 <= i < n]
-    if bad:
-        raise ConfigError(f"--{what}: index {bad[0]} out of range; the model has {n} {what}")
+        found = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if found is None:
+            raise ConfigError(f"--{what} {spec}: cannot read {part.strip()!r}; use e.g. 0,2,5 or 1-3 (0-based)")
+        lo, hi = int(found[1]), int(found[2] or found[1])
+        if lo > hi:
+            raise ConfigError(f"--{what} {spec}: the range {part.strip()} runs from high to low; write {hi}-{lo}")
+        if hi >= n:
+            raise ConfigError(f"--{what} {spec}: index {hi} is out of range: the model has {n} {what}, 0-{n - 1}")
+        out.update(range(lo, hi + 1))
     return sorted(out)
 
 

@@ -124,13 +124,13 @@ def test_only_ids_of_its_own_tokenizer_skip_the_value_check(tiny, minilm_path, m
     """The check reads the ids back from the device (a wait every batch on a GPU): `encode` skips it
     for the ids it tokenized itself, when the tokenizer's vocabulary fits the model; `encode_ids`
     checks the ids it is given."""
-    import bert_kit.model
+    import bert_kit.input_checks
 
     model, tokenizer = tiny
     checked = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **k: checked.append(
-        not bert_kit.model._inputs_checked_by_caller) or forward(*a, **k))
+        not bert_kit.input_checks._inputs_checked_by_caller) or forward(*a, **k))
     encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=100)
     encoder.encode(varied_texts(10))
     assert checked and not any(checked)

@@ -348,3 +348,51 @@ def test_a_shard_short_of_a_tensor_its_index_names(tmp_path):
     with pytest.raises(CorruptFileError, match=r"names 1 tensor\(s\) its shards do not hold \(first "
                                                r"encoder.layer.9.output.dense.weight"):
         BERTModel.from_pretrained(tmp_path)
+
+
+def test_label_names_load_and_round_trip(tmp_path):
+    """A loaded classifier has its label names (config.id2label, as in transformers), and saving it
+    again keeps them (it wrote LABEL_0, LABEL_1); names that do not fit the head are dropped."""
+    model = BERTForSequenceClassification(TINY, num_labels=2)
+    model.id2label = {"0": "neg", "1": "pos"}
+    model.save_pretrained(tmp_path / "a")
+    loaded = BERTForSequenceClassification.from_pretrained(tmp_path / "a")
+    assert loaded.config.id2label == loaded.id2label == {0: "neg", 1: "pos"}
+    assert loaded.config.label2id == {"neg": 0, "pos": 1}
+    loaded.save_pretrained(tmp_path / "b")
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["label2id"] == {"neg": 0, "pos": 1}
+    assert transformers.BertForSequenceClassification.from_pretrained(tmp_path / "b").config.id2label == \
+        {0: "neg", 1: "pos"}
+    # an encoder saved by transformers names two LABEL_i: a new 3-class head on it gets LABEL_0..2
+    transformers.BertModel(transformers.BertConfig(**{k: v for k, v in TINY.to_hf_dict().items()
+                                                      if k != "architectures"})).save_pretrained(tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NewWeightsWarning)
+        head = BERTForSequenceClassification.from_pretrained(tmp_path / "hf", num_labels=3)
+    assert head.config.id2label is None and list(head.id2label.values()) == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    with pytest.raises(ValueError, match=r"id2label names 3 labels \['a', 'b', 'c'\] but the head has 2 outputs"):
+        loaded.id2label = ["a", "b", "c"]
+    with pytest.raises(ConfigError, match=r"id2label must number the outputs 0\.\.1, got ids \[0, 2\]"):
+        BertConfig(id2label={"0": "a", "2": "b"})
+
+
+@pytest.mark.parametrize("id2label, needle", [({"a": "neg", "1": "pos"}, "id2label: 'a': 'neg' is not an output id"),
+                                              ({"0": "neg", "2": "pos"}, "id2label must number the outputs 0..1"),
+                                              (["neg", "pos"], None)])
+def test_an_id2label_that_names_no_outputs_is_a_corrupt_config(tmp_path, id2label, needle):
+    """Keys that are no output ids gave "invalid literal for int() with base 10: 'a'"."""
+    from bert_kit.model_folder import read_model_metadata
+
+    model = BERTForSequenceClassification(TINY, num_labels=2)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["id2label"] = id2label
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if needle is None:  # a list of names, as some tools write it, is read too
+        assert read_model_metadata(tmp_path)["label_names"] == ["neg", "pos"]
+        assert BERTForSequenceClassification.from_pretrained(tmp_path).config.id2label == {0: "neg", 1: "pos"}
+        return
+    for load in (read_model_metadata, BERTForSequenceClassification.from_pretrained):
+        with pytest.raises(CorruptFileError, match=f"{tmp_path / 'config.json'}.*{needle}"):
+            load(tmp_path)

@@ -148,8 +148,10 @@ def test_a_missing_folder_suggests_the_folders_of_similar_names(hub):
     with pytest.raises(FileNotFoundError) as e:
         resolve_model("runs/reviewz")
     assert str(e.value) == "model folder not found: runs/reviewz (did you mean runs/reviews or runs/reviews-v2?)"
-    with pytest.raises(FileNotFoundError, match=r"^model folder not found: nowhere/a/b \(nowhere does not exist\)$"):
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: nowhere/a/b \(there is no folder nowhere "):
         resolve_model("nowhere/a/b")
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: /nowhere/a/b \(/nowhere does not exist\)$"):
+        resolve_model("/nowhere/a/b")
     with pytest.raises(FileNotFoundError, match="^model config file not found: configs/model.yaml$"):
         locate_model("configs/model.yaml")
 
@@ -185,3 +187,34 @@ def test_the_other_families_old_names_find_their_moved_copies(hub, old, new):
     snap = cache_snapshot(hub, new)
     (snap / "config.json").write_text(json.dumps({"model_type": old.removesuffix("-uncased").removesuffix("-base")}))
     assert resolve_model(old) == snap
+
+
+@pytest.mark.parametrize("name", ["runs/reviewz", "runs/reviewz/best", "sst2/best", "run/step-0000006", "bert-tiny",
+                                  "mymodel", "reviews"])
+def test_only_a_name_that_can_be_a_hub_repository_gets_the_hub_advice(hub, name):
+    """`runs/reviewz` run where there is no runs/ folder, and `--tokenizer bert-tiny` (a preset), were
+    told to `hf download runs/reviewz` and `hf download google-bert/bert-tiny`, repositories that
+    cannot exist: runs/ is where bert-kit writes its runs, and the hub's names are ORG/NAME but for
+    its oldest bare names. They are folders that are not there."""
+    for find in (resolve_model, lambda n: get_tokenizer(n)):
+        with pytest.raises(FileNotFoundError) as e:
+            find(name)
+        assert "folder not found: " + name in str(e.value) and "hf download" not in str(e.value), str(e.value)
+    assert not (hub.parent / "runs").exists()
+
+
+def test_the_missing_folder_error_names_what_is_missing_and_what_is_near(hub):
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: runs/reviewz \(there is no folder runs in "):
+        resolve_model("runs/reviewz")
+    for name in ("sst2", "conll", "squad"):
+        (hub.parent / "runs" / name).mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"^model folder not found: runs/reviewz \(runs holds "
+                                                r"(conll|sst2|squad), (conll|sst2|squad), (conll|sst2|squad)\)$"):
+        resolve_model("runs/reviewz")
+    with pytest.raises(FileNotFoundError, match="bert-tiny is a model preset: a shape for random weights, with no "
+                                                "tokenizer"):
+        get_tokenizer("bert-tiny")
+    # hub names keep the advice: ORG/NAME, and the bare names the hub still serves
+    for name, repo in (("org/model", "org/model"), ("bert-base-cased", "google-bert/bert-base-cased")):
+        with pytest.raises(FileNotFoundError, match=f"hf download {repo}"):
+            resolve_model(name)

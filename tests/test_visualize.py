@@ -114,7 +114,7 @@ def test_attention_cli_writes_png(tmp_path, minilm_path, capsys):
     # a layer the model does not have is a one-line user error
     assert cli_main(["attention", "--model", str(minilm_path), "--text", "hi", "--output",
                      str(small), "--layers", "7"]) == 2  # a wrong flag: exit 2
-    assert "index 7 out of range" in capsys.readouterr().err
+    assert "--layers 7: index 7 is out of range: the model has 6 layers, 0-5" in capsys.readouterr().err
 
 
 def test_index_parsing_and_shape_errors(tmp_path):
@@ -122,6 +122,14 @@ def test_index_parsing_and_shape_errors(tmp_path):
     assert _parse_indices(None, 3, "heads") == [0, 1, 2]
     with pytest.raises(ValueError, match="cannot read"):
         _parse_indices("a", 3, "heads")
+    # a range written high to low drew an empty grid: matplotlib's "Number of rows must be a positive integer"
+    with pytest.raises(ValueError, match=r"^--layers 1-0: the range 1-0 runs from high to low; write 0-1$"):
+        _parse_indices("1-0", 2, "layers")
+    for spec in ("1-", "-1", "", "0,,1", "1 - 2", "0x1"):
+        with pytest.raises(ValueError, match=r"cannot read .*; use e\.g\. 0,2,5 or 1-3"):
+            _parse_indices(spec, 3, "heads")
+    with pytest.raises(ValueError, match=r"--heads 0-3: index 3 is out of range: the model has 3 heads, 0-2"):
+        _parse_indices("0-3", 3, "heads")
     with pytest.raises(ValueError, match="T = 2 tokens"):
         plot_attention_grid(np.zeros((1, 1, 3, 3)), ["a", "b"], tmp_path / "x.png")
 

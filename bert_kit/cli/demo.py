@@ -99,13 +99,18 @@ def score_fill_mask(folder: Path, probes: list[tuple[str, str, str]], train_file
     counts = Counter(train_file.read_text(encoding="utf-8").replace(".", " ").split())
     guesses = {kind: max(words, key=lambda w: counts[w]) for kind, words in answer_kinds().items()}
     right, guessed, total, shown = Counter(), Counter(), Counter(), []
-    for (text, answer, kind), top_ids, top_scores in zip(probes, ids.tolist(), scores.tolist()):
+    # the examples are spread evenly over the probes, chosen before the answers are seen: the first
+    # six came from the first two biographies, so one fact the model had not learnt (lyon is in
+    # france: a country probe names only the city, and the city's country is what pretraining
+    # learns last) made two of six lines and the first one wrong
+    examples = {round(i * len(probes) / SHOWN_PROBES) for i in range(SHOWN_PROBES)}
+    for i, ((text, answer, kind), top_ids, top_scores) in enumerate(zip(probes, ids.tolist(), scores.tolist())):
         top = tokenizer.convert_ids_to_tokens(top_ids)
         total[kind] += 1
         right[kind] += top[0] == answer
         guessed[kind] += guesses[kind] == answer
-        if len(shown) < SHOWN_PROBES:
-            shown.append({"text": text, "answer": answer,
+        if i in examples:
+            shown.append({"text": text, "answer": answer, "kind": kind, "right": top[0] == answer,
                           "predictions": [(t, round(x, 3)) for t, x in zip(top, top_scores)]})
     n = sum(total.values())
     return {"accuracy": sum(right.values()) / n, "guessing": sum(guessed.values()) / n, "probes": n,
@@ -151,19 +156,26 @@ def demo(output_dir: str | Path = "runs/demo", pretrain_steps: int = 2000, finet
             epochs=finetune_epochs, batch_size=16, lr=1e-3, eval_every=10, save_every=10_000, keep_last=1,
             log_every=5, seed=run_seed, device=device, output_dir=str(output_dir), overwrite=overwrite))
 
-    def topic_runs(model: str, name: str) -> tuple[dict[str, Any], list[float]]:
-        """The run of `seed` into OUT/name (shown), then the other seeds quietly into a temporary folder."""
+    runs = 2 * FINETUNE_SEEDS
+
+    def topic_runs(model: str, name: str, what: str, first_run: int) -> tuple[dict[str, Any], list[float]]:
+        """The run of `seed` into OUT/name (shown), then the other seeds quietly into a temporary
+        folder; a line names each run (the task's own line comes only with the shown one)."""
+        print(f"fine-tuning {first_run} of {runs}: {what}, seed {seed} (kept in {out / name})", flush=True)
         first = topic_run(model, out / name, seed, again)
         scores = [first["best_value"]]
-        for extra in range(seed + 1, seed + FINETUNE_SEEDS):
+        for i, extra in enumerate(range(seed + 1, seed + FINETUNE_SEEDS), start=first_run + 1):
+            print(f"fine-tuning {i} of {runs}: {what}, seed {extra} ...", end="", flush=True)
             with tempfile.TemporaryDirectory(prefix="bert-kit-demo-") as tmp, \
                     contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 scores.append(topic_run(model, Path(tmp) / name, extra, False)["best_value"])
+            print(f" accuracy {scores[-1]:.2f}", flush=True)
         return first, scores
 
-    fin, fin_scores = topic_runs(str(out / "pretrain" / "final"), "finetune")
+    fin, fin_scores = topic_runs(str(out / "pretrain" / "final"), "finetune", "the pretrained model", 1)
     # the same shape from random weights: what pretraining adds
-    scratch, scratch_scores = topic_runs(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init")
+    scratch, scratch_scores = topic_runs(str(out / "pretrain" / "final" / "config.json"), "finetune_random_init",
+                                         "the same shape from random weights", 1 + FINETUNE_SEEDS)
     results = {
         "pretrain": {k: pre.get(k) for k in ("test_mlm_loss", "test_mlm_accuracy", "test_nsp_accuracy",
                                              "test_nsp_loss", "steps", "tokens_per_second")},
@@ -189,9 +201,12 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
     kinds = ", ".join(f"{k} {v:.2f}" for k, v in fill["by_kind"].items())
     print(f"fill-mask on {fill['probes']} held-out sentences: first answer right {fill['accuracy']:.0%} "
           f"(guessing the most frequent word of the kind: {fill['guessing']:.0%}); {kinds}")
-    for example in fill["examples"]:
+    for example in fill["examples"]:  # spread over the probes, the wrong ones too: each says which it is
         answers = ", ".join(f"{t} {s:.2f}" for t, s in example["predictions"])
-        print(f"  {tail_words(example['text']):>{EXAMPLE_WIDTH}}  -> {answers:<40} (masked: {example['answer']})")
+        verdict = "right" if example["right"] else \
+            f"wrong; {example['kind']} answers are right {fill['by_kind'][example['kind']]:.0%} of the time"
+        print(f"  {tail_words(example['text']):>{EXAMPLE_WIDTH}}  -> {answers:<40} (masked: {example['answer']}; "
+              f"{verdict})")
     seeds = ", ".join(f"{a:.2f}" for a in fin["accuracy_by_seed"])
     scratch = ", ".join(f"{a:.2f}" for a in fin["random_init_accuracy_by_seed"])
     print(f"fine-tuning, topic of held-out sentences, mean of {len(fin['seeds'])} seeds: accuracy {fin['accuracy']:.2f} "
@@ -202,19 +217,21 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bert_kit.cli.options import COUNT, POSITIVE, SEED
+    from bert_kit.cli.options import COUNT, POSITIVE, SEED, add_device_option
 
     parser.add_argument("--output", default="runs/demo",
                         help="output folder (default runs/demo); an earlier demo there is replaced")
     parser.add_argument("--pretrain-steps", type=COUNT, default=2000, help="pretraining steps (default 2000)")
     parser.add_argument("--finetune-epochs", type=POSITIVE, default=3.0, help="fine-tuning epochs (default 3)")
     parser.add_argument("--seed", type=SEED, default=0)
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser, default="auto")
 
 
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.checks import resolve_device
     from bert_kit.cli.errors import check_output_dir
 
     check_output_dir(args.output, "--output")
+    resolve_device(args.device)  # a device this machine lacks is refused before the corpus is written
     demo(args.output, args.pretrain_steps, args.finetune_epochs, args.seed, args.device)
     return 0

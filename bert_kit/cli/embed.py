@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
                        args.encoding)
     folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
     from bert_kit.checks import resolve_device  # torch: after the input was read
+    from bert_kit.data.truncation import find_truncated, report_truncated
     from bert_kit.embeddings import SentenceEncoder
     from bert_kit.onnx_export import onnx_folder
     from bert_kit.tasks.inference import warn_blank_texts
@@ -64,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"embedding on {encoder.device} in {encoder.precision}, batches of {encoder.max_tokens_per_batch} tokens",
           flush=True)
     warn_blank_texts(texts, args.input, tokenizer=encoder.tokenizer)  # blank, or only control characters
+    kept = list(map(len, encoder.tokenize(texts)))  # tokens per text as truncated: the cut ones fill max_length
+    found = find_truncated(encoder.tokenizer, texts, None, encoder.max_length, kept)
+    report_truncated(found, args.input, encoder.model.config.max_position_embeddings)
     t0 = time.perf_counter()
     vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 2000)
     seconds = time.perf_counter() - t0

@@ -2,24 +2,29 @@
 
 The JSON (and, for classification, the confusion matrix PNG) goes to --output, else to the
 working directory as eval_{task}_{data file}.json: never into the model folder, which may be
-read-only or installed inside a package.
+read-only or installed inside a package. That default file is replaced by a new evaluation of
+the same model, never by one of another model (the same dev.tsv scored by two models): the
+other model's goes to eval_{task}_{data file}_{model}.json, and the command says so.
 
 `--task retrieval` scores any encoder on a BEIR folder (`--data nfcorpus --split test`): nDCG@10,
 MRR@10, Recall@1/10/100 and MAP@100 as MTEB computes them (`bert_kit.retrieval`), saved as
-eval_retrieval_{folder}_{split}.json.
+eval_retrieval_{folder}_{split}.json (by the same rule).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
 import time
 from pathlib import Path
 
-from bert_kit.checks import ConfigError, check_input_file
+from bert_kit.checks import PRECISIONS, ConfigError, check_input_file
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, FINITE, INDEX, INTEGER, MAX_LENGTH, add_device_option, add_model_option,
                                   add_table_options, flag_messages, name_settings_as_flags)
+from bert_kit.model_folder import resolve_model
 from bert_kit.outputs import write_text
 from bert_kit.tasks import TASKS
 
@@ -33,7 +38,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, tasks: tuple[str, ...]
     parser.add_argument("--max-length", type=MAX_LENGTH, default=None,
                         help="tokens per text (default: the model's fine-tuning length, else its positions)")
     add_device_option(parser)
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto")
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
                         help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
                              "auto: onnx for exported folders, else torch")
@@ -57,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="labelled data file (TSV/CSV/JSONL, CoNLL, SQuAD JSON, STS-B); "
                                                       "retrieval: a BEIR folder")
     parser.add_argument("--output", default=None,
-                        help="metrics JSON (default: ./eval_{task}_{data file name}.json)")
+                        help="metrics JSON (default: ./eval_{task}_{data file name}.json; when that holds another "
+                             "model's evaluation, ./eval_{task}_{data file name}_{model}.json)")
     parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default=None,
                         help="classification: label column; similarity: score (default: the model's, else label)")
@@ -106,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from bert_kit.tasks.inference import load_task_model, summary_line
 
     task, model, precision = load_task_model(args)
-    out = Path(args.output) if args.output else Path(f"eval_{task.name}_{Path(args.data).stem}.json")
+    folder = resolve_model(args.model).resolve()
+    out = Path(args.output) if args.output else default_output(task.name, args.data, args.model, folder)
     png = out.with_name(out.stem + "_confusion_matrix.png") if task.name == "classification" else None
     named = "--output" if args.output else "the default --output"  # checked before the evaluation too
     check_output_file(out, named, inputs=[args.data])
@@ -115,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if not items:
         raise ValueError(f"{args.data}: no examples to evaluate")
     metrics = task.evaluate(model, items, precision)
-    result = {"task": task.name, "model": str(args.model), "data": str(args.data), **metrics,
-              "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
+    result = {"task": task.name, "model": str(args.model), "model_path": str(folder), "data": str(args.data),
+              **metrics, "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
         result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
     write_text(out, json.dumps(result, indent=2) + "\n")
@@ -135,20 +142,21 @@ def run_retrieval(args: argparse.Namespace) -> int:
     """--task retrieval: embed a BEIR split's queries and corpus, search, score, write the JSON."""
     t0 = time.time()
     folder = Path(args.data)
-    out = Path(args.output) if args.output else Path(f"eval_retrieval_{folder.resolve().name}_{args.split}.json")
+    model = resolve_model(args.model)
+    out = Path(args.output) if args.output else default_output(
+        "retrieval", f"{folder.resolve().name}_{args.split}", args.model, model.resolve())
     check_output_file(out, "--output" if args.output else "the default --output")
     check_output_file(args.save_run, "--save-run")
     cutoffs = {name: getattr(args, f"{name}_at") for name in ("ndcg", "mrr", "recall", "map", "precision")}
     if not any(cutoffs.values()):
         raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
-    from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
+    from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
     from bert_kit.retrieval.beir import read_beir
 
     data = read_beir(folder, args.split)  # before torch and the model load
     if args.max_examples:  # the first N judged queries
         data.qrels = dict(list(data.qrels.items())[:args.max_examples])
         data.queries = {q: data.queries[q] for q in data.qrels}
-    model = resolve_model(args.model)
     from bert_kit.embeddings import SentenceEncoder  # torch: after the data was read
     from bert_kit.onnx_export import onnx_folder
     from bert_kit.retrieval.evaluator import RetrievalEvaluator, format_table
@@ -168,7 +176,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     ranking = evaluator.search(encoder)
     metrics = {**evaluator.score(ranking), "num_queries": len(data.qrels), "num_docs": len(data.corpus_ids),
                "queries_without_relevant": data.unanswerable}
-    result = {"task": "retrieval", "model": str(args.model), "data": str(args.data), "split": args.split, **metrics,
+    result = {"task": "retrieval", "model": str(args.model), "model_path": str(model.resolve()), "data": str(args.data),
+              "split": args.split, **metrics,
               "max_length": encoder.max_length, "pooling": pooling, "score_function": args.score_function,
               "query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix, "precision": encoder.precision,
               "top_k": evaluator.top_k, "index": args.faiss or "exact", "timings": evaluator.seconds,
@@ -181,3 +190,50 @@ def run_retrieval(args: argparse.Namespace) -> int:
     print(format_table(metrics, metric_names(evaluator.cutoffs)))
     print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0
+
+
+def default_output(task: str, data: str | Path, model: str | Path, folder: Path) -> Path:
+    """eval_{task}_{data}.json, unless it holds an evaluation of another model than `folder`:
+    then eval_{task}_{data}_{model}.json (a number added while that one is another model's too),
+    said on stderr. An evaluation is never replaced by another model's."""
+    plain = Path(f"eval_{task}_{Path(data).stem}.json")
+    holder = evaluated_model(plain)
+    if holder is None or holder[1] == folder:
+        return plain
+    label, n = model_label(model, folder), 1
+    while True:
+        out = plain.with_name(f"{plain.stem}_{label}{'' if n == 1 else f'_{n}'}.json")
+        found = evaluated_model(out)
+        if found is None or found[1] == folder:
+            print(f"evaluate: {plain} holds the evaluation of another model ({holder[0]}): writing {out}",
+                  file=sys.stderr, flush=True)
+            return out
+        n += 1
+
+
+def evaluated_model(path: Path) -> tuple[str, Path] | None:
+    """(the model as named, its folder) of the evaluation JSON at `path`; None when there is
+    none there (or not one that can be read as an evaluation)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(earlier, dict) or "task" not in earlier or "model" not in earlier:
+        return None
+    named = str(earlier["model"])
+    if isinstance(earlier.get("model_path"), str):
+        return named, Path(earlier["model_path"])
+    try:  # written before the folder was recorded: the model as it was named, from here
+        return named, resolve_model(named).resolve()
+    except (OSError, ValueError):
+        return named, Path(named)
+
+
+def model_label(model: str | Path, folder: Path) -> str:
+    """A short name of a model for a file name: its folder's (`finetune_sst2`), with its run's
+    for a run's part (`finetune_sst2-best`), the last part of a hub name (`all-MiniLM-L6-v2`)."""
+    parts = Path(str(model).rstrip("/")).parts or folder.parts
+    name = parts[-1]
+    if (name in ("best", "final") or name.startswith("step-")) and len(parts) > 1:
+        name = f"{parts[-2]}-{name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"

@@ -25,8 +25,8 @@ from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
 from bert_kit.model_folder import locate_model
 from bert_kit.outputs import FolderLock, OutputFolder, write_record, write_text
 from bert_kit.tasks.glue import TASKS, build_report, find_tasks, markdown_table, recipe_table, task_name
-from bert_kit.tasks.glue_runs import (check_configs, check_overrides, finished, log_path, lr_name, plan_runs, run_all,
-                                      visible_gpus)
+from bert_kit.tasks.glue_runs import (changed_inputs, check_configs, check_overrides, earlier_result, finished,
+                                      log_path, lr_name, plan_runs, run_all, visible_gpus)
 
 WRITTEN_BY = "bert-kit glue"
 RESULTS = "glue_results.json"
@@ -125,7 +125,9 @@ def glue_folder(data: str | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     t0 = getattr(args, "started", None) or time.time()
     root = glue_folder(args.data)
-    wanted = parse_list("--tasks", args.tasks, task_name, "a GLUE task") if args.tasks else None
+    # --tasks "" is no task list (it ran every task); left out, every task whose files are there
+    wanted = None if args.tasks is None else parse_list("--tasks", args.tasks, task_name,
+                                                        f"one or more GLUE tasks ({','.join(TASKS)})")
     present, missing = find_tasks(root, wanted)
     locate_model(args.model)  # a model that is not there fails now, not in every run
     lrs = parse_list("--lrs", args.lrs, learning_rate, "a learning rate in (0, 1) or auto")
@@ -146,6 +148,12 @@ def run(args: argparse.Namespace) -> int:
              + (f"; missing: {', '.join(TASKS[n].title for n in missing)}" if missing else ""))
         for run_id in kept:
             note(f"{run_id}: finished earlier, kept")
+        for run in todo:  # finished with these settings, but on other data or another model
+            earlier = earlier_result(run)
+            if earlier is not None:
+                changed = changed_inputs(run, earlier)
+                shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+                note(f"{run['id']}: {shown} changed since it finished: running it again")
 
         outcomes: dict[str, dict] = {r: {"glue": g} for r, g in kept.items()}
         context = {"args": args, "root": root, "present": present, "missing": missing, "runs": runs,
@@ -170,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(report))
     print(f"\nwrote {out / RESULTS}; wall time {time.time() - t0:.1f} s")
     return exit_code(runs, outcomes)
+
+
+class WorkersEnded(OSError):
+    """Every worker process ended with runs still waiting: the run failed here (exit 1), not the command."""
 
 
 def note(line: str) -> None:
@@ -206,12 +218,22 @@ def write_report(context: dict) -> dict:
 
 def exit_code(runs: list[dict], outcomes: dict[str, dict]) -> int:
     """0 when every run finished; else one error line per failed run (and the worst exit code),
-    or 130/143 when a run was stopped by a signal."""
+    or 130/143 when a run was stopped by a signal (the runs it kept from starting are named as
+    not run, on one line)."""
     code, seen = 0, set()
+    stopped = next((o["stopped"] for o in outcomes.values() if "stopped" in o), None)
+    if stopped is not None:
+        waiting = [run["id"] for run in runs if run["id"] not in outcomes]
+        if waiting:
+            note(f"not run, the command was interrupted ({stopped}): {', '.join(waiting)}; run the same command "
+                 "again to run them")
     for run in runs:
         outcome = outcomes.get(run["id"])
+        if outcome is None and stopped is not None:
+            continue  # said above
         if outcome is None:
-            outcome = {"error": RuntimeError("not run: every worker process had ended")}
+            outcome = {"error": WorkersEnded("not run: every worker process had ended before this run started "
+                                             "(their logs beside the run folders say why)")}
         if "stopped" in outcome:
             code = max(code, 130 if outcome["stopped"] == "SIGINT" else 143)
         elif "error" in outcome:

@@ -13,7 +13,7 @@ import argparse
 import functools
 from typing import Any, Callable
 
-from bert_kit.checks import Range, non_negative, positive
+from bert_kit.checks import ConfigError, Range, check_device, non_negative, positive
 from bert_kit.data import settings_named_as
 
 
@@ -51,9 +51,20 @@ def add_model_option(parser: argparse.ArgumentParser, what: str = "") -> None:
     parser.add_argument("--model", required=True, help=f"{MODEL_HELP}{'; ' + what if what else ''}")
 
 
-def add_device_option(parser: argparse.ArgumentParser) -> None:
+def device_name(text: str) -> str:
+    """An argparse `type=` for --device: a device name (auto, cpu, cuda, cuda:N, mps, xpu); whether
+    this machine has it is checked when the device is chosen (`bert_kit.checks.resolve_device`)."""
+    try:
+        check_device(text, "--device")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--device=")) from None
+    return text.strip()
+
+
+def add_device_option(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     """--device, for every command that runs a model."""
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available, else cpu)")
+    parser.add_argument("--device", type=device_name, default=default,
+                        help="auto, cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
 
 
 def add_table_options(parser: argparse.ArgumentParser, rows: str = "keep only rows with this value") -> None:

@@ -10,13 +10,17 @@ float32 tensors accordingly.
 Labels are checked, not guessed (:func:`convert_labels`): given `label_names` or `num_labels`
 win; a fractional label among integer classes, a non-finite, null or boolean label, a class
 outside the names or ids, a mix of numbers and names, or two class names that differ only in
-case (`Positive`, `positive`) is an error naming the file and line. :func:`tokenless` finds the
-texts that give the model no token at all (blank, or only control characters).
+case (`Positive`, `positive`) is an error naming the file and line. A label column of lists
+(`"price,quality"` in most rows, or JSON lists) is refused too (:func:`check_single_labels`):
+multi-label classification is not supported, and each combination would become a class of its
+own. :func:`tokenless` finds the texts that give the model no token at all (blank, or only
+control characters).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import unicodedata
@@ -30,10 +34,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from bert_kit.data import read_text, setting
 from bert_kit.data.tables import Column, first_line, no_garbage_collection, read_table, separator_hint, table_layout
+from bert_kit.data.truncation import Truncated, find_truncated
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
 _INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")  # "0,5": a number as some locales write it, not a list
+LIST_DELIMITERS = (",", ";", "|")  # what separates the labels of a multi-label row ("price,quality")
 _WORD = re.compile(r"\w")  # a letter, digit or underscore: a text holding one gives a token
 
 
@@ -196,6 +203,33 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
     return [float(value) for _, value, _ in parsed], None
 
 
+def check_single_labels(raw: Sequence[Any], where: Sequence[str], column: Column,
+                        label_names: Sequence[str] | None = None) -> None:
+    """Refuse a column of label lists: a JSON list, or labels that hold a list delimiter (`,` `;`
+    `|`) in most rows ("price,quality"). Read as classes, every combination of labels would
+    become a class of its own, trained without a word; multi-label classification is not
+    supported. A label that is one of `label_names` is a class, whatever it holds."""
+    what = ("multi-label classification (several labels per row) is not supported, and each combination would "
+            "become a class of its own: give each row one label, or train one classifier per label")
+    for value, at in zip(raw, where):
+        if isinstance(value, list):
+            raise ValueError(f"{at}: column {column!r} holds a JSON list of labels ({_json_text(value)}): {what}")
+    names = {str(n) for n in label_names or ()}
+    labels = [(value.strip(), at) for value, at in zip(raw, where) if isinstance(value, str)]
+    for delimiter in LIST_DELIMITERS:
+        listed = [(text, at) for text, at in labels if delimiter in text and text not in names
+                  and all(part.strip() for part in text.split(delimiter)) and not _DECIMAL_COMMA.fullmatch(text)]
+        if 2 * len(listed) > len(raw):
+            text, at = listed[0]
+            raise ValueError(f"{at}: column {column!r} holds lists of labels ({text!r}, separated by {delimiter!r}, "
+                             f"in {len(listed):,} of {len(raw):,} rows): {what}")
+
+
+def _json_text(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _text(value: Any, at: str, column: Column) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{at}: column {column!r} holds {'null' if value is None else type(value).__name__}, "
@@ -263,6 +297,9 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
             if text_pair_column is not None:
                 pairs.append(_text(values[1], at, text_pair_column))
             lines.append(at)
+        if labelled and num_labels != 1:  # scores are numbers, never lists
+            check_single_labels(raw_labels, lines, "label_pattern" if pattern is not None else label_column,
+                                label_names)
         labels, names = convert_labels(raw_labels, lines, label_names, num_labels) if labelled else (None, None)
     return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names, lines)
 
@@ -289,6 +326,8 @@ class ClassificationDataset(Dataset):
 
     Item keys: input_ids, token_type_ids, attention_mask (each a list of length T_i <=
     max_length) and labels (an int, or a float for regression) when labels were given.
+    `truncated` says which texts (pairs) were longer than max_length and cut
+    (`bert_kit.data.truncation`).
     """
 
     def __init__(self, texts: Sequence[str], labels: Sequence[int] | Sequence[float] | None,
@@ -307,6 +346,19 @@ class ClassificationDataset(Dataset):
         else:
             enc = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
         self.encodings = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        # what `truncated` needs, counted when asked for (the server's one-text datasets never ask)
+        self._truncation_inputs = (tokenizer, texts, None if text_pairs is None else list(text_pairs), max_length)
+        self._truncated: Truncated | None = None
+
+    @property
+    def truncated(self) -> Truncated:
+        """The texts (pairs) longer than max_length, which were cut (`bert_kit.data.truncation`)."""
+        if self._truncated is None:
+            tokenizer, texts, pairs, max_length = self._truncation_inputs
+            kept = list(map(len, self.encodings["input_ids"]))
+            self._truncated = find_truncated(tokenizer, texts, pairs, max_length, kept,
+                                             "texts" if pairs is None else "pairs")
+        return self._truncated
 
     def __len__(self) -> int:
         return len(self.encodings["input_ids"])

@@ -45,8 +45,8 @@ class StaticConfig(BertConfig):
     """A `BertConfig` that can be hashed: NNX keeps a module's plain attributes in its graph
     definition, which `nnx.jit` hashes."""
 
-    def __hash__(self) -> int:
-        return hash(tuple(asdict(self).items()))
+    def __hash__(self) -> int:  # id2label, a dict, as its items
+        return hash(tuple((k, tuple(v.items()) if isinstance(v, dict) else v) for k, v in asdict(self).items()))
 
 
 def dense(n_in: int, n_out: int, config: BertConfig, rngs: nnx.Rngs) -> nnx.Linear:

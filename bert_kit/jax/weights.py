@@ -24,8 +24,8 @@ from flax import nnx
 from bert_kit.checks import CorruptFileError, read_json
 from bert_kit.config import load_hf_config
 from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _first_line, _infer_head_args, check_decoder_tied,
-                         check_finite, check_float, check_shards, from_hf_state_dict, load_torch_file,
-                         to_hf_state_dict, weights_files)
+                         check_finite, check_float, check_shards, fit_label_names, from_hf_state_dict,
+                         load_torch_file, to_hf_state_dict, weights_files)
 from bert_kit.hf import save_pretrained as save_hf_folder
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     if set(torch_state_dict_names(model)) - set(state):  # a new head: its weights are drawn for real
         model = nnx.jit(build)()  # one program draws them all
     new = load_torch_state_dict(model, state, source=str(folder), strict=strict, unmapped=unmapped)
+    fit_label_names(model)
     if new:
         warnings.warn(f"{cls.__name__}: {', '.join(new)} {'are' if len(new) > 1 else 'is'} newly initialised "
                       f"(not in {folder}): train them before use", NewWeightsWarning, stacklevel=3)

@@ -11,6 +11,8 @@ A fine-tuned folder records how its files were read (`Task.metadata`: columns, h
 delimiter, label_pattern, encoding), so `evaluate` and `predict` read other files the same way.
 Texts that give the model no token (blank, or only control characters) are left out of
 training and counted (`drop_empty_texts`), and flagged where they are scored (`flag_empty_texts`).
+Texts longer than max_length are cut, and each file's count is said on one line
+(`Task.report_truncated`, `bert_kit.data.truncation`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import torch.nn as nn
 from bert_kit.checks import CorruptFileError
 from bert_kit.data import setting
 from bert_kit.data.classification import pad_collate, tokenless
+from bert_kit.data.truncation import Truncated, report_truncated
 from bert_kit.input_checks import unchecked_inputs
 from bert_kit.kernels.packing import Packed
 from bert_kit.model import BERTModel
-from bert_kit.model_folder import locate_model
+from bert_kit.model_folder import locate_model, model_config
 from bert_kit.training.distributed import all_gather_object, rank, world_size
 from bert_kit.training.trainer import to_device
 
@@ -233,6 +236,19 @@ class Task:
         key = next((k for k in ("train_file", "validation_file") if getattr(self.s, k, None)
                     and str(getattr(self.s, k)) == str(path)), None)
         return f"{kind} ({setting(key)})" if key else kind
+
+    def report_truncated(self, path: str | Path, found: Truncated) -> None:
+        """Say on one line how many texts of `path` were cut to max_length, and by how much."""
+        report_truncated(found, path, self.positions())
+
+    def positions(self) -> int | None:
+        """The model's positions (how far max_length may go), when known without loading it."""
+        try:
+            kind, where = locate_model(self.s.model)
+            config = model_config(where if kind != "preset" else str(where))
+        except (OSError, ValueError):
+            return None
+        return None if config is None else config.max_position_embeddings
 
     def bind(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -51,7 +51,7 @@ class ClassificationTask(Task):
         else:  # a classifier has two outputs or more, even if the training slice shows one class
             self.num_labels = self.s.num_labels or len(data.label_names or []) or max(2, max(data.labels) + 1)
             self.label_names = _label_names(data.label_names, self.num_labels)
-        return self._dataset(data)
+        return self._dataset(data, source=path)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         # the training classes: the same names and ids, and no label the head has no output for
@@ -61,13 +61,16 @@ class ClassificationTask(Task):
         numbers = line_numbers(data.lines[:n])
         flag_empty_texts(path, self.tokenizer, data.texts[:n], data.text_pairs and data.text_pairs[:n],
                          "line" if numbers else "row", numbers)
-        return self._dataset(data, limit)
+        return self._dataset(data, limit, path)
 
-    def _dataset(self, data, limit: int | None = None) -> list[dict]:
+    def _dataset(self, data, limit: int | None = None, source: str | Path | None = None) -> list[dict]:
+        """The examples, tokenized; texts of `source` cut to max_length are counted on one line."""
         n = len(data.texts) if limit is None else min(limit, len(data.texts))
         labels = [float(y) for y in data.labels[:n]] if self.regression else list(data.labels[:n])
         pairs = None if data.text_pairs is None else data.text_pairs[:n]
         ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs)
+        if source is not None:
+            self.report_truncated(source, ds.truncated)
         return [ds[i] for i in range(len(ds))]
 
     def model_class(self) -> type:

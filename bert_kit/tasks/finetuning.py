@@ -46,7 +46,7 @@ from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import is_main, rank, world_size
 from bert_kit.training.loop import Job, Run, run_job
-from bert_kit.training.progress import read_metrics
+from bert_kit.training.progress import LongRunNotice, read_metrics
 
 __all__ = ["AUTO_LR", "FinetuneConfig", "FinetuningJob", "auto_lr", "finetune", "resolve_lr"]
 
@@ -140,6 +140,10 @@ class FinetuningJob(Job):
         self.metric = task.metric if self.eval_items is not None else None
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
+        # a long run on a CPU says so after its first half minute, and how to check the setup sooner
+        quick = "for a quick check first: max_steps=200, or max_train_examples=2000 epochs=1"
+        on_cpu = device.type == "cpu" and is_main()
+        self.long_run = LongRunNotice(self.total_steps, "this CPU", quick) if on_cpu else None
         if is_main():
             # QA trains and scores windows ("features"); a long context gives several per question
             unit = "features" if task.name == "qa" else "examples"
@@ -152,6 +156,9 @@ class FinetuningJob(Job):
             print(self.fast_path, flush=True)
 
     def step_batches(self, step: int) -> list[dict]:
+        notice = self.long_run and self.long_run(step)
+        if notice:
+            self.log(notice)
         if self.batches is None:
             self.loader.stop_after((self.total_steps - step) * self.cfg.grad_accum)
             self.batches = forever(self.loader)

@@ -7,10 +7,14 @@ then its model scored on the task's dev files; in parallel, one process per GPU.
 A run's folder is `OUT/TASK/lr{lr}_seed{seed}/`, an ordinary `bert-kit finetune` run folder:
 run_config.yaml, metrics.jsonl, loss_curve.png, best/ (the model at the end of training: the run
 has no validation file, the dev files are scored afterwards) and results.json, whose "glue"
-entry holds the run's settings ("spec") and dev figures. A rerun keeps every run whose
-results.json has a "glue" entry of the same settings; an interrupted one continues from its
-last checkpoint (or starts over when its settings changed). Checkpoints of a finished run are
-deleted: best/ and the figures are what is kept.
+entry holds the run's settings ("spec"), its dev figures and the fingerprint of its inputs
+("inputs": size, mtime and SHA-256 of each data file and of the model's config, weights and
+tokenizer files). A rerun keeps every run whose results.json has a "glue" entry of the same
+settings and inputs; a run whose data or model changed since (a new train.tsv, another model at
+the same path) runs again, and says so. An interrupted run continues from its last checkpoint
+(or starts over when its settings or inputs changed: the fingerprint it started with is kept
+beside its folder, `lr{lr}_seed{seed}.inputs.json`). Checkpoints of a finished run are deleted:
+best/ and the figures are what is kept.
 
 Each GPU gets one worker process (CUDA_VISIBLE_DEVICES set to that GPU before torch is
 imported) that takes runs from a shared queue, longest first; with several GPUs a run's output
@@ -20,6 +24,7 @@ This module imports torch only inside the functions that run models.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -34,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from bert_kit.checks import ConfigError
 from bert_kit.data import read_text
+from bert_kit.model_folder import locate_model
 from bert_kit.outputs import remove_entry, write_text
 from bert_kit.tasks.glue import TASKS, WARMUP_FRACTION, WEIGHT_DECAY, GlueTask, malformed_lines, task_metrics
 
@@ -113,12 +119,53 @@ def run_settings(task: GlueTask, files: dict[str, Path], model: str, lr: float |
     return settings
 
 
+# the files of a model folder that make the model: config, weights, tokenizer
+MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+                       "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """Size, modification time and SHA-256 of a file's bytes."""
+    stat = path.stat()
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+
+
+def model_files(model: str) -> list[Path]:
+    """The files a run's model is made of: a folder's config, weights and tokenizer files; a
+    config file; nothing for a preset (its name, in the settings, says it all)."""
+    kind, where = locate_model(model)
+    if kind == "file":
+        return [Path(where)]
+    if kind != "folder":
+        return []
+    return sorted({p for pattern in MODEL_FILE_PATTERNS for p in Path(where).glob(pattern) if p.is_file()})
+
+
+def same_inputs(a: dict[str, Any] | None, b: dict[str, Any]) -> list[str]:
+    """The files whose contents differ between two fingerprints (a size or a hash; a file touched
+    but unchanged is the same), or that only one of them holds; [] when they match."""
+    a = a or {}
+    return sorted(path for path in set(a) | set(b) if not isinstance(a.get(path), dict) or not isinstance(
+        b.get(path), dict) or any(a[path].get(k) != b[path].get(k) for k in ("size", "sha256")))
+
+
 def plan_runs(model: str, present: dict[str, dict[str, Path]], out: Path, lrs: Sequence[float | str],
               seeds: Sequence[int], overrides: Sequence[str] = (),
               notes: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
     """One run per task, lr and seed, longest first (train file size x epochs): each a plain dict
-    (it crosses into worker processes) whose "spec" is what makes a finished run reusable."""
-    runs = []
+    (it crosses into worker processes) whose "spec" (settings) and "inputs" (the fingerprint of
+    its data files and model) are what makes a finished run reusable."""
+    runs, seen = [], {}
+
+    def fingerprint(paths: Sequence[Path]) -> dict[str, Any]:
+        for path in paths:  # each file hashed once, however many runs read it
+            if str(path) not in seen:
+                seen[str(path)] = file_fingerprint(path)
+        return {str(path): seen[str(path)] for path in paths}
+
+    of_model = model_files(model)
     for name, files in present.items():
         task = TASKS[name]
         files, note = readable_files(task, files, out)
@@ -130,20 +177,46 @@ def plan_runs(model: str, present: dict[str, dict[str, Path]], out: Path, lrs: S
                 spec = {"task": name, "lr": lr, "seed": seed, "overrides": list(overrides),
                         "settings": run_settings(task, files, model, lr, seed, folder),
                         "dev": [[split, str(files[split])] for split, _ in task.dev]}
+                inputs = fingerprint([files["train"], *(files[split] for split, _ in task.dev), *of_model])
                 runs.append({"id": f"{name}/{folder.name}", "task": name, "lr": lr, "seed": seed,
-                             "folder": str(folder), "spec": json.loads(json.dumps(spec)),
+                             "folder": str(folder), "spec": json.loads(json.dumps(spec)), "inputs": inputs,
                              "cost": files["train"].stat().st_size * task.epochs})
     return sorted(runs, key=lambda r: -r["cost"])
 
 
-def finished(run: dict[str, Any]) -> dict[str, Any] | None:
-    """The "glue" entry of the run's results.json when the run finished with the same settings."""
+def earlier_result(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The "glue" entry of the run's results.json when it finished with the same settings."""
     path = Path(run["folder"]) / "results.json"
     try:
         glue = json.loads(path.read_text(encoding="utf-8")).get("glue")
     except (OSError, ValueError, AttributeError):
         return None
     return glue if isinstance(glue, dict) and glue.get("spec") == run["spec"] and "metrics" in glue else None
+
+
+def finished(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The "glue" entry of the run's results.json when the run finished with the same settings
+    and the same inputs (data files and model, by content)."""
+    glue = earlier_result(run)
+    return glue if glue is not None and not changed_inputs(run, glue) else None
+
+
+def changed_inputs(run: dict[str, Any], glue: dict[str, Any]) -> list[str]:
+    """The data and model files that changed since the run of `glue`. A run of an earlier version
+    recorded no fingerprint: then the files modified after its results.json was written."""
+    if "inputs" in glue:
+        return same_inputs(glue["inputs"], run.get("inputs", {}))
+    try:
+        written = (Path(run["folder"]) / "results.json").stat().st_mtime_ns
+    except OSError:
+        return sorted(run.get("inputs", {}))
+    return sorted(path for path, seen in run.get("inputs", {}).items() if seen["mtime_ns"] > written)
+
+
+def inputs_path(run: dict[str, Any]) -> Path:
+    """OUT/TASK/lr{lr}_seed{seed}.inputs.json: the fingerprint a run started with, beside its folder."""
+    folder = Path(run["folder"])
+    return folder.with_name(folder.name + ".inputs.json")
 
 
 # ---- one run, in a worker -------------------------------------------------------------------
@@ -199,6 +272,17 @@ def execute(run: dict[str, Any], device: str) -> dict[str, Any]:
     cfg = resolve_lr(make_config(run, device))  # lr auto: the number, printed with its reason
     out = Path(cfg.output_dir)
     resume = "latest" if latest_checkpoint(out / "checkpoints") is not None else None
+    started_with = inputs_path(run)
+    if resume and started_with.is_file():
+        try:
+            changed = same_inputs(json.loads(started_with.read_text(encoding="utf-8")), run["inputs"])
+        except ValueError:
+            changed = ["(unreadable)"]
+        if changed:  # its checkpoint learnt from other data, or is another model
+            print(f"{run['id']}: the earlier run cannot be continued: {', '.join(changed)} changed since it started; "
+                  "starting over", file=sys.stderr, flush=True)
+            resume = None
+    write_text(started_with, json.dumps(run["inputs"], indent=2) + "\n")
     try:
         results = finetune(dataclasses.replace(cfg, overwrite=resume is None), resume=resume)
     except ConfigError as e:
@@ -213,13 +297,14 @@ def execute(run: dict[str, Any], device: str) -> dict[str, Any]:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else None
-    glue = {"spec": run["spec"], "task": task.name, "lr": cfg.lr, "seed": cfg.seed,
+    glue = {"spec": run["spec"], "inputs": run["inputs"], "task": task.name, "lr": cfg.lr, "seed": cfg.seed,
             "metrics": task_metrics(task, outputs), "train_examples": results.get("num_train_examples"),
             "dev_examples": counts if len(counts) > 1 else next(iter(counts.values())),
             "seconds": round(time.time() - t0, 2), "train_seconds": results.get("train_time_s"),
             "precision": results.get("precision"), "device": gpu or device, "folder": str(out)}
     write_text(out / "results.json", json.dumps({**results, "glue": glue}, indent=2) + "\n")
     remove_entry(out / "checkpoints")  # the run is done: best/ and the figures are what is kept
+    remove_entry(started_with)  # results.json holds the fingerprint now
     return glue
 
 

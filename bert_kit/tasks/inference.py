@@ -1,6 +1,7 @@
 """Inference with a saved model folder: load it as its task, score it, predict with it.
 
-Used by `bert-kit evaluate` and `bert-kit predict`. The task, label names and settings of a
+Used by `bert-kit evaluate` and `bert-kit predict`, and from Python by `TextClassifier`
+(`TextClassifier.from_pretrained(folder).predict(texts)`). The task, label names and settings of a
 fine-tuned folder are read from its config.json, so the task may be left out for folders
 written by `bert-kit finetune`; so are the settings its files were read with (columns, header,
 delimiter, label_pattern, encoding), which are the defaults of the flags.
@@ -18,13 +19,15 @@ MCC, per-class scores. token-classification: entity-level P/R/F1 (CoNLL); qa: SQ
 predict, input files per task:
 - classification: .txt with one text per line (a tab separates a pair), or TSV/CSV/JSONL with
   the text column(s) (--header, --delimiter, --where, --label-pattern as for fine-tuning) ->
-  text, label, label_id, probabilities (score for a regression head);
+  text, label, label_id, probabilities (score for a regression head), truncated;
 - token-classification: .txt with one sentence per line, or a CoNLL file -> words, tags,
   entities (type, start, end, text);
 - qa: JSON Lines {"question", "context"[, "id"]} or SQuAD JSON -> id, question, answer;
 - similarity: two tab-separated sentences per line, an STS-B file, JSON Lines
   {"sentence1", "sentence2"}, or any pair file with --text-column and --text-pair-column
-  -> sentence1, sentence2, score.
+  -> sentence1, sentence2, score, truncated.
+`truncated` is true for a row longer than max_length, cut to its first max_length tokens; how
+many were cut, and by how much, is said on one line before the predictions (so does `evaluate`).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     max_length = args.max_length or default_max_length(folder)
     positions = model_positions(folder)
     if max_length > positions:
-        raise ValueError(f"--max-length {max_length} exceeds the {positions} positions of {folder}")
+        raise ValueError(f"{setting('max_length', max_length)} exceeds the {positions} positions of {folder}")
     where = parse_where(getattr(args, "where", None))
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
@@ -275,20 +278,29 @@ def read_pairs(task: Any, path: str | Path) -> tuple[list[str], list[str]]:
 # ---- predictions --------------------------------------------------------------------------------
 
 def predict_classification(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
-    from bert_kit.data.classification import ClassificationDataset
-
     texts, pairs = read_classification_inputs(task, path)
     unit = "line" if Path(path).suffix == ".txt" else "row"
     flag_empty_texts(path, task.tokenizer, texts, pairs, unit)
-    ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
-    logits = task.logits(model, [ds[i] for i in range(len(ds))], precision)  # (N, C)
+    labelled, truncated = classify(task, model, precision, texts, pairs)
+    task.report_truncated(path, truncated)
     records = []
-    for i, row in enumerate(logits):
+    for i, labels in enumerate(labelled):
         rec: dict[str, Any] = {"text": texts[i]}
         if pairs is not None:
             rec["text_pair"] = pairs[i]
-        records.append({**rec, **label_record(task, row)})
+        records.append({**rec, **labels})
     return records
+
+
+def classify(task: Any, model: Any, precision: Any, texts: list[str],
+             pairs: list[str] | None = None) -> tuple[list[dict[str, Any]], Any]:
+    """(a `label_record` per text, with "truncated": cut to max_length; the `Truncated` rows)."""
+    from bert_kit.data.classification import ClassificationDataset
+
+    ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
+    cut = set(ds.truncated.rows)
+    logits = task.logits(model, [ds[i] for i in range(len(ds))], precision) if len(ds) else []  # (N, C)
+    return [{**label_record(task, row), "truncated": i in cut} for i, row in enumerate(logits)], ds.truncated
 
 
 def label_record(task: Any, row: Any) -> dict[str, Any]:
@@ -321,6 +333,7 @@ def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt
     from bert_kit.data.squad import prepare_eval_features
 
     examples = read_questions(path, task.s.skip_bad_answers, task.s.encoding)
+    task.report_long_questions(path, examples)
     features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.doc_stride,
                                      task.s.max_query_length)
     answers = task.answers(model, examples, features, precision)
@@ -330,9 +343,78 @@ def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt
 def predict_similarity(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     s1, s2 = read_pairs(task, path)
     flag_empty_texts(path, task.tokenizer, s1, s2, "pair")
+    found = task.truncation(s1, s2)
+    task.report_truncated(path, found)
+    cut = set(found.rows)
     scores = task.scores(model, s1, s2, precision)
-    return [{"sentence1": a, "sentence2": b, "score": float(x)} for a, b, x in zip(s1, s2, scores)]
+    return [{"sentence1": a, "sentence2": b, "score": float(x), "truncated": i in cut}
+            for i, (a, b, x) in enumerate(zip(s1, s2, scores))]
 
 
 PREDICTORS = {"classification": predict_classification, "token-classification": predict_tokens,
               "qa": predict_answers, "similarity": predict_similarity}
+
+
+class TextClassifier:
+    """A fine-tuned classification folder, to label texts from Python:
+
+        clf = TextClassifier.from_pretrained("runs/finetune_sst2")
+        clf.predict(["a great film", "awful"])
+        # [{"label": "positive", "label_id": 1, "probabilities": {"negative": 0.02, "positive": 0.98},
+        #   "truncated": False}, {"label": "negative", ...}]
+
+    Each result is what `bert-kit predict` writes for a line: label, label_id, probabilities by
+    label name (a regression head: score), and truncated (the text was longer than max_length and
+    its first max_length tokens were read). The folder may be a run folder (its best/), an
+    exported ONNX folder, or a hub name's local copy.
+    """
+
+    def __init__(self, task: Task, model: Any, precision: Any):
+        self.task, self.model, self.precision = task, model, precision
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, device: str | None = None, max_length: int | None = None,
+                        batch_size: int = 64, precision: str = "auto") -> TextClassifier:
+        """device: "cpu", "cuda", ... (default: a GPU when there is one); max_length: tokens per
+        text (default: the length the folder was fine-tuned with); precision: auto, fp32, bf16, fp16."""
+        from bert_kit.checks import PRECISIONS, Range, check_device, choice_error
+
+        check_device(device)
+        Range(3, integer=True, optional=True).check("max_length", max_length)
+        Range(1, integer=True).check("batch_size", batch_size)
+        if precision not in PRECISIONS:
+            raise choice_error("precision", precision, PRECISIONS)
+        args = argparse.Namespace(model=str(folder), task="classification", max_length=max_length,
+                                  batch_size=batch_size, device=device, precision=precision, backend="auto")
+        return cls(*load_task_model(args, verbose=False))
+
+    @property
+    def labels(self) -> list[str]:
+        """The label names, in the order of the model's outputs (["score"] for a regression head)."""
+        return list(self.task.label_names)
+
+    def predict(self, texts: str | list[str], text_pairs: str | list[str] | None = None) -> Any:
+        """One result per text (and second text, for a model fine-tuned on pairs), in order; a
+        single text gives a single result."""
+        single = isinstance(texts, str)
+        texts = _text_list(texts, "texts")
+        pairs = None if text_pairs is None else _text_list(text_pairs, "text_pairs")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} text_pairs")
+        records, _ = classify(self.task, self.model, self.precision, texts, pairs)
+        return records[0] if single else records
+
+    __call__ = predict
+
+
+def _text_list(texts: Any, name: str) -> list[str]:
+    """`texts` as a list of str: one str, or a list (tuple, ...) of them; anything else is a TypeError."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, dict)) or not hasattr(texts, "__iter__"):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(texts).__name__}")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}")
+    return texts

@@ -33,15 +33,25 @@ class QATask(Task):
         from bert_kit.data.squad import prepare_train_features
 
         self.label_names = None
-        return prepare_train_features(self._examples(path, "train"), self.tokenizer, self.s.max_length,
-                                      self.s.doc_stride, self.s.max_query_length)
+        examples = self._examples(path, "train")
+        self.report_long_questions(path, examples)
+        return prepare_train_features(examples, self.tokenizer, self.s.max_length, self.s.doc_stride,
+                                      self.s.max_query_length)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         from bert_kit.data.squad import prepare_eval_features
 
         self.eval_examples = self._examples(path, "eval")[:limit]
+        self.report_long_questions(path, self.eval_examples)
         return prepare_eval_features(self.eval_examples, self.tokenizer, self.s.max_length, self.s.doc_stride,
                                      self.s.max_query_length)
+
+    def report_long_questions(self, path: str | Path, examples: list[dict]) -> None:
+        """Contexts are read whole, in windows; questions are cut to max_query_length: say how many."""
+        from bert_kit.data.truncation import find_long_questions, report_truncated
+
+        questions = [ex["question"].lstrip() for ex in examples]
+        report_truncated(find_long_questions(self.tokenizer, questions, self.s.max_query_length), path)
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "doc_stride": self.s.doc_stride, "max_query_length": self.s.max_query_length}

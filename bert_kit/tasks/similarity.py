@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from bert_kit.data.classification import ClassificationDataset, pad_collate
+from bert_kit.data.truncation import Truncated, find_truncated
 from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import pearson, spearman
@@ -58,25 +59,39 @@ class SimilarityTask(Task):
             lines.extend(found[:limit])
         return s1[:limit], s2[:limit], None if scores is None else scores[:limit]
 
-    def _items(self, s1: list[str], s2: list[str], scores: list[float] | None) -> list[dict]:
+    def _items(self, s1: list[str], s2: list[str], scores: list[float] | None,
+               source: str | Path | None = None) -> list[dict]:
+        """The tokenized pairs; pairs of `source` cut to max_length are counted on one line."""
         if not self.bi_encoder:  # one "[CLS] s1 [SEP] s2 [SEP]" sequence per pair, the score as label
             ds = ClassificationDataset(s1, scores, self.tokenizer, self.s.max_length, s2)
-            return [ds[i] for i in range(len(ds))]
-        enc = {key: self.tokenizer(texts, max_length=self.s.max_length, padding=False, return_tensors=None)
-               for key, texts in (("a", s1), ("b", s2))}
-        items, (low, high) = [], self.score_range
-        for i in range(len(s1)):
-            item = {f"{k}_{side}": enc[side][k][i] for side in "ab" for k in ("input_ids", "attention_mask")}
-            if scores is not None:  # cosine targets in [0, 1]
-                item["labels"] = (float(scores[i]) - low) / (high - low)
-            items.append(item)
+            found, items = ds.truncated, [ds[i] for i in range(len(ds))]
+        else:
+            enc = {key: self.tokenizer(texts, max_length=self.s.max_length, padding=False, return_tensors=None)
+                   for key, texts in (("a", s1), ("b", s2))}
+            found = self.truncation(s1, s2, [list(map(len, enc[side]["input_ids"])) for side in "ab"])
+            items, (low, high) = [], self.score_range
+            for i in range(len(s1)):
+                item = {f"{k}_{side}": enc[side][k][i] for side in "ab" for k in ("input_ids", "attention_mask")}
+                if scores is not None:  # cosine targets in [0, 1]
+                    item["labels"] = (float(scores[i]) - low) / (high - low)
+                items.append(item)
+        if source is not None:
+            self.report_truncated(source, found)
         return items
+
+    def truncation(self, s1: list[str], s2: list[str], kept: Sequence[Any] = (None, None)) -> Truncated:
+        """The pairs cut to max_length: the pair as one sequence (a cross-encoder), or either
+        sentence on its own (a bi-encoder). kept: the token counts as truncated, if known."""
+        if not self.bi_encoder:
+            return find_truncated(self.tokenizer, s1, s2, self.s.max_length, kept[0], "pairs")
+        a, b = (find_truncated(self.tokenizer, texts, None, self.s.max_length, k) for texts, k in zip((s1, s2), kept))
+        return a.merge(b)
 
     def read_train(self, path: str | Path) -> list[dict]:
         self.label_names, lines = ["score"], []
         s1, s2, scores = self._read(path, where=self.s.where, lines=lines)
         drop_empty_texts(path, self.tokenizer, lines, [s1, s2], [scores, lines])  # pairs without text teach nothing
-        return self._items(s1, s2, scores)
+        return self._items(s1, s2, scores, path)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         lines = []
@@ -84,7 +99,7 @@ class SimilarityTask(Task):
         numbers = line_numbers(lines)
         flag_empty_texts(path, self.tokenizer, self.eval_pairs[0], self.eval_pairs[1], "line" if numbers else "row",
                          numbers)
-        return self._items(*self.eval_pairs)
+        return self._items(*self.eval_pairs, source=path)
 
     def collate(self, items: list[dict]) -> dict:
         if not self.bi_encoder:

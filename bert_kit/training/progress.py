@@ -10,6 +10,9 @@
   `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
 * `LossPlotter` draws it at the end of a run in a child process started with the run, which has
   imported matplotlib (1-2 s) by then, while the run writes its model folder.
+* `LongRunNotice` says once, after a run's first half minute, when it will take long (a fine-tune
+  on a CPU: SST-2's 6,315 steps are about 1.5 hours): how long, at what rate, and how to check a
+  setup in minutes instead. The bar shows the time left too; the line says what to do about it.
 """
 
 from __future__ import annotations
@@ -98,9 +101,52 @@ class ProgressLogger:
             self._tb = None
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+class LongRunNotice:
+    """`notice(step)` at each step: once, when the steps since the second one have taken
+    `after_s` seconds, a line (else None) if the rest of the run will take more than
+    `threshold_s` at their rate: "about 1 h 30 min to go at 1.2 steps/s on this CPU (6,255
+    steps); {hint}". The first step is left out of the rate (it warms up)."""
+
+    def __init__(self, total_steps: int, where: str, hint: str, after_s: float = 30.0,
+                 threshold_s: float = 1800.0) -> None:
+        self.total, self.where, self.hint = total_steps, where, hint
+        self.after_s, self.threshold_s = after_s, threshold_s
+        self.first: int | None = None  # the step of the first call
+        self.start: tuple[float, int] | None = None  # (time, step) after the first step
+        self.done = False
+
+    def __call__(self, step: int) -> str | None:
+        if self.done:
+            return None
+        now = time.monotonic()
+        if self.first is None:
+            self.first = step
+        elif self.start is None:
+            self.start = (now, step)
+        elif now - self.start[0] >= self.after_s and step > self.start[1]:
+            self.done = True
+            rate = (step - self.start[1]) / (now - self.start[0])
+            left = (self.total - step) / rate
+            if left > self.threshold_s:
+                return (f"about {duration(left)} to go at {rate:.2g} steps/s on {self.where} "
+                        f"({self.total - step:,} steps); {self.hint}")
+        return None
+
+
+def duration(seconds: float) -> str:
+    """"1 h 30 min", "45 min", "2 d 3 h": a time to go, to the minute."""
+    minutes = max(1, round(seconds / 60))
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    if days:
+        return f"{days} d {hours} h"
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+
+
+def read_metrics(run_dir: str | Path, strict: bool = False) -> list[dict[str, Any]]:
     """Records of `RUN_DIR/metrics.jsonl`; a later record of the same (type, step) replaces an
-    earlier one (a resumed run repeats the steps after its checkpoint)."""
+    earlier one (a resumed run repeats the steps after its checkpoint). A line that is not a JSON
+    object with an integer "step" (and a text "type") is skipped with a warning naming the file
+    and line, or with `strict` (`bert-kit plot`) is an error naming them."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in run folder {run_dir}")
@@ -115,8 +161,29 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
                 # only a crash mid-write can leave a bad line, and only as the last one
                 print(f"{path}:{lineno}: skipping unreadable line", file=sys.stderr)
                 continue
-            latest[(record.get("type", "train"), int(record.get("step", 0)))] = record
+            problem = record_problem(record)
+            if problem and strict:
+                raise ValueError(f"{path}:{lineno}: {problem}: each line of a {METRICS_FILE} is a record such as "
+                                 '{"type": "train", "step": 10, "loss": 2.5}')
+            if problem:
+                print(f"{path}:{lineno}: skipping a line that is no record ({problem})", file=sys.stderr)
+                continue
+            latest[(record.get("type", "train"), record["step"])] = record
     return sorted(latest.values(), key=lambda r: (r["step"], r.get("type", "")))
+
+
+def record_problem(record: Any) -> str | None:
+    """What keeps a parsed line of metrics.jsonl from being a record, or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {'array' if isinstance(record, list) else type(record).__name__}, not an object"
+    step, kind = record.get("step"), record.get("type", "train")
+    if "step" not in record:
+        return 'no "step"'
+    if isinstance(step, bool) or not isinstance(step, int):
+        return f'"step": {json.dumps(step)} is not an integer'
+    if not isinstance(kind, str):
+        return f'"type": {json.dumps(kind)} is not a text'
+    return None
 
 
 def truncate_metrics(run_dir: str | Path, step: int) -> None:
@@ -151,10 +218,14 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: s
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
-    records = read_metrics(run_dir)
-    train = [r for r in records if r.get("type") == "train" and "loss" in r]
+    records = read_metrics(run_dir, strict=True)
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    train = [r for r in records if r.get("type") == "train" and number(r.get("loss"))]
     evals = [r for r in records if r.get("type") == "eval"]
-    mlm = [r for r in evals if "mlm_loss" in r]
+    mlm = [r for r in evals if number(r.get("mlm_loss"))]
     if metric is None:
         metric = next((m for m in METRICS_SHOWN if any(m in r for r in evals)), None)
     scored = [r for r in evals if metric is not None and isinstance(r.get(metric), (int, float))]
@@ -182,7 +253,7 @@ def plot_losses(run_dir: str | Path, output: str | Path | None = None, metric: s
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    lr = [r for r in train if "lr" in r]
+    lr = [r for r in train if number(r.get("lr"))]
     if lr:
         ax2 = ax.twinx()
         ax2.plot([r["step"] for r in lr], [r["lr"] for r in lr], lw=0.8, ls="--", color="tab:gray", label="lr")

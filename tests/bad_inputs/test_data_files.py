@@ -96,6 +96,7 @@ STS_ROW = "main-captions\tMSRvid\t2012test\t0001\t{}\tA man plays.\tA man is pla
 PAIRS = "a,b,score,split\nx y,x z,4.5,train\np q,p r,1,dev\n"
 PAIR_SETTINGS = ["text_column=a", "text_pair_column=b", "label_column=score", "score_range=[1, 5]"]
 
+MULTI = ("price,quality", "price", "quality,service", "price,service")  # the labels of a multi-label file
 FINETUNE_CASES = {
     # ---- encodings: every reader names the file and the line of the first bad byte
     "tsv-latin1": Case({"train.tsv": tsv(*GOOD_ROWS).encode() + LATIN1 + b"\t0\n"},
@@ -186,7 +187,20 @@ FINETUNE_CASES = {
                             ("train.jsonl:1: label true is a boolean; write 0/1 or a class name",),
                             train_file="train.jsonl"),
     "json-list-label": Case({"train.jsonl": '{"sentence": "a", "label": [1]}\n'},
-                            ("train.jsonl:1: label [1] is a JSON list",), train_file="train.jsonl"),
+                            ("train.jsonl:1: column 'label' holds a JSON list of labels ([1])",
+                             "multi-label classification (several labels per row) is not supported"),
+                            train_file="train.jsonl"),
+    # a multi-label file read as classes: every combination would become a class of its own
+    "multi-label-csv": Case({"train.csv": "text,labels\n" + "".join(
+                                f'review {i},"{MULTI[i % 4]}"\n' for i in range(12))},
+                            ("train.csv:2: column 'labels' holds lists of labels ('price,quality', separated by ',', "
+                             "in 9 of 12 rows)", "multi-label classification", "is not supported"),
+                            settings=["text_column=text", "label_column=labels"], train_file="train.csv"),
+    "multi-label-jsonl": Case({"train.jsonl": '{"t": "a", "tags": ["price", "quality"]}\n{"t": "b", "tags": "x"}\n'},
+                              ("train.jsonl:1: column 'tags' holds a JSON list of labels", "not supported"),
+                              settings=["text_column=t", "label_column=tags"], train_file="train.jsonl"),
+    "multi-label-semicolons": Case({"train.tsv": tsv("a\tpos;neg", "b\tneg", "c\tneg;pos")},
+                                   ("train.tsv:2: column 'label' holds lists of labels ('pos;neg', separated by ';'",)),
     "empty-label": Case({"train.tsv": tsv("a\t1", "b\t ")}, ("train.tsv:3: empty label",)),
     "negative-label": Case({"train.tsv": tsv("a\t1", "b\t-1")}, ("train.tsv:3: label -1 is negative",)),
     "label-beyond-num-labels": Case({"train.tsv": tsv("a\t1", "b\t2")},
@@ -548,8 +562,12 @@ def test_head_and_label_names_disagree(cli, folders, tmp_path, minilm_path):
     report probabilities that sum to 0.67."""
     folder = tmp_path / "three_outputs"
     model = BERTForSequenceClassification(TINY, num_labels=3)
-    model.id2label = {"0": "neg", "1": "pos"}
+    with pytest.raises(ValueError, match="id2label names 2 labels"):  # refused from Python at once
+        model.id2label = {"0": "neg", "1": "pos"}
     model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {"0": "neg", "1": "pos"}  # written by hand
+    (folder / "config.json").write_text(json.dumps(config))
     get_tokenizer(minilm_path).save(folder)
     write_model_metadata(folder, {"task": "classification"})
     write_files({"in.txt": "fine\n"})
@@ -571,3 +589,57 @@ def test_embed_a_column_of_a_table(cli, folders, tmp_path):
                 "--device", "cpu", "--max-length", "32")
     assert alone.code == 0, alone.err
     np.testing.assert_allclose(vectors[0], np.load(tmp_path / "w.npy")[0], atol=1e-6)
+
+
+# ---- long texts: every command that cuts them to max_length says how many, once, before the work
+LONG = "the film starts slowly " * 12 + "and the end is great"  # 55 tokens with [CLS] and [SEP]
+
+
+def truncation_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "were longer than" in line]
+
+
+def test_long_texts_are_cut_and_counted_by_every_command(cli, folders, tmp_path):
+    import numpy as np
+
+    short = ["a fine film", "so dull", "great fun", "awful"]
+    write_files({"train.tsv": tsv(*(f"{t}\t{i % 2}" for i, t in enumerate(short + [LONG, LONG + " indeed"]))),
+                 "in.txt": "\n".join(short + [LONG]) + "\n",
+                 "pairs.tsv": "a fine film\tgreat fun\n" + f"{LONG}\tso dull\n"})
+    expected = "2 of 6 texts were longer than max_length 32 and were cut (median 55 tokens, longest 56)"
+    run = cli("finetune", "task=classification", f"model={folders['encoder']}", "train_file=train.tsv",
+              "validation_file=train.tsv", "output_dir=run", "max_steps=1", "device=cpu", "max_length=32")
+    assert run.code == 0, run.err
+    assert truncation_lines(run.err) == [f"train.tsv: {expected}; set max_length higher (up to the model's 128 "
+                                         "positions) to keep more of each"] * 2  # the training and validation file
+    flags = ["--model", str(folders["classifier"]), "--device", "cpu"]
+    evaluated = cli("evaluate", *flags, "--data", "train.tsv")
+    assert evaluated.code == 0 and truncation_lines(evaluated.err) == [
+        f"train.tsv: {expected.replace('max_length', '--max-length')}; set --max-length higher (up to the model's "
+        "128 positions) to keep more of each"], evaluated.err
+    predicted = cli("predict", *flags, "--input", "in.txt", "--output", "p.jsonl")
+    assert predicted.code == 0 and len(truncation_lines(predicted.err)) == 1, predicted.err
+    assert "in.txt: 1 of 5 texts were longer than --max-length 32" in predicted.err
+    records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["truncated"] for r in records] == [False] * 4 + [True]  # each cut row is marked
+    embedded = cli("embed", "--model", str(folders["bi-encoder"]), "--input", "in.txt", "--output", "v.npy",
+                   "--device", "cpu")
+    assert embedded.code == 0 and np.load(tmp_path / "v.npy").shape == (5, 32)
+    assert truncation_lines(embedded.err) == ["in.txt: 1 of 5 texts were longer than --max-length 32 and were cut "
+                                              "(median 55 tokens, longest 55); set --max-length higher (up to the "
+                                              "model's 128 positions) to keep more of each"]
+    pairs = cli("predict", "--model", str(folders["bi-encoder"]), "--device", "cpu", "--input", "pairs.tsv",
+                "--output", "s.jsonl")
+    assert pairs.code == 0 and "pairs.tsv: 1 of 2 pairs were longer than --max-length 32" in pairs.err, pairs.err
+    assert [json.loads(line)["truncated"] for line in (tmp_path / "s.jsonl").read_text().splitlines()] == [False, True]
+    # QA reads long contexts in windows but cuts questions to max_query_length (16 for this folder)
+    write_files({"q.jsonl": json.dumps({"question": "who " * 30 + "?", "context": SQUAD_CONTEXT}) + "\n" +
+                 json.dumps({"question": "Who?", "context": SQUAD_CONTEXT * 20}) + "\n"})
+    answered = cli("predict", "--model", str(folders["qa"]), "--device", "cpu", "--input", "q.jsonl", "--output",
+                   "a.jsonl")
+    assert answered.code == 0 and truncation_lines(answered.err) == [
+        "q.jsonl: 1 of 2 questions were longer than max_query_length 16 and were cut (median 31 tokens, longest 31); "
+        "set max_query_length higher to keep more of each"], answered.err
+    # nothing cut, nothing said
+    quiet = cli("evaluate", *flags, "--data", "train.tsv", "--max-length", "128", "--output", "e.json")
+    assert quiet.code == 0 and not truncation_lines(quiet.err)

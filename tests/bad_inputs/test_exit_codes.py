@@ -180,3 +180,45 @@ def test_an_invalid_choice_of_a_flag_names_the_nearest(cli):
     assert result.code == USAGE and "invalid choice: 'bf61'" in result.err and "did you mean 'bf16'?" in result.err
     result = cli("tokenizer", "trian")
     assert result.code == USAGE and "did you mean 'train'?" in result.err
+
+
+# ---- devices: a device this machine lacks, or a name that is no device, in every command that runs a model --
+DEVICE_COMMANDS = {
+    "predict": lambda a, t: ["predict", "--model", a.classifier, "--input", a.corpus, "--output", t / "o.jsonl"],
+    "evaluate": lambda a, t: ["evaluate", "--model", a.classifier, "--data", a.train_tsv, "--output", t / "e.json"],
+    "embed": lambda a, t: ["embed", "--model", a.encoder, "--input", a.corpus, "--output", t / "o.npy"],
+    "fill-mask": lambda a, t: ["fill-mask", "--model", a.mlm, "the [MASK] sees"],
+    "attention": lambda a, t: ["attention", "--model", a.mlm, "--text", "the cat", "--output", t / "a.png"],
+    "demo": lambda a, t: ["demo", "--output", t / "demo"],
+}
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "xpu:0"])
+@pytest.mark.parametrize("command", list(DEVICE_COMMANDS))
+def test_a_device_this_machine_lacks_exits_2(cli, assets, tmp_path, command, device):
+    """--device mps on a machine without MPS ended in "please report it" (exit 1); cuda got exit 2."""
+    pytest.importorskip("torch")
+    import torch
+
+    if device.startswith("mps") and torch.backends.mps.is_available() or device.startswith("xpu") and \
+            hasattr(torch, "xpu") and torch.xpu.is_available():
+        pytest.skip(f"this machine has {device}")
+    result = cli(*DEVICE_COMMANDS[command](assets, tmp_path), "--device", device)
+    result.one_line_error(f"device='{device}' but", "is not available on this machine", "use cpu or auto", code=USAGE)
+    assert not (tmp_path / "demo").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("device", ["", "cuda:x", "gpu", "CPU", "mps:0 "])
+def test_a_malformed_device_is_a_usage_error(cli, assets, tmp_path, device):
+    result = cli(*DEVICE_COMMANDS["predict"](assets, tmp_path), "--device", device)
+    result.one_line_error(f"argument --device: {device!r} is not a device", code=USAGE)
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "npu", ""])
+def test_a_run_config_device_the_machine_lacks_exits_2(cli, assets, tmp_path, device):
+    import torch
+
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has mps")
+    result = cli("finetune", "--config", assets.finetune_yaml, f"device={device}", f"output_dir={tmp_path / 'o'}")
+    result.one_line_error(f"device={device!r}", code=USAGE)

@@ -118,6 +118,38 @@ def test_evaluates_default_outputs_are_checked_before_the_evaluation(cli, assets
     assert not (tmp_path / "eval_classification_train.json").exists()  # refused before anything was written
 
 
+def test_evaluation_of_another_model_does_not_replace_the_default_output(cli, assets, tmp_path):
+    """eval_{task}_{data}.json of one model was replaced silently by the next model scored on the
+    same file (the README's own commands do that: runs/demo/finetune, then runs/finetune_sst2, on
+    a dev.tsv each): the same model (however it is named) replaces its own evaluation, another
+    model's goes to a file named after it, and the command says so."""
+    runs = tmp_path / "runs"
+    other = assets.copy("classifier", runs / "other" / "best")
+    default = tmp_path / "eval_classification_train.json"
+    assert cli("evaluate", "--model", assets.classifier, "--data", assets.train_tsv).code == 0
+    first = json.loads(default.read_text())
+    assert first["model_path"] == str(assets.classifier.resolve())
+    second = cli("evaluate", "--model", "runs/other/best", "--data", assets.train_tsv)
+    assert second.code == 0 and "wrote eval_classification_train_other-best.json" in second.out
+    assert "evaluate: eval_classification_train.json holds the evaluation of another model " \
+           f"({assets.classifier}): writing eval_classification_train_other-best.json" in second.err
+    assert json.loads(default.read_text()) == first  # kept
+    assert json.loads((tmp_path / "eval_classification_train_other-best.json").read_text())["model_path"] == \
+        str(other.resolve())
+    assert (tmp_path / "eval_classification_train_other-best_confusion_matrix.png").is_file()
+    # the same folder named another way replaces its own evaluation, as does the other model
+    relative = os.path.relpath(assets.classifier, tmp_path) + "/"
+    again = cli("evaluate", "--model", relative, "--data", assets.train_tsv)
+    assert again.code == 0 and "wrote eval_classification_train.json" in again.out and "holds" not in again.err
+    assert json.loads(default.read_text())["model"] == relative
+    assert "wrote eval_classification_train_other-best.json" in \
+        cli("evaluate", "--model", other, "--data", assets.train_tsv).out
+    # a third model of the same short name gets a number
+    assets.copy("classifier", tmp_path / "elsewhere" / "other" / "best")
+    third = cli("evaluate", "--model", "elsewhere/other/best", "--data", assets.train_tsv)
+    assert "wrote eval_classification_train_other-best_2.json" in third.out
+
+
 @pytest.mark.parametrize("name, flag", [("predict", "--input"), ("embed", "--input"), ("evaluate", "--data")])
 def test_an_output_that_is_an_input_is_refused(cli, assets, tmp_path, name, flag):
     data = tmp_path / "data.tsv"

@@ -456,3 +456,42 @@ def test_pretraining_files_are_checked_with_the_settings(cli, assets, tmp_path, 
     cli("pretrain", "--config", assets.pretrain_yaml, override, f"output_dir={tmp_path / 'out'}").one_line_error(
         needle, code=USAGE)
     assert not (tmp_path / "out").exists()
+
+
+# ---- bert-kit plot on a metrics.jsonl that holds other things than records ------------------------------------
+@pytest.mark.parametrize("lines, needle", [
+    (["[1, 2]"], "metrics.jsonl:1: a JSON array, not an object"),
+    (['{"type": "train", "step": 1, "loss": 2.0}', '{"type": "train", "loss": 1.0}'], 'metrics.jsonl:2: no "step"'),
+    (['{"type": "train", "step": "3", "loss": 2.0}'], 'metrics.jsonl:1: "step": "3" is not an integer'),
+    (['{"type": "train", "step": true, "loss": 2.0}'], 'metrics.jsonl:1: "step": true is not an integer'),
+    (['{"type": 7, "step": 1, "loss": 2.0}'], 'metrics.jsonl:1: "type": 7 is not a text'),
+    (['"text"'], "metrics.jsonl:1: a JSON str, not an object"),
+])
+def test_plot_names_the_line_that_is_no_record(cli, tmp_path, lines, needle):
+    """A metrics.jsonl of JSON arrays gave exit 1 and an AttributeError to report; a record without
+    "step" printed only `error: step`."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    cli("plot", run).one_line_error(str(run / "metrics.jsonl"), needle, code=2)
+    assert not (run / "loss_curve.png").exists()
+
+
+def test_plot_skips_values_that_are_not_numbers(cli, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"type": "train", "step": 1, "loss": 2.0, "lr": 0.1}\n'
+                                       '{"type": "train", "step": 2, "loss": "nan?", "lr": "x"}\n'
+                                       '{"type": "train", "step": 3, "loss": 1.0, "lr": 0.05}\n')
+    result = cli("plot", run)
+    assert result.code == 0 and (run / "loss_curve.png").read_bytes().startswith(b"\x89PNG"), result.err
+
+
+def test_a_run_reads_past_a_line_that_is_no_record(tmp_path, capsys):
+    """The loop reads its own metrics.jsonl at the end of a run: a foreign line there is skipped, named."""
+    from bert_kit.training.progress import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"type": "train", "step": 1, "loss": 2.0}\n[1]\n{"step": 2}\n')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert f"{tmp_path / 'metrics.jsonl'}:2: skipping a line that is no record (a JSON array, not an object)" in \
+        capsys.readouterr().err

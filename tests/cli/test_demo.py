@@ -131,3 +131,32 @@ def test_demo_refuses_a_folder_of_the_users(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "notes.txt" in err[0] and "--output" in err[0]
     assert [p.name for p in folder.iterdir()] == ["notes.txt"] and (folder / "notes.txt").read_text() == "mine\n"
+
+
+def test_the_examples_are_spread_over_the_probes_and_each_says_if_it_is_right(demo_runs):
+    """The first six probes came from two biographies, and the first of them (lyon is in france, a
+    fact pretraining learns last) was printed wrong without a word, above a 94% accuracy."""
+    from bert_kit.data.toy_world import fill_mask_probes
+
+    out, printed = demo_runs
+    fill = json.loads((out / "demo_results.json").read_text())["fill_mask"]
+    probes = fill_mask_probes(out / "data" / "test.txt")
+    assert [e["text"] for e in fill["examples"]] == [probes[i][0] for i in (0, 33, 67, 100, 133, 167)]
+    lines = [line for line in printed.splitlines() if "(masked: " in line]
+    for line, example in zip(lines, fill["examples"]):
+        right = example["predictions"][0][0] == example["answer"]
+        assert example["right"] == right
+        verdict = "right)" if right else \
+            f"wrong; {example['kind']} answers are right {fill['by_kind'][example['kind']]:.0%} of the time)"
+        assert line.endswith(f"(masked: {example['answer']}; {verdict}"), line
+
+
+def test_each_fine_tuning_run_is_named(demo_runs):
+    """Six fine-tuning runs printed "task classification: ..." twice, the same line."""
+    out, printed = demo_runs
+    named = [line for line in printed.splitlines() if line.startswith("fine-tuning ") and " of 6: " in line]
+    assert [line.split(":")[0] for line in named] == [f"fine-tuning {i} of 6" for i in range(1, 7)]
+    assert named[0] == f"fine-tuning 1 of 6: the pretrained model, seed 0 (kept in {out / 'finetune'})"
+    assert named[3] == f"fine-tuning 4 of 6: the same shape from random weights, seed 0 (kept in " \
+                       f"{out / 'finetune_random_init'})"
+    assert all(" accuracy " in named[i] for i in (1, 2, 4, 5))

@@ -306,3 +306,27 @@ def test_tokenless_finds_texts_that_give_no_token(tokenizer):
     assert tokenless(texts) == [1, 2, 3, 4, 5]  # without a tokenizer: whitespace and control characters
     ids = tokenizer([texts[i] for i in (3, 4, 5, 9)], padding=False, return_tensors=None)["input_ids"]
     assert all(row == [tokenizer.cls_token_id, tokenizer.sep_token_id] for row in ids)
+
+
+def test_a_column_of_label_lists_is_refused_not_read_as_combined_classes(tmp_path):
+    """Until multi-label classification exists, "price,quality" in most rows is an error naming the
+    file, line and column; a few labels that hold a comma, label_names that do, decimal commas and
+    scores are read as before."""
+    path = tmp_path / "f.csv"
+    path.write_text("text,labels\na,\"price,quality\"\nb,price\nc,\"quality,service\"\n")
+    with pytest.raises(ValueError, match=r"f\.csv:2: column 'labels' holds lists of labels \('price,quality', "
+                                         r"separated by ',', in 2 of 3 rows\): multi-label classification"):
+        read_classification_file(path, "text", "labels")
+    # named as classes: kept
+    data = read_classification_file(path, "text", "labels", label_names=["price", "price,quality", "quality,service"])
+    assert data.labels == [1, 0, 2]
+    # one combined label among single ones: a class (Sci,Tech), as before
+    path.write_text("text,labels\na,\"Sci,Tech\"\nb,Sports\nc,World\n")
+    assert read_classification_file(path, "text", "labels").label_names == ["Sci,Tech", "Sports", "World"]
+    # decimal commas are numbers as some locales write them, not lists; scores are never lists
+    path.write_text("text,labels\na,\"0,5\"\nb,\"1,5\"\n")
+    assert read_classification_file(path, "text", "labels").label_names == ["0,5", "1,5"]
+    jsonl = tmp_path / "f.jsonl"
+    jsonl.write_text('{"t": "a", "y": "pos"}\n{"t": "b", "y": ["pos", "neg"]}\n')
+    with pytest.raises(ValueError, match=r"f\.jsonl:2: column 'y' holds a JSON list of labels \(\["):
+        read_classification_file(jsonl, "t", "y")

@@ -64,9 +64,10 @@ def test_a_folder_saved_from_jax_loads_in_transformers_and_torch(tmp_path):
 def test_a_torch_folder_round_trips_through_jax(tmp_path):
     torch.manual_seed(0)
     source = BERTForSequenceClassification(tiny(), num_labels=3)
+    source.id2label = ["neg", "neutral", "pos"]
     source.save_pretrained(tmp_path / "torch")
     model = bj.BERTForSequenceClassification.from_pretrained(tmp_path / "torch")  # num_labels from the folder
-    assert model.num_labels == 3
+    assert model.num_labels == 3 and model.config.id2label == {0: "neg", 1: "neutral", 2: "pos"}
     expected = {k: v.numpy() for k, v in source.state_dict().items()}
     got = torch_state_dict(model)
     assert got.keys() == expected.keys()
@@ -77,7 +78,7 @@ def test_a_torch_folder_round_trips_through_jax(tmp_path):
     after = load_file(str(tmp_path / "jax" / "model.safetensors"))
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
     assert json.loads((tmp_path / "jax" / "config.json").read_text()) == \
-        json.loads((tmp_path / "torch" / "config.json").read_text())
+        json.loads((tmp_path / "torch" / "config.json").read_text())  # the label names too: not LABEL_0, ...
 
 
 def test_a_legacy_pytorch_model_bin_folder_loads(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from bert_kit.cli import main
 from bert_kit.tasks.glue import (TASKS, build_report, find_tasks, glue_score, malformed_lines, markdown_table,
                                  summarize_task, task_metrics, task_score)
-from bert_kit.tasks.glue_runs import execute, finished, log_path, make_config, plan_runs, run_all
+from bert_kit.tasks.glue_runs import changed_inputs, execute, finished, log_path, make_config, plan_runs, run_all
 from tests.tasks.glue_files import EXPECTED, write_glue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -225,6 +225,107 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, tiny_encoder
     assert finished(run) == glue
 
 
+def test_a_rerun_runs_again_when_its_data_or_model_changed(tmp_path, tiny_encoder, capsys):
+    """A rerun said "finished earlier, kept" and reported the old figures after SST-2/train.tsv was
+    replaced (16 rows, then 48), or another model was put at the same --model path."""
+    import shutil
+
+    import torch
+
+    from bert_kit.model import BERTModel
+    from tests.tasks.conftest import TINY
+
+    data, out, model = write_glue(tmp_path / "glue", ("sst2",), n=16), tmp_path / "out", tmp_path / "model"
+    shutil.copytree(tiny_encoder, model)
+    args = ["--model", model, "--data", data, "--output-dir", out, "--gpus", "cpu", *QUICK]
+    results = out / "sst2" / "lrauto_seed42" / "results.json"
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and json.loads(results.read_text())["num_train_examples"] == 16, err
+    train = data / "SST-2" / "train.tsv"
+    train.touch()  # touched, not changed: kept
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and "finished earlier, kept" in err and "fine-tuning on" not in err
+
+    write_glue(tmp_path / "glue", ("sst2",), n=48)  # a new train.tsv
+    code, _, err = glue(capsys, *args)
+    said = [line for line in err.splitlines() if "changed since it finished: running it again" in line]
+    assert code == 0 and len(said) == 1 and said[0].startswith("glue: sst2/lrauto_seed42: ") and str(train) in said[0]
+    assert "finished earlier, kept" not in err and json.loads(results.read_text())["num_train_examples"] == 48
+    figures = json.loads((out / "glue_results.json").read_text())["tasks"]["sst2"]
+
+    torch.manual_seed(1)  # another model at the same path
+    BERTModel(TINY).save_pretrained(model)
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and f"{model / 'model.safetensors'} changed since it finished: running it again" in err, err
+    glue_entry = json.loads(results.read_text())["glue"]
+    assert glue_entry["inputs"][str(model / "model.safetensors")]["sha256"] == \
+        __import__("hashlib").sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads((out / "glue_results.json").read_text())["tasks"]["sst2"]["metrics"] != figures["metrics"] \
+        or glue_entry["seconds"] != figures.get("seconds")
+    code, _, err = glue(capsys, *args)
+    assert code == 0 and "finished earlier, kept" in err  # and now it is kept again
+
+
+def test_a_run_of_an_earlier_version_is_kept_unless_a_file_is_newer_than_its_results(tmp_path, tiny_encoder):
+    """results.json written before fingerprints were recorded: kept while its inputs are older."""
+    import os
+
+    data = write_glue(tmp_path / "glue", ("rte",), n=8)
+    present, _ = find_tasks(data)
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    results = Path(run["folder"]) / "results.json"
+    results.parent.mkdir(parents=True)
+    results.write_text(json.dumps({"glue": {"spec": run["spec"], "metrics": {"accuracy": 50.0}}}))
+    assert finished(run) is not None
+    train = data / "RTE" / "train.tsv"
+    os.utime(train, ns=(results.stat().st_mtime_ns + 10**9,) * 2)  # changed after the results were written
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    assert finished(run) is None and changed_inputs(run, json.loads(results.read_text())["glue"]) == [str(train)]
+
+
+def test_an_interrupted_run_whose_data_changed_starts_over(tmp_path, tiny_encoder):
+    import dataclasses
+
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.glue_runs import inputs_path
+
+    data = write_glue(tmp_path / "glue", ("rte",), n=16)
+    present, _ = find_tasks(data)
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    (Path(run["folder"]).parent).mkdir(parents=True)
+    inputs_path(run).write_text(json.dumps(run["inputs"]))  # as execute records it when it starts
+    finetune(dataclasses.replace(make_config(run, "cpu"), max_steps=1, end_checkpoint=True))  # stopped after step 1
+    write_glue(tmp_path / "glue", ("rte",), n=24)  # then the data changed
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    execute(run, "cpu")
+    starts = [r["step"] for r in map(json.loads, (Path(run["folder"]) / "metrics.jsonl").read_text().splitlines())
+              if r["type"] == "start"]
+    assert starts == [0] and json.loads((Path(run["folder"]) / "results.json").read_text())["num_train_examples"] == 24
+    assert not inputs_path(run).exists() and finished(run) is not None
+
+
+def test_runs_that_an_interruption_kept_from_starting_are_not_run_not_failed(tmp_path, tiny_encoder, capsys,
+                                                                             monkeypatch):
+    """Ctrl-C on a CPU reported the task it kept from starting as "RuntimeError: not run: every
+    worker process had ended ... please report it"."""
+    import bert_kit.cli.glue as glue_cli
+
+    def stopped_at_once(run: dict, device: str) -> dict:
+        return {"stopped": "SIGINT"}  # what a run stopped by Ctrl-C returns
+
+    real = glue_cli.run_all
+    monkeypatch.setattr(glue_cli, "run_all", lambda runs, gpus, on_event: real(runs, gpus, on_event,
+                                                                               execute=stopped_at_once))
+    data = write_glue(tmp_path / "glue", ("cola", "wnli"), n=8)
+    code, _, err = glue(capsys, "--model", tiny_encoder, "--data", data, "--output-dir", tmp_path / "out", "--gpus",
+                        "cpu", *QUICK)
+    assert code == 130 and "Traceback" not in err and "error:" not in err and "report it" not in err, err
+    stopped = [run for run in ("cola/lrauto_seed42", "wnli/lrauto_seed42") if f"{run}: stopped by SIGINT" in err]
+    waiting = ({"cola/lrauto_seed42", "wnli/lrauto_seed42"} - set(stopped)).pop()
+    assert len(stopped) == 1 and f"not run, the command was interrupted (SIGINT): {waiting}; run the same " \
+                                 "command again to run them" in err
+
+
 def error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("bert-kit glue: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -239,6 +340,8 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         (["--data", tmp_path], "no GLUE task files under", "CoLA/ and SST-2/"),
         (["--data", data, "--tasks", "cola,sts"], "unknown GLUE task 'sts'", "did you mean 'stsb'?"),
         (["--data", data, "--tasks", "mnli"], "--tasks mnli: no MNLI/ folder under", "docs/glue.md"),
+        (["--data", data, "--tasks", ""], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
+        (["--data", data, "--tasks", ","], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
         (["--data", data, "lr=1e-4"], "lr= is set by --lrs", ""),
         (["--data", data, "--lrs", "1e-4,fast"], "--lrs 1e-4,fast: 'fast' is not a learning rate", ""),
         (["--data", data, "--gpus", "99"], "--gpus 99: there is", ""),

@@ -240,7 +240,7 @@ def test_bad_config_and_data_give_clear_errors(tmp_path, capsys):
                    f"tokenizer={tmp_path / 'tok'}", f"output_dir={tmp_path / 'o3'}", "nsp=false")
     assert "train.jsonl:2" in err and "invalid JSON" in err
     binary = tmp_path / "binary.txt"
-    binary.write_bytes(b"\xff\xfe\x00bad" * 10)
+    binary.write_bytes(b"\xff\xfebad" * 10)
     err = error_of("--config", str(good), f"train_files=[{binary}]", f"tokenizer={tmp_path / 'tok'}",
                    f"output_dir={tmp_path / 'o4'}")
     assert "binary.txt" in err and "not UTF-8" in err

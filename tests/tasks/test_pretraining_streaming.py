@@ -102,7 +102,7 @@ def test_streaming_config_errors(tmp_path, capsys):
     assert "streaming: true needs eval_files" in capsys.readouterr().err
     # a file that is not text fails with its name when the stream reaches it
     bad = tmp_path / "binary.txt"
-    bad.write_bytes(b"\xff\xfe\x00bad" * 10)
+    bad.write_bytes(b"\xff\xfebad" * 10)
     with pytest.raises(ValueError, match=r"binary\.txt:1: not UTF-8 text \(byte 0xff at column 1\)"):
         list(StreamingTextDataset(bad))
 

@@ -89,3 +89,45 @@ def test_without_matplotlib_the_child_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the child's matplotlib is this broken one
     with pytest.raises(ImportError, match="matplotlib"):  # as plot_losses says it: the run prints "no loss plot"
         LossPlotter().draw(_run_folder(tmp_path / "run"))
+
+
+def test_a_long_run_says_once_how_long_it_will_take_and_how_to_check_sooner(monkeypatch):
+    """SST-2 on a CPU runs 1.5 hours; the bar's ETA says so, not what to do about it."""
+    from bert_kit.training import progress
+    from bert_kit.training.progress import LongRunNotice, duration
+    from tests.fake_clock import FakeClock
+
+    clock = FakeClock().install(monkeypatch, progress)
+    notice = LongRunNotice(6315, "this CPU", "for a quick check first: max_steps=200")
+    said = []
+    for step in range(100):
+        said.append((step, notice(step)))
+        clock.sleep(6.0 if step == 0 else 0.85)  # the first step warms up: left out of the rate
+    lines = [(step, line) for step, line in said if line]
+    assert lines == [(37, "about 1 h 29 min to go at 1.2 steps/s on this CPU (6,278 steps); for a quick check "
+                          "first: max_steps=200")]  # after 30 s of steps, once
+    short = LongRunNotice(63, "this CPU", "")
+    for step in range(63):
+        assert short(step) is None
+        clock.sleep(0.85)
+    assert [duration(s) for s in (20, 45 * 60, 5400, 2 * 86400 + 3 * 3600)] == ["1 min", "45 min", "1 h 30 min",
+                                                                               "2 d 3 h"]
+
+
+def test_a_fine_tune_on_the_cpu_says_when_it_will_take_long(tmp_path, capsys, monkeypatch):
+    import bert_kit.tasks.finetuning as finetuning
+    from bert_kit.cli import main
+    from bert_kit.training.progress import LongRunNotice
+    from tests.bad_inputs.assets import build_assets
+
+    class Eager(LongRunNotice):  # any run is long, at once
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, after_s=0.0, threshold_s=0.0)
+
+    monkeypatch.setattr(finetuning, "LongRunNotice", Eager)
+    assets = build_assets(tmp_path / "assets")
+    capsys.readouterr()
+    assert main(["finetune", "--config", str(assets.finetune_yaml), f"output_dir={tmp_path / 'run'}"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "to go at" in line]
+    assert len(said) == 1 and said[0].startswith("about ") and said[0].endswith(
+        "steps/s on this CPU (2 steps); for a quick check first: max_steps=200, or max_train_examples=2000 epochs=1")
