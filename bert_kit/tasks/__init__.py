@@ -12,12 +12,13 @@ Tables are read in any layout of `bert_kit.data.tables` (header or not, columns 
 index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.
 
 `pretraining.py` is the MLM (+ NSP) job; `finetuning.py` runs any of the four tasks above;
-`inference.py` loads a fine-tuned folder for `evaluate` and `predict`.
+`inference.py` loads a fine-tuned folder for `evaluate` and `predict`. A job trains with the
+engine its `engine:` setting names (`engine_class`): PyTorch, or JAX (`bert_kit/jax/engine.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 TASKS = ("classification", "token-classification", "qa", "similarity")
 
@@ -38,3 +39,29 @@ def make_task(name: str, settings: Any) -> Any:
     if name not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {name!r}")
     return task_classes()[name](settings)
+
+
+def _torch_engine() -> type:
+    from bert_kit.training.engine import TorchEngine
+
+    return TorchEngine
+
+
+def _jax_engine() -> type:
+    try:
+        from bert_kit.jax.engine import JaxEngine
+    except ModuleNotFoundError as e:  # the optional extra
+        raise ImportError(f'engine=jax needs {e.name}: pip install "bert-kit[jax]"') from None
+    return JaxEngine
+
+
+# `engine:` setting -> the loader of its `bert_kit.training.engine.Engine` class (imported on demand:
+# jax only for engine=jax). A new engine adds its loader here.
+ENGINES: dict[str, Callable[[], type]] = {"torch": _torch_engine, "jax": _jax_engine}
+
+
+def engine_class(name: str) -> type:
+    """The engine class that trains a job for `engine: name`."""
+    if name not in ENGINES:
+        raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {name!r}")
+    return ENGINES[name]()

@@ -263,6 +263,14 @@ class Task:
         what `evaluate` computes from this engine's forward passes, and the JAX engine from its own."""
         raise NotImplementedError
 
+    def score_outputs(self, items: Sequence[dict], outputs_of: Callable[[list], list]) -> dict[str, Any]:
+        """Validation metrics of another engine's outputs (the JAX engine's): `outputs_of(share)` gives
+        one CPU tensor per item of this rank's share; every rank gets all rows (`shard_and_gather`),
+        which must be finite, then `score`."""
+        outputs = shard_and_gather(items, outputs_of)
+        check_finite([torch.stack(outputs)] if outputs and outputs[0].ndim == 1 else outputs, None)
+        return self.score(outputs, items)
+
     def outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
         """fn(model, device batch) -> tensor (B, ...) for each example, in the order of `items`.
 

@@ -39,13 +39,14 @@ import torch
 from bert_kit.model import Packed
 from bert_kit.dropout import register_mask_op
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
-from bert_kit.tasks import make_task
+from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
 from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import is_main, rank, world_size
-from bert_kit.training.loop import Job, Run, run_job
+from bert_kit.training.job import Job, Run
+from bert_kit.training.loop import run_job
 from bert_kit.training.progress import read_metrics
 
 __all__ = ["AUTO_LR", "FinetuneConfig", "FinetuningJob", "auto_lr", "finetune", "resolve_lr"]
@@ -205,9 +206,7 @@ class FinetuningJob(Job):
                    for r in read_metrics(out) if r.get("type") == "eval"] if is_main() else []
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
-                f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
-                "best_model": str(out / "best") if (out / "best").is_dir() else None}
-
+                f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or [])}
 
 
 def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
@@ -217,4 +216,4 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | No
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
     Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
-    return run_job(FinetuningJob, resolve_lr(cfg), resume, started)
+    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine))

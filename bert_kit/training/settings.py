@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
 from bert_kit.training.runconfig import check_run_settings
@@ -48,6 +48,8 @@ def parse_duration(text: str | float | int | None) -> float | None:
 @dataclass
 class RunSettings:
     """Settings of any training run (YAML keys; `key=value` on the command line)."""
+
+    RESUMABLE: ClassVar[frozenset[str]] = RESUMABLE_CHANGES  # what a resume may change (a subclass adds its own)
 
     # optimisation
     batch_size: int = 32  # sequences (examples) per micro-batch per process

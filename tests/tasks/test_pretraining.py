@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import bert_kit.training.clock
 import bert_kit.training.engine
 import bert_kit.training.trainer
 import bert_kit.tasks.pretraining
@@ -676,7 +677,7 @@ UNPATCHED = (AMPTrainer.train_step, bert_kit.tasks.pretraining.PretrainingJob.ev
 def fake_work(monkeypatch, clock: FakeClock, first_step_s: float = STEP_S, eval_s: float = EVAL_S) -> None:
     """The loop on `clock`: every train step, checkpoint, model folder and evaluation advances it by
     a fixed amount (the first step by `first_step_s`), whatever the machine's speed."""
-    clock.install(monkeypatch, bert_kit.training.loop)
+    clock.install(monkeypatch, bert_kit.training.clock)
     loop, (train_step, evaluate, save_checkpoint, write_folder) = bert_kit.training.loop, UNPATCHED
 
     def step(self, batch, loss_fn):
@@ -779,9 +780,9 @@ def test_the_command_counts_its_start_up_against_the_time_budget(tmp_path, monke
             "time.sleep(1.0)  # start-up the run must count\n"
             "import bert_kit.training.loop as loop\n"
             "start_run = loop.start_run\n"
-            "def spy(cfg, resume, started=None):\n"
+            "def spy(cfg, resume, started=None, engine=None):\n"
             "    open(seen, 'w').write(json.dumps({'started': started, 'first_line': first_line}))\n"
-            "    return start_run(cfg, resume, started)\n"
+            "    return start_run(cfg, resume, started, engine)\n"
             "loop.start_run = spy\n"
             "sys.argv = ['bert-kit', 'pretrain', '--config', sys.argv[1]]\n"
             "from bert_kit.cli import main\n"
