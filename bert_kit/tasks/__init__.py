@@ -22,6 +22,22 @@ from typing import Any, Callable
 
 TASKS = ("classification", "token-classification", "qa", "similarity")
 
+# The validation metrics each task reports: what `metric` may name to choose best/ (checked with the
+# settings, before any model or data is read; `bert_kit.metrics.higher_is_better` says which way).
+# f1, precision and recall of classification are macro averages.
+CLASS_METRICS = ("accuracy", "f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro",
+                 "f1_weighted", "precision_weighted", "recall_weighted", "mcc", "loss")
+SCORE_METRICS = ("pearson", "spearman", "mse")  # regression (a classifier with one output), a cross-encoder
+METRICS = {"classification": CLASS_METRICS + SCORE_METRICS,
+           "token-classification": ("f1", "precision", "recall", "accuracy"),  # entity-level; accuracy per word
+           "qa": ("f1", "exact_match"),
+           "similarity": SCORE_METRICS}  # a bi-encoder: pearson and spearman
+
+
+def metric_names(task: str, bi_encoder: bool = False) -> tuple[str, ...]:
+    """The validation metrics `task` reports (a bi-encoder's similarity: no mse)."""
+    return SCORE_METRICS[:2] if task == "similarity" and bi_encoder else METRICS[task]
+
 
 def task_classes() -> dict[str, type]:
     """Task name -> class (imported here, on demand: the task modules import torch)."""

@@ -201,6 +201,13 @@ class Task:
     def metric(self) -> str:
         return getattr(self.s, "metric", None) or self.default_metric
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The validation metrics `evaluate` reports (those `metric` may name)."""
+        from bert_kit.tasks import metric_names
+
+        return metric_names(self.name, bool(getattr(self, "bi_encoder", False)))
+
     def collate(self, items: list[dict]) -> dict:
         return pad_collate(items, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_multiple)
 

@@ -41,7 +41,8 @@ from bert_kit.dropout import register_mask_op
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
-from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, resolve_lr
+from bert_kit.metrics import higher_is_better
+from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import is_main, rank, world_size
@@ -102,6 +103,10 @@ class FinetuningJob(Job):
         self.eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
         if not self.train_items:
             raise ValueError(f"{cfg.train_file}: no training examples")
+        if cfg.metric is not None:  # a classifier's labels say whether it predicts classes or scores
+            scores = task.name == "classification" and task.regression
+            check_metric(cfg.metric, f"task {task.name}{' on scores (one output)' if scores else ''}",
+                         task.metric_names)
         model = task.build(cfg.model)
         if cfg.max_length > model.config.max_position_embeddings:
             raise ValueError(f"max_length {cfg.max_length} exceeds the model's max_position_embeddings "
@@ -137,6 +142,7 @@ class FinetuningJob(Job):
         self.eval_every = cfg.eval_every or self.steps_per_epoch
         self.save_every = cfg.save_every
         self.metric = task.metric if self.eval_items is not None else None
+        self.higher_is_better = self.metric is None or higher_is_better(self.metric)
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         if is_main():

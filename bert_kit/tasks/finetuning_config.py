@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive, suggestion
 from bert_kit.model_folder import locate_model, model_config
+from bert_kit.tasks import metric_names
 from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.training.settings import RunSettings
 
@@ -102,7 +103,7 @@ class FinetuneConfig(RunSettings):
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
-    metric: str | None = None  # validation metric that picks best/ (higher is better); default per task
+    metric: str | None = None  # validation metric that picks best/ (its highest; a loss or mse: its lowest); default per task
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
     save_every: int = 0  # steps between checkpoints (0: every save_minutes only)
     end_checkpoint: bool = False
@@ -153,6 +154,8 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"doc_stride={self.doc_stride} is out of range: expected an integer < {room} "
                               f"(max_length {self.max_length} - max_query_length {self.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
+        if self.metric is not None:
+            check_metric(self.metric, f"task {self.task}", metric_names(self.task, self.similarity_mode == "bi-encoder"))
         # the sequences must fit the model's position table, when the model is known here
         try:
             config = model_config(self.model) if self.model else None
@@ -162,6 +165,16 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
                               f"{config.max_position_embeddings} positions (max_position_embeddings)")
         check_data_settings(self)
+
+
+def check_metric(metric: str, what: str, names: tuple[str, ...]) -> None:
+    """`metric` must be one of the validation metrics `names` that `what` ("task qa") reports."""
+    if metric in names:
+        return
+    hint = suggestion(metric, names)
+    macro = "; f1, precision and recall are macro averages" if "f1_micro" in names else ""
+    raise ConfigError(f"metric={metric!r} is not a validation metric of {what}: expected one of "
+                      f"{', '.join(names)}{macro}{f'; {hint}' if hint else ''}")
 
 
 def auto_lr(num_parameters: int) -> float:

@@ -76,7 +76,7 @@ def resume_point(cfg: RunSettings, resume: str, out: Path) -> Resumed:
     finished = finished_results(out)
     if finished is not None and finished["steps"] > resumed.step and not named:
         raise ConfigError(
-            f"{out} finished at step {finished['steps']} ({RESULTS_FILE}), after its newest checkpoint "
+            f"{out} finished at step {finished['steps']} ({RESULTS_FILE}), after its newest readable checkpoint "
             f"{checkpoint.name}: resuming would train steps {resumed.step + 1}-{finished['steps']} again and replace "
             f"its model. To train further, start a new run from its model folder (model={out}/...), or rewind on "
             f"purpose by naming the checkpoint: --resume {checkpoint}")

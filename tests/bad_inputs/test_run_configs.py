@@ -133,6 +133,13 @@ FINETUNE_CASES = [
     case("device=gpu", "device='gpu' is not a device"),
     case("lr=1e", "lr: expected float | 'auto', got '1e'"),
     case("cuda_graphs=sometimes", "cuda_graphs: expected bool | 'auto', got 'sometimes'"),
+    # a metric the task does not report: refused with the settings, not after an epoch (nor never)
+    case("metric=macro_f1", "metric='macro_f1' is not a validation metric of task classification",
+         "accuracy, f1, precision", "macro averages"),
+    case("metric=macro_f1  validation_file=null", "metric='macro_f1'"),
+    case("task=qa  max_length=64  max_query_length=16  doc_stride=16  metric=accuracy", "metric='accuracy' is not a validation metric of task qa",
+         "expected one of f1, exact_match"),
+    case("task=similarity  similarity_mode=bi-encoder  metric=mse", "metric='mse'", "pearson, spearman"),
 ]
 
 
@@ -456,3 +463,27 @@ def test_pretraining_files_are_checked_with_the_settings(cli, assets, tmp_path, 
     cli("pretrain", "--config", assets.pretrain_yaml, override, f"output_dir={tmp_path / 'out'}").one_line_error(
         needle, code=USAGE)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_metric_of_classes_on_score_labels_stops_before_training(cli, assets, tmp_path):
+    """What the labels are (classes or scores) is known once the training file is read: before the
+    model is built or a step taken."""
+    scores = tmp_path / "scores.tsv"
+    scores.write_text("sentence\tlabel\n" + "".join(f"the cat sat {i}\t{i / 10}\n" for i in range(8)))
+    result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={tmp_path / 'out'}",
+                 f"train_file={scores}", f"validation_file={scores}", "metric=accuracy")
+    result.one_line_error("metric='accuracy' is not a validation metric of task classification on scores",
+                          "pearson, spearman, mse", code=USAGE)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_loss_as_metric_keeps_its_lowest_value(cli, assets, tmp_path):
+    """best/ followed the highest value of every metric: `metric=loss` kept the worst model."""
+    run = tmp_path / "run"
+    result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={run}", "metric=loss", "eval_every=1",
+                 "max_steps=6", "lr=1e-2")
+    assert result.code == 0, result.err
+    results = json.loads((run / "results.json").read_text())
+    losses = {h["step"]: h["loss"] for h in results["history"]}
+    assert len(set(losses.values())) > 1  # the evaluations differ: the choice is a real one
+    assert results["best_value"] == min(losses.values()) and losses[results["best_step"]] == results["best_value"]
