@@ -241,12 +241,19 @@ class Task:
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
 
-    # the settings that say how this task's files are read: recorded in the model folder (metadata)
-    # and the defaults of evaluate and predict on it
+    # the settings that say how this task's files are read (`ner.word_column`: a task's group): recorded in
+    # the model folder's metadata by their own name (word_column) and the defaults of evaluate and predict on it
     read_settings: tuple[str, ...] = ("encoding",)
 
+    def setting(self, name: str) -> Any:
+        """The setting `name` ("encoding", or "ner.tag_column" in a group), None where there is none."""
+        value = self.s
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        return value
+
     def metadata(self) -> dict[str, Any]:
-        reading = {k: getattr(self.s, k) for k in self.read_settings if getattr(self.s, k, None) is not None}
+        reading = {k.rpartition(".")[2]: self.setting(k) for k in self.read_settings if self.setting(k) is not None}
         return {"task": self.name, "max_length": self.s.max_length, "data": reading}
 
     def load_metadata(self, meta: dict[str, Any]) -> None:

@@ -72,8 +72,8 @@ def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
     save_model(model, folder, state)
     tokenizer.save(folder)
     write_model_metadata(folder, task.metadata())
-    if task.name == "similarity" and task.s.similarity_mode == "bi-encoder":
-        write_sentence_transformers_files(folder, task.s.pooling, task.s.max_length)
+    if task.name == "similarity" and task.s.similarity.mode == "bi-encoder":
+        write_sentence_transformers_files(folder, task.s.similarity.pooling, task.s.max_length)
 
 
 class FinetuningJob(Job):
@@ -99,7 +99,7 @@ class FinetuningJob(Job):
         self.name = f"finetune {task.name}"
         task.bind(self.tokenizer)
         self.train_items = task.read_train(cfg.train_file)[: cfg.max_train_examples]
-        eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.squad_train_articles else None)
+        eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.qa.train_articles else None)
         self.eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
         if not self.train_items:
             raise ValueError(f"{cfg.train_file}: no training examples")

@@ -30,7 +30,7 @@ from bert_kit.outputs import remove_entry
 from bert_kit.training.checkpoint import (checkpoint_step, list_checkpoints, load_trainer_state, remove_checkpoints,
                                           resolve_checkpoint)
 from bert_kit.training.results import RESULTS_FILE, read_results
-from bert_kit.training.runconfig import config_to_dict
+from bert_kit.training.runconfig import config_to_dict, flat_settings
 from bert_kit.training.settings import RunSettings
 
 
@@ -111,8 +111,9 @@ def finished_message(out: Path, step: int) -> str:
 
 
 def settings_changes(saved: dict, cfg: RunSettings) -> tuple[dict, dict]:
-    """({key: (old, new)} of every changed setting, the part of it a resume may not change)."""
-    now = config_to_dict(cfg)
+    """({key: (old, new)} of every changed setting, the part of it a resume may not change); a
+    group's settings one by one (`qa.doc_stride`), a config saved with old flat keys read as now."""
+    now, saved = flat_settings(type(cfg), config_to_dict(cfg)), flat_settings(type(cfg), saved)
     changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
     refused = {k: c for k, c in changed.items() if k not in cfg.RESUMABLE}
     return changed, refused

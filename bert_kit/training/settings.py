@@ -5,7 +5,7 @@ what their job needs and override a few defaults (fine-tuning takes a smaller lr
 The one training loop (`training/loop.py`) reads only these fields. A field's help text is its
 same-line comment or attribute docstring (`bert-kit pretrain --help` lists them all).
 
-Resuming a run (`--resume`) may change some settings and not others (`RESUMABLE_CHANGES`): the
+Resuming a run (`--resume`) may change some settings and not others (`RESUMABLE`): the
 learning rate, weight decay, length of the run and the logging/evaluation/checkpoint cadence take
 effect and are reported; anything else that shapes the run (model, data, batch, seed, ...) stops
 with an error naming the settings, unless `force_resume: true`.
@@ -27,8 +27,8 @@ RESUMABLE_CHANGES = frozenset({
     "lr", "weight_decay", "clip_grad", "max_steps", "grad_accum", "epochs", "time_budget", "warmup_steps", "schedule",
     "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "end_checkpoint",
     "keep_last", "tensorboard", "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples",
-    "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "n_best",
-    "max_answer_length", "parallel", "precision",
+    "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "parallel",
+    "precision",
 })
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")

@@ -245,7 +245,7 @@ def test_qa_with_an_article_split(tiny_encoder, data_dir, tmp_path):
                                         for a in squad["data"][:3]]}
     (tmp_path / "squad.json").write_text(json.dumps(small))
     cfg = tiny_config(tiny_encoder, tmp_path, task="qa", train_file=str(tmp_path / "squad.json"),
-                      squad_train_articles=2, max_length=128, doc_stride=32, max_steps=3)
+                      qa={"train_articles": 2, "doc_stride": 32}, max_length=128, max_steps=3)
     results = finetune(cfg)
     n_eval = sum(len(p["qas"]) for p in small["data"][2]["paragraphs"])
     assert results["num_eval_features"] >= n_eval  # long contexts give several windows
@@ -297,8 +297,8 @@ def test_classification_regression_on_sentence_pairs(tiny_encoder, sts, tmp_path
 
 def test_similarity_bi_encoder_cosine_loss(tiny_encoder, sts, tmp_path):
     train, dev = sts
-    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
-                      validation_file=str(dev), max_steps=3)
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity={"mode": "bi-encoder"},
+                      train_file=str(train), validation_file=str(dev), max_steps=3)
     task = SimilarityTask(cfg)
     task.bind(get_tokenizer(tiny_encoder))
     batch = task.collate(task.read_train(train)[:4])
@@ -394,8 +394,8 @@ def test_cosent_loss_matches_sentence_transformers(seed):
 
 def test_similarity_bi_encoder_cosent_trains(tiny_encoder, sts, tmp_path):
     train, dev = sts
-    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity_mode="bi-encoder", train_file=str(train),
-                      validation_file=str(dev), max_steps=3, similarity_loss="cosent")
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", similarity={"mode": "bi-encoder", "loss": "cosent"},
+                      train_file=str(train), validation_file=str(dev), max_steps=3)
     task = SimilarityTask(cfg)
     task.bind(get_tokenizer(tiny_encoder))
     batch = task.collate(task.read_train(train)[:4])
@@ -418,8 +418,8 @@ def test_bi_encoder_cosent_steps_match_transformers(minilm_path, data_dir):
     from bert_kit.training.optim import create_optimizer
     from bert_kit.training.losses import compute_cosent_loss
 
-    cfg = FinetuneConfig(model=str(minilm_path), task="similarity", similarity_mode="bi-encoder",
-                         similarity_loss="cosent", unpadded=True, precision="fp32", device="cpu")
+    cfg = FinetuneConfig(model=str(minilm_path), task="similarity", similarity={"mode": "bi-encoder", "loss": "cosent"},
+                         unpadded=True, precision="fp32", device="cpu")
     task = SimilarityTask(cfg)
     task.bind(get_tokenizer(minilm_path))
     items = task.read_train(data_dir / "stsb" / "sts-train.csv")[:32]
