@@ -36,8 +36,9 @@ What the loop promises:
   change are resume.py's.
 
 Where the next features go: early stopping (a patience on `metric`, lower or higher is better)
-is a stop reason in `decide` read from `Best`; another tracker (mlflow, wandb) writes the records
-`ProgressLogger.log` writes; a hyperparameter search's trial reads each evaluation in `evaluate`.
+is a stop reason in `decide`, counted by `Best`; another tracker (mlflow, wandb) or a
+hyperparameter search's trial (reading each evaluation) is one more of the logger's trackers
+(progress.py), which get every record; a new job is a `Job`.
 """
 
 from __future__ import annotations

@@ -89,3 +89,29 @@ def test_without_matplotlib_the_child_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the child's matplotlib is this broken one
     with pytest.raises(ImportError, match="matplotlib"):  # as plot_losses says it: the run prints "no loss plot"
         LossPlotter().draw(_run_folder(tmp_path / "run"))
+
+
+def test_every_record_reaches_the_trackers_and_they_are_closed(tmp_path):
+    """A tracker (mlflow, wandb, a search trial) is two methods; the logger hands it what metrics.jsonl gets."""
+    from bert_kit.training.progress import ProgressLogger, read_metrics
+
+    class Tracker:
+        def __init__(self):
+            self.seen, self.closed = [], False
+
+        def log(self, kind, step, values):
+            self.seen.append((kind, step, values))
+
+        def close(self):
+            self.closed = True
+
+    tracker = Tracker()
+    logger = ProgressLogger(tmp_path, 10, trackers=[tracker])
+    logger.log("train", 1, loss=2.5, lr=1e-4)
+    logger.log("eval", 1, accuracy=0.5)
+    logger.close()
+    assert tracker.seen == [("train", 1, {"loss": 2.5, "lr": 1e-4}), ("eval", 1, {"accuracy": 0.5})]
+    assert tracker.closed and [r["type"] for r in read_metrics(tmp_path)] == ["eval", "train"]
+    quiet = Tracker()
+    ProgressLogger(tmp_path, 10, enabled=False, trackers=[quiet]).log("train", 2, loss=1.0)  # rank > 0
+    assert quiet.seen == []
