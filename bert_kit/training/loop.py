@@ -57,7 +57,7 @@ from bert_kit.training.checkpoint import (Background, StopSignal, checkpoint_wri
 from bert_kit.training.clock import BudgetClock, Timings, now
 from bert_kit.training.distributed import (Agreement, all_reduce_mean, barrier, collective_errors, is_main,
                                            world_size)
-from bert_kit.training.engine import Engine
+from bert_kit.training.engine import Engine, TorchEngine
 from bert_kit.training.job import Job, Run
 from bert_kit.training.optim import Schedule
 from bert_kit.training.progress import LossPlotter, ProgressLogger, truncate_metrics
@@ -80,8 +80,7 @@ def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float 
     it up by `cfg.engine`, default `TorchEngine`). If another rank dies or stalls for longer than
     `dist_timeout_s`, the others stop with a one-line `DistributedError`. Rank 0 holds the run
     folder's lock from before the run touches the folder to its end."""
-    if engine is None:
-        from bert_kit.training.engine import TorchEngine as engine
+    engine = engine or TorchEngine
     engine.join_processes(cfg)  # torchrun's ranks, or a JAX run's hosts
     with collective_errors(cfg.dist_timeout_s):
         out = Path(cfg.output_dir)
@@ -105,8 +104,7 @@ def start_run(cfg: RunSettings, resume: str | None, started: float | None = None
     """Resolve the checkpoint to resume and its settings (resume.py); claim the run folder; seed every
     RNG; start the device (the engine's, printed once resolved). Settings that may not change on
     resume stop the run. started: the time the run's clock counts from (default: now)."""
-    if engine is None:
-        from bert_kit.training.engine import TorchEngine as engine
+    engine = engine or TorchEngine
     started = now() if started is None else started
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
