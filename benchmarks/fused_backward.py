@@ -1,4 +1,4 @@
-"""Diagnostic: bert_kit.fused_backward's kernels against inductor's, on one GPU.
+"""Diagnostic: bert_kit.kernels.fused_backward's kernels against inductor's, on one GPU.
 
 BERT-base at batch 256 x 128 (32768 tokens, bf16), each timed alone (median, triton's do_bench):
 0. GELU's forward: the Triton kernel against inductor's, with the share of outputs rounded as the
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bert_kit import fused_backward  # noqa: E402
 from bert_kit.config import BertConfig  # noqa: E402
+from bert_kit.kernels import fused_backward  # noqa: E402
 from bert_kit.model import FeedForward, MultiHeadAttention  # noqa: E402
 
 
@@ -97,13 +97,15 @@ def sweep(ops, M: int, H: int, I: int, nh: int) -> None:
 
 def blocks(M: int, H: int, I: int, nh: int) -> None:
     cfg = BertConfig(hidden_size=H, intermediate_size=I, num_attention_heads=nh)
-    for name, module in (("FFN", FeedForward(cfg)), ("attention", MultiHeadAttention(cfg))):
+    for name, module, fast in (("FFN", FeedForward(cfg), fused_backward.FusedFeedForward),
+                               ("attention", MultiHeadAttention(cfg), fused_backward.FusedQKVAttention)):
         module.cuda().train()
+        plain = type(module)
         x = torch.randn(M // 128, 128, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # 16-bit stream
         dy = torch.randn(M // 128, 128, H, device="cuda", dtype=torch.bfloat16)
         times = {}
         for fused in (False, True):
-            fused_backward.enabled = fused
+            module.__class__ = fast if fused else plain  # as `fast_path.apply` swaps it
             torch._dynamo.reset()
             compiled = torch.compile(module, fullgraph=True)
 
@@ -122,7 +124,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--sweep", action="store_true", help="time the kernels' launch settings too")
     args = p.parse_args()
-    ops = fused_backward.register_fused_backward()
+    ops = fused_backward.triton_ops
     assert torch.cuda.is_available() and ops is not None, "this benchmark needs a CUDA GPU and Triton"
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     gelu_forward(ops, args.tokens, 3072)

@@ -5,7 +5,7 @@ the first question for a kernel far from its floors.
 Needs only `pip install triton` (no torch, no GPU): the kernel module's source is read up to its
 torch part.
 
-    python benchmarks/kernel_resources.py [bert_kit/short_attention_triton.py]
+    python benchmarks/kernel_resources.py [bert_kit/kernels/short_attention_triton.py]
 """
 import importlib.util
 import os
@@ -22,7 +22,7 @@ def load(path):
     """The kernels of `path` without its torch part (everything from `def _meta(` on)."""
     text = open(path).read()
     text = text[:text.index("def _meta(")].replace("import torch\n", "")
-    text = text.replace("from bert_kit.dropout_triton import fill_mask\n", "")
+    text = text.replace("from bert_kit.kernels.dropout_triton import fill_mask\n", "")
     folder = tempfile.mkdtemp()
     kernels = os.path.join(folder, "kernels.py")
     open(kernels, "w").write(text)
@@ -62,7 +62,7 @@ def run(mod, which, m, warps):
     return report(fn, sig, consts, warps)
 
 if __name__ == "__main__":
-    mod = load(sys.argv[1] if len(sys.argv) > 1 else "bert_kit/short_attention_triton.py")
+    mod = load(sys.argv[1] if len(sys.argv) > 1 else "bert_kit/kernels/short_attention_triton.py")
     for mask in (False, True):
         for hd, nh in ((64, 12), (128, 8)):
             for which in ("_attention_fwd", "_attention_bwd"):

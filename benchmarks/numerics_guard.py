@@ -3,12 +3,12 @@
 Plain: eager, padded batches, MLM logits at every position, -100 labels, and autocast's own float32
 LayerNorm outputs (a float32 residual stream).
 Fast: torch.compile, static prediction slots (`with_prediction_slots`), MLM decoder at masked positions only,
-bf16 LayerNorm outputs (`set_low_precision_residual`, what `bert-kit pretrain` does).
+and the fast path `bert-kit pretrain` applies (`fast_path.apply`: bf16 LayerNorm outputs, the Triton kernels).
 Same seed, same WikiText batches, dropout off (so both runs draw no random numbers); prints the
 two loss curves' largest gap, averaged over 20-step windows, and exits 1 past the tolerance.
 
 With --dropout (p = 0.1) the plain path draws its masks with `F.dropout` and the fast path with
-`bert_kit.dropout`'s Triton kernel, so single curves differ by dropout noise: each path trains with
+`bert_kit.kernels.dropout`'s Triton kernel, so single curves differ by dropout noise: each path trains with
 several mask seeds and the mean losses are compared against their standard error.
 
     python benchmarks/numerics_guard.py --text wikitext-2/train.txt --tokenizer MINILM_FOLDER [--dropout]
@@ -30,16 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_throughput import real_batches  # noqa: E402
 
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
-from bert_kit.dropout import register_mask_op  # noqa: E402
 from bert_kit.heads import with_prediction_slots  # noqa: E402
-from bert_kit.model import set_low_precision_residual  # noqa: E402
+from bert_kit.kernels import fast_path  # noqa: E402
 from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
 
 
 def train(batches: list[dict], fast: bool, steps: int, dropout: float = 0.0, dropout_seed: int = 0) -> list[float]:
     config = create_model_config("bert-base", hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     torch.manual_seed(0)
-    model = set_low_precision_residual(BERTForPreTraining(config).cuda().train(), fast)
+    model = BERTForPreTraining(config).cuda().train()
+    fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16, compile=fast, low_precision_residual=fast)
     torch.manual_seed(dropout_seed)  # same weights, masks drawn from another stream
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
@@ -52,8 +52,6 @@ def train(batches: list[dict], fast: bool, steps: int, dropout: float = 0.0, dro
             mlm_loss = compute_mlm_loss(mlm, b["labels"])
         return mlm_loss + F.cross_entropy(nsp.float(), b["next_sentence_label"])
 
-    if fast:
-        register_mask_op()
     step_fn = torch.compile(loss_fn, dynamic=False) if fast else loss_fn
     losses = []
     for i in range(steps):

@@ -27,12 +27,10 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert_kit.dropout  # noqa: E402
-import bert_kit.fused_backward  # noqa: E402
-import bert_kit.short_attention  # noqa: E402
 from bert_kit import BERTForPreTraining, create_model_config  # noqa: E402
 from bert_kit.heads import masked_index, with_prediction_slots  # noqa: E402
-from bert_kit.model import estimate_mfu, set_low_precision_residual  # noqa: E402
+from bert_kit.kernels import fast_path  # noqa: E402
+from bert_kit.model import estimate_mfu  # noqa: E402
 from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
 
 PEAK = 790e12
@@ -82,15 +80,14 @@ def make_bertkit(config, compile_mode: str | None, unpadded: bool, static: bool 
                  options: dict | None = None, fp32_residual: bool = False, rng_recompute: bool = False,
                  cudnn_attention: bool = True, triton_dropout: bool = True, fused_grads: bool = True,
                  short_attention: bool = True):
-    bert_kit.dropout.triton_mask_enabled = triton_dropout  # read when traced
-    bert_kit.dropout.register_mask_op()
-    bert_kit.fused_backward.enabled = fused_grads  # read when traced
-    bert_kit.fused_backward.register_fused_backward()
-    bert_kit.short_attention.enabled = short_attention  # read when traced; needs fused_grads
-    bert_kit.short_attention.register_short_attention()
     torch._functorch.config.functionalize_rng_ops = rng_recompute  # process-wide, read when traced
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)  # off: SDPA falls back to flash attention
-    model = set_low_precision_residual(BERTForPreTraining(config).cuda(), not fp32_residual)
+    model = BERTForPreTraining(config).cuda()
+    # what `bert-kit pretrain` puts on the model; short attention needs the fused backward
+    fast = fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16, compile=compile_mode is not None,
+                           low_precision_residual=not fp32_residual, triton_dropout=triton_dropout,
+                           fused_backward=fused_grads, short_attention=short_attention)
+    print(f"  {fast}", flush=True)
 
     def loss_fn(b):
         mlm, nsp = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], unpadded=unpadded,
@@ -135,16 +132,16 @@ VARIANTS = {
     # fits a benchmark's few fixed batches, not a training run; the figures of 2026-11-26 used it
     "bertkit-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True, options=CUDAGRAPHS_COORD),
     "bertkit-static-cudagraphs-coord": lambda c: make_bertkit(c, "default", False, static=True, options=CUDAGRAPHS_COORD),
-    # inductor's own dropout (one Philox call per element) instead of bert_kit.dropout's mask
+    # inductor's own dropout (one Philox call per element) instead of bert_kit.kernels.dropout's mask
     "bertkit-static-inductordropout": lambda c: make_bertkit(c, "default", False, static=True, triton_dropout=False),
-    # inductor's kernels for the FFN's and QKV's gradients and bias gradients instead of bert_kit.fused_backward's
-    # (and SDPA's attention: bert_kit.short_attention builds on fused_backward)
+    # inductor's kernels for the FFN's and QKV's gradients and bias gradients instead of kernels.fused_backward's
+    # (and SDPA's attention: kernels.short_attention builds on fused_backward)
     "bertkit-static-inductorbackward": lambda c: make_bertkit(c, "default", False, static=True, fused_grads=False),
     "bertkit-static-cudagraphs-inductorbackward": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
                                                                          fused_grads=False),
     "bertkit-static-cudagraphs-coord-inductorbackward": lambda c: make_bertkit(
         c, "default", False, static=True, fused_grads=False, options=CUDAGRAPHS_COORD),
-    # SDPA's attention (cuDNN's kernels) instead of bert_kit.short_attention's; "flash": SDPA's flash kernel
+    # SDPA's attention (cuDNN's kernels) instead of kernels.short_attention's; "flash": SDPA's flash kernel
     "bertkit-static-sdpa": lambda c: make_bertkit(c, "default", False, static=True, short_attention=False),
     "bertkit-static-cudagraphs-sdpa": lambda c: make_bertkit(c, "reduce-overhead", False, static=True,
                                                              short_attention=False),
@@ -164,7 +161,7 @@ VARIANTS = {
     # autocast's float32 LayerNorm outputs, so a float32 residual stream (as HF)
     "bertkit-static-fp32res": lambda c: make_bertkit(c, "default", False, static=True, fp32_residual=True),
     # static shapes, CUDA graphs and recomputed dropout masks together (inductor's CUDA-graph
-    # pool check rejects this in torch 2.11, see RESULTS.md)
+    # pool check rejects this in torch 2.11, see reports/2026-11-26-pretrain-throughput.md)
     "bertkit-fast": lambda c: make_bertkit(c, "default", False, static=True, rng_recompute=True,
                                            options={"triton.cudagraphs": True}),
     # diagnostic, not a comparable configuration: what dropout (masks, RNG, extra passes) costs

@@ -32,8 +32,8 @@ def worker(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bert_kit import BERTForPreTraining, create_model_config
-    from bert_kit.dropout import register_mask_op
     from bert_kit.heads import masked_index, pad_masked
+    from bert_kit.kernels import fast_path
     from bert_kit.training.losses import compute_mlm_loss
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -42,6 +42,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)  # same init on every rank
     overrides = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0} if args.no_dropout else {}
     model = BERTForPreTraining(create_model_config("bert-base", **overrides)).cuda()
+    fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16, compile=args.compile)
     if args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -71,8 +72,6 @@ def worker(args: argparse.Namespace) -> None:
         mlm, nsp = step_model(ids, masked_index=index)
         return compute_mlm_loss(mlm, targets) + F.cross_entropy(nsp.float(), nsp_labels)
 
-    if args.compile:
-        register_mask_op()
     compiled = torch.compile(loss_fn) if args.compile else loss_fn
     times, losses = [], []
     for i in range(args.warmup + args.steps):

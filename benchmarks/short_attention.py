@@ -1,4 +1,4 @@
-"""Diagnostic: bert_kit.short_attention's kernels against SDPA (cuDNN) and the QKV gradient's assembly.
+"""Diagnostic: bert_kit.kernels.short_attention's kernels against SDPA (cuDNN) and the QKV gradient's assembly.
 
 One BERT-base attention layer at batch 256 x 128 (12 heads of 64, bf16, attention dropout 0.1),
 forward + backward, each timed alone (median, triton's do_bench):
@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bert_kit.fused_backward import register_fused_backward  # noqa: E402
-from bert_kit.short_attention import register_short_attention  # noqa: E402
+from bert_kit.kernels import fused_backward, short_attention  # noqa: E402
 
 
 def bench(fn) -> float:
@@ -41,7 +40,7 @@ def main() -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--masked", action="store_true", help="a key mask (lengths T/3-T), as padded training batches have")
     args = p.parse_args()
-    fused, short = register_fused_backward(), register_short_attention()
+    fused, short = fused_backward.triton_ops, short_attention.triton_ops
     if not torch.cuda.is_available() or fused is None or short is None:
         sys.exit("needs a CUDA GPU and Triton")
     B, T, nh, hd, drop = args.batch, args.seq, args.heads, args.head_dim, args.dropout

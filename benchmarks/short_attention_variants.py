@@ -4,11 +4,12 @@ One BERT-base attention layer (B 256, T 128, 12 heads of 64, dropout 0.1) with a
 mask. "shipped" is the checkout named by SRC, whose `_attention_fwd` and `_attention_bwd` must be
 the kernels of one program per (sequence, head) that read O, as bert-kit had them up to 9164ad1.
 The variants that replaced them are the rows "fwd split64 w4" and "bwd 2pass64 w4 st1" (the key
-mask applied per block; bert_kit/short_attention_triton.py now applies it to k and v once). Needs
-CUDA and Triton:
+mask applied per block; bert_kit/kernels/short_attention_triton.py now applies it to k and v once).
+SRC's layout is that commit's (the kernels at the package root, as imported below). Needs CUDA and
+Triton:
 
     git worktree add /tmp/before 9164ad1
-    MASKED_ONLY=1 SRC=/tmp/before python benchmarks/short_attention_variants.py   # the RESULTS.md table
+    MASKED_ONLY=1 SRC=/tmp/before python benchmarks/short_attention_variants.py   # the table of reports/2026-11-28-short-attention-blocks-of-64.md
     SRC=/tmp/before python benchmarks/short_attention_variants.py                 # every variant, no mask
 
 Prints each variant's time (median, triton's do_bench), relative error, registers and spills.

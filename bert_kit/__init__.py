@@ -15,7 +15,7 @@ _EXPORTS = {
     "create_model_config": "config",
     "BERTModel": "model",
     "LayerNorm": "model",
-    "set_low_precision_residual": "model",
+    "set_low_precision_residual": "kernels.residual",
     "GELU": "model",
     "FeedForward": "model",
     "MultiHeadAttention": "model",

@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
-from bert_kit.model import BERTModel, Packed
+from bert_kit.kernels import fast_path
+from bert_kit.kernels.packing import Packed
+from bert_kit.model import BERTModel
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
 
 POOLING_MODES = ("mean", "cls")
@@ -72,6 +74,7 @@ class SentenceEncoder:
     normalize: L2-normalise each vector (cosine similarity becomes a dot product);
     max_length: tokens per text, longer texts are truncated (256 as all-MiniLM-L6-v2);
     unpadded: run only the real tokens through the encoder (`BERTModel(..., unpadded=True)`).
+    The model gets the fast path for inference on `device` (`fast_path.apply`), unless it has one.
     compile: `torch.compile` the encoder for inference, with weights frozen into the graph
         (inductor `freezing`: constant folding and pre-packed matmul weights). The first batches
         pay a one-off compilation (about 10 s on 2 CPU cores); after that MiniLM encodes about
@@ -93,6 +96,8 @@ class SentenceEncoder:
               hint="max_position_embeddings of the model").check("max_length", max_length)
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
+        if isinstance(model, BERTModel):  # (an exported graph has its own kernels)
+            fast_path.apply(self.model, self.device, training=False)
         self.tokenizer = tokenizer
         self.pooling, self.normalize, self.max_length = pooling, normalize, max_length
         # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from bert_kit.config import BertConfig
-from bert_kit.model import BERTModel, BertPreTrainedModel, LayerNorm, Packed, activation
+from bert_kit.kernels.packing import Packed
+from bert_kit.model import BERTModel, BertPreTrainedModel, LayerNorm, activation
 
 IGNORE_INDEX = -100
 
@@ -30,25 +30,7 @@ class MLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V)."""
-        x = self.norm(self.act(self.dense(hidden)))
-        if torch.compiler.is_compiling() and x.is_cuda:
-            return padded_linear(x, self.decoder)
-        return self.decoder(x)
-
-
-def padded_linear(x: torch.Tensor, linear: nn.Linear, multiple: int = 64) -> torch.Tensor:
-    """linear(x) (..., out) computed with out padded to a multiple of `multiple` (zero rows), then cut.
-
-    BERT's 30522-word vocabulary puts every row of the logits and of their gradient at an offset
-    that is not a multiple of 16 bytes: cuBLAS then runs slower kernels for the decoder's three
-    matmuls and inductor adds a copy: 1.7 ms of BERT-base pretraining's 45 ms step on an H200, 1.25 ms
-    padded. Taken where the model is compiled on CUDA; the zero rows never reach the output.
-    """
-    pad = -linear.out_features % multiple
-    if not pad:
-        return linear(x)
-    bias = None if linear.bias is None else F.pad(linear.bias, (0, pad))
-    return F.linear(x, F.pad(linear.weight, (0, 0, 0, pad)), bias)[..., :linear.out_features]
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
 
 
 def masked_index(labels: torch.Tensor) -> torch.Tensor:

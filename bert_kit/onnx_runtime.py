@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from bert_kit.config import BertConfig, load_hf_config
-from bert_kit.model import check_inputs
+from bert_kit.input_checks import check_inputs
 from bert_kit.threads import spinning
 
 ONNX_FILE = "model.onnx"

@@ -23,6 +23,7 @@ import torch
 from bert_kit import BERTForSequenceClassification, compute_classification_loss, create_classification_dataloader
 from bert_kit import evaluate_classification_metrics, get_tokenizer
 from bert_kit.data.classification import read_classification_file
+from bert_kit.kernels import fast_path
 from bert_kit.metrics import plot_confusion_matrix
 from bert_kit.training.optim import create_optimizer, create_scheduler
 from bert_kit.data.root import data_root
@@ -84,6 +85,7 @@ def main() -> None:
     # 3. the pretrained encoder with a new, randomly initialised classifier on the pooled [CLS]
     model = BERTForSequenceClassification.from_pretrained(args.model, num_labels=len(names)).to(device)
     model.id2label = {str(i): n for i, n in enumerate(names)}  # saved into config.json
+    print(fast_path.apply(model, device, training=True))  # the kernels this device allows (none on a CPU)
     steps = args.epochs * len(train_loader)
     optimizer = create_optimizer(model, "adamw", lr=args.lr, weight_decay=0.01)
     scheduler = create_scheduler(optimizer, warmup_steps=max(1, steps // 10), total_steps=steps)

@@ -1,5 +1,5 @@
-"""The torch model against `transformers` on random init, the fast paths against the plain
-path, parameter counts and input validation.
+"""The torch model against `transformers` on random init, its unpadded and packed paths against
+the padded one, parameter counts and input validation (the kernels: tests/kernels/).
 
 Run: .venv/bin/python -m pytest tests/test_model.py -q
 """
@@ -11,7 +11,9 @@ from torch.testing import assert_close
 from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering,
                       BERTForSequenceClassification, BERTForTokenClassification, BERTModel,
                       BertConfig, create_model_config)
-from bert_kit.model import Packed, unchecked_inputs
+from bert_kit.input_checks import unchecked_inputs
+from bert_kit.kernels import fast_path
+from bert_kit.kernels.packing import Packed
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,6 +139,7 @@ def test_row_layout_trains_like_the_masked_path_on_cuda_and_in_a_cuda_graph():
     batch of the same shape, it gives the eager result (the layout is made on the device)."""
     torch.manual_seed(4)
     model = BERTForSequenceClassification(BertConfig(**TINY), num_labels=3).cuda().eval()  # eval: no dropout
+    fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16)  # CUDA's attention kernels
 
     labels = torch.tensor([0, 1, 2, 1], device="cuda")
 
@@ -218,94 +221,3 @@ def test_bad_inputs_give_clear_errors():
         model(ids, token_type_ids=torch.full_like(ids, 2))
     with pytest.raises(ValueError, match="attention_mask shape"):
         model(ids, attention_mask=torch.ones(2, 9, dtype=torch.long))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_masked_attention_on_cuda_leaves_cudnn_out(monkeypatch):
-    """A padding mask at inference on CUDA: cuDNN's kernel is off for that call (it would set up a
-    plan for every new batch shape); unmasked calls keep the default choice, and masked calls that
-    need gradients take cuDNN's or the math kernel (the memory-efficient one's backward gave NaN);
-    the numbers are attention's."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from bert_kit.model import masked_attention
-
-    seen, sdpa = [], F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        seen.append((kwargs.get("attn_mask") is not None, torch.backends.cuda.cudnn_sdp_enabled()))
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    q, k, v = torch.randn(3, 2, 4, 24, 32, device="cuda", dtype=torch.bfloat16)
-    mask = torch.ones(2, 1, 1, 24, dtype=torch.bool, device="cuda")
-    mask[1, ..., 17:] = False
-    out = masked_attention(q, k, v, mask)
-    masked_attention(q, k, v, None)
-    masked_attention(q.detach().clone().requires_grad_(), k, v, mask)
-    default = torch.backends.cuda.cudnn_sdp_enabled()
-    assert seen == [(True, False), (False, default), (True, True)]
-    with sdpa_kernel(SDPBackend.MATH):
-        reference = sdpa(q.float(), k.float(), v.float(), attn_mask=mask)
-    assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("mask_rows", [1, 64])
-def test_padded_to_128_gives_the_unpadded_attention_and_gradients(mask_rows):
-    """The 64 mod 128 lengths that cuDNN's backward gets wrong are padded to 128 in training: the
-    extra keys are masked and the extra queries dropped, so output and gradients do not change."""
-    import torch.nn.functional as F
-
-    from bert_kit.model import padded_to_128
-
-    def attention(q, k, v, mask, p):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 64, 32, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    mask = torch.ones(2, 1, mask_rows, 64, dtype=torch.bool)
-    mask[1, ..., 40:] = False
-    out = attention(q, k, v, mask, 0.0)
-    padded = padded_to_128(attention, q, k, v, mask)
-    assert padded.shape == out.shape
-    assert_close(padded, out, atol=1e-12, rtol=0)
-    probe = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    for a, b in zip(torch.autograd.grad((out * probe).sum(), (q, k, v)),
-                    torch.autograd.grad((padded * probe).sum(), (q, k, v))):
-        assert_close(b, a, atol=1e-12, rtol=0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("length", [64, 192, 96])
-def test_masked_attention_gradients_stay_finite_at_very_negative_logsumexp(length):
-    """pytorch/pytorch#196678: cuDNN's backward returned NaN dQ at lengths 64 mod 128 with a mask
-    when a query row's logsumexp is below -88.7, as in a bert-small pretrained for 6 minutes on the
-    shared corpus (-179; its fine-tuning skipped a third of its steps). Gradients here match
-    the math kernel's, with and without attention dropout."""
-    import math
-
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from bert_kit.model import masked_attention
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, length, 64, device="cuda", generator=g) * 0.1 for _ in range(3))
-    q[..., 0], k[..., 0] = 1.0, -120 * math.sqrt(64)  # every logit about -120
-    q, k, v = (t.bfloat16().requires_grad_() for t in (q, k, v))
-    mask = torch.ones(2, 1, 1, length, dtype=torch.bool, device="cuda")
-    mask[1, ..., length - 20:] = False
-    probe = torch.randn(2, 4, length, 64, device="cuda", generator=g).bfloat16()
-    ours = torch.autograd.grad((masked_attention(q, k, v, mask) * probe).sum(), (q, k, v))
-    exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    with sdpa_kernel(SDPBackend.MATH):  # fp32: bf16 cannot hold logits near -120 to better than 0.5
-        reference = torch.autograd.grad(
-            (F.scaled_dot_product_attention(*exact, attn_mask=mask) * probe.float()).sum(), exact)
-    for a in ours:
-        assert torch.isfinite(a).all()
-    # dQ's first component is a sum that is exactly 0 times the key's -960: rounding noise, not compared
-    for a, b in zip((ours[0][..., 1:], ours[1], ours[2]), (reference[0][..., 1:], reference[1], reference[2])):
-        assert (a.float() - b).norm() <= 0.02 * b.norm()
-    dropped = torch.autograd.grad((masked_attention(q, k, v, mask, 0.1) * probe).sum(), (q, k, v))
-    assert all(torch.isfinite(t).all() for t in dropped)

@@ -182,12 +182,14 @@ def from_torch(torch_model, cls: type) -> nnx.Module:
 
 
 def trained_dropout(torch_model) -> tuple[float, float] | None:
-    """(hidden, attention) dropout the torch model's modules apply (`set_dropout`); None without them."""
-    from bert_kit.dropout import Dropout
-    from bert_kit.model import MultiHeadAttention
+    """(hidden, attention) dropout the torch model's encoder applies (`set_dropout`); None without one."""
+    from torch import nn
 
-    modules = list(torch_model.modules())
-    hidden = next((m.p for m in modules if isinstance(m, Dropout)), None)
+    from bert_kit.model import BERTModel, MultiHeadAttention
+
+    # the encoder's modules: a head's classifier dropout is not the hidden dropout
+    modules = [m for bert in torch_model.modules() if isinstance(bert, BERTModel) for m in bert.modules()]
+    hidden = next((m.p for m in modules if isinstance(m, nn.Dropout)), None)
     attention = next((m.attn_dropout for m in modules if isinstance(m, MultiHeadAttention)), None)
     return None if hidden is None or attention is None else (hidden, attention)
 

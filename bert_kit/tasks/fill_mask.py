@@ -121,6 +121,10 @@ def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn
     if not any(k.startswith("cls.predictions.") for k in state):
         raise ValueError(f"{folder} has no MLM head weights (cls.predictions.*): it is an encoder-only "
                          "checkpoint, so its [MASK] predictions would be random")
+    from bert_kit.kernels import fast_path
+
     model = BERTForMaskedLM(load_hf_config(folder))
     load_into(model, state, source=str(folder))
-    return model.to(resolve_device(device)).eval()
+    device = resolve_device(device)
+    fast_path.apply(model, device, training=False)
+    return model.to(device).eval()

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from bert_kit.model import Packed
-from bert_kit.dropout import register_mask_op
+from bert_kit.kernels import fast_path
+from bert_kit.kernels.packing import Packed
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
@@ -116,12 +116,14 @@ class FinetuningJob(Job):
         sharded = cfg.parallel == "fsdp" and world_size() > 1
         if not sharded:
             model.to(device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
+        if cfg.engine == "torch":  # the kernels this device allows, then the compiler (the JAX engine has its own)
+            fast = fast_path.apply(model, device, training=True, dtype=run.precision.dtype, compile=cfg.compile,
+                                   compile_heads=False)
+        else:
+            fast = fast_path.FastPath(note=fast_path.JAX_ENGINE)
+        self.fast_path = str(fast)
         if cfg.compile and cfg.engine == "torch":  # padded to multiples of 16: a few static shapes, each compiled once
             mode = "reduce-overhead" if cfg.cuda_graphs is True and device.type == "cuda" else None
-            # one graph per padded length, batch size and train/eval: more than dynamo's default 8,
-            # past which it would silently fall back to eager
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            register_mask_op()  # dropout's cheaper mask, traced into the graph
             (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
         self.model = model
         # the whole step as a CUDA graph per padded shape, where it can be recorded
@@ -154,6 +156,7 @@ class FinetuningJob(Job):
                   f"parameters, {len(self.train_items)} train / {len(self.eval_items or [])} eval {unit}, "
                   f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, global batch "
                   f"{self.global_micro_batch * cfg.grad_accum}){ranks}{where}", flush=True)
+            print(self.fast_path, flush=True)
 
     def step_batches(self, step: int) -> list[dict]:
         if self.batches is None:
@@ -212,7 +215,8 @@ class FinetuningJob(Job):
                    for r in read_metrics(out) if r.get("type") == "eval"] if is_main() else []
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
-                f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or [])}
+                f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
+                "fast_path": self.fast_path.removeprefix("fast path: ")}
 
 
 def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:

@@ -142,7 +142,14 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
         # predictions would pair names with the wrong outputs, probabilities would not sum to 1
         raise ValueError(f"{folder}: the head has {outputs} outputs but config.json names {len(task.label_names)} "
                          f"labels {task.label_names}; give id2label one name per output")
-    return task, model.to(precision.device).eval(), precision
+    model = model.to(precision.device).eval()  # (an exported graph refuses a GPU here)
+    if not exported:
+        from bert_kit.kernels import fast_path
+
+        fast = fast_path.apply(model, precision.device, training=False, dtype=precision.dtype)
+        if verbose:
+            print(fast, flush=True)
+    return task, model, precision
 
 
 def load_onnx_task_model(task: Task, folder: Path) -> Any:

@@ -37,11 +37,9 @@ from typing import Any
 import torch
 
 from bert_kit.config import BertConfig
-from bert_kit.dropout import register_mask_op
-from bert_kit.fused_backward import register_fused_backward
-from bert_kit.model import set_dropout, set_low_precision_residual
+from bert_kit.kernels import fast_path
+from bert_kit.model import set_dropout
 from bert_kit.model_folder import locate_model
-from bert_kit.short_attention import register_short_attention
 from bert_kit.tasks import engine_class
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
@@ -104,12 +102,9 @@ def use_cuda_graphs(cfg: PretrainConfig, device: torch.device) -> bool:
 
 
 def compile_model(model: torch.nn.Module, cfg: PretrainConfig, device: torch.device, cuda_graphs: bool) -> None:
-    """torch.compile `model` in place with static shapes, CUDA graphs and kernel tuning as configured."""
+    """torch.compile `model` in place with static shapes, CUDA graphs and kernel tuning as configured
+    (after `fast_path.apply`, which puts on the kernels that run compiled)."""
     options = {"triton.cudagraphs": cuda_graphs, "coordinate_descent_tuning": cfg.compile_tuning}
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)  # eval shapes
-    register_mask_op()  # dropout's cheaper mask, traced into the graph
-    register_fused_backward()  # gradients written with their bias gradients
-    register_short_attention()  # attention in one tile at T <= 128
     model.compile(dynamic=False, options=options if device.type == "cuda" else None)
 
 
@@ -129,14 +124,19 @@ class PretrainingJob(Job):
         sharded = cfg.parallel == "fsdp" and world_size() > 1
         if not sharded:
             model.to(self.device)  # FSDP2 moves each rank's shards to the device itself, layer by layer
-        set_low_precision_residual(model, cfg.low_precision_residual)
         if cfg.dropout is not None:
             set_dropout(model, cfg.dropout)  # the saved config keeps the model's rates, for fine-tuning
         # compiled whole (heads and loss) on static shapes: masked positions in fixed prediction slots,
         # which the training loader fills (evaluation fills them here)
         self.slots = prediction_slots(cfg)
         whole_model = self.slots is not None
-        if cfg.compile and cfg.engine == "torch":  # (the JAX engine compiles its own step)
+        if cfg.engine == "torch":  # the kernels this device allows, then the compiler (the JAX engine has its own)
+            fast = fast_path.apply(model, self.device, training=True, dtype=self.precision.dtype, compile=cfg.compile,
+                                   compile_heads=whole_model, low_precision_residual=cfg.low_precision_residual)
+        else:
+            fast = fast_path.FastPath(note=fast_path.JAX_ENGINE)
+        self.fast_path = str(fast)
+        if cfg.compile and cfg.engine == "torch":
             compile_model(model if whole_model else model.bert, cfg, self.device, cuda_graphs)  # in place: same keys
         self.mlm_loss_fn = torch.compile(compute_mlm_loss, dynamic=False) if whole_model else compute_mlm_loss
         self.model = model
@@ -150,6 +150,7 @@ class PretrainingJob(Job):
             ranks = f", {world_size()} ranks ({how})" if world_size() > 1 else ""
             print(f"model: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
                   f"parameters, vocab {model.config.vocab_size}{ranks}{where}", flush=True)
+            print(self.fast_path, flush=True)
 
     def enter_phase(self, step: int) -> None:
         """The loaders of the phase holding `step`; after a resume, at the saved position."""
@@ -228,7 +229,8 @@ class PretrainingJob(Job):
                 "initial_train_mlm_loss": summary.get("initial_train_mlm_loss"),
                 "test_mlm_loss": final.get("mlm_loss"), "test_perplexity": final.get("perplexity"),
                 "test_mlm_accuracy": final.get("mlm_accuracy"), "test_nsp_loss": final.get("nsp_loss"),
-                "test_nsp_accuracy": final.get("nsp_accuracy"), "global_batch": self.global_batch}
+                "test_nsp_accuracy": final.get("nsp_accuracy"), "global_batch": self.global_batch,
+                "fast_path": self.fast_path.removeprefix("fast path: ")}
 
 
 def pretrain(cfg: PretrainConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from bert_kit.model import unchecked_inputs
+from bert_kit.input_checks import unchecked_inputs
 from bert_kit.threads import CoreShare
 from bert_kit.training.checkpoint import collect_state, load_checkpoint
 from bert_kit.training.distributed import (broadcast_weights, full_value, init_distributed, is_main, rank,

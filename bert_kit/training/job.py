@@ -53,6 +53,7 @@ class Job:
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
     cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
     compiled_graphs = False  # the compiled model replays its forward and backward as CUDA graphs (inductor's)
+    fast_path = ""  # what `fast_path.apply` put on the model, one line: run_config.yaml's first (a comment)
     eval_every = save_every = 0  # steps between evaluations / checkpoints (0: at the end only)
     model: nn.Module
     tokenizer: Any

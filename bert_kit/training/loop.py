@@ -249,7 +249,7 @@ class TrainingLoop:
             self.schedule.load_state_dict(state.get("schedule") or {})
             job.load_data_state(state.get("data") or {})
         if self.main:
-            save_config(self.cfg, self.out / "run_config.yaml")
+            save_config(self.cfg, self.out / "run_config.yaml", note=job.fast_path)
             if state is not None:
                 truncate_metrics(self.out, self.step)  # records after the checkpoint belong to the lost steps
                 self.records, self.records_lost = check_records(self.out, self.step, state.get("train_records"))

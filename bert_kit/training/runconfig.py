@@ -640,13 +640,15 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Any, path: str | Path) -> Path:
-    """Write the dataclass as YAML, fields in declaration order."""
+def save_config(cfg: Any, path: str | Path, note: str = "") -> Path:
+    """Write the dataclass as YAML, fields in declaration order; `note` (one line) as a comment
+    first, so the file still loads as the run's config."""
     import yaml
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None))
+    comment = f"# {note}\n" if note else ""
+    path.write_text(comment + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None))
     return path
 
 

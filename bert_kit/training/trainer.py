@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from bert_kit.model import Packed
+from bert_kit.kernels.packing import Packed
 from bert_kit.training.distributed import (any_rank, average_in_place, full_value, is_fsdp, no_sync, unwrap_model,
                                            world_size)
 from bert_kit.heads import with_prediction_slots

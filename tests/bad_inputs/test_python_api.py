@@ -279,7 +279,7 @@ def test_bert_config_numbers_written_as_text_in_a_file(tmp_path):
 def test_input_checks_read_the_device_once(model, monkeypatch):
     """check_inputs stays cheap: on a valid batch it reads values back from the device once (each
     read waits for a GPU), whatever it checks; only a failing check reads more, to name the culprit."""
-    from bert_kit.model import check_inputs
+    from bert_kit.input_checks import check_inputs
 
     reads = []
     for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"):

@@ -56,6 +56,9 @@ def test_classification_writes_best_results_and_predictions(tiny_encoder, sst2, 
     assert json.loads((run / "results.json").read_text())["best_value"] == best_acc
     assert not (run / "checkpoints").exists()  # best/ holds the model: no end checkpoint by default
     assert (run / "loss_curve.png").is_file() and (run / "run_config.yaml").is_file()
+    # what ran: the reference model on the CPU (`fast_path.apply` found nothing faster)
+    assert results["fast_path"] == "none (CPU: eager SDPA)"
+    assert (run / "run_config.yaml").read_text().startswith("# fast path: none (CPU: eager SDPA)\n")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "train" for r in records) == 6 and sum(r["type"] == "eval" for r in records) == 2
 

@@ -12,7 +12,9 @@ import torch
 
 from bert_kit import BertConfig
 from bert_kit.heads import BERTForSequenceClassification
-from bert_kit.model import Packed, unchecked_inputs
+from bert_kit.input_checks import unchecked_inputs
+from bert_kit.kernels import fast_path
+from bert_kit.kernels.packing import Packed
 from bert_kit.tasks.base import encode
 from bert_kit.training.losses import compute_classification_loss
 from bert_kit.training.optim import create_optimizer
@@ -46,6 +48,7 @@ def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: in
     torch.manual_seed(0)
     precision = resolve_precision(precision, "cuda", verbose=False)
     model = BERTForSequenceClassification(config(dropout), num_labels=2).cuda()
+    fast_path.apply(model, "cuda", training=True, dtype=precision.dtype)  # as `bert-kit finetune` does
     optimizer = create_optimizer(model, "adamw", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda", capturable=graphs)
     trainer = AMPTrainer(model, optimizer, None, precision, clip_grad=1.0, deferred_checks=True, cuda_graphs=graphs)
     assert trainer.deferred

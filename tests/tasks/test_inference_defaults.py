@@ -59,6 +59,7 @@ def test_evaluate_writes_to_the_working_directory_not_the_model(classifier, tmp_
     assert (work / "eval_classification_reviews_confusion_matrix.png").is_file()
     assert result["num_examples"] == 3 and result["max_length"] == 24  # the fine-tuning length
     assert "autocast would not speed up inference" in out and "training" not in out
+    assert "fast path: none (CPU: eager SDPA)" in out.splitlines()  # what runs the model, said once
     target = tmp_path / "elsewhere" / "m.json"
     assert cli_main(["evaluate", "--model", str(classifier), "--data", str(data), "--output", str(target)]) == 0
     assert json.loads(target.read_text())["accuracy"] == result["accuracy"]

@@ -31,7 +31,7 @@ from bert_kit.checks import ConfigError
 from bert_kit.cli import main as cli
 from bert_kit.config import BertConfig
 from bert_kit.heads import BERTForPreTraining
-from bert_kit.model import set_low_precision_residual
+from bert_kit.kernels.residual import set_low_precision_residual
 from bert_kit.training.optim import create_optimizer
 from bert_kit.training.precision import resolve_precision
 from bert_kit.tasks.pretraining import PretrainConfig, plan_phases, pretrain
@@ -320,6 +320,18 @@ def test_dropout_setting_pretrains_without_dropout_and_saves_the_models_rates(tm
     assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.1  # for fine-tuning
     with pytest.raises(ConfigError, match="dropout"):
         tiny_config(tmp_path, dropout=1.0)
+
+
+def test_the_run_says_which_fast_path_it_took(tmp_path, capsys):
+    """One line on the console, results.json's "fast_path" and run_config.yaml's first line (a
+    comment: the file still loads as the run's config) name what `fast_path.apply` put on."""
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=0, device="cpu", precision="fp32")
+    results = pretrain(cfg)
+    assert "fast path: none (CPU: eager SDPA)" in capsys.readouterr().out.splitlines()
+    assert results["fast_path"] == "none (CPU: eager SDPA)"
+    run_config = Path(cfg.output_dir) / "run_config.yaml"
+    assert run_config.read_text().splitlines()[0] == "# fast path: none (CPU: eager SDPA)"
+    assert load_config(PretrainConfig, run_config) == cfg
 
 
 @pytest.mark.parametrize("eval_batches", [2, 50])

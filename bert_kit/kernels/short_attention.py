@@ -10,32 +10,27 @@ on an H100, +4% tokens/s (benchmarks/RESULTS.md). The matmuls stay cuBLAS's:
               dx = dqkv @ W,  dW = dqkv.T @ x,  db = the column sums' total
 
 Dropout on the attention probabilities keeps the elements of a mask drawn once per forward as
-`bert_kit.dropout` draws it (one byte per score, read again by the backward). Used where
-`fused_backward` applies (compiled CUDA training, 16-bit stream) once `register_short_attention`
-has run, for padded batches of T <= 128 with a key mask or none and head sizes 16-128, powers of
-two; everywhere else the model's plain attention runs.
+`bert_kit.kernels.dropout` draws it (one byte per score, read again by the backward).
+`fast_path.apply` puts `ShortAttention` on a model where `fused_backward` applies (compiled CUDA
+training, 16-bit stream); each call takes the kernels for padded batches of T <= 128 with a key
+mask or none and head sizes 16-128, powers of two (`applies`), and otherwise runs
+`FusedQKVAttention`'s attention. Importing this module imports Triton, as `fused_backward` does.
 """
 
 from __future__ import annotations
-
-from types import ModuleType
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit import fused_backward
+from bert_kit.kernels import fused_backward
+from bert_kit.kernels.fused_backward import FusedQKVAttention
+from bert_kit.kernels.packing import Packed
 
-enabled = True  # switch for measuring against cuDNN's attention
-_ops = None  # the Triton module, once `register_short_attention` has run
-
-
-def register_short_attention() -> ModuleType | None:
-    """Import the Triton ops (once) and return their module, or None without Triton. Call it
-    before compiling a model that should use them (see `fused_backward.import_triton_ops`)."""
-    global _ops
-    _ops = _ops or fused_backward.import_triton_ops("short_attention_triton")
-    return _ops
+try:
+    from bert_kit.kernels import short_attention_triton as triton_ops
+except (ImportError, AttributeError):  # no Triton, or a torch without `triton_op`: never applied
+    triton_ops = None
 
 
 def applies(x: torch.Tensor, mask: torch.Tensor | None, qkv: nn.Linear, head_dim: int, p: float) -> bool:
@@ -43,7 +38,7 @@ def applies(x: torch.Tensor, mask: torch.Tensor | None, qkv: nn.Linear, head_dim
     (B, 1, 1, T) or None, a head size the kernels tile, and `fused_backward.applies` (compiled
     16-bit CUDA training)."""
     key_mask = mask is None or (mask.dtype == torch.bool and mask.shape == (x.shape[0], 1, 1, x.shape[1]))
-    return (enabled and _ops is not None and x.dim() == 3 and 0 < x.shape[1] <= 128 and p < 1.0
+    return (triton_ops is not None and x.dim() == 3 and 0 < x.shape[1] <= 128 and p < 1.0
             and 16 <= head_dim <= 128 and head_dim & (head_dim - 1) == 0 and key_mask
             and fused_backward.applies(x, qkv))
 
@@ -54,7 +49,7 @@ class _SelfAttention(torch.autograd.Function):
         B, T, H = x.shape
         x2 = x.reshape(B * T, H)
         qkv = F.linear(x2, w, b)
-        o, lse, keep = _ops.attention_fwd(qkv, mask, seed, B, T, num_heads, p)
+        o, lse, keep = triton_ops.attention_fwd(qkv, mask, seed, B, T, num_heads, p)
         ctx.save_for_backward(x2, w, qkv, mask, keep, lse)
         ctx.num_heads, ctx.p = num_heads, p
         return o.view(B, T, H)
@@ -63,8 +58,8 @@ class _SelfAttention(torch.autograd.Function):
     def backward(ctx, dy):
         x2, w, qkv, mask, keep, lse = ctx.saved_tensors
         B, T, H = dy.shape
-        dqkv, partial = _ops.attention_bwd(qkv, mask, keep, dy.reshape(B * T, H).contiguous(), lse, B, T,
-                                           ctx.num_heads, ctx.p)
+        dqkv, partial = triton_ops.attention_bwd(qkv, mask, keep, dy.reshape(B * T, H).contiguous(), lse, B, T,
+                                                 ctx.num_heads, ctx.p)
         return (dqkv @ w).view(B, T, H), dqkv.t() @ x2, partial.sum(0).to(w.dtype), None, None, None, None
 
 
@@ -78,3 +73,14 @@ def self_attention(x: torch.Tensor, qkv: nn.Linear, mask: torch.Tensor | None, n
     with torch.autocast("cuda", enabled=False):
         return _SelfAttention.apply(x.contiguous(), qkv.weight.to(x.dtype), qkv.bias.to(x.dtype), key_mask, seed,
                                     num_heads, p)
+
+
+class ShortAttention(FusedQKVAttention):
+    """`FusedQKVAttention` that takes `self_attention` (QKV projection and attention in two kernels
+    a pass) where `applies`; same parameters."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, packed: Packed | None = None) -> torch.Tensor:
+        p = self.attn_dropout if self.training else 0.0
+        if packed is None and applies(x, mask, self.qkv, self.head_dim, p):  # same function, fewer kernels
+            return self.out(self_attention(x, self.qkv, mask, self.num_heads, p))
+        return super().forward(x, mask, packed)

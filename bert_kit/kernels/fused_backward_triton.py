@@ -1,6 +1,6 @@
 """Triton kernels that write a gradient and its bias gradient in one pass, as `triton_op`s.
 
-Imported only by `bert_kit.fused_backward.register_fused_backward` (compiled pretraining on CUDA):
+Imported only by `fused_backward.py`, which `fast_path` imports only for compiled pretraining on CUDA:
 importing Triton loads torch._inductor, seconds that other commands should not pay.
 
 - `gelu(z)`: GELU's forward, with the same Phi as its gradient (below);

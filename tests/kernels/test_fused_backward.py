@@ -1,14 +1,18 @@
-"""bert_kit.fused_backward: gradients written with their bias gradients equal the plain ones."""
+"""bert_kit.kernels.fused_backward: gradients written with their bias gradients equal the plain ones.
+
+Run: .venv/bin/python -m pytest tests/kernels/test_fused_backward.py -q (the kernels need CUDA and Triton)
+"""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bert_kit import fused_backward
 from bert_kit.config import BertConfig
+from bert_kit.kernels import fused_backward
+from bert_kit.kernels.fused_backward import FusedFeedForward, FusedQKVAttention
 from bert_kit.model import FeedForward, MultiHeadAttention
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or fused_backward.register_fused_backward() is None,
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or fused_backward.triton_ops is None,
                           reason="needs CUDA and Triton")
 
 
@@ -35,17 +39,21 @@ def assert_equal_within_bf16(fast: list, plain: list) -> None:
 
 
 def test_plain_path_outside_compiled_cuda_training():
+    torch.manual_seed(0)
     cfg = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=1)
-    ffn, attention = FeedForward(cfg), MultiHeadAttention(cfg)
+    ffn, attention = FeedForward(cfg), MultiHeadAttention(cfg).eval()  # eval: no attention dropout
     x = torch.randn(2, 5, 64)
+    plain = attention(x)
+    ffn.__class__, attention.__class__ = FusedFeedForward, FusedQKVAttention
     assert not fused_backward.applies(x, ffn.up, ffn.down) and not fused_backward.applies(x, attention.qkv)
-    torch.testing.assert_close(ffn(x), ffn.down(F.gelu(ffn.up(x))))
+    torch.testing.assert_close(ffn(x), ffn.down(F.gelu(ffn.up(x))), rtol=0, atol=0)
+    torch.testing.assert_close(attention(x), plain, rtol=0, atol=0)
 
 
 @cuda
 @pytest.mark.parametrize("n", [1, 2049, 1_000_000])
 def test_gelu_kernel_rounds_like_the_exact_gelu(n):
-    ops = fused_backward.register_fused_backward()
+    ops = fused_backward.triton_ops
     g = torch.Generator(device="cuda").manual_seed(n)
     z = (3 * torch.randn(n, device="cuda", generator=g)).bfloat16()
     h, z = ops.gelu(z), z.double()
@@ -58,7 +66,7 @@ def test_gelu_kernel_rounds_like_the_exact_gelu(n):
 @cuda
 @pytest.mark.parametrize("rows", [1, 513, 2000])
 def test_gelu_grad_kernel_matches_float64(rows):
-    ops = fused_backward.register_fused_backward()
+    ops = fused_backward.triton_ops
     g = torch.Generator(device="cuda").manual_seed(rows)
     dh, z = (torch.randn(rows, 384, device="cuda", generator=g).bfloat16() for _ in range(2))
     dz, partial = ops.gelu_grad(dh, z)
@@ -71,7 +79,7 @@ def test_gelu_grad_kernel_matches_float64(rows):
 @cuda
 @pytest.mark.parametrize("contiguous", [False, True])
 def test_qkv_grad_kernel_lays_the_three_gradients_side_by_side(contiguous):
-    ops = fused_backward.register_fused_backward()
+    ops = fused_backward.triton_ops
     B, nh, T, hd = 5, 6, 150, 64
     qkv = torch.randn(B, T, 3, nh, hd, device="cuda").bfloat16()
     dq, dk, dv = qkv.permute(2, 0, 3, 1, 4)  # strided, as attention's inputs are
@@ -88,7 +96,7 @@ def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeyp
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=128, intermediate_size=512, num_attention_heads=2, attention_probs_dropout_prob=0.0)
     module = (MultiHeadAttention(cfg) if block == "attention" else FeedForward(cfg)).cuda()
-    # packed batches: (tokens, H); attention over more than 128 tokens (bert_kit.short_attention takes the rest)
+    # packed batches: (tokens, H); attention over more than 128 tokens (kernels.short_attention takes the rest)
     shape = {"ffn": (4, 96, 128), "ffn-packed": (384, 128), "attention": (2, 160, 128)}[block]
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # a 16-bit stream
     dy = torch.randn(shape, device="cuda")
@@ -97,10 +105,9 @@ def test_compiled_training_takes_the_fused_path_with_the_plain_gradients(monkeyp
         fn = getattr(fused_backward, name)
         monkeypatch.setattr(fused_backward, name, lambda *a, fn=fn: calls.append(1) or fn(*a))
 
-    monkeypatch.setattr(fused_backward, "enabled", False)
-    plain = compiled_output_and_grads(module, x, dy)
+    plain = compiled_output_and_grads(module, x, dy)  # the reference module
     assert not calls
-    monkeypatch.setattr(fused_backward, "enabled", True)
+    module.__class__ = FusedQKVAttention if block == "attention" else FusedFeedForward  # as `fast_path.apply` does
     fast = compiled_output_and_grads(module, x, dy)
     assert calls
     assert_equal_within_bf16(fast, plain)

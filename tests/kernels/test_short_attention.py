@@ -1,17 +1,22 @@
-"""bert_kit.short_attention: one-tile attention for T <= 128 equals SDPA's, gradients included."""
+"""bert_kit.kernels.short_attention: one-tile attention for T <= 128 equals SDPA's, gradients included.
+
+Run: .venv/bin/python -m pytest tests/kernels/test_short_attention.py -q (the kernels need CUDA and Triton)
+"""
 
 import math
 
 import pytest
 import torch
 
-from bert_kit import fused_backward, short_attention
 from bert_kit.config import BertConfig
+from bert_kit.kernels import fused_backward, short_attention
+from bert_kit.kernels.fused_backward import FusedQKVAttention
+from bert_kit.kernels.short_attention import ShortAttention
 from bert_kit.model import MultiHeadAttention
-from tests.test_fused_backward import assert_equal_within_bf16, compiled_output_and_grads, rel
+from tests.kernels.test_fused_backward import assert_equal_within_bf16, compiled_output_and_grads, rel
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or short_attention.register_short_attention() is None
-                          or fused_backward.register_fused_backward() is None, reason="needs CUDA and Triton")
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or short_attention.triton_ops is None
+                          or fused_backward.triton_ops is None, reason="needs CUDA and Triton")
 
 
 @pytest.mark.parametrize("T, head_dim, mask_shape, p, takes", [
@@ -19,21 +24,25 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or short_attention.regis
     (64, 48, None, 0.1, False), (64, 256, None, 0.1, False), (64, 64, "per-query", 0.1, False),
     (64, 64, "additive", 0.1, False), (64, 64, None, 1.0, False)])
 def test_applies_only_where_the_kernels_tile(monkeypatch, T, head_dim, mask_shape, p, takes):
-    monkeypatch.setattr(short_attention, "_ops", object())  # as if registered
+    monkeypatch.setattr(short_attention, "triton_ops", object())  # as if Triton were here
     monkeypatch.setattr(fused_backward, "applies", lambda x, *linears: True)  # as if compiled CUDA training
     B, H = 2, 4 * head_dim
     x = torch.randn(B, T, H)
     mask = {None: None, "keys": torch.ones(B, 1, 1, T, dtype=torch.bool),
             "per-query": torch.ones(B, 1, T, T, dtype=torch.bool), "additive": torch.zeros(B, 1, 1, T)}[mask_shape]
     assert short_attention.applies(x, mask, torch.nn.Linear(H, 3 * H), head_dim, p) is takes
-    monkeypatch.setattr(short_attention, "enabled", False)
+    monkeypatch.setattr(short_attention, "triton_ops", None)
     assert not short_attention.applies(x, mask, torch.nn.Linear(H, 3 * H), head_dim, p)
 
 
 def test_plain_path_outside_compiled_cuda_training():
-    attention = MultiHeadAttention(BertConfig(hidden_size=64, num_attention_heads=2))
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(BertConfig(hidden_size=64, num_attention_heads=2)).eval()
     x = torch.randn(2, 5, 64)
+    plain = attention(x)
+    attention.__class__ = ShortAttention
     assert not short_attention.applies(x, None, attention.qkv, attention.head_dim, 0.1)
+    torch.testing.assert_close(attention(x), plain, rtol=0, atol=0)
 
 
 def reference(qkv, mask, keep, B, T, nh, p, do):
@@ -57,7 +66,7 @@ def reference(qkv, mask, keep, B, T, nh, p, do):
     (8, 128, 12, 64, 0.0, False), (8, 128, 12, 64, 0.1, True), (5, 77, 4, 32, 0.1, True), (3, 16, 2, 16, 0.1, False),
     (4, 128, 6, 128, 0.0, True)])
 def test_kernels_match_float64(B, T, nh, hd, p, masked):
-    ops = short_attention.register_short_attention()
+    ops = short_attention.triton_ops
     g = torch.Generator(device="cuda").manual_seed(T + hd)
     H = nh * hd
     qkv = torch.randn(B * T, 3 * H, device="cuda", generator=g).bfloat16()
@@ -92,10 +101,10 @@ def test_compiled_training_takes_the_kernels_with_sdpas_gradients(monkeypatch, m
     fn = short_attention.self_attention
     monkeypatch.setattr(short_attention, "self_attention", lambda *a: calls.append(1) or fn(*a))
 
-    monkeypatch.setattr(short_attention, "enabled", False)  # SDPA's attention
+    module.__class__ = FusedQKVAttention  # SDPA's attention (`fast_path.apply(..., short_attention=False)`)
     plain = compiled_output_and_grads(module, x, dy, mask)
     assert not calls
-    monkeypatch.setattr(short_attention, "enabled", True)
+    module.__class__ = ShortAttention
     fast = compiled_output_and_grads(module, x, dy, mask)
     assert calls
     assert_equal_within_bf16(fast, plain)

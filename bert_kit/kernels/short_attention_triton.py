@@ -1,7 +1,7 @@
-"""Triton kernels behind `bert_kit.short_attention`: whole-sequence attention for T <= 128.
+"""Triton kernels behind `bert_kit.kernels.short_attention`: whole-sequence attention for T <= 128.
 
-Imported only by `register_short_attention` (compiled training on CUDA): importing Triton loads
-torch._inductor, seconds that other commands should not pay.
+Imported only by `short_attention.py`, which `fast_path` imports only for compiled training on CUDA:
+importing Triton loads torch._inductor, seconds that other commands should not pay.
 
 All of a head's keys and values fit one tile, so the softmax needs no running maximum and the
 backward needs no atomics: q, k and v are read straight from the fused QKV projection's (tokens x 3H)
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bert_kit.dropout_triton import fill_mask
+from bert_kit.kernels.dropout_triton import fill_mask
 
 BLOCK_Q = 64  # queries per tile (fewer when T is shorter)
 
@@ -180,7 +180,7 @@ def attention_fwd(qkv: torch.Tensor, mask: torch.Tensor | None, seed: torch.Tens
     o = qkv.new_empty(B * T, meta["H"])
     lse = qkv.new_empty(B * nh, meta["BLOCK_T"], dtype=torch.float32)
     keep = qkv.new_empty(B * nh * T * T if p > 0.0 else 0, dtype=torch.bool)
-    if p > 0.0:  # drawn as `bert_kit.dropout` draws hidden dropout's
+    if p > 0.0:  # drawn as `bert_kit.kernels.dropout` draws hidden dropout's
         fill_mask(keep, seed, p)
     blocks = meta["BLOCK_T"] // meta["BLOCK_Q"]
     torch.library.wrap_triton(_attention_fwd)[(B * nh * blocks,)](

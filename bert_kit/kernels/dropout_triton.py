@@ -1,8 +1,9 @@
-"""The Triton kernel behind `bert_kit.dropout`'s mask op, and its registration as a `triton_op`.
+"""The Triton kernel behind `bert_kit.kernels.dropout`'s mask op, and its registration as a `triton_op`.
 
-Imported only by `register_mask_op` (compiled training on CUDA): importing Triton and registering
-the op loads torch._inductor, seconds of start-up that other commands should not pay. The kernels
-live at module level because Triton resolves the helpers a kernel calls in the module's globals.
+Imported only by `dropout.py` and `short_attention_triton.py`, which `fast_path` imports only for
+compiled training on CUDA: importing Triton and registering the op loads torch._inductor, seconds
+of start-up that other commands should not pay. The kernels live at module level because Triton
+resolves the helpers a kernel calls in the module's globals.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
-"""bert_kit.dropout: F.dropout on the CPU; on CUDA under torch.compile a Triton mask of 16-bit draws."""
+"""bert_kit.kernels.dropout: F.dropout on the CPU; on CUDA under torch.compile a Triton mask of 16-bit draws.
+
+Run: .venv/bin/python -m pytest tests/kernels/test_dropout.py -q (the mask needs CUDA and Triton)
+"""
 
 import pytest
 import torch
 
-from bert_kit import dropout as bk_dropout
-from bert_kit.dropout import Dropout
+from bert_kit.kernels import dropout as bk_dropout
+from bert_kit.kernels.dropout import MaskDropout as Dropout
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or bk_dropout.register_mask_op() is None,
+cuda = pytest.mark.skipif(not torch.cuda.is_available() or bk_dropout.dropout_mask is None,
                           reason="needs CUDA and Triton")
 
 

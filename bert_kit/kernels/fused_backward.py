@@ -14,41 +14,25 @@ together (+2.6% tokens/s, benchmarks/RESULTS.md); the matmuls stay cuBLAS's:
           backward: dqkv, db = [dq | dk | dv] token-major, its column sums   (one kernel)
                     dx = dqkv @ W, dW = dqkv.T @ x
 
-Used while training compiled on CUDA in 16 bits once `register_fused_backward` has run
-(pretraining); everywhere else (and with `enabled` off) the model's plain code runs.
+`fast_path.apply` puts `FusedFeedForward` and `FusedQKVAttention` on a model that trains compiled
+on CUDA with a 16-bit residual stream (pretraining); each call still checks that it is such a
+call (`applies`), and otherwise runs the plain code. Importing this module imports Triton (and
+torch._inductor, seconds of start-up): only `fast_path` does, and only for such a run.
 """
 
 from __future__ import annotations
-
-import importlib
-from types import ModuleType
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-enabled = True  # switch for measuring against inductor's own kernels
-_ops = None  # the Triton module, once `register_fused_backward` has run
+from bert_kit.kernels.attention import CudaAttention
+from bert_kit.model import GELU, FeedForward
 
-
-def import_triton_ops(name: str) -> ModuleType | None:
-    """The module `bert_kit.<name>` of Triton kernels, or None where torch or Triton cannot run them
-    (CPU-only installs). Imported late: loading Triton and registering a `triton_op` loads
-    torch._inductor (seconds of start-up), which only compiled runs should pay."""
-    if not hasattr(torch.library, "triton_op"):
-        return None
-    try:
-        return importlib.import_module(f"bert_kit.{name}")
-    except ImportError:
-        return None
-
-
-def register_fused_backward() -> ModuleType | None:
-    """Import the Triton ops (once) and return their module, or None without Triton. Call it
-    before compiling a model that should use them."""
-    global _ops
-    _ops = _ops or import_triton_ops("fused_backward_triton")
-    return _ops
+try:
+    from bert_kit.kernels import fused_backward_triton as triton_ops
+except (ImportError, AttributeError):  # no Triton, or a torch without `triton_op`: never applied
+    triton_ops = None
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -56,10 +40,10 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def applies(x: torch.Tensor, *linears: nn.Linear) -> bool:
-    """Whether the fused backward takes this call: registered, training compiled on CUDA with a
+    """Whether the fused backward takes this call: Triton present, training compiled on CUDA with a
     16-bit stream (x already in the compute dtype, as `set_low_precision_residual` makes it),
     biases present, widths the kernels tile (multiples of 64)."""
-    return (enabled and _ops is not None and x.is_cuda and torch.is_grad_enabled() and torch.compiler.is_compiling()
+    return (triton_ops is not None and x.is_cuda and torch.is_grad_enabled() and torch.compiler.is_compiling()
             and x.dtype in (torch.bfloat16, torch.float16) and _compute_dtype(x) == x.dtype
             and all(m.bias is not None and m.in_features % 64 == 0 and m.out_features % 64 == 0 for m in linears))
 
@@ -73,7 +57,7 @@ class _FeedForward(torch.autograd.Function):
     def forward(ctx, x, w1, b1, w2, b2):
         x2 = x.reshape(-1, x.shape[-1])
         z = F.linear(x2, w1, b1)
-        h = _ops.gelu(z)
+        h = triton_ops.gelu(z)
         ctx.save_for_backward(x2, w1, w2, z, h)
         return F.linear(h, w2, b2).view(*x.shape[:-1], w2.shape[0])
 
@@ -81,7 +65,7 @@ class _FeedForward(torch.autograd.Function):
     def backward(ctx, dy):
         x2, w1, w2, z, h = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.shape[-1])
-        dz, partial = _ops.gelu_grad(dy2 @ w2, z)
+        dz, partial = triton_ops.gelu_grad(dy2 @ w2, z)
         dx = (dz @ w1).view(*dy.shape[:-1], w1.shape[1])
         return dx, dz.t() @ x2, partial.sum(0).to(w1.dtype), dy2.t() @ h, dy2.sum(0)
 
@@ -104,7 +88,7 @@ class _QKVProjection(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv):
         x2, w = ctx.saved_tensors
-        dqkv, partial = _ops.qkv_grad(dq, dk, dv)
+        dqkv, partial = triton_ops.qkv_grad(dq, dk, dv)
         dx = (dqkv @ w).view(dq.shape[0], dq.shape[2], w.shape[1])
         return dx, dqkv.t() @ x2, partial.sum(0).to(w.dtype), None
 
@@ -113,3 +97,21 @@ def qkv_projection(x: torch.Tensor, qkv: nn.Linear, num_heads: int) -> tuple[tor
     """x (B, T, H) -> q, k, v (B, nh, T, hd), views of one fused projection, in x's dtype."""
     with torch.autocast("cuda", enabled=False):
         return _QKVProjection.apply(x.contiguous(), *_cast(x.dtype, qkv.weight, qkv.bias), num_heads)
+
+
+class FusedFeedForward(FeedForward):
+    """`FeedForward` (GELU) whose compiled 16-bit CUDA training takes `feed_forward`; same parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.act, GELU) and applies(x, self.up, self.down):
+            return feed_forward(x, self.up, self.down)  # same function, fewer passes backward
+        return super().forward(x)
+
+
+class FusedQKVAttention(CudaAttention):
+    """`CudaAttention` whose compiled 16-bit CUDA training projects Q, K and V with `qkv_projection`."""
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if applies(x, self.qkv):
+            return qkv_projection(x, self.qkv, self.num_heads)  # same function, fewer passes backward
+        return super().project(x)

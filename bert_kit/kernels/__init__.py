@@ -1,0 +1,12 @@
+"""The fast path: what runs instead of `bert_kit/model.py`'s plain PyTorch where a device and a job allow.
+
+- `fast_path.py`: `apply(model, device, training=..., ...)`, the one call that puts the rest on a
+  model and says which parts it put on (read it first);
+- `packing.py`: packed ("unpadded") batches: `Packed`, `unpad`, `pad`;
+- `attention.py`: attention on CUDA (SDPA's masked kernels chosen per use, flash varlen attention);
+- `short_attention.py`, `fused_backward.py`, `dropout.py`: Triton kernels for compiled training on
+  CUDA, each beside its `*_triton.py` (imported only for such a run);
+- `residual.py`, `padded_decoder.py`: a 16-bit residual stream, the MLM decoder on a padded vocabulary.
+
+Importing the package imports none of them.
+"""

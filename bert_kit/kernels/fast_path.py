@@ -1,0 +1,179 @@
+"""The fast path: which kernels a model runs for a device and a job, put on it by one explicit call.
+
+`bert_kit/model.py` is the reference: plain PyTorch, attention by `F.scaled_dot_product_attention`.
+`apply` swaps in, module by module, subclasses from this package that keep the parameters and the
+state dict names and compute the same function on other kernels; the job prints what it applied:
+
+    fast = fast_path.apply(model, device, training=True, dtype=torch.bfloat16, compile=True,
+                           low_precision_residual=True)
+    print(fast)  # fast path: flash varlen attention, SDPA with safe mask kernels, Triton dropout masks, ...
+    model.compile(dynamic=False)
+
+    swapped in             for                   file                 when
+    CudaAttention          MultiHeadAttention    attention.py         on CUDA
+    FusedQKVAttention      MultiHeadAttention    fused_backward.py    compiled CUDA training, 16-bit stream
+    ShortAttention         MultiHeadAttention    short_attention.py   ... and head sizes 16-128, powers of 2
+    FusedFeedForward       FeedForward (GELU)    fused_backward.py    compiled CUDA training, 16-bit stream
+    MaskDropout            the encoder's Dropout dropout.py           compiled CUDA training
+    LowPrecisionLayerNorm  LayerNorm             residual.py          low_precision_residual, 16-bit autocast
+    PaddedDecoderMLMHead   MLMHead               padded_decoder.py    the heads compiled on CUDA
+
+`plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
+without a GPU); `install` swaps the classes; `apply` does both. Each swapped module still checks
+per call what only the call knows (compiling? gradients? T <= 128?) and otherwise runs the
+reference's code. Only modules still of the reference's class are swapped, so applying again
+(an evaluation that wraps the training model) changes nothing. Pretraining, fine-tuning and
+inference (evaluate, predict, embed, serve, fill-mask) all call `apply`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from bert_kit.config import BertConfig
+from bert_kit.heads import MLMHead
+from bert_kit.model import BERTModel, FeedForward, LayerNorm, MultiHeadAttention
+
+HALF = (torch.float16, torch.bfloat16)
+JAX_ENGINE = "the JAX engine runs the model"  # the note of jobs whose steps the JAX engine computes
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """What `apply` put on a model. `str()` gives the line a run prints."""
+
+    device: str = "cpu"  # the device type the plan is for
+    cuda_attention: bool = False  # `CudaAttention`: SDPA's masked kernels chosen per use, varlen for packed
+    varlen_flash: bool = False  # ... and packed batches on the flash varlen kernel (16-bit, head size <= 256)
+    dropout_masks: bool = False  # `MaskDropout`: Triton dropout masks
+    fused_ffn: bool = False  # `FusedFeedForward`: GELU and its gradient with the bias gradient
+    fused_qkv: bool = False  # `FusedQKVAttention`: the QKV gradient with its bias gradient
+    short_attention: bool = False  # `ShortAttention`: attention with its QKV gradient in two kernels, T <= 128
+    padded_decoder: bool = False  # `PaddedDecoderMLMHead`: the MLM decoder on a vocabulary padded to 64
+    low_precision_residual: bool = False  # `LowPrecisionLayerNorm`: a 16-bit residual stream
+    note: str = ""  # why nothing applies, where the device does not say it (the JAX engine)
+
+    @property
+    def applied(self) -> list[str]:
+        """The parts, in words."""
+        fused = {(True, True): "fused FFN/QKV backward", (True, False): "fused FFN backward",
+                 (False, True): "fused QKV backward"}.get((self.fused_ffn, self.fused_qkv))
+        parts = [("flash varlen attention", self.varlen_flash), ("SDPA with safe mask kernels", self.cuda_attention),
+                 ("Triton dropout masks", self.dropout_masks), (fused, fused is not None),
+                 ("short attention (T <= 128)", self.short_attention), ("padded MLM decoder", self.padded_decoder),
+                 ("16-bit residual stream", self.low_precision_residual)]
+        return [name for name, on in parts if on]
+
+    @property
+    def summary(self) -> str:
+        """The parts joined, or what runs without them (results.json's "fast_path")."""
+        return ", ".join(self.applied) or f"none ({self.note or self.device.upper() + ': eager SDPA'})"
+
+    def __str__(self) -> str:
+        return f"fast path: {self.summary}"
+
+
+def triton_available() -> bool:
+    """Whether Triton kernels can run here: torch registers `triton_op`s and Triton is installed
+    (looked up, not imported: importing it loads torch._inductor, seconds of start-up)."""
+    return hasattr(torch.library, "triton_op") and importlib.util.find_spec("triton") is not None
+
+
+def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.dtype = torch.float32,
+         compile: bool = False, compile_heads: bool = True, mlm_head: bool = False,
+         low_precision_residual: bool = False, triton: bool = True, triton_dropout: bool = True,
+         fused_backward: bool = True, short_attention: bool = True) -> FastPath:
+    """The fast path for a model of `config` on a `device_type` ("cuda", "cpu", ...) in a job; the
+    arguments are `apply`'s (mlm_head: the model has an MLM head; triton: Triton kernels can run)."""
+    cuda, half = device_type == "cuda", dtype in HALF
+    compiled_training = cuda and compile and training and triton
+    residual16 = low_precision_residual and half
+    hd = config.head_dim
+    # the Triton backward kernels take a 16-bit stream and widths in multiples of 64
+    fused = compiled_training and fused_backward and residual16 and config.hidden_size % 64 == 0
+    return FastPath(
+        device=device_type, cuda_attention=cuda, varlen_flash=cuda and half and hd <= 256,
+        dropout_masks=compiled_training and triton_dropout,
+        fused_ffn=fused and config.hidden_act == "gelu" and config.intermediate_size % 64 == 0, fused_qkv=fused,
+        short_attention=fused and short_attention and 16 <= hd <= 128 and hd & (hd - 1) == 0,
+        padded_decoder=cuda and compile and compile_heads and mlm_head, low_precision_residual=residual16)
+
+
+def install(model: nn.Module, fast: FastPath) -> FastPath:
+    """Swap the classes `fast` names into `model`, in place; returns what was installed (without
+    the Triton parts, if their modules find no Triton to import)."""
+    from bert_kit.kernels.attention import CudaAttention
+    from bert_kit.kernels.padded_decoder import PaddedDecoderMLMHead
+    from bert_kit.kernels.residual import LowPrecisionLayerNorm
+
+    swaps: dict[type, type] = {}  # reference class -> kernel class
+    if fast.low_precision_residual:
+        swaps[LayerNorm] = LowPrecisionLayerNorm
+    if fast.cuda_attention:
+        swaps[MultiHeadAttention] = CudaAttention
+    if fast.padded_decoder:
+        swaps[MLMHead] = PaddedDecoderMLMHead
+    if fast.fused_ffn or fast.fused_qkv:  # these modules import Triton: only when planned
+        from bert_kit.kernels import fused_backward
+
+        if fused_backward.triton_ops is None:
+            fast = dataclasses.replace(fast, fused_ffn=False, fused_qkv=False, short_attention=False)
+        if fast.fused_ffn:
+            swaps[FeedForward] = fused_backward.FusedFeedForward
+        if fast.fused_qkv:
+            swaps[MultiHeadAttention] = fused_backward.FusedQKVAttention
+    if fast.short_attention:
+        from bert_kit.kernels import short_attention
+
+        if short_attention.triton_ops is None:
+            fast = dataclasses.replace(fast, short_attention=False)
+        else:
+            swaps[MultiHeadAttention] = short_attention.ShortAttention
+    if fast.dropout_masks:
+        from bert_kit.kernels import dropout
+
+        if dropout.dropout_mask is None:
+            fast = dataclasses.replace(fast, dropout_masks=False)
+        else:  # the encoder's dropouts only: a head's classifier dropout is never compiled
+            bert = model if isinstance(model, BERTModel) else model.bert
+            for module in bert.modules():
+                if type(module) is nn.Dropout:
+                    module.__class__ = dropout.MaskDropout
+    for module in model.modules():
+        if type(module) in swaps:  # a class already swapped (applied before) stays
+            module.__class__ = swaps[type(module)]  # same parameters and buffers: only the forward changes
+    return fast
+
+
+def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype: torch.dtype = torch.float32,
+          compile: bool = False, compile_heads: bool = True, low_precision_residual: bool = False,
+          triton_dropout: bool = True, fused_backward: bool = True, short_attention: bool = True) -> FastPath:
+    """Put the fast path for `device` and the job on `model` (in place) and return what it is.
+
+    model: a `BERTModel` or a model with heads (`bert_kit.heads`), on `device` or about to be.
+    training: the model will be trained (else it only runs inference).
+    dtype: the run's autocast dtype (float32: no autocast).
+    compile: the caller compiles the model after this call (`model.compile(...)`, or `torch.compile`
+        of a function that calls it): the kernels that run only compiled are put on, and dynamo
+        may keep 64 graphs per function (one per padded length, batch size and train/eval)
+        before it falls back to eager. compile_heads: the heads run compiled too (False: only
+        `model.bert` is compiled).
+    low_precision_residual: under 16-bit autocast, LayerNorm outputs (the residual stream) stay
+        16-bit (`residual.py`); pretraining's setting.
+    triton_dropout, fused_backward, short_attention: allow these Triton kernels where they apply
+        (all by default; off to measure against inductor's own kernels).
+    """
+    mlm_head = any(isinstance(m, MLMHead) for m in model.modules())
+    fast = plan(torch.device(device).type, model.config, training=training, dtype=dtype, compile=compile,
+                compile_heads=compile_heads, mlm_head=mlm_head, low_precision_residual=low_precision_residual,
+                triton=triton_available(), triton_dropout=triton_dropout, fused_backward=fused_backward,
+                short_attention=short_attention)
+    fast = install(model, fast)
+    if compile:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return fast
