@@ -158,7 +158,7 @@ class FinetuneConfig(RunSettings):
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
-    metric: str | None = None  # validation metric that picks best/ (its highest; a loss or mse: its lowest); default per task
+    metric: str | None = None  # validation metric that picks best/ (its highest; a loss's lowest); default per task
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
     save_every: int = 0  # steps between checkpoints (0: every save_minutes only)
     end_checkpoint: bool = False
@@ -217,7 +217,8 @@ class FinetuneConfig(RunSettings):
                               f"(max_length {self.max_length} - qa.max_query_length {qa.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
         if self.metric is not None:
-            check_metric(self.metric, f"task {self.task}", metric_names(self.task, self.similarity.mode == "bi-encoder"))
+            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder")
+            check_metric(self.metric, f"task {self.task}", names)
         # the sequences must fit the model's position table, when the model is known here
         try:
             config = model_config(self.model) if self.model else None

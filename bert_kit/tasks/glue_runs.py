@@ -56,9 +56,9 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
         key, sep, _ = text.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"setting {text!r} is not of the form key=value (e.g. epochs=1)")
-        if FinetuneConfig.MOVED.get(key.strip(), key.strip()) in RESERVED:  # an old flat key too: similarity_mode
-            raise ConfigError(f"{key.strip()}= is set by {RESERVED[FinetuneConfig.MOVED.get(key.strip(), key.strip())]}, "
-                              "not by a key=value setting")
+        name = FinetuneConfig.MOVED.get(key.strip(), key.strip())  # an old flat key too: similarity_mode
+        if name in RESERVED:
+            raise ConfigError(f"{key.strip()}= is set by {RESERVED[name]}, not by a key=value setting")
     return list(overrides)
 
 

@@ -44,7 +44,8 @@ class QATask(Task):
                                      self.s.qa.max_query_length)
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "doc_stride": self.s.qa.doc_stride, "max_query_length": self.s.qa.max_query_length}
+        qa = self.s.qa
+        return {**super().metadata(), "doc_stride": qa.doc_stride, "max_query_length": qa.max_query_length}
 
     def model_class(self) -> type:
         return BERTForQuestionAnswering

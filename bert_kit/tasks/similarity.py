@@ -116,7 +116,8 @@ class SimilarityTask(Task):
 
     def embed_pair(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled vectors u, v (B, H) of both sides of a bi-encoder batch of 2B sentences."""
-        vectors = pool(encode(model, batch, self.unpadded), batch["attention_mask"], self.s.similarity.pooling)  # (2B, H)
+        hidden = encode(model, batch, self.unpadded)
+        vectors = pool(hidden, batch["attention_mask"], self.s.similarity.pooling)  # (2B, H)
         return vectors.chunk(2)
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:

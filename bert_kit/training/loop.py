@@ -200,8 +200,8 @@ class TrainingLoop:
                     self.timings.first_step_ended()
                     self.clock.step_ended(step_started, first=self.step == first_step + 1)
                     decision = self.decide(agreement, signals)
-                    if decision.out_of_time and not logged:  # the last step gets its record
-                        self.log_window(step_started, lr, first_step)
+                    if decision.out_of_time and not logged:  # the last step gets its record (its time is counted)
+                        self.log_window(now(), lr, first_step)
                     if decision.evaluate:
                         with self.timings.timing("eval") as span:
                             self.evaluate(final=False)
@@ -209,7 +209,8 @@ class TrainingLoop:
                     if decision.save:
                         # at the end (not stopped: a stop signal's checkpoint is the last thing the run does),
                         # the torch engine's checkpoint is written while the last evaluation runs
-                        self.checkpoint(background=decision.ending and not decision.stop and self.engine.name == "torch")
+                        at_end = decision.ending and not decision.stop
+                        self.checkpoint(background=at_end and self.engine.name == "torch")
                     if decision.stop:
                         self.stopped = signal.Signals(signals.signum or signal.SIGTERM).name
                         break
@@ -272,11 +273,12 @@ class TrainingLoop:
         self.window.steps += 1
         return lr
 
-    def log_window(self, step_started: float, lr: float, first_step: int) -> None:
-        """A train record of the steps since the last one: the one host-device sync of a window."""
+    def log_window(self, since: float, lr: float, first_step: int) -> None:
+        """A train record of the steps since the last one: the one host-device sync of a window.
+        since: the time from which the window's seconds are not counted yet (this step's start)."""
         job, window = self.job, self.window
         losses, grad_norm, skipped = self.engine.read_window()  # waits for the window's steps
-        window.seconds += now() - step_started  # the queued steps of the window are done
+        window.seconds += now() - since  # the queued steps of the window are done
         losses = {k: all_reduce_mean(v) for k, v in losses.items()}
         if self.step != first_step + 1:  # the window's steps are done (synced): their true time
             self.clock.window_timed(window.seconds, window.steps)
@@ -299,8 +301,8 @@ class TrainingLoop:
         if agreement.due(step, job.total_steps):
             left = self.clock.left_after_end(job.final_eval_steps(), agreement.between_s())
             late = bool(cfg.save_minutes) and now() - self.last_save >= 60 * cfg.save_minutes
-            agreed = agreement.agree(step, left < 0, late, signals.signum is not None, self.clock.trained_s, left,
-                                     self.clock.step_s)
+            agreed = agreement.agree(step, out_of_time=left < 0, save_late=late, stop=signals.signum is not None,
+                                     trained_s=self.clock.trained_s, left_s=left, step_s=self.clock.step_s)
             self.clock.agreed(agreed.trained_s, agreed.left_s)
             out_of_time, save_late, stop = agreed.out_of_time, agreed.save_late, agreed.stop
         ending = step == job.total_steps or out_of_time

@@ -273,8 +273,9 @@ _noted: set[str] = set()  # the notes this process printed (a glue sweep builds 
 
 def moved_message(keys: list[str], moved: dict[str, str]) -> str:
     many = len(keys) > 1
-    return (f"setting{'s' * many} moved under {'their' if many else 'its'} task: "
-            f"{', '.join(f'{k} -> {moved[k]}' for k in keys)} (the old key{'s' * many} still work{'' if many else 's'})")
+    shown = ", ".join(f"{k} -> {moved[k]}" for k in keys)
+    return (f"setting{'s' * many} moved under {'their' if many else 'its'} task: {shown} "
+            f"(the old key{'s' * many} still work{'' if many else 's'})")
 
 
 def note_moved(keys: list[str], moved: dict[str, str], source: str) -> None:
@@ -658,7 +659,8 @@ def help_table(cls: type) -> str:
     lines = []
     for f in dataclasses.fields(cls):
         if f.name in groups:  # its settings, one by one: qa.doc_stride (int, default 128)
-            lines.extend(re.sub(r"^  (\w)", rf"  {f.name}.\1", line) for line in help_table(groups[f.name]).splitlines())
+            nested = help_table(groups[f.name]).splitlines()
+            lines.extend(re.sub(r"^  (\w)", rf"  {f.name}.\1", line) for line in nested)
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

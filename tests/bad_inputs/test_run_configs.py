@@ -505,12 +505,15 @@ GROUPED = {"qa": {"train_articles": 3, "doc_stride": 32, "max_query_length": 16,
            "similarity": {"mode": "bi-encoder", "pooling": "cls", "loss": "cosent", "score_range": [1.0, 5.0]}}
 
 
-def test_old_flat_keys_work_in_files_overrides_and_python_with_one_note(tmp_path, capsys):
+def test_old_flat_keys_work_in_files_overrides_and_python_with_one_note(tmp_path, capsys, monkeypatch):
     import dataclasses
 
     import yaml
 
+    from bert_kit.training import runconfig
     from bert_kit.training.runconfig import save_config
+
+    monkeypatch.setattr(runconfig, "_noted", set())  # each note is printed once per process
 
     flat = tmp_path / "flat.yaml"
     flat.write_text(yaml.safe_dump({"task": "qa", "max_length": 64, **FLAT}))
@@ -565,7 +568,8 @@ def test_a_run_saved_with_flat_keys_resumes(cli, assets, tmp_path):
     old = {k: v for k, v in saved.items() if k not in GROUPED}
     old.update({"doc_stride": 128, "max_query_length": 64, "n_best": 20, "max_answer_length": 30,
                 "squad_train_articles": None, "skip_bad_answers": False, "tag_column": -1, "word_column": 0,
-                "similarity_mode": "cross-encoder", "pooling": "mean", "similarity_loss": "cosine", "score_range": None})
+                "similarity_mode": "cross-encoder", "pooling": "mean", "similarity_loss": "cosine",
+                "score_range": None})
     torch.save({**state, "run_config": old}, checkpoint)
     (run / "run_config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
 
