@@ -779,6 +779,17 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     assert budget - 6 < first["wall_time_s"] + second["wall_time_s"] <= budget + SAVE_S
 
 
+def test_the_last_step_of_a_time_budget_is_recorded_and_its_time_counted_once(tmp_path, monkeypatch):
+    """The budget ends between log steps: the last step still gets its train record, and the
+    records' seconds add up to the steps' time on the fake clock (a step 0.1 s), no step twice."""
+    fake_work(monkeypatch, FakeClock())
+    cfg = tiny_config(tmp_path, max_steps=None, time_budget="9s", eval_every=0, save_every=0, log_every=7)
+    results = pretrain(cfg)
+    records = [r for r in read_metrics(Path(cfg.output_dir)) if r["type"] == "train"]
+    assert results["steps"] % 7 != 0 and records[-1]["step"] == results["steps"]
+    assert sum(r["seconds"] for r in records) == pytest.approx(results["steps"] * STEP_S, abs=1e-3)
+
+
 def test_the_command_counts_its_start_up_against_the_time_budget(tmp_path, monkeypatch):
     """`bert-kit pretrain` hands the run the time of the process's launch, so start-up (importing
     torch, the interpreter's own start) counts against a time budget; a run's clock counts from
