@@ -78,8 +78,8 @@ def resume_point(cfg: RunSettings, resume: str, out: Path) -> Resumed:
         raise ConfigError(
             f"{out} finished at step {finished['steps']} ({RESULTS_FILE}), after its newest readable checkpoint "
             f"{checkpoint.name}: resuming would train steps {resumed.step + 1}-{finished['steps']} again and replace "
-            f"its model. To train further, start a new run from its model folder (model={out}/...), or rewind on "
-            f"purpose by naming the checkpoint: --resume {checkpoint}")
+            f"its model. To train further, start a new run from its model folder (model={out / 'best'}, or final/ "
+            f"of a pretraining run), or rewind on purpose by naming the checkpoint: --resume {checkpoint}")
     if finished is not None and finished["steps"] == resumed.step:
         resumed.finished = finished
     if named:  # a rewind: what came after this step belongs to the run it replaces
