@@ -38,10 +38,10 @@ import torch
 
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
+from bert_kit.metrics import higher_is_better
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
-from bert_kit.metrics import higher_is_better
 from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
