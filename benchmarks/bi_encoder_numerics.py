@@ -67,7 +67,7 @@ def main() -> None:
 
         args.model = str(get_model_path())
     device = torch.device(args.device)
-    cfg = FinetuneConfig(model=args.model, task="similarity", similarity_mode="bi-encoder", similarity_loss="cosent",
+    cfg = FinetuneConfig(model=args.model, task="similarity", similarity={"mode": "bi-encoder", "loss": "cosent"},
                          precision="fp32", device=args.device)
     task = SimilarityTask(cfg)
     task.bind(get_tokenizer(args.model))

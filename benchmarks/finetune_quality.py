@@ -112,7 +112,7 @@ def build_hf(task, cfg: FinetuneConfig) -> HFAdapter:
     import transformers as tf
 
     common = {"attn_implementation": "sdpa", "dtype": torch.float32}  # fp32 master weights, as bert-kit
-    if cfg.task == "classification" or (cfg.task == "similarity" and cfg.similarity_mode == "cross-encoder"):
+    if cfg.task == "classification" or (cfg.task == "similarity" and cfg.similarity.mode == "cross-encoder"):
         n = 1 if cfg.task == "similarity" else task.num_labels
         hf = tf.AutoModelForSequenceClassification.from_pretrained(cfg.model, num_labels=n, **common)
         return HFAdapter(hf, "logits")
@@ -131,7 +131,7 @@ def hf_loss(adapter: HFAdapter, cfg: FinetuneConfig, b: dict) -> torch.Tensor:
         return hf(**inputs, start_positions=b["start_positions"], end_positions=b["end_positions"]).loss
     if adapter.kind == "encoder":  # the (2B, T) a-then-b batch of a bi-encoder
         u, v = mean_pool(hf(**inputs).last_hidden_state, b["attention_mask"]).float().chunk(2)
-        if cfg.similarity_loss == "cosent":  # the same function as sentence-transformers' CoSENTLoss (tested)
+        if cfg.similarity.loss == "cosent":  # the same function as sentence-transformers' CoSENTLoss (tested)
             return compute_cosent_loss(u, v, b["labels"])
         return F.mse_loss(F.cosine_similarity(u, v, dim=-1), b["labels"])  # CosineSimilarityLoss
     return hf(**inputs, labels=b["labels"]).loss  # CE, or MSE for one float label

@@ -201,19 +201,20 @@ def choice_error(name: str, value: Any, options: typing.Sequence[Any]) -> Config
     return ConfigError(f"{message}; {hint}" if hint else message)
 
 
-def check_choices(cfg: Any) -> None:
-    """Every Literal-typed field of dataclass instance `cfg` holds one of its choices."""
+def check_choices(cfg: Any, prefix: str = "") -> None:
+    """Every Literal-typed field of dataclass instance `cfg` holds one of its choices; errors name
+    the field as `prefix` + its name (a group of settings: "qa.")."""
     for name, options in _choices(type(cfg)).items():
         value = getattr(cfg, name)
         if value not in options:
-            raise choice_error(name, value, options)
+            raise choice_error(prefix + name, value, options)
 
 
-def check_settings(cfg: Any, rules: dict[str, Range]) -> None:
+def check_settings(cfg: Any, rules: dict[str, Range], prefix: str = "") -> None:
     """Check the fields of dataclass instance `cfg` against `rules` and their Literal choices."""
     for name, rule in rules.items():
-        rule.check(name, getattr(cfg, name))
-    check_choices(cfg)
+        rule.check(prefix + name, getattr(cfg, name))
+    check_choices(cfg, prefix)
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the precisions a run or an inference may ask for

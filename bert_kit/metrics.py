@@ -10,6 +10,7 @@
   default mode.
 - SQuAD v1.1: exact match and token F1 with the official answer normalisation, max over the
   gold answers, reported on a 0-100 scale as the official script does.
+- Which way is better: `higher_is_better` (losses and errors are best at their lowest).
 
 torch is imported only inside :func:`evaluate_classification_metrics` and matplotlib only
 inside :func:`plot_confusion_matrix`, so the metrics themselves need neither.
@@ -30,6 +31,15 @@ from bert_kit.outputs import write_file
 
 # ----------------------------------------------------------------------------------------------
 # classification
+
+
+# metrics whose lowest value is the best: a run that chooses best/ by one of them keeps its lowest
+LOWER_IS_BETTER = frozenset({"loss", "mse", "mlm_loss", "nsp_loss", "perplexity"})
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a higher value of `metric` is better (accuracy, f1, ...) or a lower one (a loss, mse)."""
+    return metric not in LOWER_IS_BETTER and not metric.endswith("_loss")
 
 
 def _as_labels(y: Iterable[int], name: str) -> np.ndarray:

@@ -64,9 +64,10 @@ def main() -> None:
     args = parser.parse_args()
 
     config = FinetuneConfig(
-        task="qa", model=args.model, train_file=args.squad, squad_train_articles=args.train_articles,
+        task="qa", model=args.model, train_file=args.squad,
+        qa={"train_articles": args.train_articles, "doc_stride": args.doc_stride},
         max_train_examples=args.max_train or None, max_eval_examples=args.max_eval or None,
-        max_length=args.max_length, doc_stride=args.doc_stride, epochs=args.epochs, batch_size=args.batch_size,
+        max_length=args.max_length, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, unpadded=True, output_dir=args.output, log_every=10)
     results = finetune(config)
     best = results["best_metrics"]

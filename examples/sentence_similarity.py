@@ -61,7 +61,7 @@ def main() -> None:
 
     # 3. fine-tune on STS-B train and score dev again
     config = FinetuneConfig(
-        task="similarity", similarity_mode=args.mode, model=args.model, train_file=args.train,
+        task="similarity", similarity={"mode": args.mode}, model=args.model, train_file=args.train,
         validation_file=args.dev, max_train_examples=args.max_train or None, max_eval_examples=args.max_eval or None,
         epochs=args.epochs, batch_size=16, lr=args.lr, unpadded=True, output_dir=args.output, log_every=10)
     results = finetune(config)

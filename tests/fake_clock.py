@@ -1,12 +1,13 @@
 """A clock that moves only when a test says so, for time budgets tested apart from the machine's speed.
 
-The training loop reads `time.time()` of its own module (`bert_kit.training.loop.time`); a test
-installs a `FakeClock` there and lets the patched work (a step, an evaluation, a save) advance it
-by fixed amounts. The run then sees exactly the seconds the test chose, on an idle machine or a
-busy one, and its figures (steps, learning rates, wall_time_s) are the same every time.
+The training loop reads the time through `bert_kit.training.clock` (`now()`, the time budget's
+`BudgetClock`); a test installs a `FakeClock` there and lets the patched work (a step, an
+evaluation, a save) advance it by fixed amounts. The run then sees exactly the seconds the test
+chose, on an idle machine or a busy one, and its figures (steps, learning rates, wall_time_s) are
+the same every time.
 
     clock = FakeClock()
-    clock.install(monkeypatch, bert_kit.training.loop)
+    clock.install(monkeypatch, bert_kit.training.clock)
     clock.sleep(0.1)  # what a patched train step "takes"
 """
 

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"task": task.name, "model": str(args.model), "model_path": str(folder), "data": str(args.data),
               **metrics, "max_length": task.s.max_length, "seconds": round(time.time() - t0, 3)}
     if task.name == "similarity":
-        result.update(similarity_mode=task.s.similarity_mode, pooling=task.s.pooling)
+        result.update(similarity_mode=task.s.similarity.mode, pooling=task.s.similarity.pooling)
     write_text(out, json.dumps(result, indent=2) + "\n")
     print(summary_line(task.name, metrics))
     print(f"wrote {out}")

@@ -4,7 +4,7 @@ Read it in this order: ``model.py`` (the encoder and heads, mirroring ``bert_kit
 ``heads.py`` name for name), ``weights.py`` (model folders in and out through ``bert_kit/hf.py``'s
 one mapping), ``train.py`` (losses, AdamW, the jitted train step, data parallel over a ``Mesh``),
 ``engine.py`` (the engine that `bert-kit pretrain/finetune ... engine=jax` trains with, inside
-bert-kit's one training loop; imported by that loop only, not here).
+bert-kit's one training loop; the jobs look it up by name, `bert_kit.tasks.engine_class`: not imported here).
 
 Needs the ``jax`` extra: ``pip install "bert-kit[jax]"`` (jax, flax, optax). Nothing here imports torch.
 

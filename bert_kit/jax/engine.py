@@ -35,7 +35,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, NamedTuple
+from typing import Any, Callable, ContextManager, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,9 @@ from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, 
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.distributed import use_processes
+from bert_kit.training.engine import Engine
 from bert_kit.training.losses import mlm_metrics
+from bert_kit.training.precision import Precision, resolve_precision
 from bert_kit.training.trainer import MAX_SKIPPED_IN_A_ROW, NonFiniteLossError
 
 STATE_FILE = "optimizer.safetensors"
@@ -258,11 +260,19 @@ class Programs:
         return sums
 
 
-class JaxEngine:
-    """The job's model as a Flax NNX twin, trained by one jitted, data-parallel step (the interface:
-    `bert_kit.training.engine.Engine`)."""
+class JaxEngine(Engine):
+    """The job's model as a Flax NNX twin, trained by one jitted, data-parallel step."""
 
     name = "jax"
+
+    @classmethod
+    def join_processes(cls, cfg: Any) -> None:
+        join_processes()
+
+    @classmethod
+    def start_device(cls, cfg: Any) -> Callable[[], Precision]:
+        # torch builds the batches and the first weights on the CPU, in fp32; JAX computes (`__init__`)
+        return lambda: resolve_precision("fp32", "cpu", verbose=False)
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
         # the job's PyTorch model: what to train, and where the weights go back to be saved (the engine
@@ -447,13 +457,9 @@ class JaxEngine:
                            sums.get("nsp_sum", 0.0), sums.get("nsp_correct", 0.0), sums.get("nsp_count", 0.0))
 
     def evaluate_task(self, task: Any, items: list[dict]) -> dict[str, Any]:
-        """The task's metrics (`Task.score`) of this model's logits. Several hosts: each scores its
-        share, and all get every row (`shard_and_gather`, as torch ranks do)."""
-        from bert_kit.tasks.base import check_finite, shard_and_gather  # the tasks' rules
-
-        outputs = shard_and_gather(items, lambda share: self.task_logits(task, share))
-        check_finite([torch.stack(outputs)] if outputs and outputs[0].ndim == 1 else outputs, None)
-        return task.score(outputs, items)
+        """The task's metrics of this model's logits (`Task.score_outputs`: on several hosts each
+        scores its share, and all get every row, as torch ranks do)."""
+        return task.score_outputs(items, lambda share: self.task_logits(task, share))
 
     def task_logits(self, task: Any, items: list[dict]) -> list[torch.Tensor]:
         """Logits of every item (a CPU tensor each, in the items' order), in batches of similar

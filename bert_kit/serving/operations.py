@@ -251,7 +251,7 @@ class Answer(_TaskOperation):
         examples = [{"id": str(next(self._ids)), "question": x["question"], "context": x["context"], "answers": []}
                     for x in inputs]
         s = self.task.s  # long contexts become several windows; an item holds all of its example's
-        features = prepare_eval_features(examples, self.tokenizer, s.max_length, s.doc_stride, s.max_query_length)
+        features = prepare_eval_features(examples, self.tokenizer, s.max_length, s.qa.doc_stride, s.qa.max_query_length)
         windows: dict[str, list[dict]] = {ex["id"]: [] for ex in examples}
         for f in features:
             windows[f["example_id"]].append(f)
@@ -381,11 +381,11 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
                                    text_pair_column=None)
         task, model, prec = load_task_model(flags, verbose=False)
         encoder_model = model if isinstance(model, BERTModel) else model.bert  # /embed shares the weights
-        pooling = getattr(task.s, "pooling", "mean")
+        pooling = task.s.similarity.pooling
         ops.append(TASK_OPERATIONS[task.name](task, model, prec))
         info.update(labels=task.label_names, device=str(prec.device), precision=str(prec.dtype).removeprefix("torch."))
         if task.name == "similarity":
-            info["similarity_mode"] = task.s.similarity_mode
+            info["similarity_mode"] = task.s.similarity.mode
         tokenizer = task.tokenizer
         guard_finite(model, encoder_model)
     else:
@@ -428,8 +428,8 @@ def _exported(folder: Path, meta: dict, info: dict[str, Any], length: int) -> tu
         ops.append(TASK_OPERATIONS[task.name](task, model, prec))
         info.update(labels=task.label_names)
         if task.name == "similarity":
-            info["similarity_mode"] = task.s.similarity_mode
-            pooling = task.s.pooling
+            info["similarity_mode"] = task.s.similarity.mode
+            pooling = task.s.similarity.pooling
         encoder_model, tokenizer = model, task.tokenizer
     else:
         encoder_model, tokenizer = OnnxModel(folder), get_tokenizer(folder)

@@ -12,14 +12,31 @@ Tables are read in any layout of `bert_kit.data.tables` (header or not, columns 
 index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.
 
 `pretraining.py` is the MLM (+ NSP) job; `finetuning.py` runs any of the four tasks above;
-`inference.py` loads a fine-tuned folder for `evaluate` and `predict`.
+`inference.py` loads a fine-tuned folder for `evaluate` and `predict`. A job trains with the
+engine its `engine:` setting names (`engine_class`): PyTorch, or JAX (`bert_kit/jax/engine.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 TASKS = ("classification", "token-classification", "qa", "similarity")
+
+# The validation metrics each task reports: what `metric` may name to choose best/ (checked with the
+# settings, before any model or data is read; `bert_kit.metrics.higher_is_better` says which way).
+# f1, precision and recall of classification are macro averages.
+CLASS_METRICS = ("accuracy", "f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro",
+                 "f1_weighted", "precision_weighted", "recall_weighted", "mcc", "loss")
+SCORE_METRICS = ("pearson", "spearman", "mse")  # regression (a classifier with one output), a cross-encoder
+METRICS = {"classification": CLASS_METRICS + SCORE_METRICS,
+           "token-classification": ("f1", "precision", "recall", "accuracy"),  # entity-level; accuracy per word
+           "qa": ("f1", "exact_match"),
+           "similarity": SCORE_METRICS}  # a bi-encoder: pearson and spearman
+
+
+def metric_names(task: str, bi_encoder: bool = False) -> tuple[str, ...]:
+    """The validation metrics `task` reports (a bi-encoder's similarity: no mse)."""
+    return SCORE_METRICS[:2] if task == "similarity" and bi_encoder else METRICS[task]
 
 
 def task_classes() -> dict[str, type]:
@@ -38,3 +55,29 @@ def make_task(name: str, settings: Any) -> Any:
     if name not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {name!r}")
     return task_classes()[name](settings)
+
+
+def _torch_engine() -> type:
+    from bert_kit.training.engine import TorchEngine
+
+    return TorchEngine
+
+
+def _jax_engine() -> type:
+    try:
+        from bert_kit.jax.engine import JaxEngine
+    except ModuleNotFoundError as e:  # the optional extra
+        raise ImportError(f'engine=jax needs {e.name}: pip install "bert-kit[jax]"') from None
+    return JaxEngine
+
+
+# `engine:` setting -> the loader of its `bert_kit.training.engine.Engine` class (imported on demand:
+# jax only for engine=jax). A new engine adds its loader here.
+ENGINES: dict[str, Callable[[], type]] = {"torch": _torch_engine, "jax": _jax_engine}
+
+
+def engine_class(name: str) -> type:
+    """The engine class that trains a job for `engine: name`."""
+    if name not in ENGINES:
+        raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {name!r}")
+    return ENGINES[name]()

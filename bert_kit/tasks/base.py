@@ -208,6 +208,13 @@ class Task:
     def metric(self) -> str:
         return getattr(self.s, "metric", None) or self.default_metric
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The validation metrics `evaluate` reports (those `metric` may name)."""
+        from bert_kit.tasks import metric_names
+
+        return metric_names(self.name, bool(getattr(self, "bi_encoder", False)))
+
     def collate(self, items: list[dict]) -> dict:
         return pad_collate(items, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_multiple)
 
@@ -254,12 +261,19 @@ class Task:
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
 
-    # the settings that say how this task's files are read: recorded in the model folder (metadata)
-    # and the defaults of evaluate and predict on it
+    # the settings that say how this task's files are read (`ner.word_column`: a task's group): recorded in
+    # the model folder's metadata by their own name (word_column) and the defaults of evaluate and predict on it
     read_settings: tuple[str, ...] = ("encoding",)
 
+    def setting(self, name: str) -> Any:
+        """The setting `name` ("encoding", or "ner.tag_column" in a group), None where there is none."""
+        value = self.s
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        return value
+
     def metadata(self) -> dict[str, Any]:
-        reading = {k: getattr(self.s, k) for k in self.read_settings if getattr(self.s, k, None) is not None}
+        reading = {k.rpartition(".")[2]: self.setting(k) for k in self.read_settings if self.setting(k) is not None}
         return {"task": self.name, "max_length": self.s.max_length, "data": reading}
 
     def load_metadata(self, meta: dict[str, Any]) -> None:
@@ -284,6 +298,14 @@ class Task:
         """Validation metrics from the model's outputs for `items` (one row each, in their order):
         what `evaluate` computes from this engine's forward passes, and the JAX engine from its own."""
         raise NotImplementedError
+
+    def score_outputs(self, items: Sequence[dict], outputs_of: Callable[[list], list]) -> dict[str, Any]:
+        """Validation metrics of another engine's outputs (the JAX engine's): `outputs_of(share)` gives
+        one CPU tensor per item of this rank's share; every rank gets all rows (`shard_and_gather`),
+        which must be finite, then `score`."""
+        outputs = shard_and_gather(items, outputs_of)
+        check_finite([torch.stack(outputs)] if outputs and outputs[0].ndim == 1 else outputs, None)
+        return self.score(outputs, items)
 
     def outputs(self, model: nn.Module, items: Sequence[dict], precision: Any, fn: Callable) -> list:
         """fn(model, device batch) -> tensor (B, ...) for each example, in the order of `items`.

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from bert_kit.data.classification import ClassificationDataset, read_classification_file
 from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
+from bert_kit.tasks import CLASS_METRICS, SCORE_METRICS
 from bert_kit.tasks.base import (Task, _label_names, build_model, drop_empty_texts, encode, flag_empty_texts,
                                  line_numbers)
 from bert_kit.training.losses import compute_classification_loss
@@ -31,6 +32,10 @@ class ClassificationTask(Task):
     @property
     def metric(self) -> str:
         return getattr(self.s, "metric", None) or ("pearson" if self.regression else "accuracy")
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return SCORE_METRICS if self.regression else CLASS_METRICS
 
     def _read(self, path: str | Path, labelled: bool = True, where: dict | None = None, names: list[str] | None = None,
               num_labels: int | None = None, text: str | None = None):

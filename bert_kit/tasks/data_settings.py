@@ -9,7 +9,6 @@ run names (train_file, validation_file, a tokenizer folder) must exist before th
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -91,14 +90,6 @@ def check_data_settings(cfg: Any) -> None:
                              "(?P<label>...) and (?P<text>...)")
         if cfg.task != "classification":
             raise ConfigError(f"label_pattern reads labels of classification files; task {cfg.task} has no such labels")
-    if cfg.tag_column == cfg.word_column:
-        raise ConfigError(f"tag_column and word_column are both {cfg.tag_column}")
-    if cfg.score_range is not None:
-        bounds = cfg.score_range
-        if len(bounds) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
-                                       for b in bounds) or not bounds[0] < bounds[1]:
-            raise ConfigError(f"score_range must be [low, high] with finite low < high, got {bounds}")
-        cfg.score_range = [float(b) for b in bounds]
     # last: a run config with a wrong value and a missing file names the value first
     for key in ("train_file", "validation_file"):
         if getattr(cfg, key):

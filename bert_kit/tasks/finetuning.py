@@ -38,14 +38,16 @@ import torch
 
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
+from bert_kit.metrics import higher_is_better
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
-from bert_kit.tasks import make_task
+from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
-from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, resolve_lr
+from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
 from bert_kit.training.distributed import is_main, rank, world_size
-from bert_kit.training.loop import Job, Run, run_job
+from bert_kit.training.job import Job, Run
+from bert_kit.training.loop import run_job
 from bert_kit.training.progress import LongRunNotice, read_metrics
 
 __all__ = ["AUTO_LR", "FinetuneConfig", "FinetuningJob", "auto_lr", "finetune", "resolve_lr"]
@@ -70,8 +72,8 @@ def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
     save_model(model, folder, state)
     tokenizer.save(folder)
     write_model_metadata(folder, task.metadata())
-    if task.name == "similarity" and task.s.similarity_mode == "bi-encoder":
-        write_sentence_transformers_files(folder, task.s.pooling, task.s.max_length)
+    if task.name == "similarity" and task.s.similarity.mode == "bi-encoder":
+        write_sentence_transformers_files(folder, task.s.similarity.pooling, task.s.max_length)
 
 
 class FinetuningJob(Job):
@@ -97,10 +99,14 @@ class FinetuningJob(Job):
         self.name = f"finetune {task.name}"
         task.bind(self.tokenizer)
         self.train_items = task.read_train(cfg.train_file)[: cfg.max_train_examples]
-        eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.squad_train_articles else None)
+        eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.qa.train_articles else None)
         self.eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
         if not self.train_items:
             raise ValueError(f"{cfg.train_file}: no training examples")
+        if cfg.metric is not None:  # a classifier's labels say whether it predicts classes or scores
+            scores = task.name == "classification" and task.regression
+            check_metric(cfg.metric, f"task {task.name}{' on scores (one output)' if scores else ''}",
+                         task.metric_names)
         model = task.build(cfg.model)
         if cfg.max_length > model.config.max_length:
             raise ValueError(f"max_length {cfg.max_length} exceeds the model's {model.config.max_length} positions "
@@ -138,6 +144,7 @@ class FinetuningJob(Job):
         self.eval_every = cfg.eval_every or self.steps_per_epoch
         self.save_every = cfg.save_every
         self.metric = task.metric if self.eval_items is not None else None
+        self.higher_is_better = self.metric is None or higher_is_better(self.metric)
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         # a long run on a CPU says so after its first half minute, and how to check the setup sooner
@@ -216,9 +223,7 @@ class FinetuningJob(Job):
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
                 f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
-                "best_model": str(out / "best") if (out / "best").is_dir() else None,
                 "fast_path": self.fast_path.removeprefix("fast path: ")}
-
 
 
 def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
@@ -228,4 +233,4 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | No
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
     Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
-    return run_job(FinetuningJob, resolve_lr(cfg), resume, started)
+    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine))

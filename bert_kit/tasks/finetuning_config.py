@@ -3,6 +3,16 @@
 Plain Python (no torch): `bert-kit glue` checks every run's settings with it before it starts a
 worker, and a mistyped key fails before torch is imported. The job that runs a config is
 `bert_kit.tasks.finetuning`; the settings shared by every run are `RunSettings`.
+
+What only one task reads is grouped under it: `qa` (`QASettings`), `ner` (`NERSettings`, token
+classification), `similarity` (`SimilaritySettings`):
+
+    task: qa
+    qa: {doc_stride: 64, max_answer_length: 40}       # bert-kit finetune ... qa.doc_stride=64
+
+The flat keys of earlier versions (`doc_stride: 64`, `similarity_mode: bi-encoder`) still work, in
+configs, on the command line, in saved run configs and from Python, with a one-line note (`MOVED`;
+docs/settings.md).
 """
 
 from __future__ import annotations
@@ -10,13 +20,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
+from bert_kit.checks import ConfigError, Range, check_settings, fraction, non_negative, positive, suggestion
 from bert_kit.model_folder import locate_model, model_config
+from bert_kit.tasks import metric_names
 from bert_kit.tasks.data_settings import check_data_settings
+from bert_kit.training.runconfig import accepts_moved_keys, build_group
 from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
@@ -40,6 +52,61 @@ class PositiveOrAuto(Range):
 
 
 @dataclass
+class QASettings:
+    """Extractive question answering (task: qa): windows over long contexts, the answer search, SQuAD files."""
+
+    doc_stride: int = 128  # context tokens shared by consecutive windows of a long context
+    max_query_length: int = 64  # questions are cut to this many tokens
+    n_best: int = 20  # start/end candidates per window in the span search
+    max_answer_length: int = 30  # longest answer span in tokens
+    train_articles: int | None = None  # split train_file by article: the first N train, the rest evaluate
+    skip_bad_answers: bool = False  # leave out (and count) answers that do not match their context instead of stopping
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"doc_stride": non_negative(integer=True), "max_query_length": positive(integer=True),
+                              "n_best": positive(integer=True), "max_answer_length": positive(integer=True),
+                              "train_articles": positive(integer=True, optional=True)}, prefix="qa.")
+
+
+@dataclass
+class NERSettings:
+    """Token classification (task: token-classification): the columns of its CoNLL files."""
+
+    tag_column: int = -1  # column of the tag (default the last; negative counts from the end)
+    word_column: int = 0  # column of the word
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"tag_column": Range(integer=True), "word_column": Range(integer=True)}, prefix="ner.")
+        if self.tag_column == self.word_column:
+            raise ConfigError(f"ner.tag_column and ner.word_column are both {self.tag_column}")
+
+
+@dataclass
+class SimilaritySettings:
+    """Sentence similarity (task: similarity): a cross-encoder on the pair, or a bi-encoder of pooled vectors."""
+
+    mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine of vectors
+    pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
+    loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
+    score_range: list[float] | None = None  # [low, high] of the gold similarity scores (default [0, 5], STS-B)
+
+    def __post_init__(self) -> None:
+        check_settings(self, {}, prefix="similarity.")
+        if self.score_range is not None:
+            bounds = self.score_range
+            if (not isinstance(bounds, (list, tuple)) or len(bounds) != 2
+                    or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b)
+                               for b in bounds) or not bounds[0] < bounds[1]):
+                raise ConfigError(f"similarity.score_range must be [low, high] with finite low < high, got {bounds}")
+            self.score_range = [float(b) for b in bounds]
+
+
+# the groups of task settings: field -> its dataclass
+GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
+
+
+@accepts_moved_keys
+@dataclass
 class FinetuneConfig(RunSettings):
     """Settings of one fine-tuning run (YAML keys; `key=value` on the command line); the fields
     shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`, some
@@ -50,7 +117,7 @@ class FinetuneConfig(RunSettings):
     tokenizer: str | None = None  # tokenizer folder; default: the model folder's
     # data
     train_file: str = ""  # training data (classification TSV/CSV/JSONL/TXT, CoNLL, SQuAD JSON, STS-B or pair file)
-    validation_file: str | None = None  # evaluated every epoch; QA with squad_train_articles: the rest of train_file
+    validation_file: str | None = None  # evaluated every epoch; QA with qa.train_articles: the rest of train_file
     max_train_examples: int | None = None  # use only the first N training examples (quick runs)
     max_eval_examples: int | None = None  # evaluate on the first N validation examples only
     max_length: int | None = None  # tokens per sequence; default 128 (QA 384)
@@ -66,21 +133,10 @@ class FinetuneConfig(RunSettings):
     label_pattern: str | None = None  # regex with label and text groups for labels in the text: (?P<label>\w+) (?P<text>.*)
     num_labels: int | None = None  # default: from the training labels; 1 = regression (MSE)
     label_names: list[str] | None = None  # names of label ids 0..K-1 (saved as id2label); labels are these names or ids
-    # token classification
-    tag_column: int = -1  # CoNLL column of the tag (default the last; negative counts from the end)
-    word_column: int = 0  # CoNLL column of the word
-    # question answering
-    doc_stride: int = 128  # context tokens shared by consecutive windows of a long context
-    max_query_length: int = 64  # questions are cut to this many tokens
-    n_best: int = 20  # start/end candidates per window in the span search
-    max_answer_length: int = 30  # longest answer span in tokens
-    squad_train_articles: int | None = None  # split train_file by article: the first N train, the rest evaluate
-    skip_bad_answers: bool = False  # leave out (and count) answers that do not match their context instead of stopping
-    # sentence similarity
-    similarity_mode: Literal["cross-encoder", "bi-encoder"] = "cross-encoder"  # regression on the pair, or cosine
-    pooling: Literal["mean", "cls"] = "mean"  # bi-encoder pooling
-    similarity_loss: Literal["cosine", "cosent"] = "cosine"  # bi-encoder: MSE on cos(u, v), or the CoSENT ranking loss
-    score_range: list[float] | None = None  # [low, high] of the gold similarity scores (default [0, 5], STS-B)
+    # the settings of one task each
+    qa: QASettings = field(default_factory=QASettings)
+    ner: NERSettings = field(default_factory=NERSettings)
+    similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
@@ -102,7 +158,7 @@ class FinetuneConfig(RunSettings):
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
-    metric: str | None = None  # validation metric that picks best/ (higher is better); default per task
+    metric: str | None = None  # validation metric that picks best/ (its highest; a loss's lowest); default per task
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
     save_every: int = 0  # steps between checkpoints (0: every save_minutes only)
     end_checkpoint: bool = False
@@ -110,7 +166,19 @@ class FinetuneConfig(RunSettings):
     off by default, as best/ holds the model (a stop signal's checkpoint is always written)"""
     keep_last: int = 2  # checkpoints kept (0: all)
 
+    # flat keys of earlier versions -> where they belong now (they keep working, with a note)
+    MOVED: ClassVar[dict[str, str]] = {
+        "doc_stride": "qa.doc_stride", "max_query_length": "qa.max_query_length", "n_best": "qa.n_best",
+        "max_answer_length": "qa.max_answer_length", "squad_train_articles": "qa.train_articles",
+        "skip_bad_answers": "qa.skip_bad_answers", "tag_column": "ner.tag_column", "word_column": "ner.word_column",
+        "similarity_mode": "similarity.mode", "pooling": "similarity.pooling", "similarity_loss": "similarity.loss",
+        "score_range": "similarity.score_range"}
+    # a resume may change how answers are searched (evaluation only)
+    RESUMABLE: ClassVar[frozenset[str]] = RunSettings.RESUMABLE | {"qa.n_best", "qa.max_answer_length"}
+
     def __post_init__(self) -> None:
+        for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
+            setattr(self, name, build_group(group, getattr(self, name), name))
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
@@ -128,12 +196,6 @@ class FinetuneConfig(RunSettings):
             "max_train_examples": positive(integer=True, optional=True),
             "max_eval_examples": positive(integer=True, optional=True),
             "num_labels": positive(integer=True, optional=True, hint="1 = regression"),
-            "tag_column": Range(integer=True),
-            "doc_stride": non_negative(integer=True),
-            "max_query_length": positive(integer=True),
-            "n_best": positive(integer=True),
-            "max_answer_length": positive(integer=True),
-            "squad_train_articles": positive(integer=True, optional=True),
             "classifier_dropout": fraction(high_open=True, optional=True),
         })
         if self.cuda_graphs is True and self.compile is False and (self.grad_accum > 1 or self.optimizer != "adamw"):
@@ -144,15 +206,19 @@ class FinetuneConfig(RunSettings):
                 raise ConfigError(f"label_names={names!r} must be distinct names, one per label id")
             if self.num_labels is not None and self.num_labels != len(names):
                 raise ConfigError(f"num_labels={self.num_labels} contradicts the {len(names)} label_names {names}")
-        room = self.max_length - self.max_query_length - 3  # context tokens of a QA window
+        qa = self.qa
+        room = self.max_length - qa.max_query_length - 3  # context tokens of a QA window
         if self.task == "qa" and room < 2:
-            raise ConfigError(f"max_query_length={self.max_query_length} is out of range: a window of max_length "
+            raise ConfigError(f"qa.max_query_length={qa.max_query_length} is out of range: a window of max_length "
                               f"{self.max_length} must also hold [CLS], 2 [SEP] and context tokens: expected an "
                               f"integer < {self.max_length - 4}")
-        if self.task == "qa" and self.doc_stride >= room:
-            raise ConfigError(f"doc_stride={self.doc_stride} is out of range: expected an integer < {room} "
-                              f"(max_length {self.max_length} - max_query_length {self.max_query_length} - 3 "
+        if self.task == "qa" and qa.doc_stride >= room:
+            raise ConfigError(f"qa.doc_stride={qa.doc_stride} is out of range: expected an integer < {room} "
+                              f"(max_length {self.max_length} - qa.max_query_length {qa.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
+        if self.metric is not None:
+            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder")
+            check_metric(self.metric, f"task {self.task}", names)
         # the sequences must fit the model's position table, when the model is known here
         try:
             config = model_config(self.model) if self.model else None
@@ -162,6 +228,16 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
                               f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
+
+
+def check_metric(metric: str, what: str, names: tuple[str, ...]) -> None:
+    """`metric` must be one of the validation metrics `names` that `what` ("task qa") reports."""
+    if metric in names:
+        return
+    hint = suggestion(metric, names)
+    macro = "; f1, precision and recall are macro averages" if "f1_micro" in names else ""
+    raise ConfigError(f"metric={metric!r} is not a validation metric of {what}: expected one of "
+                      f"{', '.join(names)}{macro}{f'; {hint}' if hint else ''}")
 
 
 def auto_lr(num_parameters: int) -> float:

@@ -45,8 +45,9 @@ from bert_kit.tasks.glue import TASKS, WARMUP_FRACTION, WEIGHT_DECAY, GlueTask, 
 
 # settings each run takes from the task table or the command's flags: not key=value settings
 RESERVED = {**dict.fromkeys(("task", "text_column", "text_pair_column", "label_column", "header", "delimiter",
-                             "label_names", "num_labels", "label_pattern", "similarity_mode", "score_range", "where",
-                             "validation_where", "validation_file"), "the task table"),
+                             "label_names", "num_labels", "label_pattern", "similarity", "similarity.mode",
+                             "similarity.score_range", "where", "validation_where", "validation_file"),
+                            "the task table"),
             "model": "--model", "train_file": "--data", "output_dir": "--output-dir", "lr": "--lrs", "seed": "--seeds",
             "device": "--gpus", "overwrite": "bert-kit glue (it keeps finished runs)"}
 
@@ -55,12 +56,15 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
     """key=value settings for every run; a setting that bert-kit glue sets itself is refused,
     naming the flag that sets it. (Unknown keys and bad values are FinetuneConfig's to refuse:
     `check_configs`.)"""
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
     for text in overrides:
         key, sep, _ = text.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"setting {text!r} is not of the form key=value (e.g. epochs=1)")
-        if key.strip() in RESERVED:
-            raise ConfigError(f"{key.strip()}= is set by {RESERVED[key.strip()]}, not by a key=value setting")
+        name = FinetuneConfig.MOVED.get(key.strip(), key.strip())  # an old flat key too: similarity_mode
+        if name in RESERVED:
+            raise ConfigError(f"{key.strip()}= is set by {RESERVED[name]}, not by a key=value setting")
     return list(overrides)
 
 
@@ -113,7 +117,7 @@ def run_settings(task: GlueTask, files: dict[str, Path], model: str, lr: float |
         "warmup_fraction": WARMUP_FRACTION, "weight_decay": WEIGHT_DECAY, "keep_last": 1,
         "text_column": task.text, "text_pair_column": task.pair, "label_column": task.label, "header": task.header}
     if task.regression:  # STS-B: a cross-encoder, one output trained with MSE on the 0-5 score
-        settings.update(task="similarity", similarity_mode="cross-encoder", score_range=[0.0, 5.0])
+        settings.update(task="similarity", similarity={"mode": "cross-encoder", "score_range": [0.0, 5.0]})
     else:
         settings.update(task="classification", label_names=list(task.labels))
     return settings
@@ -191,7 +195,18 @@ def earlier_result(run: dict[str, Any]) -> dict[str, Any] | None:
         glue = json.loads(path.read_text(encoding="utf-8")).get("glue")
     except (OSError, ValueError, AttributeError):
         return None
-    return glue if isinstance(glue, dict) and glue.get("spec") == run["spec"] and "metrics" in glue else None
+    return glue if isinstance(glue, dict) and same_spec(glue.get("spec"), run["spec"]) and "metrics" in glue else None
+
+
+def same_spec(saved: Any, planned: dict[str, Any]) -> bool:
+    """Whether a finished run's spec is the planned one; a spec saved with the flat keys of earlier
+    versions (similarity_mode: ...) is read as it is written now."""
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+    from bert_kit.training.runconfig import move_old_keys
+
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        return False
+    return {**saved, "settings": move_old_keys(FinetuneConfig, saved["settings"], note=False)} == planned
 
 
 def finished(run: dict[str, Any]) -> dict[str, Any] | None:

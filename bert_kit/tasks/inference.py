@@ -49,9 +49,11 @@ from bert_kit.tasks.base import Task, flag_empty_texts
 # the head each task runs (similarity: a plain encoder or a regression head, either)
 HEADS = {"classification": "BertForSequenceClassification", "token-classification": "BertForTokenClassification",
          "qa": "BertForQuestionAnswering"}
-# how files are read, and the default of each flag when the folder records none (Task.metadata)
+# how files are read, and the default of each flag when the folder records none (Task.metadata);
+# word_column and tag_column are the ner group's settings
 READ_DEFAULTS = {"text_column": "sentence", "text_pair_column": None, "label_column": "label", "header": None,
                  "delimiter": None, "label_pattern": None, "word_column": 0, "tag_column": -1, "encoding": "utf-8"}
+NER_COLUMNS = ("word_column", "tag_column")
 
 
 def read_settings(args: argparse.Namespace, folder: Path, meta: dict) -> dict[str, Any]:
@@ -96,13 +98,15 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     if max_length > positions:
         raise ValueError(f"{setting('max_length', max_length)} exceeds the {positions} positions of {folder}")
     where = parse_where(getattr(args, "where", None))
+    reading = read_settings(args, folder, meta)
+    similarity = {"mode": mode, "score_range": getattr(args, "score_range", None) or meta.get("score_range"),
+                  "pooling": getattr(args, "pooling", None) or meta.get("pooling") or st.get("pooling") or "mean"}
+    qa = {"doc_stride": meta.get("doc_stride", 128), "max_query_length": meta.get("max_query_length", 64),
+          "train_articles": getattr(args, "split_articles", None),
+          "skip_bad_answers": getattr(args, "skip_bad_answers", False)}
     settings = FinetuneConfig(
-        task=task, model=str(folder), max_length=int(max_length), similarity_mode=mode,
-        pooling=getattr(args, "pooling", None) or meta.get("pooling") or st.get("pooling") or "mean",
-        doc_stride=meta.get("doc_stride", 128), max_query_length=meta.get("max_query_length", 64),
-        squad_train_articles=getattr(args, "split_articles", None), validation_where=where,
-        **read_settings(args, folder, meta), skip_bad_answers=getattr(args, "skip_bad_answers", False),
-        score_range=getattr(args, "score_range", None) or meta.get("score_range"),
+        task=task, model=str(folder), max_length=int(max_length), similarity=similarity, qa=qa,
+        ner={k: reading.pop(k) for k in NER_COLUMNS}, validation_where=where, **reading,
         eval_batch_size=args.batch_size or 64, unpadded=True, device=args.device or "auto")
     return task, settings, meta
 
@@ -314,7 +318,7 @@ def label_record(task: Any, row: Any) -> dict[str, Any]:
 
 
 def predict_tokens(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
-    sentences = read_sentences(path, fmt, task.s.word_column, task.s.encoding)
+    sentences = read_sentences(path, fmt, task.s.ner.word_column, task.s.encoding)
     flag_empty_texts(path, task.tokenizer, [" ".join(words) for words in sentences], unit="sentence")
     # every word is tagged, however long its sentence (windows: see bert_kit.data.ner)
     return [tagged_record(words, tags) for words, tags in zip(sentences, task.tag_words(model, sentences, precision))]
@@ -332,10 +336,10 @@ def tagged_record(words: list[str], tags: list[str]) -> dict[str, Any]:
 def predict_answers(task: Any, model: Any, path: str | Path, precision: Any, fmt: str) -> list[dict]:
     from bert_kit.data.squad import prepare_eval_features
 
-    examples = read_questions(path, task.s.skip_bad_answers, task.s.encoding)
+    examples = read_questions(path, task.s.qa.skip_bad_answers, task.s.encoding)
     task.report_long_questions(path, examples)
-    features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.doc_stride,
-                                     task.s.max_query_length)
+    features = prepare_eval_features(examples, task.tokenizer, task.s.max_length, task.s.qa.doc_stride,
+                                     task.s.qa.max_query_length)
     answers = task.answers(model, examples, features, precision)
     return [{"id": ex["id"], "question": ex["question"], "answer": answers[ex["id"]]} for ex in examples]
 

@@ -40,6 +40,7 @@ from bert_kit.config import BertConfig
 from bert_kit.kernels import fast_path
 from bert_kit.model import set_dropout
 from bert_kit.model_folder import locate_model
+from bert_kit.tasks import engine_class
 from bert_kit.tasks.pretraining_config import PretrainConfig, plan_phases
 # CORPUS_MODES, make_datasets and make_loader are re-exported: callers import the data setup from here
 from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus, loader_state,  # noqa: F401
@@ -47,7 +48,8 @@ from bert_kit.tasks.pretraining_data import (CORPUS_MODES, forever, load_corpus,
                                              prepare_tokenizer)
 from bert_kit.training.checkpoint import save_model
 from bert_kit.training.distributed import all_reduce_mean, is_main, world_size
-from bert_kit.training.loop import UNBOUNDED_STEPS, Job, Run, run_job
+from bert_kit.training.job import Job, Run
+from bert_kit.training.loop import UNBOUNDED_STEPS, run_job
 from bert_kit.training.losses import compute_mlm_loss, compute_pretraining_loss
 
 
@@ -229,9 +231,7 @@ class PretrainingJob(Job):
                 "test_mlm_loss": final.get("mlm_loss"), "test_perplexity": final.get("perplexity"),
                 "test_mlm_accuracy": final.get("mlm_accuracy"), "test_nsp_loss": final.get("nsp_loss"),
                 "test_nsp_accuracy": final.get("nsp_accuracy"), "global_batch": self.global_batch,
-                "fast_path": self.fast_path.removeprefix("fast path: "),
-                "final_model": str(Path(summary["output_dir"]) / "final")
-                if (Path(summary["output_dir"]) / "final").is_dir() else None}
+                "fast_path": self.fast_path.removeprefix("fast path: ")}
 
 
 def pretrain(cfg: PretrainConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
@@ -241,4 +241,4 @@ def pretrain(cfg: PretrainConfig, resume: str | None = None, started: float | No
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
     Under torchrun every rank calls this (see `run_job`).
     """
-    return run_job(PretrainingJob, cfg, resume, started)
+    return run_job(PretrainingJob, cfg, resume, started, engine_class(cfg.engine))

@@ -18,12 +18,12 @@ class QATask(Task):
     name, default_metric = "qa", "f1"
 
     def _examples(self, path: str | Path, part: str) -> list[dict]:
-        """SQuAD examples; with `squad_train_articles` N, train on the first N articles, evaluate on the rest."""
+        """SQuAD examples; with `qa.train_articles` N, train on the first N articles, evaluate on the rest."""
         from bert_kit.data.squad import read_squad, split_by_article
 
-        examples = read_squad(path, getattr(self.s, "skip_bad_answers", False), getattr(self.s, "encoding", None),
+        examples = read_squad(path, self.s.qa.skip_bad_answers, getattr(self.s, "encoding", None),
                               self.what(path, "SQuAD file"))
-        n = self.s.squad_train_articles
+        n = self.s.qa.train_articles
         if n:
             train, held_out = split_by_article(examples, n)
             examples = train if part == "train" else held_out
@@ -35,26 +35,27 @@ class QATask(Task):
         self.label_names = None
         examples = self._examples(path, "train")
         self.report_long_questions(path, examples)
-        return prepare_train_features(examples, self.tokenizer, self.s.max_length, self.s.doc_stride,
-                                      self.s.max_query_length)
+        return prepare_train_features(examples, self.tokenizer, self.s.max_length, self.s.qa.doc_stride,
+                                      self.s.qa.max_query_length)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         from bert_kit.data.squad import prepare_eval_features
 
         self.eval_examples = self._examples(path, "eval")[:limit]
         self.report_long_questions(path, self.eval_examples)
-        return prepare_eval_features(self.eval_examples, self.tokenizer, self.s.max_length, self.s.doc_stride,
-                                     self.s.max_query_length)
+        return prepare_eval_features(self.eval_examples, self.tokenizer, self.s.max_length, self.s.qa.doc_stride,
+                                     self.s.qa.max_query_length)
 
     def report_long_questions(self, path: str | Path, examples: list[dict]) -> None:
         """Contexts are read whole, in windows; questions are cut to max_query_length: say how many."""
         from bert_kit.data.truncation import find_long_questions, report_truncated
 
         questions = [ex["question"].lstrip() for ex in examples]
-        report_truncated(find_long_questions(self.tokenizer, questions, self.s.max_query_length), path)
+        report_truncated(find_long_questions(self.tokenizer, questions, self.s.qa.max_query_length), path)
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "doc_stride": self.s.doc_stride, "max_query_length": self.s.max_query_length}
+        qa = self.s.qa
+        return {**super().metadata(), "doc_stride": qa.doc_stride, "max_query_length": qa.max_query_length}
 
     def model_class(self) -> type:
         return BERTForQuestionAnswering
@@ -75,7 +76,7 @@ class QATask(Task):
 
         rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.unpadded), 1))
         return postprocess_predictions(examples, features, [r[0].numpy() for r in rows], [r[1].numpy() for r in rows],
-                                       self.s.n_best, self.s.max_answer_length)
+                                       self.s.qa.n_best, self.s.qa.max_answer_length)
 
     def evaluate(self, model: nn.Module, features: list[dict], precision: Any) -> dict[str, Any]:
         from bert_kit.metrics import squad_evaluate

@@ -23,24 +23,24 @@ from bert_kit.training.losses import compute_classification_loss, compute_cosent
 class SimilarityTask(Task):
     """STS: a cross-encoder (regression head on "[CLS] a [SEP] b [SEP]", MSE on the gold score) or
     a bi-encoder (one encoder, pooled vectors u and v, CosineSimilarityLoss: MSE(cos(u, v), the score
-    mapped from score_range to [0, 1]), or with similarity_loss=cosent the CoSENT ranking loss on cos(u, v)).
+    mapped from score_range to [0, 1]), or with similarity.loss=cosent the CoSENT ranking loss on cos(u, v)).
 
     Files: the STS-B release layout (a preset), or, with text_pair_column set, any pair file with
     the sentences in text_column / text_pair_column and the score in label_column (names or 0-based
-    indices), rows filtered by where / validation_where; scores must lie in score_range."""
+    indices), rows filtered by where / validation_where; scores must lie in similarity.score_range."""
 
     name, default_metric = "similarity", "spearman"
     read_settings = ("text_column", "text_pair_column", "label_column", "header", "delimiter", "encoding")
 
     @property
     def bi_encoder(self) -> bool:
-        return self.s.similarity_mode == "bi-encoder"
+        return self.s.similarity.mode == "bi-encoder"
 
     @property
     def score_range(self) -> tuple[float, float]:
         from bert_kit.data.sts import STS_RANGE
 
-        return tuple(getattr(self.s, "score_range", None) or STS_RANGE)
+        return tuple(self.s.similarity.score_range or STS_RANGE)
 
     def _read(self, path: str | Path, limit: int | None = None, where: dict | None = None, scored: bool = True,
               text: str | None = None, lines: list[str] | None = None
@@ -115,7 +115,7 @@ class SimilarityTask(Task):
         return out
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "similarity_mode": self.s.similarity_mode, "pooling": self.s.pooling,
+        return {**super().metadata(), "similarity_mode": self.s.similarity.mode, "pooling": self.s.similarity.pooling,
                 "score_range": list(self.score_range)}
 
     def model_class(self) -> type:
@@ -131,14 +131,15 @@ class SimilarityTask(Task):
 
     def embed_pair(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled vectors u, v (B, H) of both sides of a bi-encoder batch of 2B sentences."""
-        vectors = pool(encode(model, batch, self.unpadded), batch["attention_mask"], self.s.pooling)  # (2B, H)
+        hidden = encode(model, batch, self.unpadded)
+        vectors = pool(hidden, batch["attention_mask"], self.s.similarity.pooling)  # (2B, H)
         return vectors.chunk(2)
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         if not self.bi_encoder:
             return compute_classification_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
         u, v = self.embed_pair(model, batch)
-        if self.s.similarity_loss == "cosent":
+        if self.s.similarity.loss == "cosent":
             return compute_cosent_loss(u, v, batch["labels"]), {}
         return compute_cosine_similarity_loss(u, v, batch["labels"]), {}
 
@@ -146,7 +147,7 @@ class SimilarityTask(Task):
         """Predicted similarity of each pair: cosine of pooled vectors, or the regression output."""
         if self.bi_encoder:
             # the SentenceEncoder that embeds after training, so the score is what users get
-            encoder = SentenceEncoder(model, self.tokenizer, self.s.pooling, True, self.s.max_length,
+            encoder = SentenceEncoder(model, self.tokenizer, self.s.similarity.pooling, True, self.s.max_length,
                                       precision.device, unpadded=True, precision=precision.name)
             was_training = model.training
             try:  # under torchrun each rank scores its share of the pairs

@@ -17,7 +17,7 @@ from bert_kit.training.losses import compute_classification_loss
 
 class TokenClassificationTask(Task):
     name, default_metric = "token-classification", "f1"
-    read_settings = ("word_column", "tag_column", "encoding")
+    read_settings = ("ner.word_column", "ner.tag_column", "encoding")
 
     def _dataset(self, sentences, limit: int | None = None):
         from bert_kit.data.ner import NERDataset
@@ -34,7 +34,7 @@ class TokenClassificationTask(Task):
     def _read(self, path: str | Path, names: list[str] | None = None, names_from: str | None = None) -> list:
         from bert_kit.data.ner import read_conll
 
-        return read_conll(path, self.s.tag_column, getattr(self.s, "word_column", 0), names,
+        return read_conll(path, self.s.ner.tag_column, self.s.ner.word_column, names,
                           getattr(self.s, "encoding", None), names_from=names_from, what=self.what(path, "CoNLL file"))
 
     def read_train(self, path: str | Path) -> list[dict]:

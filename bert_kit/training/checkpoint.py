@@ -55,6 +55,14 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:07d}"
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step of a checkpoint folder, from its name (step-0000100 -> 100)."""
+    m = _NAME.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"{path} is not a checkpoint folder (step-XXXXXXX)")
+    return int(m.group(1))
+
+
 # ---- RNG state ----------------------------------------------------------------------------------
 
 def rng_state() -> dict[str, Any]:
@@ -322,16 +330,20 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def remove_checkpoints(paths: list[Path]) -> None:
+    """Delete checkpoint folders; each is renamed first, so a half-deleted one never looks like a checkpoint."""
+    for p in paths:
+        gone = p.with_name(p.name + ".deleting")
+        os.replace(p, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
 def prune_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` checkpoints and any leftovers; return the deleted."""
     directory = Path(directory)
     doomed = list_checkpoints(directory)[:-keep_last] if keep_last > 0 else []
     leftovers = [p for p in directory.iterdir() if _LEFTOVER.match(p.name)] if directory.is_dir() else []
-    for p in doomed:
-        # rename first: a half-deleted folder must not look like a checkpoint
-        gone = p.with_name(p.name + ".deleting")
-        os.replace(p, gone)
-        shutil.rmtree(gone, ignore_errors=True)
+    remove_checkpoints(doomed)
     for p in leftovers:
         shutil.rmtree(p, ignore_errors=True)
     return doomed

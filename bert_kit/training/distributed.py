@@ -14,6 +14,9 @@ A plain `python`/`bert-kit` run is a world of size 1: every helper then works wi
   unsharded gradients, which is what sharding is there to avoid.
 * `collective_errors()` turns the error a collective raises when another rank has died or
   stalled past the timeout into a one-line `DistributedError` naming this rank.
+* `Agreement` is where the loop's ranks agree on what they must decide alike (the end of a time
+  budget, the lr's clock, a checkpoint due by the clock, a stop signal): one collective, every
+  `AGREE_S` seconds' worth of steps.
 
 Only rank 0 logs, plots and writes files (`is_main()`); all ranks call `barrier()` around them.
 
@@ -32,6 +35,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,6 +45,11 @@ import torch.nn as nn
 from bert_kit.training.settings import DEFAULT_TIMEOUT_S
 
 PARALLEL_MODES = ("ddp", "fsdp")
+# Under torchrun the ranks agree on the budget's end, the lr's clock, a checkpoint due and a stop
+# signal in a collective that waits for the device: done every step, it keeps the host from queuing
+# the next steps (bert-small replayed as CUDA graphs on 4 GPUs: 8.27M tokens/s against 9.45M). One
+# process agrees with itself every step; several agree every AGREE_S seconds' worth of steps.
+AGREE_S = 0.25
 
 # What gloo/NCCL/the store say when a peer is gone or silent (their errors are plain RuntimeErrors).
 _COMM_ERROR = re.compile(r"connection (closed|reset)|broken pipe|timed out|timeout|nccl|gloo|socket|watchdog|"
@@ -168,6 +177,45 @@ def any_ranks(*flags: bool) -> list[bool]:
         return [bool(f) for f in flags]
     summed = all_reduce_mean(torch.tensor([1.0 if f else 0.0 for f in flags], device=_comm_device()))
     return [bool(x > 0) for x in summed.tolist()]
+
+
+@dataclass
+class Agreed:
+    """What every rank decided alike at an agreement."""
+
+    out_of_time: bool  # some rank's clock says the time budget is spent
+    save_late: bool  # some rank says a checkpoint is due by the clock (save_minutes)
+    stop: bool  # a stop signal reached some rank
+    trained_s: float  # the budget clock's reading: the latest rank's
+    left_s: float  # seconds left for steps: the earliest rank's end
+
+
+class Agreement:
+    """The one place the loop's ranks agree: one collective at `due` steps, which come every `AGREE_S`
+    seconds' worth of steps under torchrun (every step for one process, at no cost)."""
+
+    def __init__(self, step: int) -> None:
+        self.next_step = step + 1
+
+    @staticmethod
+    def between_s() -> float:
+        """Seconds of steps until the ranks next agree (what a decision can come late by)."""
+        return AGREE_S if world_size() > 1 else 0.0
+
+    def due(self, step: int, total: int) -> bool:
+        return step >= self.next_step or step == total
+
+    def agree(self, step: int, out_of_time: bool, save_late: bool, stop: bool, trained_s: float, left_s: float,
+              step_s: float) -> Agreed:
+        """The ranks' decisions at `step` from each rank's own (`step_s`: its time of a step, which
+        spaces the agreements)."""
+        if world_size() <= 1:
+            self.next_step = step + 1
+            return Agreed(out_of_time, save_late, stop, trained_s, left_s)
+        late, saving, stopping, trained_s, minus_left, step_s = max_over_ranks(
+            float(out_of_time), float(save_late), float(stop), trained_s, -left_s, step_s)
+        self.next_step = step + (max(1, int(AGREE_S / step_s)) if step_s > 0 else 1)
+        return Agreed(late > 0, saving > 0, stopping > 0, trained_s, -minus_left)
 
 
 def average_in_place(tensors: list[torch.Tensor]) -> None:

@@ -5,39 +5,43 @@ evaluation cadence, best/ selection, checkpoint folders, signals and results. An
 model's numbers: it runs one optimizer update over a step's micro-batches, reads a window's
 losses back, saves and loads what it trains, and runs the model for evaluation.
 
-    engine = start_engine(job, cfg, run)             # engine: torch (default) or jax
+    Engine.join_processes(cfg)                       # first thing: torchrun's ranks (or a JAX run's hosts)
+    choose_precision = Engine.start_device(cfg)      # the device starts while the job reads its data
+    engine = Engine(job, cfg, run)                   # over the job's model
     engine.load_checkpoint(checkpoint, state)        # when resuming
     engine.step(micro_batches, lr)                   # queued on the device: nothing waits
     losses, grad_norm, skipped = engine.read_window()  # at log steps: the one sync of a window
 
 Two engines take the same jobs, data and run folders:
 
-* `TorchEngine`: the job's PyTorch model on its device, DDP or FSDP2 over torchrun ranks, AdamW
-  (fused on CUDA) or LAMB, and the `AMPTrainer` (autocast, accumulation, clipping, deferred
+* `TorchEngine` (here): the job's PyTorch model on its device, DDP or FSDP2 over torchrun ranks,
+  AdamW (fused on CUDA) or LAMB, and the `AMPTrainer` (autocast, accumulation, clipping, deferred
   non-finite checks, CUDA graphs);
 * `JaxEngine` (`bert_kit/jax/engine.py`): the same model in Flax NNX, one jitted step data
-  parallel over every local device. Imported only for engine=jax (`pip install "bert-kit[jax]"`),
-  so the PyTorch side never imports jax.
+  parallel over every local device.
+
+The loop is handed its engine's class: the jobs look it up by the `engine:` setting
+(`bert_kit.tasks.engine_class`, which imports jax only for engine=jax), so nothing here imports
+an engine of a layer above.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 
 from bert_kit.input_checks import unchecked_inputs
 from bert_kit.threads import CoreShare
 from bert_kit.training.checkpoint import collect_state, load_checkpoint
-from bert_kit.training.distributed import (broadcast_weights, full_value, init_distributed, rank, world_size,
-                                           wrap_model)
+from bert_kit.training.distributed import (broadcast_weights, full_value, init_distributed, is_main, rank,
+                                           world_size, wrap_model)
 from bert_kit.training.losses import compute_mlm_loader_loss
 from bert_kit.training.optim import create_optimizer, set_lr
+from bert_kit.training.precision import Precision, resolve_device, resolve_precision, start_cuda
 from bert_kit.training.trainer import AMPTrainer
-
-JAX_EXTRA = 'pip install "bert-kit[jax]"'
 
 
 class Engine:
@@ -45,6 +49,17 @@ class Engine:
 
     name = ""
     precision: Any  # device and precision, resolved once; str() of it goes to results.json
+
+    @classmethod
+    def join_processes(cls, cfg: Any) -> None:
+        """The run's other processes, first thing (torchrun's ranks, a JAX run's hosts)."""
+        raise NotImplementedError
+
+    @classmethod
+    def start_device(cls, cfg: Any) -> Callable[[], Precision]:
+        """Check the device the settings name and start it; returns what resolves the precision the
+        job builds its model in, called once the job has read its data (the device starts meanwhile)."""
+        raise NotImplementedError
 
     def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
         """Continue from a checkpoint folder (its trainer state `state`): weights, optimizer, step."""
@@ -88,32 +103,27 @@ class Engine:
         raise NotImplementedError
 
 
-def start_engine(job: Any, cfg: Any, run: Any) -> Engine:
-    """The engine `cfg.engine` names, over the job's model."""
-    if cfg.engine == "jax":
-        from bert_kit.jax.engine import JaxEngine  # the optional extra (checked by `join_processes`)
-
-        return JaxEngine(job, cfg, run)
-    return TorchEngine(job, cfg, run)
-
-
-def join_processes(cfg: Any) -> None:
-    """The run's other processes, first thing: torchrun's ranks (engine torch), or the hosts of a JAX
-    run (`jax.distributed`). engine=jax without jax, flax or optax fails here, in one line."""
-    if cfg.engine != "jax":
-        init_distributed(cfg.dist_timeout_s)
-        return
-    try:
-        from bert_kit.jax.engine import join_processes as join_hosts
-    except ModuleNotFoundError as e:
-        raise ImportError(f"engine=jax needs {e.name}: {JAX_EXTRA}") from None
-    join_hosts()
-
-
 class TorchEngine(Engine):
     """The job's PyTorch model: wrapped for DDP/FSDP2, trained by an `AMPTrainer`."""
 
     name = "torch"
+
+    @classmethod
+    def join_processes(cls, cfg: Any) -> None:
+        init_distributed(cfg.dist_timeout_s)
+
+    @classmethod
+    def start_device(cls, cfg: Any) -> Callable[[], Precision]:
+        device = resolve_device(cfg.device)  # a bad or missing device is an error now
+        start_cuda(device)  # in a thread, while the job reads its data and builds its model
+
+        def choose() -> Precision:
+            precision = resolve_precision(cfg.precision, device, verbose=is_main())
+            if precision.device.type == "cuda":
+                torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
+            return precision
+
+        return choose
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
         self.job, self.precision = job, run.precision

@@ -4,8 +4,10 @@
   object per line to `RUN_DIR/metrics.jsonl`, flushed at once so a crash loses nothing:
       {"type": "train", "step": 100, "loss": 3.2, "mlm_loss": 2.9, "lr": 1e-4, ...}
       {"type": "eval", "step": 100, "mlm_loss": 3.1, "perplexity": 22.2, ...}
-  With `tensorboard=True` (and the tensorboard package installed) the same scalars go to
-  `RUN_DIR/tensorboard/`.
+  and hands every record to its trackers: `TensorBoard` (`tensorboard=True`, with the
+  tensorboard package installed) writes the same scalars to `RUN_DIR/tensorboard/`. Another
+  tracker (mlflow, wandb, a hyperparameter search's trial reading each evaluation) is an object
+  with the same two methods, `log(kind, step, values)` and `close()`.
 * `plot_losses(run_dir)` draws train loss, eval loss and the learning rate (twin axis) into
   `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
 * `LossPlotter` draws it at the end of a run in a child process started with the run, which has
@@ -31,18 +33,36 @@ METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss_curve.png"
 
 
+class TensorBoard:
+    """A tracker: the numbers of every record as TensorBoard scalars (`train/loss`, `eval/accuracy`)
+    in RUN_DIR/tensorboard."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # ImportError without the tensorboard package
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.writer.add_scalar(f"{kind}/{k}", v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class ProgressLogger:
-    """Progress bar plus metrics file for one run; a silent no-op when `enabled` is False
-    (every rank but 0)."""
+    """Progress bar plus metrics file for one run, and its trackers; a silent no-op when `enabled`
+    is False (every rank but 0)."""
 
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 tensorboard: bool = False, desc: str = "train") -> None:
+                 tensorboard: bool = False, desc: str = "train", trackers: list[Any] | None = None) -> None:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.start_time = time.time()
         self._file = None
         self._bar = None
-        self._tb = None
+        self.trackers: list[Any] = []
         if not enabled:
             return
         from tqdm.auto import tqdm
@@ -51,11 +71,10 @@ class ProgressLogger:
         self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
         self._bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True,
                          file=sys.stderr, mininterval=0.5)
+        self.trackers = list(trackers or [])
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                self.trackers.append(TensorBoard(self.run_dir))
             except ImportError:
                 self.message("tensorboard: true, but the tensorboard package is not installed "
                              "(pip install tensorboard); logging to metrics.jsonl only")
@@ -75,10 +94,8 @@ class ProgressLogger:
         record = {"type": kind, "step": step, **values, "wall_time": round(time.time() - self.start_time, 3)}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+        for tracker in self.trackers:
+            tracker.log(kind, step, values)
 
     def message(self, text: str) -> None:
         """Print a line without breaking the progress bar."""
@@ -96,9 +113,9 @@ class ProgressLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 class LongRunNotice:

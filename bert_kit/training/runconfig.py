@@ -25,11 +25,17 @@ unless the setting takes a list or mapping and the value starts with `[` or `{` 
 `betas=[0.9, 0.98]`, `where={fold: 010}`). An override `a.b=v` sets key `b` inside the
 dict-valued field `a`.
 
+Settings that belong to one part of a run are grouped in a dataclass of their own, a field of
+the run config (`qa: QASettings`): `qa: {doc_stride: 64}` in YAML, `qa.doc_stride=64` on the
+command line, each value typed and checked by the group. A config class that moved flat keys into
+groups lists them in `MOVED` (`{"doc_stride": "qa.doc_stride"}`): the old keys keep working, in
+files, overrides, saved run configs and Python (`accepts_moved_keys`), with a one-line note.
+
 String values may name environment variables, `${NAME}`, `${NAME:-default}` (the default may
 itself be `${OTHER}` or `${OTHER:-...}`), expanded when the config is built; any other `${` is
 refused. `${BERT_KIT_DATA}` is the data root (`bert_kit.data.root`; default ./data): the shipped
 configs name their data files through it, and a file below it that is missing is an error saying
-where to get the data.
+where to get the data (`config_variables.py`).
 """
 
 from __future__ import annotations
@@ -38,20 +44,23 @@ import argparse
 import ast
 import dataclasses
 import difflib
+import functools
 import re
 import inspect
-import glob
 import io
 import os
+import sys
 import textwrap
 import tokenize
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from bert_kit.checks import (ConfigError, ConfigFileNotFoundError, CorruptFileError, PlainText, Range, check_device,
                              check_settings, choice_error, load_yaml, read_text, resolve_plain)
+from bert_kit.training.config_variables import expand_variables
 
 T = TypeVar("T")
 
@@ -211,6 +220,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if not args:
             return resolve_plain(dict(value))
         return {coerce(k, args[0], f"{where} key"): coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if is_group(tp):
+        return build_group(tp, value, where)
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(f"{where}: cannot convert {_shown(value)} to {_type_name(tp)}")
@@ -220,83 +231,114 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ---- groups of settings, and the flat keys that moved into them ----------------------------------
+
+def is_group(tp: Any) -> bool:
+    """Whether a field's type is a group of settings (a dataclass)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def expand_variables(value: Any, where: str) -> Any:
-    """`value` with `${NAME}` / `${NAME:-default}` replaced in every string (lists and dicts too).
+def settings_groups(cls: type) -> dict[str, type]:
+    """{field: its dataclass} of the fields of `cls` that group settings (`qa: QASettings`)."""
+    hints = _hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if is_group(hints[f.name])}
 
-    A default may itself hold variables (`${A:-${B:-c}}`), expanded only when it is used. An
-    unset variable without a default, or a `${` that starts neither form, is a ConfigError
-    naming `where`; `${BERT_KIT_DATA}` falls back to the default data root, and a path built on
-    it must exist (FileNotFoundError that says where to get the data)."""
-    from bert_kit.data.root import missing_data_message
 
-    if isinstance(value, list):
-        return [expand_variables(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return {k: expand_variables(v, f"{where}.{k}") for k, v in value.items()}
-    if not isinstance(value, str) or "${" not in value:
+def build_group(tp: type, value: Any, where: str) -> Any:
+    """Group `tp` from a mapping (YAML, an override, a Python dict), typed and checked; an instance
+    is kept. `where` names it in errors ("run.yaml: qa"); the group's own checks name `qa.key`."""
+    if isinstance(value, tp):
         return value
-    used_root: list[bool] = []
-    expanded = _expand(value, 0, len(value), value, where, used_root)
-    if used_root:  # a data file: missing is an error worth explaining
-        found = glob.glob(expanded) if any(c in expanded for c in "*?[") else Path(expanded).exists()
-        if not found:
-            raise FileNotFoundError(missing_data_message(expanded, where))
-    return PlainText(expanded) if isinstance(value, PlainText) else expanded
+    if value is None:
+        return tp()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping (key: value), got {_shown(value)}")
+    hints, valid = _hints(tp), [f.name for f in dataclasses.fields(tp)]
+    unknown = [k for k in value if k not in valid]
+    if unknown:
+        source, _, name = where.rpartition(": ")  # "run.yaml: qa", or "qa"
+        error = unknown_keys(unknown, valid, f"{name} takes {', '.join(valid)}", group=name)
+        raise UnknownKeyError(f"{source}: {error}" if source else str(error))
+    return tp(**{str(k): coerce(expand_variables(v, f"{where}.{k}"), hints[k], f"{where}.{k}")
+                 for k, v in value.items()})
 
 
-def _expand(text: str, start: int, end: int, value: str, where: str, used_root: list[bool]) -> str:
-    """text[start:end] with its variables replaced (`value`, the whole string, for messages)."""
-    from bert_kit.data.root import DATA_ROOT_VARIABLE, data_root
+def moved_keys(cls: type) -> dict[str, str]:
+    """{old flat key: "group.key"} of the settings `cls` moved into groups."""
+    return dict(getattr(cls, "MOVED", {}))
 
-    out = []
-    i = start
-    while (j := text.find("${", i, end)) >= 0:
-        out.append(text[i:j])
-        name = _NAME.match(text, j + 2, end)
-        k = name.end() if name else j + 2
-        if name and text.startswith("}", k, end):
-            default, i = None, k + 1
-        elif name and text.startswith(":-", k, end):
-            close = _closing_brace(text, k + 2, end)
-            if close is None:
-                raise _malformed(value, where)
-            default, i = (k + 2, close), close + 1
+
+_noted: set[str] = set()  # the notes this process printed (a glue sweep builds many configs alike)
+
+
+def moved_message(keys: list[str], moved: dict[str, str]) -> str:
+    many = len(keys) > 1
+    shown = ", ".join(f"{k} -> {moved[k]}" for k in keys)
+    return (f"setting{'s' * many} moved under {'their' if many else 'its'} task: {shown} "
+            f"(the old key{'s' * many} still work{'' if many else 's'})")
+
+
+def note_moved(keys: list[str], moved: dict[str, str], source: str) -> None:
+    """One line (rank 0's, once) saying where the old keys now belong."""
+    line = f"note: {source + ': ' if source else ''}{moved_message(keys, moved)}"
+    if os.environ.get("RANK", "0") == "0" and line not in _noted:
+        _noted.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
+def move_old_keys(cls: type, data: dict[str, Any], source: str = "", note: bool = True) -> dict[str, Any]:
+    """`data` with the old flat keys of `cls.MOVED` put where they belong (`doc_stride: 64` ->
+    `qa: {doc_stride: 64}`), saying so in one line (note). An old key and its new place both set
+    to different values is an error."""
+    moved = moved_keys(cls)
+    old = [k for k in data if k in moved]
+    if not old:
+        return data
+    data, prefix = dict(data), f"{source}: " if source else ""
+    for key in old:
+        group, name = moved[key].split(".")
+        inner = data.get(group)
+        inner = {} if inner is None else dataclasses.asdict(inner) if dataclasses.is_dataclass(inner) else inner
+        if not isinstance(inner, dict):
+            raise ConfigError(f"{prefix}{group}: expected a mapping (key: value), got {_shown(inner)}")
+        value = data.pop(key)
+        if name in inner and resolve_plain(inner[name]) != resolve_plain(value):
+            raise ConfigError(f"{prefix}{key}={_shown(value)} and {group}.{name}={_shown(inner[name])} are the same "
+                              f"setting: keep {group}.{name}")
+        data[group] = {**inner, name: value}
+    if note:
+        note_moved(old, moved, source)
+    return data
+
+
+def accepts_moved_keys(cls: type[T]) -> type[T]:
+    """Let `cls(...)` take the old flat keys of `cls.MOVED` as keyword arguments (Python callers),
+    with a FutureWarning that names their new places. Apply it above `@dataclass`."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        old = [k for k in kwargs if k in moved_keys(cls)]
+        if old:  # e.g. qa={"doc_stride": 64} (or qa=QASettings(doc_stride=64)) for doc_stride=64
+            warnings.warn(f"{cls.__name__}: {moved_message(old, moved_keys(cls))}", FutureWarning, stacklevel=2)
+            kwargs = move_old_keys(cls, kwargs, note=False)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+def flat_settings(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A run config dict of `cls` (old flat keys moved first) with its groups spelled out key by key
+    (`qa.doc_stride`): what a resume compares, setting by setting."""
+    data, groups = move_old_keys(cls, data, note=False), settings_groups(cls)
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in groups and isinstance(value, dict):
+            flat.update({f"{key}.{name}": v for name, v in value.items()})
         else:
-            raise _malformed(value, where)
-        variable = name.group()
-        if variable == DATA_ROOT_VARIABLE:
-            used_root.append(True)
-            out.append(str(data_root()))
-        elif os.environ.get(variable) is not None:
-            out.append(os.environ[variable])
-        elif default is not None:
-            out.append(_expand(text, *default, value, where, used_root))
-        else:
-            raise ConfigError(f"{where}: {value!r} names ${{{variable}}}, which is not set in the environment")
-    out.append(text[i:end])
-    return "".join(out)
-
-
-def _closing_brace(text: str, start: int, end: int) -> int | None:
-    """Index of the `}` that closes a `${` whose default starts at `start` (nested `${...}` skipped)."""
-    depth, i = 0, start
-    while i < end:
-        if text.startswith("${", i):
-            depth, i = depth + 1, i + 2
-            continue
-        if text[i] == "}":
-            if depth == 0:
-                return i
-            depth -= 1
-        i += 1
-    return None
-
-
-def _malformed(value: str, where: str) -> ConfigError:
-    return ConfigError(f"{where}: {value!r} has a '${{' that is not a variable: write ${{NAME}} or ${{NAME:-default}}")
+            flat[key] = value
+    return flat
 
 
 class UnknownKeyError(ConfigError):
@@ -315,16 +357,21 @@ _SYNONYMS = {"learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": 
              "train_data": "train_file", "eval_file": "validation_file", "dev_file": "validation_file"}
 
 
-def _key_hint(key: str, valid: list[str]) -> str:
-    """ "did you mean epochs?" for a key close to a setting (or to another tool's name for one)."""
-    aliases = {a: t for a, t in _SYNONYMS.items() if t in valid}
+def _key_hint(key: str, valid: list[str], moved: dict[str, str] | None = None) -> str:
+    """ "did you mean epochs?" for a key close to a setting (or to another tool's name for one, or to
+    the old name of a setting that moved into a group)."""
+    aliases = {**{a: t for a, t in _SYNONYMS.items() if t in valid}, **(moved or {})}
     close = difflib.get_close_matches(str(key), valid + list(aliases), n=1, cutoff=0.6)
     return f"did you mean {aliases.get(close[0], close[0])}?" if close else ""
 
 
-def unknown_keys(keys: list[str], valid: list[str], settings_help: str = "") -> UnknownKeyError:
-    """`unknown key 'epoch' (did you mean epochs?)`, and where the settings are listed."""
-    parts = [f"{k!r} ({hint})" if (hint := _key_hint(k, valid)) else repr(str(k)) for k in keys]
+def unknown_keys(keys: list[str], valid: list[str], settings_help: str = "", moved: dict[str, str] | None = None,
+                 group: str = "") -> UnknownKeyError:
+    """`unknown key 'epoch' (did you mean epochs?)`, and where the settings are listed; the keys of a
+    group are named with it (group "qa": `unknown key 'qa.doc_strid' (did you mean qa.doc_stride?)`)."""
+    named = [f"{group}.{k}" if group else str(k) for k in keys]
+    choices = [f"{group}.{v}" if group else v for v in valid]
+    parts = [f"{n!r} ({hint})" if (hint := _key_hint(n, choices, moved)) else repr(n) for n in named]
     message = f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(parts)}"
     return UnknownKeyError(f"{message}; {settings_help}" if settings_help else message)
 
@@ -342,11 +389,12 @@ def config_from_dict(cls: type[T], data: dict[str, Any], source: str = "config",
     prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix}expected a mapping of settings, got {type(data).__name__}")
+    data = move_old_keys(cls, data, source)
     hints = _hints(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in valid]
     if unknown:
-        error = unknown_keys(unknown, valid, _settings_help(cls, settings_help))
+        error = unknown_keys(unknown, valid, _settings_help(cls, settings_help), moved_keys(cls))
         raise UnknownKeyError(f"{prefix}{error}")
     values = {str(k): coerce(expand_variables(v, f"{prefix}{k}"), hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
@@ -389,16 +437,25 @@ def _parse_override(text: str, tp: Any = Any) -> tuple[str, Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
                     settings_help: str | None = None) -> dict[str, Any]:
-    """Return a copy of `data` with `key=value` strings applied (`a.b=v` sets a nested key)."""
-    data = dict(data)
-    hints = _hints(cls)
+    """Return a copy of `data` with `key=value` strings applied (`a.b=v` sets a nested key: a
+    setting of group `a`, or a key of mapping `a`). Old flat keys that moved into a group are
+    moved, in `data` silently, in the overrides with a note."""
+    data = move_old_keys(cls, data, note=False)
+    hints, groups, moved = _hints(cls), settings_groups(cls), moved_keys(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
+    old = []
     for text in overrides:
         key, _ = _split_override(text)
+        if key in moved:
+            old.append(key)
+            key = moved[key]
         head, _, rest = key.partition(".")
         if head not in valid:
-            error = unknown_keys([head], valid, _settings_help(cls, settings_help))
+            error = unknown_keys([head], valid, _settings_help(cls, settings_help), moved)
             raise UnknownKeyError(f"override {_quoted(text)}: {error}")
+        if head in groups:
+            data[head] = _override_group(data.get(head), groups[head], head, rest, text, settings_help)
+            continue
         _, value = _parse_override(text, Any if rest else hints[head])
         if rest:
             inner = data.get(head)
@@ -412,7 +469,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
             inner[rest] = value
             value = inner
         data[head] = value
+    if old:
+        note_moved(old, moved, "")
     return data
+
+
+def _override_group(inner: Any, group: type, head: str, rest: str, text: str, settings_help: str | None) -> dict:
+    """A group's settings with one override applied: `qa.doc_stride=64` (typed by the group's
+    field), or `qa={doc_stride: 64}` (merged into what is set)."""
+    inner = {} if inner is None else dataclasses.asdict(inner) if dataclasses.is_dataclass(inner) else inner
+    if not isinstance(inner, dict):
+        raise ConfigError(f"override {_quoted(text)}: {head} is not a mapping, cannot set {rest!r}")
+    hints, names = _hints(group), [f.name for f in dataclasses.fields(group)]
+    if not rest:
+        _, value = _parse_override(text, dict)
+        if not isinstance(value, dict):
+            raise ConfigError(f"override {_quoted(text)}: {head} takes a mapping, e.g. {head}={{{names[0]}: ...}}")
+        return {**inner, **value}
+    if rest not in names:
+        error = unknown_keys([rest], names, f"{head} takes {', '.join(names)}", group=head)
+        raise UnknownKeyError(f"override {_quoted(text)}: {error}")
+    return {**inner, rest: _parse_override(text, hints[rest])[1]}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -453,21 +530,27 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     data, lines = _read_yaml_lines(path) if path is not None else ({}, {})
     source = str(path) if path is not None else "overrides"
     # check file keys first so the error names the file, not the overrides
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in valid]
+    valid, moved = [f.name for f in dataclasses.fields(cls)], moved_keys(cls)
+    unknown = [k for k in data if k not in valid and k not in moved]
     if unknown:
         where = f"{source}:{lines[unknown[0]]}" if unknown[0] in lines else source
-        raise UnknownKeyError(f"{where}: {unknown_keys(unknown, valid, _settings_help(cls, settings_help))}")
+        raise UnknownKeyError(f"{where}: {unknown_keys(unknown, valid, _settings_help(cls, settings_help), moved)}")
+    data = move_old_keys(cls, data, source)
     overrides = list(overrides or [])
     merged = apply_overrides(data, overrides, cls, settings_help)
-    overridden = {_split_override(o)[0].partition(".")[0] for o in overrides}
+    overridden = {k for o in overrides for k in (_split_override(o)[0], moved.get(_split_override(o)[0], ""))}
+    overridden |= {k.partition(".")[0] for k in overridden}
+    old_names = {new: old for old, new in moved.items()}
     try:
         return config_from_dict(cls, merged, "", settings_help)
     except ConfigError as e:
         message = str(e)
-        key = re.match(r"(\w+)", message)
-        if key and key.group(1) in lines and key.group(1) not in overridden:
-            raise type(e)(f"{source}:{lines[key.group(1)]}: {message}") from None
+        found = re.match(r"unknown keys? '([\w.]+)'", message) or re.match(r"([\w.]+)", message)
+        key = found.group(1) if found else ""
+        # the line of the key at fault: itself, its group, or the old flat key it was written as
+        line_key = next((k for k in (key, old_names.get(key), key.partition(".")[0]) if k in lines), None)
+        if line_key is not None and key not in overridden and key.partition(".")[0] not in overridden:
+            raise type(e)(f"{source}:{lines[line_key]}: {message}") from None
         with_overrides = overrides and path is not None
         raise type(e)(f"{source} (+ overrides): {message}" if with_overrides else f"{source}: {message}") from None
     except FileNotFoundError as e:  # a data file the config names (below the data root)
@@ -493,9 +576,13 @@ def save_config(cfg: Any, path: str | Path, note: str = "") -> Path:
 
 def help_table(cls: type) -> str:
     """One line per field: name (type, default): help. Used as the CLI epilog."""
-    hints, helps = _hints(cls), field_help(cls)
+    hints, helps, groups = _hints(cls), field_help(cls), settings_groups(cls)
     lines = []
     for f in dataclasses.fields(cls):
+        if f.name in groups:  # its settings, one by one: qa.doc_stride (int, default 128)
+            nested = help_table(groups[f.name]).splitlines()
+            lines.extend(re.sub(r"^  (\w)", rf"  {f.name}.\1", line) for line in nested)
+            continue
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:

@@ -5,7 +5,7 @@ what their job needs and override a few defaults (fine-tuning takes a smaller lr
 The one training loop (`training/loop.py`) reads only these fields. A field's help text is its
 same-line comment or attribute docstring (`bert-kit pretrain --help` lists them all).
 
-Resuming a run (`--resume`) may change some settings and not others (`RESUMABLE_CHANGES`): the
+Resuming a run (`--resume`) may change some settings and not others (`RESUMABLE`): the
 learning rate, weight decay, length of the run and the logging/evaluation/checkpoint cadence take
 effect and are reported; anything else that shapes the run (model, data, batch, seed, ...) stops
 with an error naming the settings, unless `force_resume: true`.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
 from bert_kit.training.runconfig import check_run_settings
@@ -27,8 +27,8 @@ RESUMABLE_CHANGES = frozenset({
     "lr", "weight_decay", "clip_grad", "max_steps", "grad_accum", "epochs", "time_budget", "warmup_steps", "schedule",
     "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "end_checkpoint",
     "keep_last", "tensorboard", "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples",
-    "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "n_best",
-    "max_answer_length", "parallel", "precision",
+    "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "parallel",
+    "precision",
 })
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")
@@ -48,6 +48,8 @@ def parse_duration(text: str | float | int | None) -> float | None:
 @dataclass
 class RunSettings:
     """Settings of any training run (YAML keys; `key=value` on the command line)."""
+
+    RESUMABLE: ClassVar[frozenset[str]] = RESUMABLE_CHANGES  # what a resume may change (a subclass adds its own)
 
     # optimisation
     batch_size: int = 32  # sequences (examples) per micro-batch per process

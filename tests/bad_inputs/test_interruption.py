@@ -68,13 +68,15 @@ def test_output_dir_that_is_a_file(cli, assets, tmp_path):
 # ---- resuming with changed settings --------------------------------------------------------------
 
 def interrupted_run(cli, assets, tmp_path: Path) -> Path:
-    """The asset run's first 4 steps in a folder of its own (its step-6 checkpoint removed)."""
+    """The asset run's first 4 steps in a folder of its own, as a crash after step 4 leaves it (its
+    step-6 checkpoint and results.json removed)."""
     run = assets.copy("run", tmp_path / "run")
     for p in list_checkpoints(run / "checkpoints"):
         if p.name == "step-0000006":
             import shutil
 
             shutil.rmtree(p)
+    (run / "results.json").unlink()
     return run
 
 
@@ -155,6 +157,73 @@ def test_a_complete_record_says_so(cli, assets, tmp_path):
     assert out.code == 0 and "warning:" not in out.err, out.err
     results = json.loads((run / "results.json").read_text())
     assert results["metrics_complete"] is True and results["metrics_steps"] == [1, 6]
+
+
+# ---- resuming a finished run, rewinding one, contradicting settings ------------------------------
+
+def test_resume_latest_of_a_finished_run_says_so_and_rewrites_nothing(cli, assets, tmp_path):
+    """It re-evaluated and rewrote final/ and results.json without a word."""
+    run = assets.copy("run", tmp_path / "run")
+    before = {name: (run / name).read_bytes() for name in ("results.json", "metrics.jsonl", "run_config.yaml",
+                                                             "final/model.safetensors")}
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest")
+    assert out.code == 0, out.err
+    assert "the run finished at step 6" in out.err and "max_steps (or epochs) past step 6" in out.err, out.err
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert json.loads(out.out[out.out.index("{"):])["steps"] == 6  # its results, as they are
+
+
+def test_resume_latest_of_a_fine_tune_that_finished_after_its_newest_checkpoint_is_refused(cli, assets, tmp_path):
+    """A fine-tune keeps no end checkpoint: `latest` was its step-4 checkpoint, and the run trained
+    step 5 again and replaced best/ of the finished run."""
+    run = tmp_path / "ft"
+    assert cli("finetune", "--config", assets.finetune_yaml, f"output_dir={run}", "max_steps=5").code == 0
+    best = (run / "best" / "model.safetensors").read_bytes()
+    out = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={run}", "max_steps=5", "--resume", "latest")
+    out.one_line_error("finished at step 5", "step-0000004", "train steps 5-5 again",
+                       f"--resume {run / 'checkpoints' / 'step-0000004'}", code=2)
+    assert (run / "best" / "model.safetensors").read_bytes() == best
+
+
+def test_a_rewound_run_is_the_one_latest_follows(cli, assets, tmp_path):
+    """Rewound to step 2 and run to step 4, `--resume latest` went on from step-0000006 of the run it
+    had rewound."""
+    run = assets.copy("run", tmp_path / "run")
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=4",
+              "--resume", run / "checkpoints" / "step-0000002")
+    assert out.code == 0, out.err
+    assert f"rewinding {run} to step 2: removing step-0000004, step-0000006, results.json" in out.err, out.err
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-0000002", "step-0000004"]
+    assert json.loads((run / "results.json").read_text())["steps"] == 4
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=5", "--resume", "latest")
+    assert out.code == 0, out.err
+    assert f"resuming from {run / 'checkpoints' / 'step-0000004'} at step 4" in out.out
+    assert sorted(records(run)) == [1, 2, 3, 4, 5]
+    assert json.loads((run / "results.json").read_text())["steps"] == 5
+
+
+def test_a_rewind_forgets_the_run_it_replaces_as_it_starts_and_a_refused_one_forgets_nothing(cli, assets, tmp_path):
+    """The later checkpoints and results go when the rewound run starts (as its metrics.jsonl records
+    after the step do): interrupted at once, `latest` is the checkpoint it started from."""
+    run = assets.copy("run", tmp_path / "run")
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "nonsense_key=1",
+              "--resume", run / "checkpoints" / "step-0000002")
+    assert out.code == 2 and len(list_checkpoints(run / "checkpoints")) == 3  # a bad setting removes nothing
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "max_steps=2",
+              "--resume", run / "checkpoints" / "step-0000002")
+    assert out.code == 0 and "the run finished" not in out.err, out.err
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-0000002"]
+
+
+def test_resume_with_overwrite_is_refused_before_anything_changes(cli, assets, tmp_path):
+    """`--resume latest overwrite=true` resumed and ignored the overwrite."""
+    run = assets.copy("run", tmp_path / "run")
+    before = sorted(p.name for p in list_checkpoints(run / "checkpoints"))
+    out = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "overwrite=true", "max_steps=8",
+              "--resume", "latest")
+    out.one_line_error("--resume latest continues the run", "overwrite=true would delete it", "overwrite=false",
+                       code=2)
+    assert sorted(p.name for p in list_checkpoints(run / "checkpoints")) == before and max(records(run)) == 6
 
 
 # ---- a stop sent to the whole process group ------------------------------------------------------

@@ -233,6 +233,7 @@ def test_corrupt_newest_checkpoint_falls_back(cli, assets, tmp_path, single_thre
     run = assets.copy("run", tmp_path / "run")
     newest = run / "checkpoints" / "step-0000006"
     STATE_DAMAGE[damage](newest, tmp_path)
+    (run / "results.json").unlink()  # as a crash while step 6 was saved leaves the run: unfinished
     result = cli("pretrain", "--config", assets.pretrain_yaml, f"output_dir={run}", "--resume", "latest")
     assert result.code == 0, result.err
     warnings = [ln for ln in result.err.splitlines() if ln.startswith("warning: skipping checkpoint step-0000006")]
@@ -294,6 +295,7 @@ def test_finetune_resume_skips_a_corrupt_newest_checkpoint(cli, assets, tmp_path
     first = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={out}")
     assert first.code == 0, first.err
     (out / "checkpoints" / "step-0000004" / "trainer_state.pt").write_bytes(b"\x00" * 100)
+    (out / "results.json").unlink()  # a crash while step 4 was saved
     result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={out}", "--resume", "latest")
     assert result.code == 0, result.err
     assert "warning: skipping checkpoint step-0000004" in result.err and "error:" not in result.err

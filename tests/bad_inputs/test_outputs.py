@@ -356,3 +356,27 @@ def test_the_lock_of_another_process_and_its_release_when_killed(cli, assets, tm
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["type"] == "train"]
     assert steps == [1, 2]  # one run's records
+
+
+@pytest.mark.parametrize("command, folder", [("pretrain", "final"), ("finetune", "best")])
+def test_results_name_the_model_folder_written_at_the_end(cli, assets, tmp_path, monkeypatch, command, folder):
+    """The model folder is written in the background while the run ends; results.json said
+    `"best_model": null` (`"final_model": null`) whenever that write was still going on: when the
+    last evaluation is the best, in every pretraining run whose write outlasted the plot, in glue runs."""
+    import time
+
+    import bert_kit.training.loop as loop
+
+    write = loop.write_folder_atomically
+
+    def slow_write(*args, **kwargs):
+        time.sleep(1.0)  # a big model on a slow disk
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "write_folder_atomically", slow_write)
+    config = assets.pretrain_yaml if command == "pretrain" else assets.finetune_yaml
+    run = tmp_path / "run"
+    result = cli(command, "--config", config, f"output_dir={run}", "eval_every=100")  # only the last evaluation
+    assert result.code == 0, result.err
+    results = json.loads((run / "results.json").read_text())
+    assert results[f"{folder}_model"] == str(run / folder) and (run / folder / "model.safetensors").is_file()

@@ -110,11 +110,15 @@ FINETUNE_CASES = [
     case("eval_batch_size=0", "eval_batch_size=0", ">= 1"),
     case("max_length=1000", "max_length=1000", "64 positions"),
     case("max_length=2", "max_length=2", ">= 3"),
-    case("task=qa  max_length=128  doc_stride=70", "doc_stride=70", "< 61", "max_query_length 64"),
-    case("task=qa  max_length=64", "max_query_length=64", "max_length 64", "< 60"),
-    case("max_query_length=0", "max_query_length=0", ">= 1"),
-    case("n_best=0", "n_best=0", ">= 1"),
-    case("max_answer_length=-3", "max_answer_length=-3", ">= 1"),
+    case("task=qa  max_length=128  qa.doc_stride=70", "qa.doc_stride=70", "< 61", "qa.max_query_length 64"),
+    case("task=qa  max_length=128  doc_stride=70", "qa.doc_stride=70", "< 61"),  # the old flat key
+    case("task=qa  max_length=64", "qa.max_query_length=64", "max_length 64", "< 60"),
+    case("qa.max_query_length=0", "qa.max_query_length=0", ">= 1"),
+    case("n_best=0", "qa.n_best=0", ">= 1"),
+    case("qa.max_answer_length=-3", "qa.max_answer_length=-3", ">= 1"),
+    case("qa.doc_strid=3", "unknown key 'qa.doc_strid' (did you mean qa.doc_stride?)"),
+    case("doc_strid=3", "unknown key 'doc_strid' (did you mean qa.doc_stride?)"),
+    case("qa=5", "qa takes a mapping"),
     case("classifier_dropout=1", "classifier_dropout=1.0", "[0, 1)"),
     case("num_labels=0", "num_labels=0", ">= 1 or null", "1 = regression"),
     case("label_names=[a, a]", "label_names=['a', 'a'] must be distinct"),
@@ -122,17 +126,25 @@ FINETUNE_CASES = [
     case("label_names=[a, b]  num_labels=3", "num_labels=3 contradicts the 2 label_names"),
     case("max_train_examples=-1", "max_train_examples=-1", ">= 1 or null"),
     case("max_eval_examples=0", "max_eval_examples=0", ">= 1 or null"),
-    case("squad_train_articles=0", "squad_train_articles=0", ">= 1 or null"),
+    case("squad_train_articles=0", "qa.train_articles=0", ">= 1 or null"),
     case("task=ner", "task='ner'", "'token-classification'"),
-    case("similarity_mode=both", "similarity_mode='both'", "'bi-encoder'"),
-    case("pooling=max", "pooling='max'", "'mean'"),
-    case("similarity_loss=mse", "similarity_loss='mse'", "'cosent'"),
+    case("similarity.mode=both", "similarity.mode='both'", "'bi-encoder'"),
+    case("similarity_mode=both", "similarity.mode='both'", "'bi-encoder'"),
+    case("pooling=max", "similarity.pooling='max'", "'mean'"),
+    case("similarity.loss=mse", "similarity.loss='mse'", "'cosent'"),
     case("warmup_fraction=1", "warmup_fraction=1.0", "[0, 1)"),
-    case("tag_column=1.5", "tag_column: expected an integer, got 1.5"),
+    case("tag_column=1.5", "ner.tag_column: expected an integer, got 1.5"),
     case("batch_size=-8", "batch_size=-8", ">= 1"),
     case("device=gpu", "device='gpu' is not a device"),
     case("lr=1e", "lr: expected float | 'auto', got '1e'"),
     case("cuda_graphs=sometimes", "cuda_graphs: expected bool | 'auto', got 'sometimes'"),
+    # a metric the task does not report: refused with the settings, not after an epoch (nor never)
+    case("metric=macro_f1", "metric='macro_f1' is not a validation metric of task classification",
+         "accuracy, f1, precision", "macro averages"),
+    case("metric=macro_f1  validation_file=null", "metric='macro_f1'"),
+    case("task=qa  max_length=64  max_query_length=16  doc_stride=16  metric=accuracy", "metric='accuracy' is not a validation metric of task qa",
+         "expected one of f1, exact_match"),
+    case("task=similarity  similarity_mode=bi-encoder  metric=mse", "metric='mse'", "pearson, spearman"),
 ]
 
 
@@ -495,3 +507,115 @@ def test_a_run_reads_past_a_line_that_is_no_record(tmp_path, capsys):
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     assert f"{tmp_path / 'metrics.jsonl'}:2: skipping a line that is no record (a JSON array, not an object)" in \
         capsys.readouterr().err
+
+
+def test_a_metric_of_classes_on_score_labels_stops_before_training(cli, assets, tmp_path):
+    """What the labels are (classes or scores) is known once the training file is read: before the
+    model is built or a step taken."""
+    scores = tmp_path / "scores.tsv"
+    scores.write_text("sentence\tlabel\n" + "".join(f"the cat sat {i}\t{i / 10}\n" for i in range(8)))
+    result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={tmp_path / 'out'}",
+                 f"train_file={scores}", f"validation_file={scores}", "metric=accuracy")
+    result.one_line_error("metric='accuracy' is not a validation metric of task classification on scores",
+                          "pearson, spearman, mse", code=USAGE)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_loss_as_metric_keeps_its_lowest_value(cli, assets, tmp_path):
+    """best/ followed the highest value of every metric: `metric=loss` kept the worst model."""
+    run = tmp_path / "run"
+    result = cli("finetune", "--config", assets.finetune_yaml, f"output_dir={run}", "metric=loss", "eval_every=1",
+                 "max_steps=6", "lr=1e-2")
+    assert result.code == 0, result.err
+    results = json.loads((run / "results.json").read_text())
+    losses = {h["step"]: h["loss"] for h in results["history"]}
+    assert len(set(losses.values())) > 1  # the evaluations differ: the choice is a real one
+    assert results["best_value"] == min(losses.values()) and losses[results["best_step"]] == results["best_value"]
+
+
+# ---- settings grouped under their task; the flat keys of earlier versions ---------------------------
+
+FLAT = {"squad_train_articles": 3, "doc_stride": 32, "max_query_length": 16, "n_best": 5, "max_answer_length": 12,
+        "skip_bad_answers": True, "tag_column": 2, "word_column": 1, "similarity_mode": "bi-encoder",
+        "pooling": "cls", "similarity_loss": "cosent", "score_range": [1, 5]}
+GROUPED = {"qa": {"train_articles": 3, "doc_stride": 32, "max_query_length": 16, "n_best": 5,
+                  "max_answer_length": 12, "skip_bad_answers": True},
+           "ner": {"tag_column": 2, "word_column": 1},
+           "similarity": {"mode": "bi-encoder", "pooling": "cls", "loss": "cosent", "score_range": [1.0, 5.0]}}
+
+
+def test_old_flat_keys_work_in_files_overrides_and_python_with_one_note(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import yaml
+
+    from bert_kit.training import runconfig
+    from bert_kit.training.runconfig import save_config
+
+    monkeypatch.setattr(runconfig, "_noted", set())  # each note is printed once per process
+
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(yaml.safe_dump({"task": "qa", "max_length": 64, **FLAT}))
+    from_file = load_config(FinetuneConfig, flat)
+    assert {k: dataclasses.asdict(getattr(from_file, k)) for k in GROUPED} == GROUPED
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and f"{flat}: settings moved under their task" in notes[0]
+    assert "doc_stride -> qa.doc_stride" in notes[0] and "similarity_mode -> similarity.mode" in notes[0]
+
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(yaml.safe_dump({"task": "qa", "max_length": 64, **GROUPED}))
+    assert load_config(FinetuneConfig, grouped) == from_file and "note:" not in capsys.readouterr().err
+    overridden = load_config(FinetuneConfig, grouped, ["doc_stride=8", "qa.n_best=7"])  # an old key overrides too
+    assert (overridden.qa.doc_stride, overridden.qa.n_best) == (8, 7)
+    assert "doc_stride -> qa.doc_stride" in capsys.readouterr().err
+
+    with pytest.warns(FutureWarning, match="doc_stride -> qa.doc_stride"):
+        from_python = FinetuneConfig(task="qa", max_length=64, **FLAT)
+    assert from_python == from_file
+    saved = save_config(from_python, tmp_path / "run_config.yaml")  # what a run saves: the groups
+    assert yaml.safe_load(saved.read_text())["qa"]["doc_stride"] == 32
+    assert not set(FLAT) & set(yaml.safe_load(saved.read_text()))
+
+    both = tmp_path / "both.yaml"
+    both.write_text("doc_stride: 32\nqa: {doc_stride: 64}\n")
+    with pytest.raises(Exception, match=r"doc_stride=32 and qa.doc_stride=64 are the same setting: keep qa.doc_stride"):
+        load_config(FinetuneConfig, both)
+
+
+def test_a_bad_value_under_an_old_key_names_its_line(cli, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: qa\nmax_length: 64\nmax_query_length: 16\ndoc_stride: -4\n")
+    cli("finetune", "--config", config).one_line_error(f"{config}:4: qa.doc_stride=-4 is out of range", code=USAGE)
+    config.write_text("task: qa\nmax_length: 64\nqa:\n  max_query_length: 16\n  doc_strid: 4\n")
+    cli("finetune", "--config", config).one_line_error(f"{config}:3:", "unknown key 'qa.doc_strid'",
+                                                       "did you mean qa.doc_stride?", code=USAGE)
+
+
+def test_a_run_saved_with_flat_keys_resumes(cli, assets, tmp_path):
+    """A run of an earlier version: its run_config.yaml and its checkpoint's settings hold the flat
+    keys. It resumes from its own run_config.yaml (with a note), and a resume still refuses a change
+    that shapes the run, named as the setting is now."""
+    import torch
+    import yaml
+
+    run = tmp_path / "run"
+    assert cli("finetune", "--config", assets.finetune_yaml, f"output_dir={run}", "max_steps=2",
+               "end_checkpoint=true").code == 0
+    checkpoint = run / "checkpoints" / "step-0000002" / "trainer_state.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    saved = state["run_config"]
+    old = {k: v for k, v in saved.items() if k not in GROUPED}
+    old.update({"doc_stride": 128, "max_query_length": 64, "n_best": 20, "max_answer_length": 30,
+                "squad_train_articles": None, "skip_bad_answers": False, "tag_column": -1, "word_column": 0,
+                "similarity_mode": "cross-encoder", "pooling": "mean", "similarity_loss": "cosine",
+                "score_range": None})
+    torch.save({**state, "run_config": old}, checkpoint)
+    (run / "run_config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+
+    out = cli("finetune", "--config", run / "run_config.yaml", "max_steps=3", "n_best=5", "--resume", "latest")
+    assert out.code == 0, out.err
+    assert "note:" in out.err and "cannot resume" not in out.err
+    assert "resuming with changed settings: max_steps 2 -> 3, qa.n_best 20 -> 5" in out.err, out.err
+    assert json.loads((run / "results.json").read_text())["steps"] == 3
+    out = cli("finetune", "--config", run / "run_config.yaml", "max_steps=4", "qa.doc_stride=64", "--resume", "latest")
+    out.one_line_error("cannot resume", "qa.doc_stride: 128 -> 64", "force_resume=true", code=USAGE)

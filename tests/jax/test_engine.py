@@ -23,6 +23,7 @@ import pytest
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 
+import bert_kit.training.clock  # noqa: E402
 import bert_kit.training.loop  # noqa: E402
 from bert_kit.checks import ConfigError  # noqa: E402
 from bert_kit.cli import main as cli  # noqa: E402
@@ -123,7 +124,7 @@ STEP_S, SAVE_S = 0.1, 0.2  # what a step, and a checkpoint or model folder, "tak
 def test_a_time_budget_ends_a_jax_run_and_drives_its_schedule(tmp_path, monkeypatch):
     """time_budget on the fake clock of tests/fake_clock.py: the run ends inside its budget, with
     final/ written, and the lr it hands the jitted step warms up and decays with the clock."""
-    clock = FakeClock().install(monkeypatch, bert_kit.training.loop)
+    clock = FakeClock().install(monkeypatch, bert_kit.training.clock)
     step, save_checkpoint, write_folder = JaxEngine.step, bert_kit.training.loop.save_checkpoint, \
         bert_kit.training.loop.write_folder_atomically
 

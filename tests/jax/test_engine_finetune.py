@@ -93,11 +93,12 @@ def test_classification_takes_torchs_steps_and_evaluate_agrees(encoder, sst2, tm
     assert abs(scored["loss"] - kept["loss"]) <= 1e-4 and scored["accuracy"] == kept["accuracy"]
     assert (latest_checkpoint(tmp_path / "jax") / STATE_FILE).is_file()
 
-    # a torch run's checkpoint: the engine is a setting that shapes the run, and forced, it is still refused
+    # a torch run's checkpoint, extended: the engine is a setting that shapes the run, and forced, it is
+    # still refused
     with pytest.raises(ConfigError, match="engine: 'torch' -> 'jax'"):
-        finetune(config(encoder, tmp_path / "torch", "jax", **files), resume="latest")
+        finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, **files), resume="latest")
     with pytest.raises(ValueError, match=r"step-0000004 was written by engine=torch: resume it with engine=torch"):
-        finetune(config(encoder, tmp_path / "torch", "jax", force_resume=True, **files), resume="latest")
+        finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, force_resume=True, **files), resume="latest")
 
 
 def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tmp_path):

@@ -40,7 +40,7 @@ def pair_file(data_dir, tmp_path_factory):
 
 
 PAIR_SETTINGS = dict(task="similarity", text_column="text_a", text_pair_column="text_b", label_column="relatedness",
-                     score_range=[1, 5], where={"split": "train"}, validation_where={"split": "test"})
+                     similarity={"score_range": [1, 5]}, where={"split": "train"}, validation_where={"split": "test"})
 
 
 def run_config(tiny_encoder, tmp_path, **kw) -> FinetuneConfig:
@@ -81,15 +81,15 @@ def test_similarity_on_a_pair_file_with_named_columns_and_a_1_to_5_range(tiny_en
     bad.write_text(path.read_text() + "96,a,b,0.4,train\n", encoding="utf-8")
     code = cli_main(["finetune", f"model={tiny_encoder}", f"train_file={bad}", f"output_dir={tmp_path / 'bad_run'}",
                      "task=similarity", "text_column=text_a", "text_pair_column=text_b", "label_column=relatedness",
-                     "score_range=[1, 5]", "max_steps=1", "device=cpu"])
+                     "similarity.score_range=[1, 5]", "max_steps=1", "device=cpu"])
     assert code == 2
     assert f"{bad}:98: score '0.4' is outside the score range [1, 5]" in capsys.readouterr().err
 
 
 def test_bi_encoder_targets_use_the_declared_range(tiny_encoder, pair_file, tmp_path):
     path, rows = pair_file
-    task = SimilarityTask(run_config(tiny_encoder, tmp_path, similarity_mode="bi-encoder",
-                                     **PAIR_SETTINGS))
+    task = SimilarityTask(run_config(tiny_encoder, tmp_path, **{**PAIR_SETTINGS, "similarity": {
+        "mode": "bi-encoder", "score_range": [1, 5]}}))
     task.bind(get_tokenizer(tiny_encoder))
     items = task.read_train(path)
     expected = [(score - 1) / 4 for _, _, score in rows["train"]]

@@ -343,6 +343,8 @@ def test_errors_are_one_line(tmp_path, tiny_encoder, capsys):
         (["--data", data, "--tasks", ""], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
         (["--data", data, "--tasks", ","], "--tasks is empty: give one or more GLUE tasks (cola,sst2,mrpc,", ""),
         (["--data", data, "lr=1e-4"], "lr= is set by --lrs", ""),
+        (["--data", data, "similarity.mode=bi-encoder"], "similarity.mode= is set by the task table", ""),
+        (["--data", data, "score_range=[1, 2]"], "score_range= is set by the task table", ""),  # its old name
         (["--data", data, "--lrs", "1e-4,fast"], "--lrs 1e-4,fast: 'fast' is not a learning rate", ""),
         (["--data", data, "--gpus", "99"], "--gpus 99: there is", ""),
         (["--data", data, "--seeds", "1,x"], "'x' is not a seed", ""),
@@ -453,3 +455,20 @@ def test_real_glue_files_have_the_official_counts(data_dir):
             assert np.bincount(data.labels).tolist() == expected[1], (name, split)
     first = read_classification_file(root / "MRPC" / "train.tsv", "#1 String", "Quality", "#2 String")
     assert first.texts[0].startswith("Amrozi accused his brother") and first.labels[0] == 1  # the BOM is no column
+
+
+def test_a_run_finished_by_an_earlier_version_is_kept(tmp_path, tiny_encoder):
+    """Its results.json holds the settings as they were written then (flat keys): the same run."""
+    data = write_glue(tmp_path / "glue", ("stsb",), n=8)
+    present, _ = find_tasks(data)
+    run = plan_runs(str(tiny_encoder), present, tmp_path / "out", [1e-3], [1], QUICK)[0]
+    settings = dict(run["spec"]["settings"])
+    assert settings.pop("similarity") == {"mode": "cross-encoder", "score_range": [0.0, 5.0]}
+    old_spec = {**run["spec"], "settings": {**settings, "similarity_mode": "cross-encoder", "score_range": [0.0, 5.0]}}
+    glue = {"spec": old_spec, "metrics": {"pearson": 80.0, "spearman": 79.0}}
+    Path(run["folder"]).mkdir(parents=True)
+    (Path(run["folder"]) / "results.json").write_text(json.dumps({"glue": glue}))
+    assert finished(run) == glue
+    other = {**old_spec, "settings": {**old_spec["settings"], "score_range": [1.0, 5.0]}}
+    (Path(run["folder"]) / "results.json").write_text(json.dumps({"glue": {**glue, "spec": other}}))
+    assert finished(run) is None

@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import bert_kit.training.clock
 import bert_kit.training.engine
 import bert_kit.training.trainer
 import bert_kit.tasks.pretraining
@@ -688,7 +689,7 @@ UNPATCHED = (AMPTrainer.train_step, bert_kit.tasks.pretraining.PretrainingJob.ev
 def fake_work(monkeypatch, clock: FakeClock, first_step_s: float = STEP_S, eval_s: float = EVAL_S) -> None:
     """The loop on `clock`: every train step, checkpoint, model folder and evaluation advances it by
     a fixed amount (the first step by `first_step_s`), whatever the machine's speed."""
-    clock.install(monkeypatch, bert_kit.training.loop)
+    clock.install(monkeypatch, bert_kit.training.clock)
     loop, (train_step, evaluate, save_checkpoint, write_folder) = bert_kit.training.loop, UNPATCHED
 
     def step(self, batch, loss_fn):
@@ -778,6 +779,17 @@ def test_a_time_budget_ends_the_run_and_drives_the_schedule(tmp_path, monkeypatc
     assert budget - 6 < first["wall_time_s"] + second["wall_time_s"] <= budget + SAVE_S
 
 
+def test_the_last_step_of_a_time_budget_is_recorded_and_its_time_counted_once(tmp_path, monkeypatch):
+    """The budget ends between log steps: the last step still gets its train record, and the
+    records' seconds add up to the steps' time on the fake clock (a step 0.1 s), no step twice."""
+    fake_work(monkeypatch, FakeClock())
+    cfg = tiny_config(tmp_path, max_steps=None, time_budget="9s", eval_every=0, save_every=0, log_every=7)
+    results = pretrain(cfg)
+    records = [r for r in read_metrics(Path(cfg.output_dir)) if r["type"] == "train"]
+    assert results["steps"] % 7 != 0 and records[-1]["step"] == results["steps"]
+    assert sum(r["seconds"] for r in records) == pytest.approx(results["steps"] * STEP_S, abs=1e-3)
+
+
 def test_the_command_counts_its_start_up_against_the_time_budget(tmp_path, monkeypatch):
     """`bert-kit pretrain` hands the run the time of the process's launch, so start-up (importing
     torch, the interpreter's own start) counts against a time budget; a run's clock counts from
@@ -791,9 +803,9 @@ def test_the_command_counts_its_start_up_against_the_time_budget(tmp_path, monke
             "time.sleep(1.0)  # start-up the run must count\n"
             "import bert_kit.training.loop as loop\n"
             "start_run = loop.start_run\n"
-            "def spy(cfg, resume, started=None):\n"
+            "def spy(cfg, resume, started=None, engine=None):\n"
             "    open(seen, 'w').write(json.dumps({'started': started, 'first_line': first_line}))\n"
-            "    return start_run(cfg, resume, started)\n"
+            "    return start_run(cfg, resume, started, engine)\n"
             "loop.start_run = spy\n"
             "sys.argv = ['bert-kit', 'pretrain', '--config', sys.argv[1]]\n"
             "from bert_kit.cli import main\n"

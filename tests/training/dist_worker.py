@@ -198,16 +198,17 @@ def skewed_clock(out: Path, argv: list[str]) -> int:
     writes the learning rates it applied to OUT/lrs-rank{N}.json. The loop runs on a fake clock
     that a step advances by 0.25 s, so the run is the same on a fast machine and a busy one."""
     import bert_kit.cli as cli
+    import bert_kit.training.clock as run_clock
     import bert_kit.training.loop as loop
     from tests.fake_clock import FakeClock
     from bert_kit.training.optim import Schedule
 
     start_run, apply, lrs = loop.start_run, Schedule.apply, []
     clock = FakeClock()
-    cli.time = loop.time = SimpleNamespace(time=clock.time)  # the command's start, and the loop's clock
+    cli.time = run_clock.time = SimpleNamespace(time=clock.time)  # the command's start, and the loop's clock
 
-    def skewed(cfg, resume, started=None):
-        run = start_run(cfg, resume, started)
+    def skewed(*args, **kwargs):
+        run = start_run(*args, **kwargs)
         if rank() == 1:
             run.started -= 3.0
         return run

@@ -131,3 +131,29 @@ def test_a_fine_tune_on_the_cpu_says_when_it_will_take_long(tmp_path, capsys, mo
     said = [line for line in capsys.readouterr().err.splitlines() if "to go at" in line]
     assert len(said) == 1 and said[0].startswith("about ") and said[0].endswith(
         "steps/s on this CPU (2 steps); for a quick check first: max_steps=200, or max_train_examples=2000 epochs=1")
+
+
+def test_every_record_reaches_the_trackers_and_they_are_closed(tmp_path):
+    """A tracker (mlflow, wandb, a search trial) is two methods; the logger hands it what metrics.jsonl gets."""
+    from bert_kit.training.progress import ProgressLogger, read_metrics
+
+    class Tracker:
+        def __init__(self):
+            self.seen, self.closed = [], False
+
+        def log(self, kind, step, values):
+            self.seen.append((kind, step, values))
+
+        def close(self):
+            self.closed = True
+
+    tracker = Tracker()
+    logger = ProgressLogger(tmp_path, 10, trackers=[tracker])
+    logger.log("train", 1, loss=2.5, lr=1e-4)
+    logger.log("eval", 1, accuracy=0.5)
+    logger.close()
+    assert tracker.seen == [("train", 1, {"loss": 2.5, "lr": 1e-4}), ("eval", 1, {"accuracy": 0.5})]
+    assert tracker.closed and [r["type"] for r in read_metrics(tmp_path)] == ["eval", "train"]
+    quiet = Tracker()
+    ProgressLogger(tmp_path, 10, enabled=False, trackers=[quiet]).log("train", 2, loss=1.0)  # rank > 0
+    assert quiet.seen == []
