@@ -5,7 +5,7 @@ shares the cores. Waiting OpenMP threads spin (GNU OpenMP: 300,000 rounds before
 take the cores the other process needs. And a parallel region ends only when its slowest
 thread does: with more threads than the cores left to a process, one thread waits for a core and
 the whole region waits for it. Two fine-tunes at once on two cores took 7.3x their time alone
-(benchmarks/RESULTS.md). So every command, before torch is imported:
+(benchmarks/reports/2026-11-27-cpu-sharing.md). So every command, before torch is imported:
 
 - sets `GOMP_SPINCOUNT=10000` (a waiting thread spins 10,000 rounds, enough to catch the next
   operation of a busy loop, then sleeps), unless it is set already; `OMP_WAIT_POLICY=PASSIVE`

@@ -35,7 +35,7 @@ from bert_kit.checks import ConfigError
 
 SHOWN_PROBES = 6
 # fine-tuning seeds per model: 75 steps on 2,000 sentences depend on the new head's random start
-# (one seed: 0.89-1.00 from the pretrained model; benchmarks/RESULTS.md), a mean over three does not
+# (one seed: 0.89-1.00 from the pretrained model; benchmarks/reports/2026-11-26-demo.md), a mean over three does not
 FINETUNE_SEEDS = 3
 EXAMPLE_WIDTH = 60  # characters of a printed fill-mask example
 # what a demo writes in its folder; data/ is written first, demo_results.json last

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse", action="store_true",
                         help="fuse attention, add + LayerNorm and bias + GELU into ONNX Runtime's own ops (the "
                              "graph then needs ONNX Runtime; slower on short texts in fp32, measured in "
-                             "benchmarks/RESULTS.md); --quantize int8 always fuses")
+                             "benchmarks/reports/2026-11-26-cpu-embeddings-onnx.md); --quantize int8 always fuses")
     parser.add_argument("--opset", type=int, default=OPSET,
                         help=f"ONNX opset version, from {MIN_OPSET} to the newest this torch exports "
                              f"(default {OPSET})")

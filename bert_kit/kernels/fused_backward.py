@@ -5,7 +5,7 @@ and for the two widest it recomputes the gradient inside that reduction: GELU's 
 FFN's (tokens x 4H) activation, and the QKV projection's (tokens x 3H) gradient assembled from
 attention's three. In BERT-base pretraining these second passes took 1.6 ms of a 50 ms step on an
 H100. Here two Triton kernels (`fused_backward_triton.py`) write each gradient and its column sums
-together (+2.6% tokens/s, benchmarks/RESULTS.md); the matmuls stay cuBLAS's:
+together (+2.6% tokens/s, benchmarks/reports/2026-11-28-fused-backward.md); the matmuls stay cuBLAS's:
 
     FFN   forward:  z = x @ W1.T + b1, h = GELU(z) (a Triton kernel too), y = h @ W2.T + b2
           backward: dz, db1 = (dy @ W2) * GELU'(z), its column sums      (one kernel)

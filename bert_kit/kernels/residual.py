@@ -4,8 +4,9 @@ Under autocast, layer_norm computes its statistics in float32 and returns float3
 as in HF), so the whole residual stream is float32 and every residual add, dropout and norm,
 forward and backward, moves twice the bytes. Rounding the output keeps the stream 16-bit (as
 Megatron-LM does by default): +3.4% tokens/s pretraining BERT-base, with loss curves within 0.008
-of the float32 stream over 300 steps (benchmarks/RESULTS.md). Pretraining turns it on
-(`low_precision_residual`, through `fast_path.apply`); fine-tuning keeps HF's float32 outputs.
+of the float32 stream over 300 steps (benchmarks/reports/2026-11-26-pretrain-throughput.md and
+2026-11-26-numerics-guard.md). Pretraining turns it on (`low_precision_residual`, through
+`fast_path.apply`); fine-tuning keeps HF's float32 outputs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 At T <= 128 a head's keys and values fit one tile. Two Triton kernels (`short_attention_triton.py`)
 then replace cuDNN's attention forward and backward, the backward's dot(dO, O) pre-pass and dq
 conversion, and the assembly of the QKV gradient with its bias gradient: in BERT-base pretraining
-on an H100, +4% tokens/s (benchmarks/RESULTS.md). The matmuls stay cuBLAS's:
+on an H100, +4% tokens/s (benchmarks/reports/2026-11-28-short-attention.md). The matmuls stay cuBLAS's:
 
     forward:  qkv = x @ W.T + b;  o, lse, keep = attention(qkv)                     (one kernel)
     backward: dqkv, its column sums = attention_bwd(qkv, do, lse, keep)             (one kernel)

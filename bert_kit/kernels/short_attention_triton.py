@@ -14,8 +14,8 @@ The forward runs one program per (sequence, head, block of 64 queries); the back
 size) float32 accumulator is live at a time, or in one pass where the queries are one block. Both
 with 4 warps, which with these tiles lets two programs share an SM: on an H200 (BERT-base layer,
 B 256, T 128) 0.084 ms for the forward and 0.230 for the backward, against 0.094 and 0.273 with
-one program of 8 warps per (sequence, head) (benchmarks/RESULTS.md). Heads of 128 take the
-backward's query blocks as one, with 8 warps.
+one program of 8 warps per (sequence, head) (benchmarks/reports/2026-11-28-short-attention-blocks-of-64.md).
+Heads of 128 take the backward's query blocks as one, with 8 warps.
 
 Sizes are constexpr: compiled by inductor, plain int and float arguments lose Triton's divisibility
 hints and come as float64, which made both kernels 4-6x slower.

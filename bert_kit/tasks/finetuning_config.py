@@ -33,7 +33,7 @@ from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 # lr: auto, by the encoder's parameters (embeddings included): (up to this many, lr). Evidence
-# (benchmarks/RESULTS.md): the demo's 0.5M-parameter model fine-tunes at 1e-3; all-MiniLM-L6-v2
+# (docs/performance.md): the demo's 0.5M-parameter model fine-tunes at 1e-3; all-MiniLM-L6-v2
 # (22.7M) is best at 1e-4 on SST-2, CoNLL-2003, STS-B and SQuAD, as is bert-small (29M) from
 # scratch; bert-base takes the top of BERT's grid (5e-5, with 3 epochs of small data sets in
 # mind) and bert-large its bottom (2e-5: larger steps diverge on small data sets).
