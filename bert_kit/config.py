@@ -382,6 +382,19 @@ def config_from_name(name: str, **overrides: Any) -> Any:
     return BertConfig.from_name(key, **overrides)
 
 
+def sized_preset(name: str, tokenizer: Any, **overrides: Any) -> Any:
+    """A preset of either architecture sized to `tokenizer`: its vocabulary size, and for ModernBERT
+    (whose presets hold the ids of its own BPE vocabulary) the ids of its special tokens; the
+    overrides win."""
+    fields = {"vocab_size": tokenizer.vocab_size}
+    if type(config_from_name(name)).__name__ == "ModernBertConfig":
+        ids = {"pad_token_id": "pad_token_id", "cls_token_id": "cls_token_id", "sep_token_id": "sep_token_id",
+               "bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}
+        fields.update({name: getattr(tokenizer, attr) for name, attr in ids.items()
+                       if getattr(tokenizer, attr, None) is not None})
+    return config_from_name(name, **{**fields, **overrides})
+
+
 def config_from_dict(d: dict[str, Any], source: str = "model") -> Any:
     """A mapping of config fields with an optional `preset` (whose architecture it takes), or an HF
     `config.json` dict (its model_type says which): a BertConfig or a ModernBertConfig."""

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch.nn as nn
 
-from bert_kit.config import (BertConfig, architecture_role, config_from_dict, config_from_name, load_hf_config,
-                             read_config_file)
+from bert_kit.checks import ConfigError
+from bert_kit.config import (BertConfig, architecture_role, config_from_dict, load_hf_config, read_config_file,
+                             sized_preset)
 from bert_kit.heads import HEAD_CLASSES as BERT_CLASSES
 from bert_kit.modernbert import HEAD_CLASSES as MODERNBERT_CLASSES
 from bert_kit.model_folder import resolve_model
@@ -64,18 +65,6 @@ def encoder_of(model: nn.Module) -> nn.Module:
     return model if is_encoder(model) else model.bert
 
 
-def tokenizer_fields(config_class: type, tokenizer: Any) -> dict[str, int]:
-    """The config fields a fresh model takes from its tokenizer: the vocabulary size, and for
-    ModernBERT (whose presets hold its BPE vocabulary's ids) the ids of its special tokens."""
-    fields = {"vocab_size": tokenizer.vocab_size}
-    if config_class is ModernBertConfig:
-        ids = {"pad_token_id": "pad_token_id", "cls_token_id": "cls_token_id", "sep_token_id": "sep_token_id",
-               "bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}
-        fields.update({name: getattr(tokenizer, attr) for name, attr in ids.items()
-                       if getattr(tokenizer, attr, None) is not None})
-    return fields
-
-
 def fresh_config(spec: str | dict | Path, kind: str, tokenizer: Any) -> Any:
     """The config of a fresh model: a preset name ("preset"), a config file ("file") or a mapping
     of fields with an optional preset ("mapping"); a preset, alone or in a mapping, is sized to
@@ -87,10 +76,13 @@ def fresh_config(spec: str | dict | Path, kind: str, tokenizer: Any) -> Any:
     if kind not in ("preset", "mapping") or not isinstance(spec, dict):
         raise ValueError(f"model must be a preset name, a folder, a config file or a mapping, got {spec!r}")
     d = dict(spec)
-    if d.get("preset"):
-        d = {**tokenizer_fields(type(config_from_name(d["preset"])), tokenizer), **d}
-    else:
-        d.setdefault("vocab_size", tokenizer.vocab_size)
+    preset = d.pop("preset", None)
+    if preset:
+        try:
+            return sized_preset(preset, tokenizer, **d)
+        except ConfigError as e:
+            raise ConfigError(e if str(e).startswith("model") else f"model: {e}") from None
+    d.setdefault("vocab_size", tokenizer.vocab_size)
     return config_from_dict(d, source="model")
 
 
