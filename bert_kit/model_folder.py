@@ -346,7 +346,9 @@ def write_sentence_transformers_files(folder: str | Path, pooling: str, max_leng
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_length,
                                                                   "do_lower_case": False}, indent=2) + "\n")
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    from bert_kit.config import load_hf_config
+
+    hidden = load_hf_config(folder).hidden_size  # (DistilBERT's config.json calls it dim)
     pooling_config = {"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
                       "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
                       "pooling_mode_mean_sqrt_len_tokens": False}
