@@ -82,7 +82,8 @@ class OnnxModel:
     folder: written by `bert-kit export`; threads: ONNX Runtime intra-op threads (default: as many
     as PyTorch uses, `torch.get_num_threads()`, so both sides of a comparison get the same).
     Attributes: config (BertConfig or ModernBertConfig), architecture (e.g.
-    "BertForSequenceClassification"), role (its suffix, "ForSequenceClassification"), precision ("fp32" or "int8"), session (the `onnxruntime.InferenceSession`).
+    "BertForSequenceClassification"), role (its suffix, "ForSequenceClassification"), precision
+    ("fp32" or "int8"), session (the `onnxruntime.InferenceSession`).
     """
 
     training = False  # inference only: eval()/train() are accepted so the tasks' loops run unchanged

@@ -9,14 +9,14 @@ window hides. Two kernels compute the same function from the layout (`Packed`) a
   window_size_right=w)`, a query at position i seeing keys i - w .. i + w of its own sequence, as
   HF's mask (|q - k| <= local_attention // 2); its backward is flash's too;
 - `flex_window_attention`: FlexAttention with a block mask holding the documents (sequences) and
-  the window, so only the blocks the window touches are computed. For compiled CUDA runs where
-  flash does not apply (float32, head size > 256); on a CPU it runs inference (FlexAttention has
-  no CPU backward) and is tested there against the reference.
+  the window, so only the blocks the window touches are computed, in a kernel the compiler makes
+  (eager callers get `flex_attention` compiled alone). For CUDA runs where flash does not apply
+  (float32, head size > 256); on a CPU it runs inference unfused (FlexAttention has no CPU
+  backward), which tests it there against the reference.
 
 Each falls back to the reference where its kernel cannot run. `PackedModernBertModel` runs padded
-calls packed, so every layer reaches these kernels: from the mask (`unpad`: no FLOPs on padding)
-in eager code, and by rows (`Packed.of_rows`: static shapes, right-padded batches) when compiled.
-`fast_path.apply` puts them on a ModernBERT model.
+calls packed by rows (`Packed.of_rows`: static shapes, right-padded batches), so every layer reaches
+these kernels, compiled, in CUDA graphs or eager. `fast_path.apply` puts them on a ModernBERT model.
 """
 
 from __future__ import annotations
@@ -26,27 +26,27 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from bert_kit.kernels.packing import Packed
 from bert_kit.modernbert import ModernBertModel, sdpa_attention
 
 HALF = (torch.float16, torch.bfloat16)
 
+# torch's `varlen_attn` where it takes a window (a custom op with flash's backward, lighter to trace
+# than the aten op); this module is imported only for a run that uses these kernels (it pulls in
+# torch._dynamo, a second of start-up)
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # PyTorch < 2.9
+    varlen_attn = None
+if varlen_attn is not None and "window_size" not in inspect.signature(varlen_attn).parameters:
+    varlen_attn = None
+
 
 def flash_applies(q: torch.Tensor) -> bool:
     """Whether the flash kernel takes these queries: CUDA, 16-bit, head size <= 256."""
     return q.is_cuda and q.dtype in HALF and q.shape[-1] <= 256
-
-
-@functools.cache
-def _varlen_with_window():
-    """torch's `varlen_attn` when it takes a window (a custom op with flash's backward, lighter to
-    trace than the aten op), else None. Imported on first use (it pulls in torch._dynamo)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn if "window_size" in inspect.signature(varlen_attn).parameters else None
 
 
 def flash_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -61,9 +61,9 @@ def flash_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     extra = -hd % 8  # the kernel takes head sizes in multiples of 8: zeros added to q, k, v change no score
     if extra:
         q, k, v = (F.pad(t, (0, extra)) for t in (q, k, v))
-    varlen = _varlen_with_window() if torch.compiler.is_compiling() and not dropout_p else None
-    if varlen is not None:
-        y = varlen(q, k, v, cu, cu, L, L, scale=hd ** -0.5, window_size=(-1, -1) if window is None else (window, window))
+    if varlen_attn is not None and torch.compiler.is_compiling() and not dropout_p:
+        sides = (-1, -1) if window is None else (window, window)
+        y = varlen_attn(q, k, v, cu, cu, L, L, scale=hd ** -0.5, window_size=sides)
     else:
         sides = {} if window is None else {"window_size_left": window, "window_size_right": window}
         y = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, L, L, dropout_p, False, False,
@@ -75,8 +75,6 @@ def document_window_mask(packed: Packed, window: int | None, n: int, device: tor
     """FlexAttention's block mask of a packed batch of `n` tokens: a query sees the keys of its own
     sequence, within `window` positions (None: all of them). Kept on `packed` per window: every
     layer of a forward shares its layout."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     if window in packed.block_masks:
         return packed.block_masks[window]
     cu = packed.cu_seqlens.to(device=device, dtype=torch.long)
@@ -101,8 +99,6 @@ def flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if packed is None or dropout_p or (needs_grad and not q.is_cuda):
         return sdpa_attention(q, k, v, mask, packed, window, dropout_p)
-    from torch.nn.attention.flex_attention import flex_attention
-
     block_mask = document_window_mask(packed, window, q.shape[0], q.device)
     heads_first = [t.transpose(0, 1)[None] for t in (q, k, v)]  # each (1, nh, N, hd)
     # FlexAttention's fused kernel is made by the compiler; eager code on a GPU compiles it alone
@@ -114,17 +110,17 @@ def flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
 @functools.cache
 def _compiled_flex():
     """`flex_attention` compiled once for eager callers (dynamic shapes: one kernel for every N)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=True)
 
 
 class PackedModernBertModel(ModernBertModel):
     """`ModernBertModel` whose padded calls run packed, so each layer's attention is a packed kernel's
-    (no (B, T, T) mask). Eager: the real tokens only (`unpad`, from any mask). Compiled: every
-    position by rows (`Packed.of_rows`: static shapes, no wait for the device; each row's padding
-    apart), which takes right-padded batches, as bert-kit's collators and tokenizers make. Same
-    parameters; the outputs at real tokens are the reference's."""
+    (no (B, T, T) mask): every position, by rows (`Packed.of_rows`: each row's tokens, then its
+    padding apart), with static shapes and no wait for the device, so compiled code and CUDA graphs
+    take it too. Rows must be right-padded, as bert-kit's collators and HF's tokenizers pad them
+    (checked without waiting for the device, outside compiled code). Callers that pass
+    `unpadded=True` (bert-kit's jobs) skip the padding instead. Same parameters; the outputs at
+    real tokens are the reference's."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
@@ -132,5 +128,10 @@ class PackedModernBertModel(ModernBertModel):
         if unpadded is False and input_ids.shape[0] > 0:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
-            unpadded = Packed.of_rows(attention_mask) if torch.compiler.is_compiling() else True
+            elif not torch.compiler.is_compiling() and not (input_ids.is_cuda and
+                                                            torch.cuda.is_current_stream_capturing()):
+                right_padded = (attention_mask[:, 1:] <= attention_mask[:, :-1]).all()  # 1s, then 0s, in each row
+                torch._assert_async(right_padded, "ModernBERT's packed kernels take right-padded rows (tokens first, "
+                                                  "then padding); pass unpadded=True for any other mask")
+            unpadded = Packed.of_rows(attention_mask)
         return super().forward(input_ids, attention_mask, token_type_ids, unpadded)

@@ -232,7 +232,8 @@ def test_inputs_far_past_the_window_up_to_the_context(tmp_path_factory, tmp_path
     want = torch.nn.functional.normalize((hidden * keep).sum(1) / keep.sum(1), dim=-1).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), want, rtol=1e-5, atol=1e-5)
 
-    (tmp_path / "long.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(long_texts)))
+    rows = "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(long_texts))
+    (tmp_path / "long.tsv").write_text("sentence\tlabel\n" + rows)
     out = tmp_path / "run"
     assert main(["finetune", "--task", "classification", f"model={folder}", f"train_file={tmp_path / 'long.tsv'}",
                  f"validation_file={tmp_path / 'long.tsv'}", "max_length=1024", "epochs=1", "batch_size=2",
