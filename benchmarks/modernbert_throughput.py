@@ -9,7 +9,10 @@ masked (ModernBERT's rate), random full-length sequences, at (seq 128, batch 256
 - hf-eager, hf-compile: transformers' class with SDPA attention (a mask holding the window for the
   sliding layers), its own loss over every position, eager or under `torch.compile`.
 Inference: the encoder's forward pass in bf16 weights, on 512-token (batch 64) and 8,192-token
-(batch 4) inputs: bertkit (fast path, compiled), hf-eager, hf-compile.
+(batch 4) inputs: bertkit (fast path, compiled; padded rows packed), bertkit-unpadded (fast path,
+eager, the real tokens only: what `bert-kit embed`, `predict` and `serve` run), hf-eager, hf-compile.
+With --mixed the rows have lengths drawn from T/8 to T (right-padded, one row full), as texts
+are, and tokens/s counts the real tokens.
 
 Warm-up (and compilation) is excluded; steps are timed with CUDA events and the median gives tokens/s.
 MFU counts useful FLOPs (`bert_kit.modernbert.flops_per_token`: the layers' matmuls, attention over the
@@ -18,6 +21,7 @@ H100/H200 SXM's dense bf16). Each row also says how far it is from the best tran
 
     python benchmarks/modernbert_throughput.py --shapes 128x256                      # one training shape
     python benchmarks/modernbert_throughput.py --shapes none --inference 512x64,8192x4
+    python benchmarks/modernbert_throughput.py --shapes none --inference 512x64,8192x4 --mixed
     python benchmarks/modernbert_throughput.py --tiny --steps 2                     # a check, on a CPU too
 """
 
@@ -42,18 +46,26 @@ from bert_kit.training.losses import compute_mlm_loss  # noqa: E402
 MASKED = 0.3  # ModernBERT's masking rate
 SLOTS = 0.32  # prediction slots per position: above the masked share of any batch here
 TRAINING_VARIANTS = ("bertkit", "bertkit-cudagraphs", "bertkit-eager", "bertkit-flex", "hf-eager", "hf-compile")
-INFERENCE_VARIANTS = ("bertkit", "bertkit-eager", "hf-eager", "hf-compile")
+INFERENCE_VARIANTS = ("bertkit", "bertkit-unpadded", "bertkit-eager", "hf-eager", "hf-compile")
 
 
-def random_batches(n: int, batch: int, seq: int, vocab: int, seed: int = 0) -> list[dict]:
-    """Random tokens of full-length sequences, 30% of positions labelled (-100 elsewhere), with the
-    fixed prediction slots a bert-kit collator adds (computed here, on the host)."""
+def random_batches(n: int, batch: int, seq: int, vocab: int, mixed: bool = False, seed: int = 0) -> list[dict]:
+    """Random tokens of full-length sequences (mixed: lengths from seq / 8 to seq, right-padded with
+    id 0, the first row full), 30% of the real positions labelled (-100 elsewhere), with the fixed
+    prediction slots a bert-kit collator adds (computed here, on the host)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         ids = torch.randint(100, vocab, (batch, seq), generator=g)
-        labels = torch.where(torch.rand(batch, seq, generator=g) < MASKED, ids, torch.full_like(ids, -100))
-        b = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+        mask = torch.ones_like(ids)
+        if mixed:
+            lengths = torch.randint(max(1, seq // 8), seq + 1, (batch,), generator=g)
+            lengths[0] = seq
+            mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+            ids = ids * mask
+        labelled = (torch.rand(batch, seq, generator=g) < MASKED) & mask.bool()
+        labels = torch.where(labelled, ids, torch.full_like(ids, -100))
+        b = {"input_ids": ids, "attention_mask": mask, "labels": labels}
         out.append(with_prediction_slots(b, share=SLOTS, multiple=64))
     return out
 
@@ -109,9 +121,10 @@ def make_inference(name: str, config: ModernBertConfig, device: str):
         compiled = name == "bertkit"
         fast = fast_path.apply(model, device, training=False, dtype=torch.bfloat16, compile=compiled)
         print(f"  {name}: {fast}", flush=True)
+        unpadded = name == "bertkit-unpadded"  # the jobs' call: the real tokens only
 
         def forward(b):
-            return model(b["input_ids"], b["attention_mask"])
+            return model(b["input_ids"], b["attention_mask"], unpadded=unpadded)
 
     if compiled:
         forward = torch.compile(forward, dynamic=False)
@@ -169,7 +182,7 @@ def run(kind: str, name: str, config: ModernBertConfig, batches: list[dict], arg
 
     dev = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in batches]
     times, warm = timed(step, dev, args.warmup, args.steps, device)
-    tokens = batches[0]["input_ids"].numel()
+    tokens = statistics.mean(int(b["attention_mask"].sum()) for b in batches)  # real tokens
     seq = batches[0]["input_ids"].shape[1]
     tps = tokens / statistics.median(times)
     result = {"variant": name, "tokens_per_s": tps, "step_ms": 1e3 * statistics.median(times), "warmup_s": warm,
@@ -193,8 +206,9 @@ def main() -> None:
     p.add_argument("--variants", default="bertkit,hf-eager,hf-compile",
                    help=f"training variants: {', '.join(TRAINING_VARIANTS)}")
     p.add_argument("--inference", default="512x64,8192x4", help="inference SEQxBATCH list (none: no inference)")
-    p.add_argument("--inference-variants", default="bertkit,hf-eager,hf-compile",
+    p.add_argument("--inference-variants", default="bertkit,bertkit-unpadded,hf-eager,hf-compile",
                    help=f"inference variants: {', '.join(INFERENCE_VARIANTS)}")
+    p.add_argument("--mixed", action="store_true", help="inference rows of lengths T/8 to T (real tokens counted)")
     p.add_argument("--model", default="modernbert-base", help="a ModernBERT preset")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
@@ -207,7 +221,7 @@ def main() -> None:
     if args.tiny:  # the window below the lengths, so the sliding layers slide
         config = ModernBertConfig.from_name("modernbert-tiny", local_attention=16)
         args.shapes, args.inference = "64x4", "128x2"
-        args.variants, args.inference_variants = "bertkit-eager,hf-eager", "bertkit-eager,hf-eager"
+        args.variants, args.inference_variants = "bertkit-eager,hf-eager", "bertkit-unpadded,hf-eager"
     elif args.device != "cuda":
         p.error("this benchmark needs a CUDA GPU (--tiny runs a small check anywhere)")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -219,9 +233,10 @@ def main() -> None:
     cases += [("inference", seq, batch, args.inference_variants) for seq, batch in shapes(args.inference)]
     rows = []
     for kind, seq, batch, variants in cases:
-        case = f"{kind} seq {seq} batch {batch}"
+        mixed = args.mixed and kind == "inference"
+        case = f"{kind} seq {seq}{' mixed' if mixed else ''} batch {batch}"
         print(f"\n== {case}", flush=True)
-        batches = random_batches(2, batch, seq, config.vocab_size)
+        batches = random_batches(2, batch, seq, config.vocab_size, mixed)
         for name in variants.split(","):
             try:
                 r = run(kind, name, config, batches, args)

@@ -239,3 +239,37 @@ def test_gpu_memory_grows_linearly_with_the_length():
 
     short, long = peak(4096, 2), peak(8192, 1)  # the same number of tokens
     assert long < 1.5 * short, (short, long)
+
+
+def test_the_compiled_training_step_traces_as_one_graph(monkeypatch):
+    """torch.compile sees the whole step (packing by rows, rotations, flash attention with the window,
+    the decoder at fixed prediction slots, the loss) without a break. On the CPU the flash kernel
+    is a stand-in of its signature (flash runs on CUDA only)."""
+    import torch._dynamo
+
+    from bert_kit.heads import with_prediction_slots
+    from bert_kit.kernels import window_attention
+    from bert_kit.training.losses import compute_mlm_loss
+
+    calls = []
+
+    def varlen_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size):
+        calls.append(window_size)
+        return v * scale
+
+    monkeypatch.setattr(window_attention, "flash_applies", lambda q: True)
+    monkeypatch.setattr(window_attention, "varlen_attn", varlen_stand_in)
+    model = ModernBertForMaskedLM(CONFIG)
+    fast_path.install(model, FastPath("cuda", window_flash=True, low_precision_residual=True))
+    ids, mask = padded_batch()
+    labels = torch.where(torch.rand(ids.shape) < 0.3, ids, -100).masked_fill(mask == 0, -100)
+    slots = with_prediction_slots({"labels": labels}, share=0.5, multiple=8)
+
+    def loss_fn(ids, mask, index, targets):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return compute_mlm_loss(model(ids, mask, masked_index=index), targets)
+
+    explained = torch._dynamo.explain(loss_fn)(ids, mask, slots["masked_index"], slots["masked_labels"])
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+    assert calls == [(-1, -1), (4, 4), (4, 4), (-1, -1)]  # global, local, local, global
