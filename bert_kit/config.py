@@ -386,11 +386,13 @@ def sized_preset(name: str, tokenizer: Any, **overrides: Any) -> Any:
     """A preset of either architecture sized to `tokenizer`: its vocabulary size, and for ModernBERT
     (whose presets hold the ids of its own BPE vocabulary) the ids of its special tokens; the
     overrides win."""
+    from bert_kit.modernbert_config import PRESETS as MODERNBERT_PRESETS
+
     fields = {"vocab_size": tokenizer.vocab_size}
-    if type(config_from_name(name)).__name__ == "ModernBertConfig":
+    if isinstance(name, str) and name.strip() in MODERNBERT_PRESETS:
         ids = {"pad_token_id": "pad_token_id", "cls_token_id": "cls_token_id", "sep_token_id": "sep_token_id",
-               "bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}
-        fields.update({name: getattr(tokenizer, attr) for name, attr in ids.items()
+               "bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}  # config field -> tokenizer's
+        fields.update({field: getattr(tokenizer, attr) for field, attr in ids.items()
                        if getattr(tokenizer, attr, None) is not None})
     return config_from_name(name, **{**fields, **overrides})
 

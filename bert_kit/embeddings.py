@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
+from bert_kit.families import is_encoder, load_model
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
-from bert_kit.families import is_encoder, load_model
 from bert_kit.model import BERTModel
 from bert_kit.modernbert import ModernBertModel
 from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
@@ -88,7 +88,7 @@ class SentenceEncoder:
     def __init__(self, model: BERTModel | ModernBertModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
                  unpadded: bool = True, compile: bool = False):
-        exported = hasattr(model, "session")  # an `OnnxModel`
+        exported = not isinstance(model, torch.nn.Module)  # an `OnnxModel`: an exported graph
         if not (is_encoder(model) if not exported else model.role == "Model"):
             hint = ": pass its encoder, model.bert" if hasattr(model, "bert") else ""
             raise TypeError(f"model must be an encoder (BERTModel or ModernBertModel), got "

@@ -25,8 +25,8 @@ from bert_kit.checks import ConfigError
 from bert_kit.config import (BertConfig, architecture_role, config_from_dict, load_hf_config, read_config_file,
                              sized_preset)
 from bert_kit.heads import HEAD_CLASSES as BERT_CLASSES
-from bert_kit.modernbert import HEAD_CLASSES as MODERNBERT_CLASSES
 from bert_kit.model_folder import resolve_model
+from bert_kit.modernbert import HEAD_CLASSES as MODERNBERT_CLASSES
 from bert_kit.modernbert_config import ModernBertConfig
 
 ROLES = ("Model", "ForPreTraining", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",

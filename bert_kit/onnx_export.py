@@ -68,9 +68,9 @@ from bert_kit.checks import ConfigError
 from bert_kit.embeddings import POOLING_MODES, pool
 from bert_kit.families import is_encoder, load_model
 from bert_kit.model import MultiHeadAttention
-from bert_kit.modernbert import ModernBertAttention
 from bert_kit.model_folder import (read_model_metadata, resolve_model, resolve_model_folder,
                                    sentence_transformers_settings)
+from bert_kit.modernbert import ModernBertAttention
 from bert_kit.onnx_runtime import (CALL_OUTPUTS, INPUT_NAMES, ONNX_FILE, OnnxModel, is_onnx_folder,
                                    require_onnxruntime, role)
 from bert_kit.outputs import OutputFolder, entries, write_record
@@ -222,11 +222,11 @@ def load_for_export(folder: Path) -> tuple[nn.Module, str]:
     config = json.loads((folder / "config.json").read_text())
     names = config.get("architectures") or ["BertModel"]
     architecture = names[0]
-    if role(architecture) not in CALL_OUTPUTS:
+    part = role(architecture)
+    if part not in CALL_OUTPUTS:
         raise ValueError(f"{folder}/config.json: architecture {architecture!r} cannot be exported; expected an "
                          f"encoder or one of its heads ({', '.join('Bert' + r for r in CALL_OUTPUTS)}, or another "
                          "family's)")
-    part = role(architecture)
     try:  # strict for heads: a head missing from the weights would be exported as random numbers
         return load_model(part, folder, strict=part != "Model").eval(), architecture
     except (KeyError, ValueError) as e:

@@ -24,8 +24,8 @@ import torch.nn as nn
 
 from bert_kit.data import setting
 from bert_kit.data.classification import pad_collate, tokenless
-from bert_kit.input_checks import unchecked_inputs
 from bert_kit.families import fresh_config, load_model, model_class
+from bert_kit.input_checks import unchecked_inputs
 from bert_kit.kernels.packing import Packed
 from bert_kit.model_folder import locate_model
 from bert_kit.training.distributed import all_gather_object, rank, world_size
