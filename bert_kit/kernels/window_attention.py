@@ -100,7 +100,8 @@ def flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     if packed is None or dropout_p or (needs_grad and not q.is_cuda):
         return sdpa_attention(q, k, v, mask, packed, window, dropout_p)
     block_mask = document_window_mask(packed, window, q.shape[0], q.device)
-    heads_first = [t.transpose(0, 1)[None] for t in (q, k, v)]  # each (1, nh, N, hd)
+    # each (1, nh, N, hd), laid out so (inductor's CPU kernel refuses the strided views of distinct q, k, v)
+    heads_first = [t.transpose(0, 1)[None].contiguous() for t in (q, k, v)]
     # FlexAttention's fused kernel is made by the compiler; eager code on a GPU compiles it alone
     attend = _compiled_flex() if q.is_cuda and not torch.compiler.is_compiling() else flex_attention
     y = attend(*heads_first, block_mask=block_mask, scale=q.shape[-1] ** -0.5)  # (1, nh, N, hd)

@@ -129,6 +129,36 @@ def test_flexattention_with_the_block_mask_equals_the_reference(window):
     assert document_window_mask(packed, window, q.shape[0], q.device) is packed.block_masks[window]
 
 
+@pytest.mark.slow
+def test_compiled_flexattention_equals_the_reference_on_the_cpu():
+    """FlexAttention compiled (inductor's CPU kernel; the block mask made inside the graph), as a
+    compiled CUDA run takes it: the reference's numbers. Compiling takes about 20 s on 2 cores."""
+    q, k, v, packed = packed_qkv([150, 3, 0, 70, 1])
+    compiled = torch.compile(flex_window_attention, fullgraph=True)
+    for window in (None, 4):
+        packed.block_masks.clear()
+        assert_close(compiled(q, k, v, None, packed, window), sdpa_attention(q, k, v, None, packed, window),
+                     atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_compiled_flexattention_encoder_is_one_graph_with_the_references_outputs():
+    """The encoder with FlexAttention compiled for inference on the CPU: padded rows packed, a block
+    mask per window made in the graph, no break, the reference's outputs at real tokens."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    reference = ModernBertModel(CONFIG).eval()
+    model = copy.deepcopy(reference)
+    fast_path.install(model, FastPath("cpu", flex_attention=True))
+    ids, mask = padded_batch(T=150)
+    keep = mask.bool()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(ids, mask)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+        assert_close(torch.compile(model)(ids, mask)[keep], reference(ids, mask)[keep], atol=2e-6, rtol=1e-5)
+
+
 def test_kernels_fall_back_to_the_reference_where_they_do_not_run():
     q, k, v, packed = packed_qkv([9, 4], requires_grad=True)
     for kernel in (flash_window_attention, flex_window_attention):  # a CPU backward: the reference's
