@@ -1,12 +1,15 @@
 """Jobs: pretraining, and fine-tuning on four tasks, each plugging what differs into the one loop.
 
-| task                 | files                          | model                          | best/ kept by |
+| task                 | files                          | model (role)                   | best/ kept by |
 | -------------------- | ------------------------------ | ------------------------------ | ------------- |
-| classification       | TSV/CSV/JSONL/TXT text, label  | BERTForSequenceClassification  | accuracy (pearson if num_labels=1) |
-| token-classification | CoNLL (word ... tag)           | BERTForTokenClassification     | entity f1     |
-| qa                   | SQuAD v1.1 JSON                | BERTForQuestionAnswering       | f1            |
+| classification       | TSV/CSV/JSONL/TXT text, label  | ForSequenceClassification      | accuracy (pearson if num_labels=1) |
+| token-classification | CoNLL (word ... tag)           | ForTokenClassification         | entity f1     |
+| qa                   | SQuAD v1.1 JSON                | ForQuestionAnswering           | f1            |
 | similarity           | STS-B, or any pair file + score | cross-encoder: regression head | spearman      |
-|                      |                                | bi-encoder: BERTModel, cosine  |               |
+|                      |                                | bi-encoder: the encoder, cosine |               |
+
+A task names its model by role; `bert_kit.families` gives the class of the model's architecture
+(`BERTForSequenceClassification`, `ModernBertForSequenceClassification`, ...).
 
 Tables are read in any layout of `bert_kit.data.tables` (header or not, columns by name or
 index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.
