@@ -6,8 +6,9 @@ configs, as a fresh clone would after `make demo`: `export BERT_KIT_DATA=...` po
 data root written here, and the hub model the configs name (sentence-transformers/all-MiniLM-L6-v2)
 is a tiny stand-in in a Hugging Face cache layout. Only the settings that make them slow are
 changed: the demo gets fewer steps, and pretrain/finetune get `key=value` overrides appended
-(after their options, which the command line accepts in any order). The commands of ```console
-blocks (pip, glue, serve, torchrun) are not run; each `bert-kit` one among them must parse.
+(after their options, which the command line accepts in any order). The README's ```console
+blocks (pip, glue, serve, torchrun) are not run, nor are the other docs pages' commands: each
+`bert-kit` command among them must parse, with the configs it names.
 
 Run: .venv/bin/python -m pytest tests/test_readme.py -q
 """
@@ -135,19 +136,36 @@ def test_readme_shows_how_bert_kit_is_reached():
     assert "`.venv/bin/bert-kit`" in (REPO / "README.md").read_text()
 
 
-def test_the_console_commands_parse():
-    """The commands shown but not run (```console blocks: a server, torchrun, a GPU sweep) name
-    commands, flags and configs that exist."""
+def shown_commands() -> list[str]:
+    """The `bert-kit` commands of README.md's ```console blocks and of every docs page's ```bash and
+    ```console blocks (continued lines joined, `torchrun ... -m bert_kit` and `VAR=x` prefixes dropped)."""
+    blocks = re.findall(r"```console\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    for page in sorted((REPO / "docs").glob("*.md")):
+        blocks += re.findall(r"```(?:bash|console)\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    commands = []
+    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+        line = line.split(" #")[0].strip()
+        line = "bert-kit " + line.split(" -m bert_kit ", 1)[1] if " -m bert_kit " in line else line
+        line = re.sub(r"^(\w+=\S+ +)+", "", line)
+        if line.startswith("bert-kit "):
+            commands.append(line)
+    return commands
+
+
+def test_the_commands_shown_parse():
+    """The commands shown but not run here (a server, torchrun, a GPU sweep, the docs' examples)
+    name commands and flags that exist, and configs that are there."""
     from bert_kit.cli import build_parser, parse_arguments
 
-    shown = [line for page in PAGES for line in block_lines(page, "console")]
-    commands = [line for line in shown if line.startswith("bert-kit ")]
-    commands += [line.split(" -m bert_kit ", 1)[1] for line in shown if line.startswith("torchrun ")]
-    assert len(commands) >= 3, shown
+    commands = shown_commands()
+    assert len(commands) >= 30 and any(c.startswith("bert-kit serve ") for c in commands)
     for line in commands:
         words = shlex.split(line.removeprefix("bert-kit "))
-        parse_arguments(build_parser(only=words[0]), words)  # argparse exits (2) on a wrong flag
-        for config in re.findall(r"configs/\S+\.yaml", line):
+        try:
+            parse_arguments(build_parser(only=words[0]), words)
+        except SystemExit as e:  # argparse's exit: 0 for --version or --help, 2 for a wrong flag
+            assert e.code == 0, line
+        for config in re.findall(r"configs/[\w.-]+\.yaml", line):
             assert (REPO / config).is_file(), line
 
 
