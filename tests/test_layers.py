@@ -121,7 +121,7 @@ def test_each_module_imports_only_from_its_row_and_the_rows_above():
     assert not wrong, "imports up docs/architecture.md's layers:\n" + "\n".join(sorted(set(wrong)))
 
 
-def test_the_table_check_sees_an_import_up_the_layers(monkeypatch):
+def test_the_table_check_sees_an_import_up_the_layers():
     rows = layer_rows()
     model, training = row_of("model.py", rows), row_of("training/loop.py", rows)
     assert model < training  # so `model.py` importing the loop would be refused

@@ -42,7 +42,6 @@ TINY = {
 TINY_CONFIG = {"configs/finetune_squad.yaml": ["qa.max_query_length=8", "qa.doc_stride=8"]}
 # lines that need an optional extra (the dev extras install them all): skipped without it
 EXTRAS = {"engine=jax": "jax", "bert-kit export": "onnxruntime", "--model sst2-onnx": "onnxruntime"}
-PAGES = ("README.md", "docs/demo.md")
 
 
 def block_lines(page: str, kind: str = "bash") -> list[str]:
