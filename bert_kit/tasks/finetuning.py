@@ -226,11 +226,13 @@ class FinetuningJob(Job):
                 "fast_path": self.fast_path.removeprefix("fast path: ")}
 
 
-def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
+def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None,
+             trackers: list[Any] | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
+    trackers: more trackers than `report_to` (a search trial's, bert_kit/tasks/search.py).
     Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
-    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine))
+    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine), trackers)

@@ -190,7 +190,7 @@ class TrainingLoop:
         self.plotter = LossPlotter() if self.main else None  # imports matplotlib beside the training
         job.log = self.logger.message
         self.logger.log("start", self.step, resumed_from=str(self.run.checkpoint) if self.run.checkpoint else None,
-                        world_size=world_size())
+                        world_size=world_size(), metric=job.metric)
         first_step, agreement, final_metrics, ended = self.step, Agreement(self.step), None, False
         try:
             with StopSignal() as signals, self.engine.running():
