@@ -58,6 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attention": ("bert_kit.cli.attention", "PNG grid of every layer's and head's attention map"),
     "tokenizer": ("bert_kit.cli.tokenizer", "train a WordPiece vocabulary on text files"),
     "convert": ("bert_kit.cli.convert", "import/export HF checkpoints (safetensors or pytorch_model.bin)"),
+    "merge": ("bert_kit.cli.merge", "merge a LoRA adapter into its base model: a plain model folder"),
     "export": ("bert_kit.cli.export", "export a model folder to ONNX (any head, optional int8) for CPU inference"),
     "plot": ("bert_kit.cli.plot", "draw the loss curve of a run folder's metrics.jsonl"),
     "serve": ("bert_kit.cli.serve", "a model folder behind HTTP with dynamic batching (needs the [serve] extra)"),

@@ -108,6 +108,8 @@ class FinetuningJob(Job):
             check_metric(cfg.metric, f"task {task.name}{' on scores (one output)' if scores else ''}",
                          task.metric_names)
         model = task.build(cfg.model)
+        if cfg.lora is not None:  # peft's adapters on the frozen encoder; the head trained whole
+            model = self.add_lora(model, kind, where)
         if cfg.max_length > model.config.max_length:
             raise ValueError(f"max_length {cfg.max_length} exceeds the model's {model.config.max_length} positions "
                              f"(max_position_embeddings {model.config.max_position_embeddings})")
@@ -161,6 +163,21 @@ class FinetuningJob(Job):
                   f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, global batch "
                   f"{self.global_micro_batch * cfg.grad_accum}){ranks}{where}", flush=True)
             print(self.fast_path, flush=True)
+
+    def add_lora(self, model: torch.nn.Module, kind: str, where: Any) -> torch.nn.Module:
+        """`model` with LoRA adapters (bert_kit/lora.py), said in one line."""
+        from bert_kit.lora import add_lora, trainable_parameters
+
+        if kind != "folder":
+            raise ValueError(f"lora adapts a pretrained model: model={self.cfg.model!r} is a {kind}, not a model folder")
+        lora = self.cfg.lora
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, str(Path(where).resolve()))
+        trained, total = trainable_parameters(model)
+        if is_main():
+            print(f"lora: rank {lora.r} on {len(model.lora_adapter.modules)} layers ({', '.join(lora.target_modules)}), "
+                  f"head trained whole: {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)", flush=True)
+        self.trainable = trained
+        return model
 
     def step_batches(self, step: int) -> list[dict]:
         notice = self.long_run and self.long_run(step)
@@ -223,7 +240,8 @@ class FinetuningJob(Job):
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
                 f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
-                "fast_path": self.fast_path.removeprefix("fast path: ")}
+                "fast_path": self.fast_path.removeprefix("fast path: "),
+                **({"lora_trainable_parameters": self.trainable} if self.cfg.lora is not None else {})}
 
 
 def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None,

@@ -38,6 +38,7 @@ DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 # scratch; bert-base takes the top of BERT's grid (5e-5, with 3 epochs of small data sets in
 # mind) and bert-large its bottom (2e-5: larger steps diverge on small data sets).
 AUTO_LR = ((2e6, 1e-3), (60e6, 1e-4), (200e6, 5e-5), (math.inf, 2e-5))
+LORA_LR_FACTOR = 5  # LoRA's lr: auto; the LoRA paper trains RoBERTa-base at 5e-4 (full fine-tuning: 1e-5 to 3e-5)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,26 @@ class SimilaritySettings:
             self.score_range = [float(b) for b in bounds]
 
 
+@dataclass
+class LoRASettings:
+    """LoRA adapters through peft (`lora: {r: 8}`; bert_kit/lora.py): the encoder frozen, the head trained whole."""
+
+    r: int = 8  # rank of each adapter
+    alpha: float = 16.0  # scale: a layer's update is (alpha / r) B A
+    dropout: float = 0.05  # dropout on the adapters' input
+    target_modules: list[str] = field(default_factory=lambda: ["query", "value"])
+    """the layers that get adapters, by HF's names (query, key, value, dense, attention.output.dense,
+    intermediate.dense, output.dense; DistilBERT's q_lin, v_lin, ...) or bert-kit's (attention.out, ffn.up)"""
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"r": positive(integer=True), "alpha": positive(), "dropout": fraction(high_open=True)},
+                       prefix="lora.")
+        if isinstance(self.target_modules, str):
+            self.target_modules = [self.target_modules]
+        if not self.target_modules or not all(isinstance(t, str) and t.strip() for t in self.target_modules):
+            raise ConfigError(f"lora.target_modules={self.target_modules!r} must name layers, e.g. [query, value]")
+
+
 # the groups of task settings: field -> its dataclass
 GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
 
@@ -138,6 +159,12 @@ class FinetuneConfig(RunSettings):
     ner: NERSettings = field(default_factory=NERSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
+    # parameter-efficient fine-tuning: adapters instead of the whole encoder
+    lora: LoRASettings | None = None
+    """LoRA adapters (peft; pip install "bert-kit[lora]"): lora: {r: 8, alpha: 16, dropout: 0.05,
+    target_modules: [query, value]} (lora: {} takes these defaults); best/ holds the adapter alone
+    (adapter_model.safetensors, adapter_config.json naming the base model folder), which every
+    command loads merged into its base model (docs/lora.md)"""
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total
@@ -179,6 +206,8 @@ class FinetuneConfig(RunSettings):
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
             setattr(self, name, build_group(group, getattr(self, name), name))
+        if self.lora is not None:  # optional groups: absent (None) is off
+            self.lora = build_group(LoRASettings, self.lora, "lora")
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
@@ -228,6 +257,9 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
                               f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
+        if self.lora is not None and (self.engine == "jax" or self.parallel == "fsdp"):
+            raise ConfigError(f"lora trains with engine=torch and parallel=ddp (not {self.engine}, {self.parallel}): "
+                              "its adapters are a few MB, replicated on every rank")
 
 
 def check_metric(metric: str, what: str, names: tuple[str, ...]) -> None:
@@ -264,9 +296,10 @@ def resolve_lr(cfg: FinetuneConfig) -> FinetuneConfig:
         vocab = get_tokenizer(cfg.tokenizer).vocab_size if cfg.tokenizer else BertConfig().vocab_size
         config = BertConfig.from_name(where, vocab_size=vocab)
     n = config.num_parameters()
-    lr = auto_lr(n)
+    lr = auto_lr(n) * (LORA_LR_FACTOR if cfg.lora is not None else 1)
     if os.environ.get("RANK", "0") == "0":  # before torchrun's group is joined: rank 0 by its environment
         size = f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
-        print(f"lr auto: {lr:.0e} for a {size}-parameter encoder (set lr=... to choose another)".replace("e-0", "e-"),
-              flush=True)
+        why = f" with LoRA ({LORA_LR_FACTOR}x: its adapters start at zero)" if cfg.lora is not None else ""
+        print(f"lr auto: {lr:.0e} for a {size}-parameter encoder{why} (set lr=... to choose another)".replace(
+            "e-0", "e-"), flush=True)
     return dataclasses.replace(cfg, lr=lr)
