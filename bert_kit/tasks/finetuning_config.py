@@ -122,6 +122,29 @@ class LoRASettings:
             raise ConfigError(f"lora.target_modules={self.target_modules!r} must name layers, e.g. [query, value]")
 
 
+@dataclass
+class DistillSettings:
+    """Distillation from a fine-tuned teacher (`distill: {teacher: runs/sst2}`; bert_kit/tasks/distillation.py)."""
+
+    teacher: str = ""  # the fine-tuned teacher: a model folder of the same task (a run folder means its best/)
+    temperature: float = 2.0  # soft labels softmax(logits / T); the KL term is scaled by T^2
+    alpha: float = 0.5  # weight of the teacher's soft labels (embeddings: MSE onto its vectors); 1 - alpha: the labels
+    hidden_weight: float = 0.0  # weight of an MSE between mapped hidden states (0: off; needs equal hidden sizes)
+    student_layers: list[int] | None = None
+    """the student is the teacher with only these encoder layers, e.g. [0, 2, 4] (DistilBERT takes every
+    other layer); unset: the student is `model` (a smaller preset, or any model folder)"""
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"temperature": positive(), "alpha": fraction(), "hidden_weight": non_negative()},
+                       prefix="distill.")
+        if not isinstance(self.teacher, str) or not self.teacher.strip():
+            raise ConfigError("distill.teacher is empty: name the fine-tuned teacher's model folder")
+        layers = self.student_layers
+        if layers is not None and (not layers or len(set(layers)) != len(layers)
+                                   or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
+            raise ConfigError(f"distill.student_layers={layers!r} must be distinct layer indices >= 0, e.g. [0, 2, 4]")
+
+
 # the groups of task settings: field -> its dataclass
 GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
 
@@ -182,6 +205,10 @@ class FinetuneConfig(RunSettings):
     """replay each batch shape's whole training step (forward, backward, update) as a CUDA graph,
     batches padded to multiples of 16: the host launches one graph, not hundreds of kernels.
     auto: on with one CUDA GPU, bf16/fp32, adamw and grad_accum 1. With compile: inductor's graphs"""
+    distill: DistillSettings | None = None
+    """train `model` (the student) on a fine-tuned teacher's outputs: distill: {teacher: runs/sst2,
+    temperature: 2, alpha: 0.5, hidden_weight: 0, student_layers: [0, 2, 4]}; classification (KL of
+    soft labels) and similarity bi-encoders (MSE onto the teacher's embeddings); docs/distillation.md"""
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
@@ -208,6 +235,10 @@ class FinetuneConfig(RunSettings):
             setattr(self, name, build_group(group, getattr(self, name), name))
         if self.lora is not None:  # optional groups: absent (None) is off
             self.lora = build_group(LoRASettings, self.lora, "lora")
+        if self.distill is not None:
+            self.distill = build_group(DistillSettings, self.distill, "distill")
+            if self.distill.student_layers is not None and not self.model:
+                self.model = self.distill.teacher  # the student is a part of the teacher
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
@@ -257,6 +288,12 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
                               f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
+        if self.distill is not None and (self.task in ("qa", "token-classification") or self.engine == "jax"):
+            raise ConfigError(f"distill trains classification and similarity students with engine=torch, not "
+                              f"task={self.task}, engine={self.engine}")
+        if self.distill is not None and self.distill.student_layers is not None and self.model != self.distill.teacher:
+            raise ConfigError(f"distill.student_layers makes the student from the teacher's layers: leave model unset "
+                              f"(it is {self.model!r}), or name a student model without student_layers")
         if self.lora is not None and (self.engine == "jax" or self.parallel == "fsdp"):
             raise ConfigError(f"lora trains with engine=torch and parallel=ddp (not {self.engine}, {self.parallel}): "
                               "its adapters are a few MB, replicated on every rank")
