@@ -3,8 +3,8 @@
 Both variants are `bert-kit finetune` on configs/finetune_sst2.yaml (SST-2 from all-MiniLM-L6-v2,
 the same data, batch, epochs and seed), each in a process of its own so that its peak memory is
 its own: `full` trains every weight, `lora` the adapters of configs/finetune_sst2_lora.yaml
-(rank 8 on query and value, the head whole; lr: auto is 5x the full fine-tune's). Step time is
-the loop's own (train_time_s / steps, without start-up and evaluations); peak memory is
+(rank 8 on query and value, the head whole; lr: auto is 2e-3, 20x the full fine-tune's). Step
+time is the loop's own (train_time_s / steps, without start-up and evaluations); peak memory is
 torch.cuda.max_memory_allocated on a GPU, the process's peak RSS on a CPU; the saved size is the
 model folder's weights file (model.safetensors, or adapter_model.safetensors).
 

@@ -16,12 +16,13 @@ hands each evaluation to the trial, and when Optuna's pruner says the trial is b
 at that step, the run ends there (`stop_reason` in its results.json; the trial is PRUNED).
 
 The study folder (`--study`, default the config's output_dir) holds Optuna's SQLite storage
-(study.db): rerunning the command continues the study up to N finished trials. Ctrl-C stops the
-running trial as it stops any run (a checkpoint); the study records it as interrupted, and the
-next `bert-kit tune` resumes that trial's run from its checkpoint first. At the end (and when
-interrupted) the study folder gets best.yaml (the best trial's settings: a config ready for
-`bert-kit finetune --config`), trials.tsv, and optimization_history.png where matplotlib is
-installed; the command prints the table of trials.
+(study.db): rerunning the command continues the study up to N finished trials. Trials that
+report to MLflow share one store there (mlflow.db) and one experiment, named as the study folder.
+Ctrl-C stops the running trial as it stops any run (a checkpoint); the study records it as
+interrupted, and the next `bert-kit tune` resumes that trial's run from its checkpoint first.
+At the end (and when interrupted) the study folder gets best.yaml (the best trial's settings: a
+config ready for `bert-kit finetune --config`), trials.tsv, and optimization_history.png where
+matplotlib is installed; the command prints the table of trials.
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def tune(spec: SearchSpec, base: FinetuneConfig, trials: int, folder: Path, prun
         name = trial.user_attrs.get("run_folder") or f"trial-{trial.number:04d}"
         trial.set_user_attr("run_folder", name)
         resume = "latest" if trial.user_attrs.get("resume") else None
-        cfg = spec.config(trial.params, output_dir=str(folder / name))
+        cfg = spec.config(trial.params, **trial_settings(base, folder, name))
         shown = ", ".join(f"{k}={format_value(v)}" for k, v in trial.params.items())
         print(f"trial {trial.number} ({name}{', resumed' if resume else ''}): {shown}", file=sys.stderr, flush=True)
         reporter = TrialReporter(trial, metric)
@@ -256,6 +257,16 @@ def tune(spec: SearchSpec, base: FinetuneConfig, trials: int, folder: Path, prun
         else:
             study.tell(trial, float(results["best_value"]))
     return {"stopped": stopped, "study": study, "summary": summarize(study, spec, folder, metric)}
+
+
+def trial_settings(base: FinetuneConfig, folder: Path, name: str) -> dict[str, str]:
+    """What a trial's run sets besides the sampled values: its folder, and its name in the trackers,
+    where all trials of the study share one MLflow store and experiment (unless the config names them)."""
+    fixed = {"output_dir": str(folder / name), "tracking.run_name": base.tracking.run_name or name}
+    if "mlflow" in base.report_to:
+        fixed["tracking.mlflow_uri"] = base.tracking.mlflow_uri or f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+    fixed["tracking.project"] = base.tracking.project or folder.resolve().name
+    return fixed
 
 
 def format_value(value: Any) -> str:

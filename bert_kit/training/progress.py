@@ -94,8 +94,17 @@ class ProgressLogger:
         record = {"type": kind, "step": step, **values, "wall_time": round(time.time() - self.start_time, 3)}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        for tracker in self.trackers:
-            tracker.log(kind, step, values)
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(kind, step, values)
+            except Exception as e:  # noqa: BLE001 (a tracker's failure, a server gone, never ends the run)
+                self.trackers.remove(tracker)
+                try:
+                    tracker.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                self.message(f"warning: {type(tracker).__name__} failed ({type(e).__name__}: {e}); the run goes on "
+                             f"without it (metrics.jsonl has every record)")
 
     def stop_reason(self) -> str | None:
         """Why a tracker wants the run to end now (a search trial that was pruned), or None."""

@@ -136,3 +136,13 @@ def test_ctrl_c_stops_the_trial_with_a_checkpoint_and_the_next_tune_resumes_it(t
     study = optuna.load_study(study_name="bert-kit", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
     assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE", "COMPLETE"]
     assert study.trials[1].params == study.trials[0].params
+
+
+def test_the_trials_of_a_study_share_its_mlflow_store_and_experiment(tiny, tmp_path):
+    from bert_kit.tasks.search import read_search, trial_settings
+
+    spec, base = read_search(write_config(tmp_path, tiny, "  lr: [0.1, 0.2]\n", report_to=["mlflow"]), [])
+    cfg = spec.config({"lr": 0.2}, **trial_settings(base, tmp_path / "study", "trial-0002"))
+    assert cfg.tracking.mlflow_uri == f"sqlite:///{(tmp_path / 'study' / 'mlflow.db').resolve()}"
+    assert (cfg.tracking.project, cfg.tracking.run_name, cfg.lr) == ("study", "trial-0002", 0.2)
+    assert cfg.output_dir == str(tmp_path / "study" / "trial-0002")

@@ -139,3 +139,23 @@ def test_tensorboard_true_still_writes_its_scalars(tiny, tmp_path):
     events.Reload()
     assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("eval/accuracy")] == [
         (r["step"], r["accuracy"]) for r in eval_records(run)]
+
+
+def test_a_failing_tracker_is_dropped_and_the_run_goes_on(tmp_path, capsys):
+    from bert_kit.training.progress import ProgressLogger, read_metrics
+
+    class Broken:
+        closed = False
+
+        def log(self, kind, step, values):
+            raise ConnectionError("tracking server unreachable")
+
+        def close(self):
+            Broken.closed = True
+
+    logger = ProgressLogger(tmp_path, 10, trackers=[Broken()])
+    logger.log("train", 1, loss=2.5)
+    logger.log("train", 2, loss=2.0)
+    logger.close()
+    assert "warning: Broken failed (ConnectionError: tracking server unreachable)" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2] and Broken.closed
