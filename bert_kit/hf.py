@@ -214,6 +214,9 @@ def weights_files(folder: str | Path) -> list[Path]:
                     raise FileNotFoundError(f"{index} names the shard {shard}, which is not in {folder}: copy every "
                                             "shard of the model")
             return [folder / shard for shard in shards]
+    if (folder / "adapter_config.json").is_file():  # a LoRA adapter: the model is its base with it merged in
+        raise FileNotFoundError(f"{folder} holds a LoRA adapter, not a model's weights: load it with from_pretrained, "
+                                f"or write the merged model with `bert-kit merge {folder} --output FOLDER`")
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder} (nor the index of a sharded "
                             f"model, model.safetensors{INDEX_SUFFIX})")
 

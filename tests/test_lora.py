@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/test_lora.py -q -n 0
 
 import copy
 import json
+import math
 import shutil
 
 import pytest
@@ -131,6 +132,7 @@ def tiny(tmp_path_factory):
     return tiny_setup(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.mark.slow
 def test_a_lora_run_trains_adapters_alone_resumes_and_every_command_reads_its_folder(tiny, tmp_path):
     """best/ holds the adapter (the encoder stays the base's); a run resumed from a checkpoint ends
     where the uninterrupted one does; evaluate, merge and export take the adapter folder."""
@@ -176,6 +178,15 @@ def test_a_lora_run_trains_adapters_alone_resumes_and_every_command_reads_its_fo
     assert main(["evaluate", "--model", str(tmp_path / "merged"), "--data", str(tiny.dev), "--output",
                  str(evaluated)]) == 0
     assert json.loads(evaluated.read_text())["accuracy"] == accuracy
+    from bert_kit.hf import read_state_dict
+    from bert_kit.tasks.inference import TextClassifier  # what `serve` and `predict` load
+
+    with pytest.raises(FileNotFoundError, match=r"holds a LoRA adapter, not a model's weights.*bert-kit merge"):
+        read_state_dict(best)  # what reads weights alone (convert, fill-mask) says what the folder is
+
+    texts = ["the happy cat sees the dog", "the sad tree hears the fish"]
+    assert TextClassifier.from_pretrained(best).predict(texts) == TextClassifier.from_pretrained(
+        tmp_path / "merged").predict(texts)
     pytest.importorskip("onnxruntime")
     assert main(["export", "--model", str(best), "--output", str(tmp_path / "onnx")]) == 0  # merged, then exported
 
@@ -202,3 +213,21 @@ def lora_defaults():
     from bert_kit.tasks.finetuning_config import LoRASettings
 
     return LoRASettings()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_lora_run_on_a_gpu_with_cuda_graphs_and_bf16(tiny, tmp_path):
+    """The GPU's fine-tuning path (whole steps replayed as CUDA graphs, bf16, flash varlen attention)
+    with adapters: it trains, and the adapter it saves gives the merged model's outputs."""
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    results = finetune(FinetuneConfig(**tiny_settings(tiny, tmp_path / "run", device="cuda", lr=1e-2, max_steps=24,
+                                                      lora={"r": 4, "dropout": 0.0})))
+    assert results["steps"] == 24 and math.isfinite(results["train_loss"])
+    assert results["train_loss"] < results["initial_train_loss"]
+    merged = BERTForSequenceClassification.from_pretrained(tmp_path / "run" / "best").cuda()
+    ids, mask = inputs()
+    ids = ids % 100  # within the tiny vocabulary
+    with torch.no_grad():
+        assert torch.isfinite(merged(ids.cuda(), mask.cuda())).all()

@@ -139,6 +139,9 @@ class Distiller:
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = self.s
+        if s.alpha == 0 and self.hidden is None:  # the labels alone: the teacher has nothing to add
+            loss, parts = self.task.loss(model, batch)
+            return loss, {**parts, "hard_loss": loss.detach()}
         student_hidden = teacher_hidden = []
         if self.hidden is None:
             student = self.outputs(model, batch)

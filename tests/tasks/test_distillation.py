@@ -122,3 +122,17 @@ def test_a_bi_encoder_student_regresses_onto_the_teachers_vectors(tmp_path):
     assert results["train_soft_loss"] < 0.85 * results["initial_train_soft_loss"]
     assert set(results["teacher_metrics"]) >= {"spearman", "pearson"}
     assert (tmp_path / "student" / "best" / "modules.json").is_file()  # a sentence-transformers folder, as any bi-encoder
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_distillation_on_a_gpu_with_cuda_graphs_and_bf16(teacher, tmp_path):
+    """The teacher's forward inside the student's step, replayed as a CUDA graph in bf16."""
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    tiny, folder = teacher
+    distill = {"teacher": str(folder), "student_layers": [1], "alpha": 1.0, "hidden_weight": 1.0}
+    results = finetune(FinetuneConfig(**tiny_settings(tiny, tmp_path / "student", model="", lr=1e-2, max_steps=24,
+                                                      device="cuda", distill=distill)))
+    assert results["teacher_metrics"]["accuracy"] == 1.0 and results["best_value"] >= 0.9
+    assert results["train_soft_loss"] < results["initial_train_soft_loss"]

@@ -79,6 +79,7 @@ def test_a_pruned_trial_ends_its_run_after_the_evaluation_and_says_so(tiny, tmp_
     assert trial.storage.get_trial(trial._trial_id).intermediate_values == {3: results["best_value"]}
 
 
+@pytest.mark.slow
 def test_tune_runs_trials_in_a_study_folder_that_resumes(tiny, tmp_path, capsys):
     from bert_kit.cli import main
     from bert_kit.tasks.finetuning_config import FinetuneConfig
@@ -107,6 +108,7 @@ def test_tune_runs_trials_in_a_study_folder_that_resumes(tiny, tmp_path, capsys)
     assert len(optuna.load_study(study_name="bert-kit", storage=f"sqlite:///{study_dir / 'study.db'}").trials) == 3
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_trial_with_a_checkpoint_and_the_next_tune_resumes_it(tiny, tmp_path, monkeypatch,
                                                                                 capsys):
     from bert_kit.cli import main

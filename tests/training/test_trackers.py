@@ -54,6 +54,7 @@ def eval_records(run):
     return [r for r in read_metrics(run) if r["type"] == "eval"]
 
 
+@pytest.mark.slow
 def test_mlflow_gets_the_settings_and_every_record_and_a_resume_continues_its_run(tiny, tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
@@ -109,6 +110,7 @@ def wandb_history(path):
     return rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_in_the_run_folder(tiny, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from bert_kit.tasks.finetuning import finetune
