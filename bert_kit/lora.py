@@ -153,10 +153,7 @@ def resolve_targets(model: nn.Module, targets: list[str]) -> tuple[list[str], bo
         shown = sorted({hf.rsplit(".", 1)[-1] for hf in layers.values()} | {"attention.out", "ffn.up", "ffn.down"})
         raise ValueError(f"lora.target_modules: {', '.join(map(repr, unknown))} name(s) no linear layer of this "
                          f"{model.config.model_type} model: expected names such as {', '.join(shown)}")
-    split = any(QKV_PART.match(name) for name in chosen)
-    if split and any(name.endswith("attention.qkv") for name in chosen):
-        raise ValueError("lora.target_modules names the fused qkv layer and a part of it: name query, key and value")
-    return chosen, split
+    return chosen, any(QKV_PART.match(name) for name in chosen)
 
 
 def head_modules(model: nn.Module) -> list[str]:
@@ -172,9 +169,11 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float, targets: li
     base: the folder of the base model (named in the saved adapter)."""
     peft = require_peft()
     chosen, split = resolve_targets(model, list(targets))
-    if split:
-        for layer in (model.bert if hasattr(model, "bert") else model).encoder.layers:
-            layer.attention.qkv = SplitQKV(layer.attention.qkv)
+    if split:  # the qkv layers with an adapter on a part of them (the others stay fused)
+        parts = {found.group(1) for name in chosen if (found := QKV_PART.match(name))}
+        for name in sorted(parts):
+            attention = model.get_submodule(name.removesuffix(".qkv"))
+            attention.qkv = SplitQKV(attention.qkv)
     head = head_modules(model)
     config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=chosen,
                              modules_to_save=head or None)

@@ -70,6 +70,9 @@ def test_hf_target_names_map_onto_bert_kits_layers(base):
     with pytest.raises(ValueError, match=r"'qurey' name\(s\) no linear layer of this bert model: expected names "
                                          r"such as .*query.*value"):
         lora.resolve_targets(model, ["qurey"])
+    one = lora.add_lora(BERTForSequenceClassification(CONFIG), 4, 8, 0.0, ["encoder.layer.1.attention.self.value"], "b")
+    assert one.lora_adapter.modules == ["bert.encoder.layers.1.attention.qkv.value"]
+    assert [type(layer.attention.qkv) for layer in one.bert.encoder.layers] == [torch.nn.Linear, lora.SplitQKV]
     distil = BERTForSequenceClassification(BertConfig(**{**CONFIG.__dict__, "model_type": "distilbert",
                                                          "type_vocab_size": 0, "pooler": False}))
     assert lora.resolve_targets(distil, ["q_lin"])[0] == [f"bert.encoder.layers.{i}.attention.qkv.query"
