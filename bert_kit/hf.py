@@ -214,8 +214,16 @@ def weights_files(folder: str | Path) -> list[Path]:
                     raise FileNotFoundError(f"{index} names the shard {shard}, which is not in {folder}: copy every "
                                             "shard of the model")
             return [folder / shard for shard in shards]
+    if (folder / "adapter_config.json").is_file():  # a LoRA adapter: the model is its base with it merged in
+        raise FileNotFoundError(f"{folder} holds a LoRA adapter, not a model's weights: load it with from_pretrained, "
+                                f"or write the merged model with `bert-kit merge {folder} --output FOLDER`")
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder} (nor the index of a sharded "
                             f"model, model.safetensors{INDEX_SUFFIX})")
+
+
+def weights_present(folder: Path) -> bool:
+    """Whether `folder` holds a model's weights file (or the index of its shards)."""
+    return any((folder / name).is_file() or (folder / f"{name}{INDEX_SUFFIX}").is_file() for name in WEIGHT_FILES)
 
 
 def _weight_map(index: Path) -> dict[str, str]:
@@ -295,8 +303,10 @@ def check_finite(tensors: dict[str, Any], source: str) -> None:
 
 def check_weights_file(folder: str | Path) -> None:
     """Cheap check that a folder's weights can be read: each safetensors header (which must cover
-    the whole file) or a memory-mapped torch load. Raises CorruptFileError naming the file."""
-    for file in weights_files(folder):
+    the whole file) or a memory-mapped torch load (a LoRA adapter's: its adapter_model.safetensors).
+    Raises CorruptFileError naming the file."""
+    adapter = Path(folder) / "adapter_model.safetensors"
+    for file in [adapter] if adapter.is_file() and not weights_present(Path(folder)) else weights_files(folder):
         if file.suffix == ".safetensors":
             from safetensors import SafetensorError, safe_open
 
@@ -543,6 +553,16 @@ def fit_label_names(model: Any) -> None:
         model.config.id2label = None
 
 
+def hf_config(model: nn.Module) -> dict[str, Any]:
+    """The config.json of `model`: its family's keys, its HF class name, a classifier's label names."""
+    role = architecture_role(getattr(model, "hf_architecture", "BertModel")).removeprefix("Bert")
+    config = {**model.config.to_hf_dict(), "architectures": [hf_architecture(model.config.model_type, role)]}
+    if hasattr(model, "num_labels"):  # a classifier: every output named, as transformers writes it
+        config["id2label"] = {str(i): name for i, name in label_names(model).items()}
+        config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    return config
+
+
 def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.ndarray] | None = None) -> None:
     """Write `config.json` and `model.safetensors` (atomically) that `transformers` loads.
 
@@ -558,11 +578,7 @@ def save_pretrained(model: nn.Module, folder: str | Path, tensors: dict[str, np.
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    role = architecture_role(getattr(model, "hf_architecture", "BertModel")).removeprefix("Bert")
-    config = {**model.config.to_hf_dict(), "architectures": [hf_architecture(model.config.model_type, role)]}
-    if hasattr(model, "num_labels"):  # a classifier: every output named, as transformers writes it
-        config["id2label"] = {str(i): name for i, name in label_names(model).items()}
-        config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    config = hf_config(model)
     tmp = folder / "model.safetensors.tmp"
     with writing(tmp):  # a full disk names the file
         save_file(tensors, str(tmp), metadata={"format": "pt"})

@@ -207,9 +207,13 @@ class BertPreTrainedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder, **head_args):
-        """Load an HF BERT folder or a bert-kit one (config.json + model.safetensors)."""
+        """Load an HF BERT folder or a bert-kit one (config.json + model.safetensors), or a LoRA
+        adapter folder as its base model with the adapter merged in (`bert_kit.lora`)."""
         from bert_kit.hf import from_pretrained
+        from bert_kit.lora import is_adapter_folder, load_merged
 
+        if is_adapter_folder(folder):
+            return load_merged(cls, folder, **head_args)
         return from_pretrained(cls, folder, **head_args)
 
     def save_pretrained(self, folder) -> None:

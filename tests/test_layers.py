@@ -113,9 +113,11 @@ def test_each_module_imports_only_from_its_row_and_the_rows_above():
     wrong = []
     for module in package_modules():
         row = row_of(module, rows)
+        if row is None:
+            continue  # a module the table does not place: the test above names it
         for line, name in imported(PACKAGE / module):
             target = module_file(name)
-            if target is not None and row_of(target, rows) > row:
+            if target is not None and row_of(target, rows) is not None and row_of(target, rows) > row:
                 wrong.append(f"bert_kit/{module}:{line} imports bert_kit/{target} (row {row_of(target, rows) + 1} "
                              f"of the table, below row {row + 1})")
     assert not wrong, "imports up docs/architecture.md's layers:\n" + "\n".join(sorted(set(wrong)))

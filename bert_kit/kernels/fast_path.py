@@ -206,6 +206,14 @@ def install(model: nn.Module, fast: FastPath) -> FastPath:
     return fast
 
 
+def plain_projections(model: nn.Module) -> bool:
+    """Whether every QKV and feed-forward layer is a plain `nn.Linear`, as the fused backward
+    kernels need (they read its weight and bias); a model with unmerged LoRA adapters has others."""
+    layers = [m.qkv for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    layers += [layer for m in model.modules() if isinstance(m, FeedForward) for layer in (m.up, m.down)]
+    return all(type(layer) is nn.Linear for layer in layers)
+
+
 def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype: torch.dtype = torch.float32,
           compile: bool = False, compile_heads: bool = True, low_precision_residual: bool = False,
           triton_dropout: bool = True, fused_backward: bool = True, short_attention: bool = True,
@@ -233,6 +241,8 @@ def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype
                 compile_heads=compile_heads, mlm_head=mlm_head, low_precision_residual=low_precision_residual,
                 triton=triton_available(), triton_dropout=triton_dropout, fused_backward=fused_backward,
                 short_attention=short_attention, attention=attention)
+    if not plain_projections(model):  # LoRA's layers (bert_kit/lora.py): the kernels that read weights stay off
+        fast = dataclasses.replace(fast, fused_ffn=False, fused_qkv=False, short_attention=False)
     fast = install(model, fast)
     if compile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

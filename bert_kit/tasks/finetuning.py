@@ -30,6 +30,7 @@ so a run resumes on any number of ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from bert_kit.metrics import higher_is_better
 from bert_kit.model_folder import locate_model, write_model_metadata, write_sentence_transformers_files
 from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
+from bert_kit.tasks.distillation import Distiller, describe, prune_layers
 from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position, save_model
@@ -90,6 +92,9 @@ class FinetuningJob(Job):
         if not cfg.train_file:
             raise ValueError("train_file is empty: name the training data file")
         kind, where = locate_model(cfg.model)  # a bad model name fails before the data is read
+        if kind != "folder" and cfg.distill is not None and not cfg.tokenizer:  # a student preset reads the teacher's
+            _, where_teacher = locate_model(cfg.distill.teacher)
+            cfg = self.cfg = dataclasses.replace(cfg, tokenizer=str(where_teacher))
         if not (run.checkpoint or cfg.tokenizer or kind == "folder"):
             raise ValueError(f"model {cfg.model!r} is not a folder, so it has no tokenizer: set tokenizer=FOLDER")
 
@@ -108,6 +113,10 @@ class FinetuningJob(Job):
             check_metric(cfg.metric, f"task {task.name}{' on scores (one output)' if scores else ''}",
                          task.metric_names)
         model = task.build(cfg.model)
+        if cfg.distill is not None and cfg.distill.student_layers is not None:  # the student: the teacher, pruned
+            model = prune_layers(model, cfg.distill.student_layers)
+        if cfg.lora is not None:  # peft's adapters on the frozen encoder; the head trained whole
+            model = self.add_lora(model, kind, where)
         if cfg.max_length > model.config.max_length:
             raise ValueError(f"max_length {cfg.max_length} exceeds the model's {model.config.max_length} positions "
                              f"(max_position_embeddings {model.config.max_position_embeddings})")
@@ -126,6 +135,9 @@ class FinetuningJob(Job):
             mode = "reduce-overhead" if cfg.cuda_graphs is True and device.type == "cuda" else None
             (model.bert if hasattr(model, "bert") else model).compile(dynamic=False, mode=mode)
         self.model = model
+        self.distiller = Distiller(cfg.distill, task, model, run.precision) if cfg.distill is not None else None
+        if self.distiller is not None and is_main():
+            print(describe(cfg.distill, self.distiller.folder, model, self.distiller.teacher), flush=True)
         # the whole step as a CUDA graph per padded shape, where it can be recorded
         possible = (device.type == "cuda" and world_size() == 1 and cfg.grad_accum == 1 and not cfg.compile
                     and cfg.optimizer == "adamw" and not run.precision.use_grad_scaler)
@@ -162,6 +174,21 @@ class FinetuningJob(Job):
                   f"{self.global_micro_batch * cfg.grad_accum}){ranks}{where}", flush=True)
             print(self.fast_path, flush=True)
 
+    def add_lora(self, model: torch.nn.Module, kind: str, where: Any) -> torch.nn.Module:
+        """`model` with LoRA adapters (bert_kit/lora.py), said in one line."""
+        from bert_kit.lora import add_lora, trainable_parameters
+
+        if kind != "folder":
+            raise ValueError(f"lora adapts a pretrained model: model={self.cfg.model!r} is a {kind}, not a model folder")
+        lora = self.cfg.lora
+        model = add_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, str(Path(where).resolve()))
+        trained, total = trainable_parameters(model)
+        if is_main():
+            print(f"lora: rank {lora.r} on {len(model.lora_adapter.modules)} layers ({', '.join(lora.target_modules)}), "
+                  f"head trained whole: {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)", flush=True)
+        self.trainable = trained
+        return model
+
     def step_batches(self, step: int) -> list[dict]:
         notice = self.long_run and self.long_run(step)
         if notice:
@@ -176,7 +203,7 @@ class FinetuningJob(Job):
         return batches
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.task.loss(model, batch)
+        return (self.distiller or self.task).loss(model, batch)
 
     def count(self, batch: dict) -> int:
         return len(batch["labels"]) if "labels" in batch else len(batch["input_ids"])
@@ -223,14 +250,26 @@ class FinetuningJob(Job):
         return {"task": self.task.name, "model": self.cfg.model, "metric": self.task.metric, "history": history,
                 "epochs": round(summary["steps"] / self.steps_per_epoch, 3),
                 f"num_train_{unit}": len(self.train_items), f"num_eval_{unit}": len(self.eval_items or []),
-                "fast_path": self.fast_path.removeprefix("fast path: ")}
+                "fast_path": self.fast_path.removeprefix("fast path: "),
+                **({"lora_trainable_parameters": self.trainable} if self.cfg.lora is not None else {}),
+                **({"teacher_metrics": self.teacher_metrics()} if self.distiller is not None else {})}
+
+    def teacher_metrics(self) -> dict[str, float] | None:
+        """The distillation teacher's validation metrics (once), beside the student's."""
+        if self.eval_items is None:
+            return None
+        if not hasattr(self, "_teacher_metrics"):
+            self._teacher_metrics = self.distiller.teacher_metrics(self.eval_items, self.precision)
+        return self._teacher_metrics
 
 
-def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None) -> dict[str, Any]:
+def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | None = None,
+             trackers: list[Any] | None = None) -> dict[str, Any]:
     """Run (or resume) a fine-tuning run; return the results dict (also written to results.json).
 
     resume: a checkpoint folder, a run folder, or "latest" (newest checkpoint of output_dir).
     started: time.time() a time budget counts from (default: this call; `bert-kit`: its launch).
+    trackers: more trackers than `report_to` (a search trial's, bert_kit/tasks/search.py).
     Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
-    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine))
+    return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine), trackers)

@@ -38,6 +38,10 @@ DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
 # scratch; bert-base takes the top of BERT's grid (5e-5, with 3 epochs of small data sets in
 # mind) and bert-large its bottom (2e-5: larger steps diverge on small data sets).
 AUTO_LR = ((2e6, 1e-3), (60e6, 1e-4), (200e6, 5e-5), (math.inf, 2e-5))
+# LoRA's lr: auto is the full fine-tune's times this, at most LORA_MAX_LR: its adapters start at zero.
+# The LoRA paper trains RoBERTa-base at 5e-4 where full fine-tuning takes 1e-5 to 3e-5; on 2,000 SST-2
+# examples all-MiniLM-L6-v2's adapters reach 0.773 at 2e-3 and 0.517 at 5e-4 (docs/lora.md)
+LORA_LR_FACTOR, LORA_MAX_LR = 20, 2e-3
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,49 @@ class SimilaritySettings:
             self.score_range = [float(b) for b in bounds]
 
 
+@dataclass
+class LoRASettings:
+    """LoRA adapters through peft (`lora: {r: 8}`; bert_kit/lora.py): the encoder frozen, the head trained whole."""
+
+    r: int = 8  # rank of each adapter
+    alpha: float = 16.0  # scale: a layer's update is (alpha / r) B A
+    dropout: float = 0.05  # dropout on the adapters' input
+    target_modules: list[str] = field(default_factory=lambda: ["query", "value"])
+    """the layers that get adapters, by HF's names (query, key, value, dense, attention.output.dense,
+    intermediate.dense, output.dense; DistilBERT's q_lin, v_lin, ...) or bert-kit's (attention.out, ffn.up)"""
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"r": positive(integer=True), "alpha": positive(), "dropout": fraction(high_open=True)},
+                       prefix="lora.")
+        if isinstance(self.target_modules, str):
+            self.target_modules = [self.target_modules]
+        if not self.target_modules or not all(isinstance(t, str) and t.strip() for t in self.target_modules):
+            raise ConfigError(f"lora.target_modules={self.target_modules!r} must name layers, e.g. [query, value]")
+
+
+@dataclass
+class DistillSettings:
+    """Distillation from a fine-tuned teacher (`distill: {teacher: runs/sst2}`; bert_kit/tasks/distillation.py)."""
+
+    teacher: str = ""  # the fine-tuned teacher: a model folder of the same task (a run folder means its best/)
+    temperature: float = 2.0  # soft labels softmax(logits / T); the KL term is scaled by T^2
+    alpha: float = 0.5  # weight of the teacher's soft labels (embeddings: MSE onto its vectors); 1 - alpha: the labels
+    hidden_weight: float = 0.0  # weight of an MSE between mapped hidden states (0: off; needs equal hidden sizes)
+    student_layers: list[int] | None = None
+    """the student is the teacher with only these encoder layers, e.g. [0, 2, 4] (DistilBERT takes every
+    other layer); unset: the student is `model` (a smaller preset, or any model folder)"""
+
+    def __post_init__(self) -> None:
+        check_settings(self, {"temperature": positive(), "alpha": fraction(), "hidden_weight": non_negative()},
+                       prefix="distill.")
+        if not isinstance(self.teacher, str) or not self.teacher.strip():
+            raise ConfigError("distill.teacher is empty: name the fine-tuned teacher's model folder")
+        layers = self.student_layers
+        if layers is not None and (not layers or len(set(layers)) != len(layers)
+                                   or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
+            raise ConfigError(f"distill.student_layers={layers!r} must be distinct layer indices >= 0, e.g. [0, 2, 4]")
+
+
 # the groups of task settings: field -> its dataclass
 GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
 
@@ -138,6 +185,12 @@ class FinetuneConfig(RunSettings):
     ner: NERSettings = field(default_factory=NERSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
+    # parameter-efficient fine-tuning: adapters instead of the whole encoder
+    lora: LoRASettings | None = None
+    """LoRA adapters (peft; pip install "bert-kit[lora]"): lora: {r: 8, alpha: 16, dropout: 0.05,
+    target_modules: [query, value]} (lora: {} takes these defaults); best/ holds the adapter alone
+    (adapter_model.safetensors, adapter_config.json naming the base model folder), which every
+    command loads merged into its base model (docs/lora.md)"""
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
     max_steps: int | None = None  # optimizer steps in total
@@ -155,6 +208,10 @@ class FinetuneConfig(RunSettings):
     """replay each batch shape's whole training step (forward, backward, update) as a CUDA graph,
     batches padded to multiples of 16: the host launches one graph, not hundreds of kernels.
     auto: on with one CUDA GPU, bf16/fp32, adamw and grad_accum 1. With compile: inductor's graphs"""
+    distill: DistillSettings | None = None
+    """train `model` (the student) on a fine-tuned teacher's outputs: distill: {teacher: runs/sst2,
+    temperature: 2, alpha: 0.5, hidden_weight: 0, student_layers: [0, 2, 4]}; classification (KL of
+    soft labels) and similarity bi-encoders (MSE onto the teacher's embeddings); docs/distillation.md"""
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
@@ -179,6 +236,12 @@ class FinetuneConfig(RunSettings):
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
             setattr(self, name, build_group(group, getattr(self, name), name))
+        if self.lora is not None:  # optional groups: absent (None) is off
+            self.lora = build_group(LoRASettings, self.lora, "lora")
+        if self.distill is not None:
+            self.distill = build_group(DistillSettings, self.distill, "distill")
+            if self.distill.student_layers is not None and not self.model:
+                self.model = self.distill.teacher  # the student is a part of the teacher
         for name in ("model", "tokenizer", "train_file", "validation_file", "output_dir"):
             if isinstance(getattr(self, name), Path):  # Path objects from Python callers; YAML wants str
                 setattr(self, name, str(getattr(self, name)))
@@ -228,6 +291,15 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"max_length={self.max_length} is out of range: the model holds "
                               f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
+        if self.distill is not None and (self.task in ("qa", "token-classification") or self.engine == "jax"):
+            raise ConfigError(f"distill trains classification and similarity students with engine=torch, not "
+                              f"task={self.task}, engine={self.engine}")
+        if self.distill is not None and self.distill.student_layers is not None and self.model != self.distill.teacher:
+            raise ConfigError(f"distill.student_layers makes the student from the teacher's layers: leave model unset "
+                              f"(it is {self.model!r}), or name a student model without student_layers")
+        if self.lora is not None and (self.engine == "jax" or self.parallel == "fsdp"):
+            raise ConfigError(f"lora trains with engine=torch and parallel=ddp (not {self.engine}, {self.parallel}): "
+                              "its adapters are a few MB, replicated on every rank")
 
 
 def check_metric(metric: str, what: str, names: tuple[str, ...]) -> None:
@@ -265,9 +337,11 @@ def resolve_lr(cfg: FinetuneConfig) -> FinetuneConfig:
     else:
         config = config_from_name(where)
     n = config.num_parameters()
-    lr = auto_lr(n)
+    lr = min(auto_lr(n) * LORA_LR_FACTOR, LORA_MAX_LR) if cfg.lora is not None else auto_lr(n)
     if os.environ.get("RANK", "0") == "0":  # before torchrun's group is joined: rank 0 by its environment
         size = f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
-        print(f"lr auto: {lr:.0e} for a {size}-parameter encoder (set lr=... to choose another)".replace("e-0", "e-"),
-              flush=True)
+        why = f" with LoRA ({LORA_LR_FACTOR}x, at most {LORA_MAX_LR:.0e}: its adapters start at zero)" \
+            if cfg.lora is not None else ""
+        print(f"lr auto: {lr:.0e} for a {size}-parameter encoder{why} (set lr=... to choose another)".replace(
+            "e-0", "e-"), flush=True)
     return dataclasses.replace(cfg, lr=lr)

@@ -2,7 +2,8 @@
 
 A checkpoint is a folder `step-0000100/` holding
 * `config.json` + `model.safetensors`: the model in HF format (`save_pretrained`), so the
-  folder itself loads with `from_pretrained`, `bert-kit fill-mask` or `transformers`;
+  folder itself loads with `from_pretrained`, `bert-kit fill-mask` or `transformers` (a LoRA
+  run's: its adapter alone, `adapter_model.safetensors` + `adapter_config.json`, bert_kit/lora.py);
 * the run's tokenizer files (tokenizer.json, vocab.txt, tokenizer_config.json);
 * `trainer_state.pt`: optimizer, LR scheduler and GradScaler state, RNG states (Python, NumPy,
   torch CPU, every CUDA device), the data position (sampler epoch / batch), the step and the
@@ -180,10 +181,14 @@ def save_model(model: nn.Module, folder: str | Path, state: dict[str, torch.Tens
     the full state dict `collect_state` gathered (an FSDP2 model holds only shards), or a copy
     taken earlier (`snapshot`). Call on rank 0 only."""
     from bert_kit.hf import save_pretrained, to_hf_state_dict
+    from bert_kit.lora import is_lora, save_adapter
 
     model = unwrap_model(model)
     if state is None and is_fsdp(model):
         raise ValueError("an FSDP model holds only shards: pass the state collect_state() gathered")
+    if is_lora(model):  # its adapters and head alone, as HF peft saves them (bert_kit/lora.py)
+        save_adapter(model, folder, state)
+        return
     save_pretrained(model, folder, None if state is None else to_hf_state_dict(model, state))
 
 
@@ -445,12 +450,15 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None, *,
     calls this. RNG states are restored last, so call this right before training continues.
     """
     from bert_kit.hf import load_into, read_state_dict
+    from bert_kit.lora import is_lora, load_adapter_into
 
     path = Path(path)
     state = load_trainer_state(path)
     sharded = model is not None and is_fsdp(model)
     if sharded:
         _load_sharded(path, model, optimizer, state.get("optimizer"))
+    elif model is not None and is_lora(unwrap_model(model)):  # a LoRA run's: adapters and head
+        load_adapter_into(unwrap_model(model), path)
     elif model is not None:
         load_into(unwrap_model(model), read_state_dict(path), source=str(path), strict=True)
     if optimizer is not None and state.get("optimizer") is not None and not sharded:

@@ -36,9 +36,10 @@ What the loop promises:
   change are resume.py's.
 
 Where the next features go: early stopping (a patience on `metric`, lower or higher is better)
-is a stop reason in `decide`, counted by `Best`; another tracker (mlflow, wandb) or a
-hyperparameter search's trial (reading each evaluation) is one more of the logger's trackers
-(progress.py), which get every record; a new job is a `Job`.
+is a stop reason in `decide`, counted by `Best`; a tracker (TensorBoard, MLflow, W&B:
+`report_to`, trackers.py) gets every record through the logger, and one that reads each
+evaluation may end the run after it (`stop_reason`: a hyperparameter search's pruned trial,
+recorded in results.json); a new job is a `Job`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ from bert_kit.training.results import Best, check_records, model_entries, summar
 from bert_kit.training.resume import check_changes, finished_message, resume_point, rewind
 from bert_kit.training.run_folder import claim_run_folder
 from bert_kit.training.runconfig import config_to_dict, save_config
-from bert_kit.training.settings import RunSettings
+from bert_kit.training.settings import RunSettings, tracker_names
+from bert_kit.training.trackers import make_trackers
 from bert_kit.training.trainer import NonFiniteLossError
 
 __all__ = ["UNBOUNDED_STEPS", "Job", "Run", "TrainingLoop", "run_job", "start_run"]
@@ -74,12 +76,13 @@ UNBOUNDED_STEPS = 10**12  # total steps of a run that a time budget ends
 
 
 def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float | None = None,
-            engine: type[Engine] | None = None) -> dict[str, Any]:
+            engine: type[Engine] | None = None, trackers: list[Any] | None = None) -> dict[str, Any]:
     """The whole of `pretrain` and `finetune`: join the process group (under torchrun), start the
     run, build the job (`make_job(cfg, run)`) and train it with `engine` (the class; the jobs look
     it up by `cfg.engine`, default `TorchEngine`). If another rank dies or stalls for longer than
     `dist_timeout_s`, the others stop with a one-line `DistributedError`. Rank 0 holds the run
-    folder's lock from before the run touches the folder to its end."""
+    folder's lock from before the run touches the folder to its end. trackers: more trackers
+    than the settings' `report_to` (a search trial's)."""
     engine = engine or TorchEngine
     engine.join_processes(cfg)  # torchrun's ranks, or a JAX run's hosts
     with collective_errors(cfg.dist_timeout_s):
@@ -93,7 +96,7 @@ def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float 
             if run.finished is not None and int(run.state["step"]) >= job.total_steps:
                 print(finished_message(out, int(run.state["step"])), file=sys.stderr, flush=True)
                 return run.finished  # nothing rewritten
-            return TrainingLoop(job, cfg, run, engine).train()
+            return TrainingLoop(job, cfg, run, engine, trackers).train()
         finally:
             if lock is not None:
                 lock.release()
@@ -149,7 +152,8 @@ class TrainingLoop:
     """One run of a job: the engine over its model, the schedule, the clock, best/ and the records.
     `train` reads top to bottom; each step of it is a method below."""
 
-    def __init__(self, job: Job, cfg: RunSettings, run: Run, engine: type[Engine]) -> None:
+    def __init__(self, job: Job, cfg: RunSettings, run: Run, engine: type[Engine],
+                 trackers: list[Any] | None = None) -> None:
         self.job, self.cfg, self.run, self.out = job, cfg, run, run.out
         self.main = is_main()
         self.engine = job.engine = engine(job, cfg, run)  # the job's ranks, optimizer, precision
@@ -166,6 +170,8 @@ class TrainingLoop:
         self.writing_model: Background | None = None  # best/ (final/), from a copy while the steps go on
         self.last_save = now()
         self.stopped: str | None = None  # the signal that stopped the run
+        self.stop_reason: str | None = None  # why a tracker ended the run after an evaluation (a pruned trial)
+        self.trackers = list(trackers or [])
         self.run_config = config_to_dict(cfg)
         self.logger: ProgressLogger | None = None
         self.plotter: LossPlotter | None = None
@@ -176,12 +182,15 @@ class TrainingLoop:
         """Train the job to the end of its steps (or time budget, or a stop signal); return the results."""
         job, out = self.job, self.out
         self.resume()
+        if self.main:  # the settings' trackers (report_to), each continuing its run when this one resumes
+            self.trackers += make_trackers(tracker_names(self.cfg), out, self.run_config, self.cfg.tracking,
+                                           resumed=self.run.checkpoint is not None)
         self.logger = ProgressLogger(out, job.total_steps if job.total_steps < UNBOUNDED_STEPS else None, self.step,
-                                     enabled=self.main, tensorboard=self.cfg.tensorboard, desc=job.name)
+                                     enabled=self.main, desc=job.name, trackers=self.trackers)
         self.plotter = LossPlotter() if self.main else None  # imports matplotlib beside the training
         job.log = self.logger.message
         self.logger.log("start", self.step, resumed_from=str(self.run.checkpoint) if self.run.checkpoint else None,
-                        world_size=world_size())
+                        world_size=world_size(), metric=job.metric)
         first_step, agreement, final_metrics, ended = self.step, Agreement(self.step), None, False
         try:
             with StopSignal() as signals, self.engine.running():
@@ -206,6 +215,10 @@ class TrainingLoop:
                         with self.timings.timing("eval") as span:
                             self.evaluate(final=False)
                         self.clock.evaluation_took(span.seconds)
+                        self.stop_reason = self.logger.stop_reason()
+                        if self.stop_reason:
+                            self.logger.message(f"step {self.step}: {self.stop_reason}; ending the run")
+                            break
                     if decision.save:
                         # at the end (not stopped: a stop signal's checkpoint is the last thing the run does),
                         # the torch engine's checkpoint is written while the last evaluation runs
@@ -219,7 +232,7 @@ class TrainingLoop:
                                             "ending the run")
                         break
             self.timings.loop_ended()
-            if self.stopped is None:  # not after a stop signal: the run goes on later
+            if self.stopped is None and self.stop_reason is None:  # after a stop signal the run goes on later
                 final_metrics = self.finish()
             ended = True
         except NonFiniteLossError as e:
@@ -397,7 +410,9 @@ class TrainingLoop:
                 print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
             self.checkpoint_written()
             self.model_written()
-        results = {"steps": self.step, "stopped": self.stopped, "output_dir": str(out), "world_size": world_size(),
+        results = {"steps": self.step, "stopped": self.stopped,
+                   **({"stop_reason": self.stop_reason} if self.stop_reason else {}),
+                   "output_dir": str(out), "world_size": world_size(),
                    "precision": str(self.engine.precision), **(summarize(out, job.unit) if self.main else {}),
                    "best_value": self.best.value, "best_step": self.best.step, "best_metrics": self.best.metrics,
                    "final_metrics": final_metrics, "wall_time_s": None,

@@ -4,10 +4,10 @@
   object per line to `RUN_DIR/metrics.jsonl`, flushed at once so a crash loses nothing:
       {"type": "train", "step": 100, "loss": 3.2, "mlm_loss": 2.9, "lr": 1e-4, ...}
       {"type": "eval", "step": 100, "mlm_loss": 3.1, "perplexity": 22.2, ...}
-  and hands every record to its trackers: `TensorBoard` (`tensorboard=True`, with the
-  tensorboard package installed) writes the same scalars to `RUN_DIR/tensorboard/`. Another
-  tracker (mlflow, wandb, a hyperparameter search's trial reading each evaluation) is an object
-  with the same two methods, `log(kind, step, values)` and `close()`.
+  and hands every record to its trackers (training/trackers.py: `report_to`): `TensorBoard`
+  writes the same scalars to `RUN_DIR/tensorboard/`; MLflow, W&B and a hyperparameter search's
+  trial are objects with the same two methods, `log(kind, step, values)` and `close()`. A
+  tracker that wants the run to end (a pruned trial) says why in `stop_reason`.
 * `plot_losses(run_dir)` draws train loss, eval loss and the learning rate (twin axis) into
   `RUN_DIR/loss_curve.png`; `bert-kit plot RUN_DIR` does the same from the command line.
 * `LossPlotter` draws it at the end of a run in a child process started with the run, which has
@@ -94,8 +94,21 @@ class ProgressLogger:
         record = {"type": kind, "step": step, **values, "wall_time": round(time.time() - self.start_time, 3)}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        for tracker in self.trackers:
-            tracker.log(kind, step, values)
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(kind, step, values)
+            except Exception as e:  # noqa: BLE001 (a tracker's failure, a server gone, never ends the run)
+                self.trackers.remove(tracker)
+                try:
+                    tracker.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                self.message(f"warning: {type(tracker).__name__} failed ({type(e).__name__}: {e}); the run goes on "
+                             f"without it (metrics.jsonl has every record)")
+
+    def stop_reason(self) -> str | None:
+        """Why a tracker wants the run to end now (a search trial that was pruned), or None."""
+        return next((reason for t in self.trackers if (reason := getattr(t, "stop_reason", None))), None)
 
     def message(self, text: str) -> None:
         """Print a line without breaking the progress bar."""

@@ -18,13 +18,15 @@ from bert_kit.outputs import inside, read_record, remove_entry, write_record
 from bert_kit.training.checkpoint import WRITTEN_BY, latest_checkpoint
 from bert_kit.training.distributed import barrier, is_main
 from bert_kit.training.progress import METRICS_FILE
-from bert_kit.training.settings import RunSettings
+from bert_kit.training.settings import RunSettings, tracker_names
+from bert_kit.training.trackers import IDS_FILE, TRACKER_FILES
 
-# files and folders a run writes in its folder (`tensorboard` when asked, `tokenizer` when it trains
-# one), recorded there before they are written; `overwrite: true` deletes what an earlier run
-# recorded. A token cache is not a run's file (it is keyed by content: runs share it).
+# files and folders a run writes in its folder (a tracker's when it reports to it, `tokenizer` when
+# it trains one), recorded there before they are written; `overwrite: true` deletes what an earlier
+# run recorded. A token cache is not a run's file (it is keyed by content: runs share it).
 RUN_FILES = ("checkpoints", METRICS_FILE, "results.json", "loss_curve.png", "run_config.yaml", "final", "best",
-             "final.tmp", "final.old", "best.tmp", "best.old", "tensorboard", "tokenizer")
+             "final.tmp", "final.old", "best.tmp", "best.old", "tokenizer", IDS_FILE,
+             *(name for files in TRACKER_FILES.values() for name in files))
 # settings naming what a run reads: never deleted by `overwrite`, never written over by --output
 INPUT_SETTINGS = ("model", "tokenizer", "train_file", "validation_file", "train_files", "eval_files", "cache_dir")
 
@@ -32,7 +34,9 @@ INPUT_SETTINGS = ("model", "tokenizer", "train_file", "validation_file", "train_
 def run_files(cfg: RunSettings, fresh: bool) -> list[str]:
     """The names in its folder that this run may write."""
     trains_tokenizer = fresh and getattr(cfg, "train_tokenizer", None) is not None
-    optional = {"tensorboard": cfg.tensorboard, "tokenizer": trains_tokenizer}
+    used = tracker_names(cfg)
+    optional = {"tokenizer": trains_tokenizer, IDS_FILE: bool({"mlflow", "wandb"} & set(used)),
+                **{name: tracker in used for tracker, files in TRACKER_FILES.items() for name in files}}
     return [name for name in RUN_FILES if optional.get(name, True)]
 
 

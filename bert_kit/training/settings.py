@@ -17,9 +17,10 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from bert_kit.checks import ConfigError, Range, fraction, non_negative, positive
-from bert_kit.training.runconfig import check_run_settings
+from bert_kit.checks import ConfigError, Range, check_settings, choice_error, fraction, non_negative, positive
+from bert_kit.training.runconfig import build_group, check_run_settings
 
+TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")  # what report_to may name (training/trackers.py)
 DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this fails instead of hanging
 
 # settings a resumed run may change; every other difference is refused unless force_resume
@@ -28,11 +29,16 @@ RESUMABLE_CHANGES = frozenset({
     "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "end_checkpoint",
     "keep_last", "tensorboard", "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples",
     "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "parallel",
-    "precision",
+    "precision", "report_to", "tracking.project", "tracking.run_name", "tracking.mlflow_uri", "tracking.wandb_mode",
 })
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")
 _UNIT_SECONDS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
+
+
+def tracker_names(cfg: RunSettings) -> list[str]:
+    """The trackers a run reports to: `report_to`, and tensorboard for `tensorboard: true`."""
+    return list(dict.fromkeys([*cfg.report_to, *(["tensorboard"] if cfg.tensorboard else [])]))
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
@@ -43,6 +49,19 @@ def parse_duration(text: str | float | int | None) -> float | None:
     if m is None or float(m.group(1)) <= 0:
         raise ConfigError(f"time_budget={text!r} is not a positive duration such as 90s, 6m or 1.5h")
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+@dataclass
+class TrackingSettings:
+    """Where `report_to` trackers file the run (bert_kit/training/trackers.py)."""
+
+    project: str | None = None  # MLflow experiment / W&B project (default bert-kit)
+    run_name: str | None = None  # the run's name there (default: the run folder's name)
+    mlflow_uri: str | None = None  # MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite in the run folder)
+    wandb_mode: Literal["offline", "online"] = "offline"  # W&B: offline (RUN_DIR/wandb, `wandb sync` later) or online
+
+    def __post_init__(self) -> None:
+        check_settings(self, {}, prefix="tracking.")
 
 
 @dataclass
@@ -95,7 +114,11 @@ class RunSettings:
     finished run from (more steps or epochs); fine-tuning's default is false (its model is in best/)"""
     save_minutes: float = 10.0  # also a checkpoint after this many minutes without one (0: steps only)
     keep_last: int = 3  # checkpoints kept (0: all)
-    tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (needs the tensorboard package)
+    tensorboard: bool = False  # also log to OUTPUT_DIR/tensorboard (the same as report_to: [tensorboard])
+    report_to: list[str] = field(default_factory=list)
+    """trackers that also get every record, each offline by default: tensorboard (OUTPUT_DIR/tensorboard),
+    mlflow (sqlite in OUTPUT_DIR), wandb (offline, OUTPUT_DIR/wandb); pip install "bert-kit[tracking]" """
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)  # the trackers' project and run name
 
     def __post_init__(self) -> None:
         self.check({})
@@ -103,6 +126,12 @@ class RunSettings:
     def check(self, rules: dict[str, Range]) -> None:
         """Validate every setting: `RUN_RULES` plus a subclass's `rules` (which win), Literal
         choices and the device name. Errors name the key, the value and the allowed range."""
+        self.tracking = build_group(TrackingSettings, self.tracking, "tracking")
+        if isinstance(self.report_to, str):  # report_to="mlflow" from Python: one tracker
+            self.report_to = [self.report_to]
+        for name in self.report_to:
+            if name not in TRACKER_NAMES:
+                raise choice_error("report_to", name, TRACKER_NAMES)
         check_run_settings(self, {**RUN_RULES, **rules})
         self.time_budget_s = parse_duration(self.time_budget)
         if self.engine == "jax":
