@@ -22,7 +22,7 @@ import numpy as np
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_model_option, add_table_options,
                                    flag_messages, name_settings_as_flags)
-from bert_kit.data.tables import parse_where, read_texts
+from bert_kit.data.tables import no_garbage_collection, parse_where, read_texts
 from bert_kit.data.truncation import find_truncated, report_truncated, token_ids
 from bert_kit.model_folder import default_max_length, resolve_model
 from bert_kit.outputs import write_file
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
                            args.encoding)
     try:
-        with timeline("tokenize"):
+        with timeline("tokenize"), no_garbage_collection():  # a list of ids a text: no cycle to look for
             folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
             tokenizer = get_tokenizer(folder)
             max_length = args.max_length or default_max_length(folder)
