@@ -214,15 +214,13 @@ class SentenceEncoder:
     def from_pretrained(cls, folder: str | Path, pooling: str = "mean", normalize: bool = True,
                         max_length: int | None = None, device: str | torch.device | None = None,
                         unpadded: bool = True, compile: bool = False, precision: str = "auto",
-                        max_tokens_per_batch: int | None = None,
-                        tokenizer: WordPieceTokenizer | None = None) -> "SentenceEncoder":
+                        max_tokens_per_batch: int | None = None) -> "SentenceEncoder":
         """Load the encoder and tokenizer of a model folder (task heads in it are ignored); a run
         folder stands for its best/ (fine-tuning) or final/ (pretraining) model, a hub name for
         its local copy. max_length None: the folder's own (`model_folder.default_max_length`:
         its fine-tuning length, its sentence-transformers max_seq_length, else its positions).
         A folder written by `bert-kit export` (an encoder, or a fine-tuned head's graph, which
-        outputs the encoder's states too) runs in ONNX Runtime on the CPU, with the same outputs.
-        tokenizer: the folder's tokenizer when the caller has loaded it already."""
+        outputs the encoder's states too) runs in ONNX Runtime on the CPU, with the same outputs."""
         from bert_kit.model_folder import default_max_length, resolve_model
         from bert_kit.onnx_runtime import OnnxModel, is_onnx_folder
 
@@ -243,8 +241,8 @@ class SentenceEncoder:
 
             encoder = ModernBertModel if load_hf_config(folder).model_type == "modernbert" else BERTModel
             model = encoder.from_pretrained(folder)
-        return cls(model, tokenizer or get_tokenizer(folder), pooling, normalize, max_length, device, unpadded,
-                   compile, precision, max_tokens_per_batch)
+        return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile,
+                   precision, max_tokens_per_batch)
 
     @property
     def dim(self) -> int:
