@@ -17,10 +17,14 @@ How `encode` keeps the device busy:
   `CHUNK_TEXTS`), so each batch pads to nearly its own length; the output keeps the input order;
 - a thread tokenizes the next chunk and lays out its batches (padded ids, packing layout, in
   pinned memory on a GPU) while the device runs the current one;
-- on a GPU nothing waits for the device until the end: copies in and out are asynchronous, the
-  inputs are not read back (`unchecked_inputs`: the ids come from the model's own tokenizer),
-  and the vectors land in one pinned host array; `precision` "auto" runs bf16 autocast where the
-  GPU has it (fp16 on older GPUs, fp32 on the CPU).
+- on a GPU nothing waits for the device until the end: copies in are asynchronous, the inputs
+  are not read back (`unchecked_inputs`: the ids were checked on the host, in NumPy), and the
+  vectors stay on the device, where they are put in input order and checked, then copied out
+  once; `precision` "auto" runs bf16 autocast where the GPU has it (fp16 on older GPUs, fp32 on
+  the CPU).
+
+A caller that needs the tokens first (`bert-kit embed` counts the texts cut to max_length)
+tokenizes once with `tokenize` and embeds the ids with `encode_tokenized`.
 
 The pooling functions are plain tensor functions, so the bi-encoder fine-tuning loop
 (`bert_kit.tasks.similarity`) trains exactly what is used here.
@@ -58,7 +62,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHUNK_TEXTS = 4096  # texts tokenized at a time by the batching thread
 CPU_TOKEN_BUDGET = 8192  # padded tokens a batch on the CPU: 32 passages of 256 tokens, hundreds of sentences
 GPU_TOKEN_BUDGET = 131072  # on a GPU: by estimate a MiniLM batch is ~3 TFLOP, far more than its ~100 launches
-PINNED_OUTPUT_BYTES = 1 << 30  # vectors gathered in page-locked host memory up to this size
+DEVICE_OUTPUT_BYTES = 1 << 30  # vectors gathered on the GPU up to this size, then copied out at once
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -193,9 +197,6 @@ class SentenceEncoder:
         config = model.config
         self.max_tokens_per_batch = max_tokens_per_batch or default_token_budget(
             self.device, config.hidden_size, config.intermediate_size)
-        # ids of a tokenizer whose vocabulary fits the model's need no check that reads them back
-        self.trusted_ids = getattr(tokenizer, "vocab_size", None) is not None and \
-            tokenizer.vocab_size <= config.vocab_size
         # The packed path skips padding in every matmul. Measured on CPU (MiniLM, STS-B dev,
         # length-sorted, CPU-seconds): +5% texts/s at batch 32 and +25% at batch 128, so it is
         # the default everywhere; on CUDA it also gets varlen flash attention.
@@ -264,7 +265,8 @@ class SentenceEncoder:
 
     def host_batch(self, ids: Sequence[Sequence[int]], rows: np.ndarray | None = None) -> HostBatch:
         """Lay out token id lists as a padded batch on the host (pinned for a GPU), with the packing
-        layout of its mask when the encoder runs unpadded: the device is never asked for it."""
+        layout of its mask when the encoder runs unpadded: the device is never asked for it. The
+        ids are checked against the model's vocabulary here, where it costs no wait for the device."""
         empty = [i for i, row in enumerate(ids) if not len(row)]
         if empty:
             raise ValueError(f"ids[{empty[0]}] is empty: each text needs at least [CLS] and [SEP]")
@@ -274,6 +276,9 @@ class SentenceEncoder:
         keep = np.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
         padded = np.full(keep.shape, self.tokenizer.pad_token_id, dtype=np.int64)
         padded[keep] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        low, high, size = int(padded.min()), int(padded.max()), self.model.config.vocab_size
+        if low < 0 or high >= size:  # the message of the model's own check (`input_checks`)
+            raise ValueError(f"token id {low if low < 0 else high} out of range for vocab_size {size}")
         input_ids, mask = torch.from_numpy(padded), torch.from_numpy(keep.astype(np.int64))
         layout = None
         if self.unpadded:  # `Packed.from_mask` in NumPy: no torch CPU op in the batching thread
@@ -304,12 +309,12 @@ class SentenceEncoder:
         vectors = pool(hidden.float(), mask, self.pooling)
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
-    def autocast(self, own_ids: bool = False) -> contextlib.AbstractContextManager:
-        """The encoder's precision as an autocast context (none in fp32); own_ids: the ids came from
-        `tokenize`, so the model skips the check of their values (a wait for the device a batch)
-        when the tokenizer's vocabulary fits the model's."""
+    def autocast(self, checked_ids: bool = False) -> contextlib.AbstractContextManager:
+        """The encoder's precision as an autocast context (none in fp32); checked_ids: the ids were
+        checked on the host (`host_batch`), so the model skips its own check of their values (a
+        wait for the device a batch)."""
         stack = contextlib.ExitStack()
-        if own_ids and self.trusted_ids:
+        if checked_ids:
             stack.enter_context(unchecked_inputs())
         if self.dtype != torch.float32 and isinstance(self.model, torch.nn.Module):
             stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
@@ -326,18 +331,26 @@ class SentenceEncoder:
 
     # ---- many texts -----------------------------------------------------------------------------
 
+    def id_batches(self, ids: Sequence[Sequence[int]], batch_size: int | None = None) -> Iterator[HostBatch]:
+        """Host batches of token id lists, longest first (ties in input order), within the token
+        budget (and `batch_size` texts); each batch's `rows` are positions in `ids`."""
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        if len(ids) and not lengths.min():  # named by its place in `ids`, not in a sorted batch
+            raise ValueError(f"ids[{int(np.argmin(lengths))}] is empty: each text needs at least [CLS] and [SEP]")
+        order = np.argsort(-lengths, kind="stable")
+        for part in token_batches(lengths[order], self.max_tokens_per_batch, batch_size):
+            rows = order[part]
+            yield self.host_batch([ids[j] for j in rows], rows)
+
     def batches(self, texts: Sequence[str], batch_size: int | None = None) -> Iterator[HostBatch]:
         """Host batches of `texts`, longest first, within the token budget (and `batch_size` texts):
         by characters across chunks of CHUNK_TEXTS texts, by tokens within each chunk."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first: OOM shows at once
         for start in range(0, len(order), CHUNK_TEXTS):
             chunk = np.asarray(order[start: start + CHUNK_TEXTS], dtype=np.int64)
-            ids = self.tokenize([texts[i] for i in chunk])
-            by_tokens = sorted(range(len(ids)), key=lambda j: -len(ids[j]))
-            lengths = [len(ids[j]) for j in by_tokens]
-            for part in token_batches(lengths, self.max_tokens_per_batch, batch_size):
-                local = by_tokens[part]
-                yield self.host_batch([ids[j] for j in local], chunk[local])
+            for batch in self.id_batches(self.tokenize([texts[i] for i in chunk]), batch_size):
+                batch.rows = chunk[batch.rows]
+                yield batch
 
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, show_progress: bool = False,
                convert_to_tensor: bool = False, progress: Callable[[int], object] | None = None
@@ -355,49 +368,60 @@ class SentenceEncoder:
             check_text(t, f"texts[{i}]")
         if batch_size is not None:
             positive(integer=True).check("batch_size", batch_size)
+        out = self._encode(self.batches(texts, batch_size), len(texts), convert_to_tensor, show_progress, progress)
+        return out[0] if single else out
+
+    def encode_tokenized(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
+                         show_progress: bool = False, convert_to_tensor: bool = False,
+                         progress: Callable[[int], object] | None = None) -> np.ndarray | torch.Tensor:
+        """`encode` of texts tokenized already: `ids` as `tokenize` returns them (one list per
+        text, [CLS] and [SEP] included) -> (n, hidden) float32, in the order given. For a caller
+        that needs the tokens first (`bert-kit embed` reports the texts cut to max_length):
+        the texts are tokenized once. The batches are sorted by tokens across all the texts."""
+        if batch_size is not None:
+            positive(integer=True).check("batch_size", batch_size)
+        return self._encode(self.id_batches(ids, batch_size), len(ids), convert_to_tensor, show_progress, progress)
+
+    def _encode(self, batches: Iterator[HostBatch], n: int, on_device: bool, show_progress: bool,
+                progress: Callable[[int], object] | None) -> np.ndarray | torch.Tensor:
+        """The vectors (n, H) of `batches` (made in a thread beside the device), in input order."""
         bar = None
         if show_progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(texts), desc="embed", unit="text", dynamic_ncols=True)
+            bar = tqdm(total=n, desc="embed", unit="text", dynamic_ncols=True)
+        cuda = self.device.type == "cuda"
+        # On a GPU the vectors stay there, are put in input order there and copied out in one go (a
+        # reorder and a check of 200 MB take ~0.1 s each in NumPy); past DEVICE_OUTPUT_BYTES each
+        # batch is copied out as it is computed, no device memory held (each copy then waits).
+        gather = on_device or (cuda and n * self.dim * 4 <= DEVICE_OUTPUT_BYTES)
+        done = torch.empty(n, self.dim, device=self.device if gather else "cpu")
+        rows, at = np.empty(n, dtype=np.int64), 0
+        prefetched = _Prefetched(batches)  # the batching thread starts on entry
         try:
-            done, rows = self._encode(texts, batch_size, convert_to_tensor, bar, progress)
+            with torch.inference_mode(), self.autocast(checked_ids=True), _no_gc(), prefetched as ready:
+                for batch in ready:
+                    size = len(batch.rows)
+                    done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)
+                    rows[at: at + size] = batch.rows
+                    at += size
+                    for report in (bar.update if bar is not None else None, progress):
+                        if report is not None:
+                            report(size)
         finally:
             if bar is not None:
                 bar.close()
-        if convert_to_tensor:
+        if gather:  # the vectors computed longest first, put back in input order
             out = torch.empty_like(done)
             out[torch.from_numpy(rows).to(self.device)] = done
-            self._check_finite(out)
-        else:
-            out = np.empty_like(done)
-            out[rows] = done
-            self._check_finite(out)
-        return out[0] if single else out
-
-    def _encode(self, texts: list[str], batch_size: int | None, on_device: bool, bar, progress
-                ) -> tuple[np.ndarray | torch.Tensor, np.ndarray]:
-        """The vectors (n, H) in the order computed (longest first), and each one's input position."""
-        n, cuda = len(texts), self.device.type == "cuda"
-        if on_device:
-            done = torch.empty(n, self.dim, device=self.device)
-        else:  # on a GPU each batch is copied out as it is computed: no wait, no device memory held;
-            # past PINNED_OUTPUT_BYTES the array is pageable (each copy then waits, on batches that are large)
-            done = torch.empty(n, self.dim, pin_memory=cuda and n * self.dim * 4 <= PINNED_OUTPUT_BYTES)
-        rows, at = np.empty(n, dtype=np.int64), 0
-        prefetched = _Prefetched(self.batches(texts, batch_size))  # the batching thread starts on entry
-        with torch.inference_mode(), self.autocast(own_ids=True), _no_gc(), prefetched as batches:
-            for batch in batches:
-                size = len(batch.rows)
-                done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)
-                rows[at: at + size] = batch.rows
-                at += size
-                for report in (bar.update if bar is not None else None, progress):
-                    if report is not None:
-                        report(size)
+            self._check_finite(out)  # the one wait for the device
+            return out if on_device else out.cpu().numpy()
         if cuda:
-            torch.cuda.current_stream(self.device).synchronize()  # the one wait, for the last copies
-        return (done if on_device else done.numpy()), rows
+            torch.cuda.current_stream(self.device).synchronize()  # the last copy out
+        out = np.empty_like(done.numpy())
+        out[rows] = done.numpy()
+        self._check_finite(out)
+        return out
 
     def _check_finite(self, out: np.ndarray | torch.Tensor) -> None:
         bad = int((~torch.isfinite(out)).any(dim=1).sum()) if torch.is_tensor(out) else \

@@ -364,13 +364,15 @@ class Cutter:
         the special ones (max_length - 2, or - 3 for pairs) with `strategy`; and for each row, the
         maps of its squeezed texts (see `squeeze`; None for a text not squeezed), or None when no
         text was squeezed (`original_offsets` maps the offsets back)."""
+        long = CHARS_PER_TOKEN * (budget + 1) + SHORT
+        if _longest(batch_a, split) <= long and (batch_b is None or _longest(batch_b, split) <= long):
+            return batch_a, batch_b, None  # the common case: no text is long enough to be squeezed or cut
         if self.boundary is None or budget < 1:
             return batch_a, batch_b, None
         if strategy == "only_second" and batch_b is None:  # an error the tokenizer reports
             return batch_a, None, None
-        long = CHARS_PER_TOKEN * (budget + 1) + SHORT
         if batch_b is None and not split:
-            rows = [self._cut_text(text, budget, long) for text in batch_a]
+            rows = [self._cut_text(text, budget, long) if len(text) > long else (text, None) for text in batch_a]
             maps = [(squeezed, None) for _, squeezed in rows]
             return [text for text, _ in rows], None, maps if any(m != (None, None) for m in maps) else None
         # a pair's lengths may be counted whole (see _cut_pair): its texts are squeezed whole
@@ -471,6 +473,11 @@ class Cutter:
             if whole is None or self.count(whole) > budget:  # its order against the cut one matters
                 return a, b
         return a if ca is None else ca, b if cb is None else cb
+
+
+def _longest(batch: list, split: bool) -> int:
+    """Characters of the longest text of `batch` (of a list of words: of all its words)."""
+    return max((sum(map(len, words)) for words in batch) if split else map(len, batch), default=0)
 
 
 def original_offsets(offsets: list[tuple[int, int]], sequence_ids: list[int | None], word_ids: list[int | None],

@@ -76,6 +76,39 @@ def test_every_batching_gives_each_text_its_own_vector_in_input_order(tiny, monk
     np.testing.assert_allclose(got, alone(model, tokenizer, texts), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("budget, batch_size", [(None, None), (70, None), (10**6, 5)])
+def test_texts_tokenized_first_get_the_vectors_of_encode(tiny, budget, batch_size):
+    """`encode_tokenized(tokenize(texts))` (what `bert-kit embed` runs: the texts tokenized once,
+    sorted by tokens across the whole input) gives each text the vector `encode` gives it."""
+    model, tokenizer = tiny
+    texts = varied_texts(seed=3)
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu", max_tokens_per_batch=budget)
+    ids = encoder.tokenize(texts)
+    counted = []
+    got = encoder.encode_tokenized(ids, batch_size=batch_size, progress=counted.append)
+    assert got.shape == (len(texts), 32) and got.dtype == np.float32 and sum(counted) == len(texts)
+    np.testing.assert_allclose(got, encoder.encode(texts, batch_size=batch_size), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, alone(model, tokenizer, texts), rtol=0, atol=1e-5)
+    tensor = encoder.encode_tokenized(ids, convert_to_tensor=True)
+    assert_close(tensor, torch.from_numpy(got), rtol=0, atol=1e-6)
+    assert encoder.encode_tokenized([]).shape == (0, 32)
+
+
+def test_ids_are_checked_on_the_host(tiny):
+    """Ids the model has no row for, or an empty row, fail on the host with the model's message,
+    before any batch runs."""
+    model, tokenizer = tiny
+    encoder = SentenceEncoder(model, tokenizer, max_length=64, device="cpu")
+    with pytest.raises(ValueError, match="token id 30522 out of range for vocab_size 30522"):
+        encoder.encode_tokenized([[101, 2000, 102], [101, 30522, 102]])
+    with pytest.raises(ValueError, match="token id -1 out of range"):
+        encoder.host_batch([[101, -1, 102]])
+    with pytest.raises(ValueError, match=r"ids\[0\] is empty"):
+        encoder.encode_tokenized([[], [101, 102]])
+    with pytest.raises(ValueError, match="batch_size=0 is out of range"):
+        encoder.encode_tokenized([[101, 102]], batch_size=0)
+
+
 def test_cls_pooling_raw_vectors_and_the_padded_path(tiny):
     model, tokenizer = tiny
     texts = varied_texts(30, seed=1)
@@ -120,10 +153,9 @@ def test_errors_name_the_input_and_stop_the_batching_thread(tiny, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "embed-batches"]
 
 
-def test_only_ids_of_its_own_tokenizer_skip_the_value_check(tiny, minilm_path, monkeypatch):
-    """The check reads the ids back from the device (a wait every batch on a GPU): `encode` skips it
-    for the ids it tokenized itself, when the tokenizer's vocabulary fits the model; `encode_ids`
-    checks the ids it is given."""
+def test_encode_checks_ids_on_the_host_and_skips_the_models_check(tiny, minilm_path, monkeypatch):
+    """The model's check reads the ids back from the device (a wait every batch on a GPU): `encode`
+    checks them on the host instead and skips it; `encode_ids` keeps the model's check too."""
     import bert_kit.input_checks
 
     model, tokenizer = tiny
@@ -171,3 +203,50 @@ def test_gpu_bf16_vectors_within_1e_3_cosine_of_fp32_and_fp32_equal_to_the_cpu(m
     assert cosines.min() > 1 - 1e-3
     on_device = auto.encode(texts, convert_to_tensor=True)
     assert on_device.device.type == "cuda"
+
+
+@cuda
+def test_gpu_vectors_tokenized_first_and_both_ways_out_of_the_device(minilm_path, data_dir, monkeypatch):
+    """On a GPU `encode_tokenized` gives `encode`'s vectors, whether they are gathered on the device
+    and copied out once or (past DEVICE_OUTPUT_BYTES) copied out batch by batch."""
+    from bert_kit.data.tables import read_texts
+
+    texts = read_texts(data_dir / "sst2" / "dev.tsv", "sentence") + varied_texts()
+    cpu = SentenceEncoder.from_pretrained(minilm_path, device="cpu").encode(texts)
+    gpu32 = SentenceEncoder.from_pretrained(minilm_path, device="cuda", precision="fp32")
+    ids = gpu32.tokenize(texts)
+    gathered = gpu32.encode_tokenized(ids)
+    np.testing.assert_allclose(gathered, cpu, rtol=0, atol=1e-4)
+    monkeypatch.setattr(embeddings, "DEVICE_OUTPUT_BYTES", 0)
+    np.testing.assert_allclose(gpu32.encode_tokenized(ids), gathered, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gpu32.encode(texts), gathered, rtol=0, atol=1e-4)
+
+
+def test_embed_command_tokenizes_each_text_once_and_prints_its_phases(tiny, tmp_path, monkeypatch, capsys):
+    """`bert-kit embed` tokenizes the texts once, for the truncation report and the device (only
+    a text that fills max_length is tokenized again, to count it); --profile says when each phase
+    ran. The vectors are `encode`'s."""
+    from bert_kit.cli import main as cli_main
+    from bert_kit.tokenizer import FastTokenizer
+
+    model, tokenizer = tiny
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save(folder)
+    texts = [f"short text number {i}" for i in range(50)] + ["long " * 200]
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    counted, call = [], FastTokenizer.__call__
+    monkeypatch.setattr(FastTokenizer, "__call__", lambda self, texts, *a, **k: counted.append(len(texts)) or
+                        call(self, texts, *a, **k))
+    rc = cli_main(["embed", "--model", str(folder), "--input", str(tmp_path / "in.txt"), "--output",
+                   str(tmp_path / "v.npy"), "--max-length", "64", "--device", "cpu", "--profile"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "embedded 51 texts" in out
+    assert counted == [51, 1]  # every text, then the one cut to count its tokens
+    assert "1 of 51 texts were longer than --max-length 64 and were cut (median 202 tokens" in err
+    table = err[err.index("\nphase "):].splitlines()[2:]  # a row per phase: name, from, to, took
+    assert {"start", "read", "tokenize", "import", "load", "encode", "save", "done"} <= \
+        {row.split()[0] for row in table}
+    monkeypatch.setattr(FastTokenizer, "__call__", call)
+    expect = SentenceEncoder(model, tokenizer, max_length=64, device="cpu").encode(texts)
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expect, rtol=0, atol=1e-6)

@@ -153,6 +153,42 @@ def test_backend_left_without_truncation_or_padding(tok):
     assert tok.backend.truncation is None and tok.backend.padding is None
 
 
+MIXED = ["A man is eating food.", "", "   ", "naïve café — “quotes” 你好世界 🙂", "Straße İ ΣΑΣ e\u0301",
+         "a [MASK] b [SEP]", "x" * 5000, "word " * 3000, "é" * 9000 + " end", "a\x00b\u200bc", "\t\n", "end."]
+
+
+@pytest.mark.parametrize("max_length", [None, 8, 64])
+def test_ids_alone_equal_the_ids_of_the_full_call(tok, max_length):
+    """Asked for ids only (what embedding and the truncation report ask for), the tokenizer takes
+    its cheap path (no offsets tracked; short batches skip the long-text cutter): the same ids as
+    the call that returns offsets, for single texts and pairs, short, long, empty, unicode, and
+    long texts without a space."""
+    ids_only = {"padding": False, "return_tensors": None, "return_token_type_ids": False,
+                "return_attention_mask": False, "max_length": max_length}
+    full = {"padding": False, "return_tensors": None, "return_offsets_mapping": True, "max_length": max_length}
+    short = [t for t in MIXED if len(t) < 100]
+    for texts, pairs in ((MIXED, None), (short, None), (MIXED, MIXED[::-1]), (short, short[::-1])):
+        got = tok(texts, pairs, **ids_only)
+        assert list(got) == ["input_ids"]
+        assert got["input_ids"] == tok(texts, pairs, **full)["input_ids"]
+        if pairs is None:  # (`encode` reads an empty second text as no pair, as BertTokenizerFast.encode)
+            assert got["input_ids"] == [tok.encode(t, max_length=max_length or tok.model_max_length) for t in texts]
+
+
+def test_a_batch_of_short_texts_is_not_cut(tok, minilm_path):
+    """The long-text cutter hands a batch of texts shorter than its bound back as it is, without
+    reading a character (its character table is not even built)."""
+    fresh = get_tokenizer(minilm_path)
+    batch = ["a short text", "", "another one"]
+    cutter = fresh._cutter
+    assert cutter.cut(batch, None, 30, "longest_first", False) == (batch, None, None)
+    assert cutter.cut(batch, batch, 30, "longest_first", False)[:2] == (batch, batch)
+    assert cutter.cut([["a", "b"]], None, 30, "longest_first", True) == ([["a", "b"]], None, None)
+    assert cutter._chars is False  # never looked up
+    fresh(batch, max_length=32)
+    assert cutter._chars is False
+
+
 def test_module_imports_without_torch(minilm_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"

@@ -1,20 +1,32 @@
-"""`bert-kit embed`: sentence embeddings of a text file (one text per line) to a .npy array."""
+"""`bert-kit embed`: sentence embeddings of a text file (one text per line) to a .npy array.
+
+From launch to exit the work overlaps: a thread imports torch, loads the model and starts CUDA
+while the command reads the file and tokenizes it (the Rust tokenizer, on every core). The texts
+are tokenized once: the truncation report counts those ids, and the device embeds them
+(`SentenceEncoder.encode_tokenized`). `--profile` prints when each phase ran.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
 import time
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_model_option, add_table_options,
                                    flag_messages, name_settings_as_flags)
-from bert_kit.data.tables import parse_where, read_texts
-from bert_kit.model_folder import resolve_model
+from bert_kit.data.tables import no_garbage_collection, parse_where, read_texts
+from bert_kit.data.truncation import find_truncated, report_truncated, token_ids
+from bert_kit.model_folder import default_max_length, resolve_model
 from bert_kit.outputs import write_file
-
+from bert_kit.tokenizer import get_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,38 +53,108 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
                         help="onnx: ONNX Runtime on the CPU (a folder from bert-kit export, or one exported now); "
                              "auto: onnx for exported folders, else torch")
+    parser.add_argument("--profile", action="store_true",
+                        help="print when each phase ran (start, read, tokenize, load, encode, save), in seconds "
+                             "since launch")
     name_settings_as_flags(parser)
 
 
 @flag_messages
 def run(args: argparse.Namespace) -> int:
+    timeline = Timeline(getattr(args, "started", time.time()))
     check_output_file(args.output, "--output", inputs=[args.input])
-    texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
-                       args.encoding)
-    folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
-    from bert_kit.checks import resolve_device  # torch: after the input was read
-    from bert_kit.data.truncation import find_truncated, report_truncated
-    from bert_kit.embeddings import SentenceEncoder
-    from bert_kit.onnx_export import onnx_folder
-    from bert_kit.tasks.inference import warn_blank_texts
-    from bert_kit.training.precision import start_cuda
-
-    start_cuda(resolve_device(args.device))  # the driver and context start while the model loads
-    encoder = SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
-                                              not args.no_normalize, args.max_length, args.device,
-                                              compile=args.compile, precision=args.precision,
-                                              max_tokens_per_batch=args.max_tokens_per_batch)
+    loading = in_background(load_encoder, args, timeline)  # torch and the model load while the texts are read
+    with timeline("read"):
+        texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
+                           args.encoding)
+    try:
+        with timeline("tokenize"), no_garbage_collection():  # a list of ids a text: no cycle to look for
+            folder = resolve_model(args.model)  # a run folder's model, or a hub name's local copy
+            tokenizer = get_tokenizer(folder)
+            max_length = args.max_length or default_max_length(folder)
+            ids = token_ids(tokenizer, texts, None, max_length)  # with [CLS]/[SEP], as truncated
+        with timeline("count truncated"):
+            kept = list(map(len, ids))  # the cut texts fill max_length: only those are tokenized again
+            found = find_truncated(tokenizer, texts, None, max_length, kept)
+    except Exception:
+        loading.result()  # an error of the model or a setting first, as when the model loaded before this
+        raise
+    with timeline("wait for the model"):
+        encoder = loading.result()
     print(f"embedding on {encoder.device} in {encoder.precision}, batches of {encoder.max_tokens_per_batch} tokens",
           flush=True)
-    warn_blank_texts(texts, args.input, tokenizer=encoder.tokenizer)  # blank, or only control characters
-    kept = list(map(len, encoder.tokenize(texts)))  # tokens per text as truncated: the cut ones fill max_length
-    found = find_truncated(encoder.tokenizer, texts, None, encoder.max_length, kept)
+    if kept and min(kept) <= tokenizer.num_special[False]:  # a text of no token: blank, or control characters
+        from bert_kit.tasks.inference import warn_blank_texts
+
+        warn_blank_texts(texts, args.input, tokenizer=tokenizer)
     report_truncated(found, args.input, encoder.model.config.max_position_embeddings)
-    t0 = time.perf_counter()
-    vectors = encoder.encode(texts, batch_size=args.batch_size, show_progress=len(texts) > 2000)
-    seconds = time.perf_counter() - t0
+    with timeline("encode"):
+        t0 = time.perf_counter()
+        vectors = encoder.encode_tokenized(ids, batch_size=args.batch_size, show_progress=len(texts) > 2000)
+        seconds = time.perf_counter() - t0
     out = Path(args.output)
-    write_file(out, lambda f: np.save(f, vectors), binary=True)  # np.save(path) would append .npy to other names
+    with timeline("save"):
+        write_file(out, lambda f: np.save(f, vectors), binary=True)  # np.save(path) would append .npy to other names
     print(f"embedded {len(texts)} texts -> {out} {vectors.shape} in {seconds:.2f} s: "
           f"{len(texts) / max(seconds, 1e-9):.0f} sentences/s on {encoder.device} ({encoder.precision})")
+    if args.profile:
+        timeline.print(sys.stderr)
     return 0
+
+
+def load_encoder(args: argparse.Namespace, timeline: Timeline) -> Any:
+    """The `SentenceEncoder` of the command's settings, CUDA started beside it (in a thread: see
+    `run`). Its max_length is the one the command tokenizes with."""
+    with timeline("import torch"):
+        from bert_kit.checks import resolve_device
+        from bert_kit.embeddings import SentenceEncoder
+        from bert_kit.onnx_export import onnx_folder
+        from bert_kit.training.precision import start_cuda
+    with timeline("load the model"):
+        start_cuda(resolve_device(args.device))  # the driver and context start while the model loads
+        folder = resolve_model(args.model)
+        max_length = args.max_length or default_max_length(folder)
+        return SentenceEncoder.from_pretrained(onnx_folder(folder, args.backend) or folder, args.pooling,
+                                               not args.no_normalize, max_length, args.device,
+                                               compile=args.compile, precision=args.precision,
+                                               max_tokens_per_batch=args.max_tokens_per_batch)
+
+
+def in_background(call: Callable[..., Any], *args: Any) -> Future:
+    """`call(*args)` in a daemon thread (the process may end without waiting for it: an error in
+    the input ends the command at once); `.result()` waits and raises its error in the caller."""
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(call(*args))
+        except BaseException as e:  # noqa: BLE001 (raised again by result(), in the command's thread)
+            future.set_exception(e)
+
+    threading.Thread(target=work, name=f"bert-kit {call.__name__}", daemon=True).start()
+    return future
+
+
+class Timeline:
+    """When each phase of a command ran, in seconds since the process started (`--profile`);
+    phases of several threads may overlap."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.phases: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.phases.append((name, t0 - self.started, time.time() - self.started))
+
+    def print(self, file: Any = None) -> None:
+        first = min((start for _, start, _ in self.phases), default=0.0)
+        rows = [("start (interpreter, imports)", 0.0, first)] + sorted(self.phases, key=lambda p: p[1])
+        print("phase                          from      to    took  (s since launch)", file=file)
+        for name, start, end in rows:
+            print(f"{name:28s} {start:7.2f} {end:7.2f} {end - start:7.2f}", file=file)
+        print(f"{'done':28s} {'':7s} {time.time() - self.started:7.2f}", file=file, flush=True)

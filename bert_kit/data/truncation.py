@@ -82,12 +82,12 @@ def find_truncated(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | 
     max_length None: the tokenizer's own limit (`model_max_length`), as it truncates."""
     max_length = max_length or tokenizer.model_max_length
     if kept is None:
-        kept = [len(ids) for ids in _input_ids(tokenizer, texts, pairs, max_length)]
+        kept = [len(ids) for ids in token_ids(tokenizer, texts, pairs, max_length)]
     full = [i for i, n in enumerate(kept) if n >= max_length]
     found = Truncated(len(kept), max_length, unit=unit)
     for start in range(0, len(full), CHUNK):
         rows = full[start: start + CHUNK]
-        counted = _input_ids(tokenizer, [texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows],
+        counted = token_ids(tokenizer, [texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows],
                              COUNT_LIMIT)
         for i, ids in zip(rows, counted):
             if len(ids) > max_length:
@@ -104,7 +104,9 @@ def find_long_questions(tokenizer: Any, questions: Sequence[str], max_query_leng
                      "max_query_length")
 
 
-def _input_ids(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | None, max_length: int) -> list:
+def token_ids(tokenizer: Any, texts: Sequence[Any], pairs: Sequence[Any] | None, max_length: int) -> list[list[int]]:
+    """The ids of each text (with `pairs`, of each pair) truncated to `max_length`, special tokens
+    included, unpadded: what a model is given, and what `find_truncated` counts (`kept`)."""
     if not len(texts):
         return []
     return tokenizer(list(texts), None if pairs is None else list(pairs), max_length=max_length, padding=False,
