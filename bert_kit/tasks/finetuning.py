@@ -145,6 +145,10 @@ class FinetuningJob(Job):
         self.save_every = cfg.save_every
         self.metric = task.metric if self.eval_items is not None else None
         self.higher_is_better = self.metric is None or higher_is_better(self.metric)
+        self.patience, self.min_delta = cfg.early_stopping_patience, cfg.early_stopping_min_delta
+        if self.patience is not None and self.metric is None:
+            raise ValueError("early_stopping_patience counts evaluations of the validation metric: set "
+                             "validation_file")
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         # a long run on a CPU says so after its first half minute, and how to check the setup sooner

@@ -42,6 +42,8 @@ class Job:
     unit: what `count` counts ("tokens" or "examples");
     metric: validation metric that picks best/, or None: the last weights are kept;
     higher_is_better: the metric's direction (False for a loss: the lowest value is the best);
+    patience, min_delta: early stopping: the run ends after `patience` evaluations in a row without an
+        improvement of `metric` by more than `min_delta` (None: never);
     model_folder: the folder the kept model goes to; eval_every, save_every: the cadence in steps.
     engine: set by the loop: the engine that trains the model, and runs it in `evaluate`.
     """
@@ -50,6 +52,8 @@ class Job:
     unit = "examples"
     metric: str | None = None
     higher_is_better = True
+    patience: int | None = None
+    min_delta = 0.0
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
     cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
     compiled_graphs = False  # the compiled model replays its forward and backward as CUDA graphs (inductor's)

@@ -7,7 +7,7 @@ Run: .venv/bin/python -m pytest tests/tasks/test_task_metrics.py -q
 import torch
 
 from bert_kit.metrics import entity_f1, higher_is_better, squad_evaluate
-from bert_kit.tasks import CLASS_METRICS, METRICS, SCORE_METRICS, metric_names
+from bert_kit.tasks import CLASS_METRICS, METRICS, MULTI_LABEL_METRICS, SCORE_METRICS, metric_names
 from bert_kit.tasks.classification import ClassificationTask
 from bert_kit.tasks.finetuning_config import FinetuneConfig
 
@@ -27,7 +27,7 @@ def test_classification_reports_the_metrics_the_settings_accept():
     items = [{"labels": float(i)} for i in range(9)]
     scores = task.score([torch.randn(1) for _ in items], items)
     assert numbers(scores) - {"num_examples"} == set(SCORE_METRICS) and task.metric_names == SCORE_METRICS
-    assert set(METRICS["classification"]) == set(CLASS_METRICS) | set(SCORE_METRICS)
+    assert set(METRICS["classification"]) == set(CLASS_METRICS) | set(MULTI_LABEL_METRICS) | set(SCORE_METRICS)
 
 
 def test_token_classification_qa_and_similarity_report_theirs():
