@@ -92,6 +92,12 @@ class Job:
         sharded model (`collect_state`). Called on rank 0 only."""
         raise NotImplementedError
 
+    def model_writer(self, state: dict | None) -> Callable[[Path], None]:
+        """What writes the kept model folder of the weights `state` (a copy) into a folder: called
+        when the evaluation chose them, run in a thread while the next steps go on, so anything
+        else the folder holds (a task's tuned thresholds) is taken now too."""
+        return lambda folder: self.save_model(folder, state)
+
     def data_state(self) -> dict:
         """The data position, saved in checkpoints. Called on every rank."""
         return {}

@@ -378,8 +378,8 @@ class TrainingLoop:
         if self.main:
             self.model_written()  # one at a time
             state = snapshot(self.job.model) if state is None else state
-            folder, job = self.out / self.job.model_folder, self.job
-            self.writing_model = Background(write_folder_atomically, folder, lambda tmp: job.save_model(tmp, state))
+            write = self.job.model_writer(state)  # what the folder holds is fixed now, as the weights are
+            self.writing_model = Background(write_folder_atomically, self.out / self.job.model_folder, write)
 
     def model_written(self) -> None:
         """Wait for the model folder being written; its error is the run's."""

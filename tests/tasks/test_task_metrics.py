@@ -22,7 +22,15 @@ def test_classification_reports_the_metrics_the_settings_accept():
     task.num_labels, task.label_names = 3, ["a", "b", "c"]
     items = [{"labels": i % 3} for i in range(9)]
     classes = task.score([torch.randn(3) for _ in items], items)
-    assert numbers(classes) - {"num_examples"} == set(CLASS_METRICS) and task.metric_names == CLASS_METRICS
+    per_label = ("f1_a", "f1_b", "f1_c")  # each label's F1, which `metric` may name too
+    assert numbers(classes) - {"num_examples"} == set(CLASS_METRICS + per_label)
+    assert task.metric_names == CLASS_METRICS + per_label
+    task.multi_label, task.thresholds = True, [0.5, 0.5, 0.5]  # several labels per text
+    items = [{"labels": [float(i % 2), float(i % 3 == 0), 0.0]} for i in range(9)]
+    sets = task.score([torch.randn(3) for _ in items], items)
+    assert numbers(sets) - {"num_examples"} == set(MULTI_LABEL_METRICS + per_label)
+    assert task.metric_names == MULTI_LABEL_METRICS + per_label and task.metric == "f1"
+    task.multi_label = False
     task.num_labels = 1  # scores: regression
     items = [{"labels": float(i)} for i in range(9)]
     scores = task.score([torch.randn(1) for _ in items], items)
