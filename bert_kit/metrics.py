@@ -226,9 +226,10 @@ def tune_thresholds(probabilities: Any, y_true: Any, grid: Sequence[float] | Non
     equally good ones the nearest to 0.5. A label with no gold example keeps 0.5: nothing to tune on."""
     probs, t = np.asarray(probabilities, dtype=np.float64), _indicators(y_true, "y_true")
     grid = np.round(np.arange(0.05, 0.951, 0.05), 2) if grid is None else np.asarray(grid, dtype=np.float64)
-    predicted = probs[None, :, :] >= grid[:, None, None]  # (G, N, C)
-    tp, count = (predicted & t[None]).sum(1), predicted.sum(1)  # (G, C)
-    f1 = _safe_div(2 * tp, count + t.sum(0)[None])  # (G, C)
+    f1 = np.zeros((len(grid), t.shape[1]))  # (G, C): each threshold's F1 of each label
+    for g, threshold in enumerate(grid):  # one (N, C) matrix at a time
+        predicted = probs >= threshold
+        f1[g] = _safe_div(2 * (predicted & t).sum(0), predicted.sum(0) + t.sum(0))
     # the best F1, then the threshold nearest to 0.5: order the grid by distance to 0.5 first
     order = np.argsort(np.abs(grid - 0.5), kind="stable")
     best = order[np.argmax(f1[order], axis=0)]  # (C,)

@@ -80,8 +80,8 @@ class ClassificationTask(Task):
         return names + tuple(k for k in self.label_metrics() if k not in names)
 
     def label_metrics(self) -> list[str]:
-        """The per-label metric names of the report (`f1_joy`); a label named as an average (micro,
-        samples, weighted) has none of its own."""
+        """The per-label metric names of the report (`f1_joy`; for a label named as an average,
+        micro, samples or weighted, that name is the average's)."""
         return [f"f1_{name}" for name in self.label_names or []]
 
     # ---- data ----------------------------------------------------------------------------------

@@ -246,7 +246,6 @@ class FinetuneConfig(RunSettings):
                               f"{config.max_length} positions (max_position_embeddings)")
         check_data_settings(self)
 
-
     def check_classification(self) -> None:
         """The classification group against the shared settings: label names from a file, label sets
         against regression, what the JAX engine does not train."""

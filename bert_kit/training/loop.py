@@ -63,7 +63,7 @@ from bert_kit.training.engine import Engine, TorchEngine
 from bert_kit.training.job import Job, Run
 from bert_kit.training.optim import Schedule
 from bert_kit.training.progress import LossPlotter, ProgressLogger, truncate_metrics
-from bert_kit.training.results import Best, check_records, model_entries, summarize, write_results
+from bert_kit.training.results import EARLY_STOPPING, Best, check_records, model_entries, summarize, write_results
 from bert_kit.training.resume import check_changes, finished_message, resume_point, rewind, stopped_early
 from bert_kit.training.run_folder import claim_run_folder
 from bert_kit.training.runconfig import config_to_dict, save_config
@@ -230,9 +230,10 @@ class TrainingLoop:
                     if decision.early_stop:
                         self.stopped_early = True
                         best = self.best
+                        kept = "none" if best.value is None else f"{best.value:.4f} at step {best.step}"
                         self.logger.message(f"step {self.step}: early stopping: {job.metric} has not improved by more "
-                                            f"than {best.min_delta:g} in {best.waited} evaluations (best {best.value:.4f} "
-                                            f"at step {best.step}, in {job.model_folder}/)")
+                                            f"than {best.min_delta:g} in {best.waited} evaluations (best {kept}, in "
+                                            f"{job.model_folder}/)")
                         break
                     if decision.out_of_time:
                         self.logger.message(f"step {self.step}: time budget spent ({self.cfg.time_budget}); "
@@ -422,7 +423,7 @@ class TrainingLoop:
                 print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
             self.checkpoint_written()
             self.model_written()
-        stopped = "early_stopping" if self.stopped_early else self.stopped
+        stopped = EARLY_STOPPING if self.stopped_early else self.stopped
         results = {"steps": self.step, "stopped": stopped, "output_dir": str(out), "world_size": world_size(),
                    "precision": str(self.engine.precision), **(summarize(out, job.unit) if self.main else {}),
                    "best_value": self.best.value, "best_step": self.best.step, "best_metrics": self.best.metrics,

@@ -23,6 +23,7 @@ from bert_kit.outputs import write_text
 from bert_kit.training.progress import METRICS_FILE, read_metrics
 
 RESULTS_FILE = "results.json"
+EARLY_STOPPING = "early_stopping"  # results.json's "stopped" of a run early stopping ended (else a signal's name)
 
 
 @dataclass
@@ -86,6 +87,13 @@ class Best:
         self.value, self.step, self.metrics = state.get("value"), state.get("step"), state.get("metrics")
         # a checkpoint from before early stopping counted from its best
         self.waited, self.mark = int(state.get("waited", 0)), state.get("mark", self.value)
+
+
+def interrupted(results: dict[str, Any]) -> str | None:
+    """The signal that stopped a run (SIGINT, SIGTERM: it goes on when resumed), or None: it ended,
+    at its last step or by early stopping."""
+    stopped = results.get("stopped")
+    return None if stopped in (None, EARLY_STOPPING) else stopped
 
 
 def model_entries(out: Path, folder: str) -> dict[str, str | None]:

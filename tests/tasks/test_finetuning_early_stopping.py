@@ -59,6 +59,18 @@ def test_a_run_stops_on_the_evaluation_that_spends_the_patience(tiny_encoder, ss
     assert saved["stopped"] == "early_stopping" and (tmp_path / "run" / "best").is_dir()
 
 
+def test_the_command_exits_0_when_early_stopping_ends_the_run(tiny_encoder, sst2_slice, tmp_path, scripted):
+    """Early stopping ends a run as its last step does (a signal's stop exits 130/143)."""
+    from bert_kit.cli import main as cli_main
+
+    scripted["scores"] = [0.5, 0.4]
+    cfg = run_config(tiny_encoder, tmp_path, sst2_slice)
+    settings = [f"{k}={getattr(cfg, k)}" for k in ("model", "output_dir", "train_file", "validation_file", "max_steps",
+                                                    "eval_every", "batch_size", "device", "precision")]
+    assert cli_main(["finetune", *settings, "early_stopping_patience=1", "--output", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["stopped"] == "early_stopping"
+
+
 def test_an_interrupted_run_resumes_with_its_count(tiny_encoder, sst2_slice, tmp_path, scripted):
     """Checkpoints at every evaluation; the run resumed from step 6 (one evaluation without
     improvement counted by then) stops at step 10, as the uncut run would (0.5, 0.7, 0.6, 0.6, 0.6)."""
