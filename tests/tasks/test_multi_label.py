@@ -160,6 +160,8 @@ def test_an_exported_multi_label_folder_predicts_the_same_sets(run, tmp_path):
         assert a["labels"] == b["labels"]
         assert_close(torch.tensor(list(a["probabilities"].values())), torch.tensor(list(b["probabilities"].values())),
                      rtol=0, atol=1e-4)
+    int8 = export_onnx(out / "best", tmp_path / "int8", quantize="int8")  # reports each label's decisions
+    assert int8.int8_check["logits"]["same_labels"] > 0.9
 
 
 def test_best_keeps_the_thresholds_of_its_own_evaluation(tiny_encoder, goemotions, tmp_path, monkeypatch):
@@ -271,3 +273,16 @@ def test_a_single_label_model_refuses_a_file_of_label_sets(tiny_encoder, tmp_pat
                      "--output", str(tmp_path / "eval.json")]) == 2  # a data error: one line, exit 2
     assert "sets.tsv holds several labels per row (2 of 3 rows hold lists separated by ',') but the model " \
            "predicts one label per text" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_weighted_multi_label_run_in_cuda_graphs_and_windows(tiny_encoder, goemotions, tmp_path):
+    """The GPU path: bf16, each step replayed as a CUDA graph (cuda_graphs: auto), class weights
+    made once on the device, and long texts in windows; the run ends with finite figures."""
+    train, dev, names = goemotions
+    results = finetune(config(tiny_encoder, tmp_path / "run", train, dev, names, device="cuda", precision="bf16",
+                              max_steps=12, eval_every=6, max_length=32,
+                              classification={"label_names_file": str(names), "multi_label": True, "threshold": "tune",
+                                              "class_weights": "balanced", "long_text": "chunks"}))
+    assert results["steps"] == 12 and np.isfinite(results["train_loss"])
+    assert results["history"][-1]["num_examples"] == 60  # texts, not windows
