@@ -322,8 +322,8 @@ def classify(task: Any, model: Any, precision: Any, texts: list[str],
     if items and task.chunks:
         logits, _ = task.pool(logits, items)  # (D, C): one row per text
     windows = [{"windows": n} if task.chunks else {} for n in ds.windows]
-    return [{**label_record(task, row), "truncated": i in cut, **windows[i]} for i, row in enumerate(logits)], \
-        ds.truncated
+    records = [{**label_record(task, row), "truncated": i in cut, **windows[i]} for i, row in enumerate(logits)]
+    return records, ds.truncated
 
 
 def text_dataset(task: Any, texts: list[str], pairs: list[str] | None = None) -> Any:
