@@ -121,6 +121,19 @@ def test_long_texts_in_windows_take_torchs_steps_and_pool_alike(encoder, sst2, t
             k: v for k, v in files.items() if k != "classification"})
 
 
+def test_label_sets_found_in_the_data_stop_a_jax_run_before_training(encoder, tmp_path):
+    """JSON lists are read as several labels per text without being asked; the JAX engine trains
+    one label per text, so the run stops on reading them, naming the file, before any step."""
+    rows = [{"text": f"text number {i}", "labels": [["joy"], ["anger", "joy"], []][i % 3]} for i in range(12)]
+    train = tmp_path / "sets.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"sets\.jsonl holds several labels per text: engine=jax trains single"):
+        finetune(config(encoder, tmp_path / "run", "jax", train_file=str(train), text_column="text",
+                         label_column="labels"))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not records(tmp_path / "run", "train")
+
+
 def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tmp_path):
     def cut(name: str, n_lines: int) -> Path:  # whole sentences; train holds every tag of the validation lines
         lines = (data_dir / "conll2003" / name).read_text().splitlines()[:n_lines]
