@@ -3,14 +3,23 @@
 Two implementations of the same recipe, each run as its own process:
 * `--impl loop`: a plain PyTorch loop over `AutoModelFor...` (SDPA attention), fused AdamW without
   decay on biases and LayerNorm weights, `get_linear_schedule_with_warmup`, gradient clipping,
-  bf16 autocast, batches shuffled and padded to their longest row, evaluation after every epoch;
+  bf16 autocast (on a GPU; fp32 on a CPU, as bert-kit), batches shuffled and padded to their longest
+  row, evaluation after every epoch;
 * `--impl trainer`: `transformers.Trainer` with the same settings (bf16, fused AdamW, linear
   warmup, evaluation every epoch, no checkpoints).
 Data is read with small parsers below and tokenised by the model's `AutoTokenizer`; metrics:
 SST-2 accuracy, STS-B Spearman (scipy), CoNLL entity F1 (bert_kit.metrics.entity_f1, equal to
 seqeval). Prints one JSON object: wall_s (from process start), steps, steady steps/s, the metric.
 
+GoEmotions (`--task goemotions`, the loop only): multi-label, `problem_type="multi_label_classification"`
+(sigmoid outputs, BCE); after every epoch each label's threshold is tuned for F1 on the dev set
+(scikit-learn's f1_score over the grid 0.05, 0.10, ..., 0.95; or `--threshold 0.5`) and the epoch of
+the best dev macro F1 is kept, as `load_best_model_at_end` would; its test macro F1 is reported.
+`--data-dir` then names a folder holding train.tsv, dev.tsv, test.tsv (benchmarks/goemotions.py
+passes cut copies for `--limit`).
+
     python benchmarks/hf_finetune.py --impl loop --task sst2 --model MINILM --data-dir DATA
+    python benchmarks/hf_finetune.py --impl loop --task goemotions --model MINILM --data-dir DATA/goemotions
 """
 
 from __future__ import annotations
@@ -37,7 +46,9 @@ TASKS = {  # task -> (train file, eval file, kind)
     "conll": ("conll2003/train.txt", "conll2003/valid.txt", "tokens"),
     "rte": ("glue/RTE/train.tsv", "glue/RTE/dev.tsv", "classification"),     # 2,490 pairs
     "mrpc": ("glue/MRPC/train.tsv", "glue/MRPC/dev.tsv", "classification"),  # 3,668 pairs
+    "goemotions": ("train.tsv", "dev.tsv", "multi_label"),  # 43,410 comments, 28 emotions (+ test.tsv)
 }
+GRID = np.round(np.arange(0.05, 0.951, 0.05), 2)  # the thresholds tried for each label
 
 
 def read_sst2(path: Path) -> list[dict]:
@@ -60,6 +71,39 @@ def read_mrpc(path: Path) -> list[dict]:
     with open(path, encoding="utf-8-sig") as f:
         return [{"text": r["#1 String"], "text_pair": r["#2 String"], "label": int(r["Quality"])}
                 for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+
+
+def read_goemotions(path: Path) -> list[dict]:
+    """GoEmotions' TSV as distributed: text, comma-separated label ids, comment id (split on tabs)."""
+    rows = [ln.rstrip("\n").split("\t") for ln in open(path, encoding="utf-8") if ln.strip()]
+    labels = [[0.0] * 28 for _ in rows]
+    for row, r in zip(labels, rows):
+        for i in r[1].split(","):
+            row[int(i)] = 1.0
+    return [{"text": r[0], "label": y} for r, y in zip(rows, labels)]
+
+
+def tuned_thresholds(probs: np.ndarray, gold: np.ndarray, threshold: str) -> np.ndarray:
+    """Each label's threshold: the grid's best dev F1 (the one nearest 0.5 of ties), or a fixed one."""
+    from sklearn.metrics import f1_score
+
+    if threshold != "tune":
+        return np.full(gold.shape[1], float(threshold))
+    out = []
+    for j in range(gold.shape[1]):
+        if not gold[:, j].any():
+            out.append(0.5)
+            continue
+        scores = [f1_score(gold[:, j], probs[:, j] >= t, zero_division=0) for t in GRID]
+        best = max(scores)
+        out.append(min((t for t, f in zip(GRID, scores) if f == best), key=lambda t: abs(t - 0.5)))
+    return np.asarray(out)
+
+
+def macro_f1(probs: np.ndarray, gold: np.ndarray, thresholds: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, probs >= thresholds[None, :], average="macro", zero_division=0))
 
 
 def read_conll(path: Path) -> list[dict]:
@@ -100,6 +144,8 @@ def build_model(args: argparse.Namespace, kind: str, num_labels: int):
     import transformers as tf
 
     common = {"attn_implementation": "sdpa", "dtype": torch.float32}  # fp32 master weights, as bert-kit
+    if kind == "multi_label":  # sigmoid outputs with BCEWithLogitsLoss
+        common["problem_type"] = "multi_label_classification"
     auto = tf.AutoModelForTokenClassification if kind == "tokens" else tf.AutoModelForSequenceClassification
     if args.random_init:  # a bert-base shape with the tokenizer's vocabulary, randomly initialised
         config = tf.BertConfig(vocab_size=len(tf.AutoTokenizer.from_pretrained(args.model)), num_labels=num_labels)
@@ -137,17 +183,21 @@ def main() -> None:
     p.add_argument("--warmup-fraction", type=float, default=0.1)
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threshold", default="tune", help="goemotions: tune (per label on dev) or a number")
     args = p.parse_args()
+    if args.task == "goemotions" and args.impl != "loop":
+        p.error("--task goemotions runs with --impl loop")
 
     import transformers as tf
 
     torch.manual_seed(args.seed)
     train_file, eval_file, kind = TASKS[args.task]
-    reader = {"sst2": read_sst2, "stsb": read_stsb, "conll": read_conll, "rte": read_rte, "mrpc": read_mrpc}[args.task]
+    reader = {"sst2": read_sst2, "stsb": read_stsb, "conll": read_conll, "rte": read_rte, "mrpc": read_mrpc,
+              "goemotions": read_goemotions}[args.task]
     train_rows, eval_rows = reader(args.data_dir / train_file), reader(args.data_dir / eval_file)
     label_names = sorted({t for r in train_rows + eval_rows for t in r["tags"]}) if kind == "tokens" else None
     label_ids = {n: i for i, n in enumerate(label_names)} if label_names else None
-    num_labels = len(label_names) if kind == "tokens" else (1 if kind == "regression" else 2)
+    num_labels = len(label_names) if kind == "tokens" else {"regression": 1, "multi_label": 28}.get(kind, 2)
     tokenizer = tf.AutoTokenizer.from_pretrained(args.model)
     train_items = encode(tokenizer, train_rows, kind, args.max_length, label_ids)
     eval_items = encode(tokenizer, eval_rows, kind, args.max_length, label_ids)
@@ -158,6 +208,7 @@ def main() -> None:
     steps_per_epoch = math.ceil(len(train_items) / args.batch_size)
     total = int(args.epochs * steps_per_epoch)
     scores, step_times = [], []
+    best = {"dev": -1.0}  # multi-label: the epoch of the best dev macro F1 (its weights and thresholds)
 
     if args.impl == "trainer":
         class Timer(tf.TrainerCallback):
@@ -191,7 +242,7 @@ def main() -> None:
             model.train()
             for batch in loader:
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                with torch.autocast(device, dtype=torch.bfloat16):
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
                     loss = model(**batch).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,18 +259,39 @@ def main() -> None:
             model.eval()
             logits = []
             eval_loader = torch.utils.data.DataLoader(eval_items, batch_size=64, collate_fn=collator)
-            with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16):
+            with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
                 for batch in eval_loader:
                     batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
                     logits += list(model(**batch).logits.float().cpu().numpy())
-            scores.append(metric(kind, logits, eval_items, label_names))
+            if kind == "multi_label":
+                probs, gold = 1 / (1 + np.exp(-np.stack(logits))), np.array([it["labels"] for it in eval_items])
+                thresholds = tuned_thresholds(probs, gold, args.threshold)
+                scores.append(macro_f1(probs, gold, thresholds))
+                if scores[-1] > best["dev"]:
+                    best = {"dev": scores[-1], "thresholds": thresholds,
+                            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            else:
+                scores.append(metric(kind, logits, eval_items, label_names))
             print(f"epoch score {scores[-1]:.4f}", file=sys.stderr, flush=True)
 
+    test = None
+    if kind == "multi_label":  # the best dev epoch's weights and thresholds on the test set
+        model.load_state_dict(best["state"])
+        model.eval()
+        test_items = encode(tokenizer, reader(args.data_dir / "test.tsv"), kind, args.max_length, label_ids)
+        logits = []
+        with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            for batch in torch.utils.data.DataLoader(test_items, batch_size=64, collate_fn=collator):
+                batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+                logits += list(model(**batch).logits.float().cpu().numpy())
+        probs = 1 / (1 + np.exp(-np.stack(logits)))
+        test = macro_f1(probs, np.array([it["labels"] for it in test_items]), best["thresholds"])
     n = len(step_times)
     a, b = n // 5, n - n // 10  # steady state: between the first 20% and the last 10% of steps
     steady = (b - a) / (step_times[b - 1] - step_times[a]) if b - a > 1 else None
     print(json.dumps({"impl": f"hf-{args.impl}", "task": args.task, "steps": n, "steady_steps_per_s": steady,
                       "scores": scores, "best": max(scores) if scores else None, "final": scores[-1] if scores else None,
+                      **({"test_macro_f1": test} if test is not None else {}),
                       "wall_s_inside": time.time() - T_START}))
 
 

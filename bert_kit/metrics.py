@@ -2,7 +2,9 @@
 
 - classification: accuracy, precision / recall / F1 (macro, micro, weighted, per class),
   confusion matrix, Matthews correlation, a full report, a model-over-loader evaluator and a
-  confusion-matrix plot. Conventions follow scikit-learn with ``zero_division=0``: a class that
+  confusion-matrix plot; for several labels per text, the same over labels and per text
+  (samples), subset accuracy and Hamming loss (`multi_label_report`), and per-label thresholds
+  tuned for F1 (`tune_thresholds`). Conventions follow scikit-learn with ``zero_division=0``: a class that
   is never predicted has precision 0 (never NaN), and macro averages run over all
   ``num_classes`` classes.
 - regression / STS: Pearson and Spearman (ties get their average rank) correlation.
@@ -162,6 +164,76 @@ def classification_report_from_predictions(y_true: Sequence[int], y_pred: Sequen
     report["confusion_matrix"] = cm.tolist()
     report["mcc"] = matthews_corrcoef(t, p, c)
     return report
+
+
+# ----------------------------------------------------------------------------------------------
+# multi-label classification (several labels per text): (N, C) 0/1 indicator matrices
+
+
+def _indicators(y: Any, name: str) -> np.ndarray:
+    """A (N, C) 0/1 array (list, array or tensor) as bool."""
+    if hasattr(y, "detach"):
+        y = y.detach().cpu().numpy()
+    arr = np.asarray(y)
+    if arr.ndim != 2 or (arr.size and not np.isin(arr, (0, 1)).all()):
+        raise ValueError(f"{name} must be a (N, C) matrix of 0 and 1, got shape {arr.shape}")
+    return arr.astype(bool)
+
+
+def multi_label_report(y_true: Any, y_pred: Any, label_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """All multi-label metrics of (N, C) 0/1 gold labels and predictions, as scikit-learn computes
+    them with zero_division=0 (a label never predicted has precision 0; a text with no gold and no
+    predicted label scores 0 in the per-text averages).
+
+    Keys: precision, recall, f1 (macro: the mean over labels), their _micro (counts of all labels),
+    _weighted (by each label's gold count) and _samples (the mean over texts) forms;
+    subset_accuracy (texts whose label set is exactly right), hamming_loss (the share of wrong
+    label decisions), per_class (list of {label, precision, recall, f1, support}), num_examples.
+    """
+    t, p = _indicators(y_true, "y_true"), _indicators(y_pred, "y_pred")
+    if t.shape != p.shape:
+        raise ValueError(f"y_true has shape {t.shape} but y_pred {p.shape}")
+    n, c = t.shape
+    if label_names is not None and len(label_names) != c:
+        raise ValueError(f"label_names has {len(label_names)} names for {c} labels")
+    tp, predicted, support = (t & p).sum(0), p.sum(0), t.sum(0)  # (C,) each
+    precision, recall = _safe_div(tp, predicted), _safe_div(tp, support)
+    f1 = _safe_div(2 * tp, predicted + support)
+    report: dict[str, Any] = {"precision": float(precision.mean()) if c else 0.0,
+                              "recall": float(recall.mean()) if c else 0.0, "f1": float(f1.mean()) if c else 0.0}
+    micro_p, micro_r = float(_safe_div(tp.sum(), predicted.sum())), float(_safe_div(tp.sum(), support.sum()))
+    report.update(precision_micro=micro_p, recall_micro=micro_r,
+                  f1_micro=float(_safe_div(2 * tp.sum(), predicted.sum() + support.sum())))
+    weights = support / support.sum() if support.sum() else np.zeros(c)
+    report.update(precision_weighted=float(precision @ weights), recall_weighted=float(recall @ weights),
+                  f1_weighted=float(f1 @ weights))
+    row_tp, row_pred, row_true = (t & p).sum(1), p.sum(1), t.sum(1)  # (N,) each
+    report.update(precision_samples=float(_safe_div(row_tp, row_pred).mean()) if n else 0.0,
+                  recall_samples=float(_safe_div(row_tp, row_true).mean()) if n else 0.0,
+                  f1_samples=float(_safe_div(2 * row_tp, row_pred + row_true).mean()) if n else 0.0)
+    report["subset_accuracy"] = float((t == p).all(1).mean()) if n else 0.0
+    report["hamming_loss"] = float((t != p).mean()) if t.size else 0.0
+    report["per_class"] = [
+        {"label": label_names[j] if label_names is not None else j, "precision": float(precision[j]),
+         "recall": float(recall[j]), "f1": float(f1[j]), "support": int(support[j])} for j in range(c)]
+    report["num_examples"] = n
+    return report
+
+
+def tune_thresholds(probabilities: Any, y_true: Any, grid: Sequence[float] | None = None) -> list[float]:
+    """Per label, the threshold of `grid` (default 0.05, 0.10, ..., 0.95) whose predictions
+    (probability >= threshold) have the best F1 on (N, C) `probabilities` and 0/1 `y_true`; of
+    equally good ones the nearest to 0.5. A label with no gold example keeps 0.5: nothing to tune on."""
+    probs, t = np.asarray(probabilities, dtype=np.float64), _indicators(y_true, "y_true")
+    grid = np.round(np.arange(0.05, 0.951, 0.05), 2) if grid is None else np.asarray(grid, dtype=np.float64)
+    f1 = np.zeros((len(grid), t.shape[1]))  # (G, C): each threshold's F1 of each label
+    for g, threshold in enumerate(grid):  # one (N, C) matrix at a time
+        predicted = probs >= threshold
+        f1[g] = _safe_div(2 * (predicted & t).sum(0), predicted.sum(0) + t.sum(0))
+    # the best F1, then the threshold nearest to 0.5: order the grid by distance to 0.5 first
+    order = np.argsort(np.abs(grid - 0.5), kind="stable")
+    best = order[np.argmax(f1[order], axis=0)]  # (C,)
+    return [float(grid[g]) if t[:, j].any() else 0.5 for j, g in enumerate(best)]
 
 
 def evaluate_classification_metrics(model, loader, device: str = "cpu",

@@ -360,6 +360,8 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
         raise CorruptFileError(f"{Path(folder) / 'config.json'}: expected a mapping of config keys, got "
                                f"{type(d).__name__}")
     meta = dict(d.get("bert_kit") or {})
+    if isinstance(d.get("problem_type"), str):  # HF's: multi_label_classification, regression, ...
+        meta["problem_type"] = d["problem_type"]
     # as bert-kit's BERT class of that role (RobertaForMaskedLM -> BertForMaskedLM): every family alike
     meta["architectures"] = [architecture_role(a) for a in d.get("architectures") or [] if isinstance(a, str)]
     if "id2label" in d:
@@ -373,9 +375,14 @@ def read_model_metadata(folder: str | Path) -> dict[str, Any]:
 
 
 def write_model_metadata(folder: str | Path, meta: dict[str, Any]) -> None:
-    """Merge `meta` into config.json's `bert_kit` dict (ignored by both loaders) and set finetuning_task."""
+    """Merge `meta` into config.json's `bert_kit` dict (ignored by both loaders) and set finetuning_task;
+    a `problem_type` goes to the top level, where transformers reads it (multi_label_classification:
+    sigmoid outputs)."""
     path = Path(folder) / "config.json"
     d = json.loads(path.read_text())
+    meta = dict(meta)
+    if "problem_type" in meta:
+        d["problem_type"] = meta.pop("problem_type")
     d["bert_kit"] = {**(d.get("bert_kit") or {}), **meta}
     d["finetuning_task"] = meta.get("task")
     tmp = path.with_suffix(".json.tmp")

@@ -212,6 +212,8 @@ class ExportReport:
                     part += f", cosine mean {m['cosine_mean']:.4f} (min {m['cosine_min']:.4f})"
                 if "same_argmax" in m:
                     part += f", same argmax {100 * m['same_argmax']:.1f}%"
+                if "same_labels" in m:
+                    part += f", same label decisions {100 * m['same_labels']:.1f}%"
                 parts.append(part)
             lines.append(f"  int8 against fp32 on {len(INT8_CHECK_SENTENCES)} built-in sentences: " + "; ".join(parts))
         return "\n".join(lines)
@@ -343,9 +345,12 @@ def int8_agreement(model: nn.Module, graph: ExportGraph, session: OnnxModel, nam
                    source: Path) -> dict[str, dict[str, float]]:
     """How far an int8 graph is from the fp32 model on INT8_CHECK_SENTENCES, per output: max
     |difference| over real positions; for vectors (embeddings, states) the cosine of each to its
-    fp32 twin (mean, min); for logits how often their argmax agrees (labels, tokens, answer spans)."""
+    fp32 twin (mean, min); for logits how often their argmax agrees (labels, tokens, answer spans), and
+    for a multi-label head how often each label's decision at its threshold does."""
     from bert_kit.tokenizer import get_tokenizer
 
+    meta = read_model_metadata(source)
+    thresholds = meta.get("thresholds") if meta.get("problem_type") == "multi_label_classification" else None
     enc = get_tokenizer(source)(list(INT8_CHECK_SENTENCES), max_length=model.config.max_length)
     inputs = tuple(enc[k] for k in INPUT_NAMES)  # one sentence each: token types all 0
     with torch.no_grad():
@@ -364,6 +369,9 @@ def int8_agreement(model: nn.Module, graph: ExportGraph, session: OnnxModel, nam
             m = {"max_abs_diff": float((want - have).abs().max())}
         if name.endswith("logits"):
             m["same_argmax"] = float((want.argmax(-1) == have.argmax(-1)).float().mean())
+            if thresholds is not None:  # several labels per text: each label's decision at its threshold
+                cut = torch.tensor(thresholds)
+                m["same_labels"] = float((want.sigmoid() >= cut).eq(have.sigmoid() >= cut).float().mean())
         else:
             cosine = F.cosine_similarity(want, have, dim=-1)
             m.update(cosine_mean=float(cosine.mean()), cosine_min=float(cosine.min()))

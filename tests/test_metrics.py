@@ -26,6 +26,7 @@ from bert_kit.metrics import (
     evaluate_classification_metrics,
     get_entities,
     matthews_corrcoef,
+    multi_label_report,
     normalize_answer,
     pearson,
     plot_confusion_matrix,
@@ -33,6 +34,7 @@ from bert_kit.metrics import (
     squad_evaluate,
     squad_exact_match,
     squad_f1,
+    tune_thresholds,
 )
 
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -70,6 +72,68 @@ def test_classification_metrics_match_sklearn(seed):
             assert not np.any(np.isnan(a))
     assert matthews_corrcoef(y_true, y_pred, c) == pytest.approx(
         skm.matthews_corrcoef(y_true, y_pred), abs=1e-12)
+
+
+def random_label_sets(seed: int):
+    """(N, C) 0/1 gold and predictions with rows of no label, labels never predicted or never gold."""
+    rng = np.random.default_rng(seed)
+    n, c = int(rng.integers(1, 120)), int(rng.integers(2, 9))
+    y_true = (rng.random((n, c)) < rng.uniform(0.05, 0.5)).astype(int)
+    y_pred = np.where(rng.random((n, c)) < 0.7, y_true, rng.random((n, c)) < 0.3).astype(int)
+    if seed % 3 == 0:
+        y_pred[:, -1] = 0  # a label never predicted
+    if seed % 4 == 0:
+        y_true[:, 0] = 0  # a label never gold
+    return y_true, y_pred
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_multi_label_metrics_match_sklearn(seed):
+    y_true, y_pred = random_label_sets(seed)
+    ours = multi_label_report(y_true, y_pred)
+    for average in ("macro", "micro", "weighted", "samples"):
+        ref = skm.precision_recall_fscore_support(y_true, y_pred, average=average, zero_division=0)[:3]
+        suffix = "" if average == "macro" else f"_{average}"
+        got = [ours[f"precision{suffix}"], ours[f"recall{suffix}"], ours[f"f1{suffix}"]]
+        np.testing.assert_allclose(got, ref, **TOL)
+    p, r, f, support = skm.precision_recall_fscore_support(y_true, y_pred, average=None, zero_division=0)
+    np.testing.assert_allclose([[e["precision"], e["recall"], e["f1"]] for e in ours["per_class"]],
+                               np.stack([p, r, f], 1), **TOL)
+    assert [e["support"] for e in ours["per_class"]] == support.tolist()
+    assert ours["subset_accuracy"] == pytest.approx(skm.accuracy_score(y_true, y_pred), abs=1e-12)
+    assert ours["hamming_loss"] == pytest.approx(skm.hamming_loss(y_true, y_pred), abs=1e-12)
+    assert ours["num_examples"] == len(y_true)
+
+
+def test_multi_label_rows_without_labels_score_as_sklearn():
+    """A text with no gold and no predicted label: 0 in the per-text averages (zero_division=0), right
+    in subset accuracy."""
+    y_true, y_pred = np.array([[0, 0], [1, 0], [0, 1]]), np.array([[0, 0], [1, 1], [0, 0]])
+    report = multi_label_report(y_true, y_pred, ["joy", "anger"])
+    assert report["f1_samples"] == pytest.approx(2 / 9, abs=1e-12)  # (0 + 2/3 + 0) / 3
+    assert report["subset_accuracy"] == pytest.approx(1 / 3, abs=1e-12)
+    assert [e["label"] for e in report["per_class"]] == ["joy", "anger"]
+    with pytest.raises(ValueError, match=r"y_pred must be a \(N, C\) matrix of 0 and 1"):
+        multi_label_report(y_true, np.array([[0, 2], [1, 0], [0, 0]]))
+
+
+def test_tuned_thresholds_are_the_best_f1_of_the_grid():
+    """Against a brute-force search: per label, the grid threshold with the highest F1 (sklearn's),
+    the nearest to 0.5 among ties; a label without gold examples keeps 0.5."""
+    rng = np.random.default_rng(0)
+    n, c = 300, 5
+    y_true = (rng.random((n, c)) < 0.2).astype(int)
+    y_true[:, 4] = 0
+    probs = np.clip(y_true * rng.uniform(0.1, 0.9, (n, c)) + rng.uniform(0, 0.5, (n, c)), 0, 1)
+    grid = np.round(np.arange(0.05, 0.951, 0.05), 2)
+    tuned = tune_thresholds(probs, y_true)
+    for j in range(4):
+        scores = [skm.f1_score(y_true[:, j], probs[:, j] >= t, zero_division=0) for t in grid]
+        best = max(scores)
+        ties = [t for t, f in zip(grid, scores) if f == pytest.approx(best, abs=1e-12)]
+        assert tuned[j] == min(ties, key=lambda t: abs(t - 0.5))
+    assert tuned[4] == 0.5
+    assert tune_thresholds(np.full((4, 1), 0.7), np.ones((4, 1), int)) == [0.5]  # every threshold ties: 0.5
 
 
 def test_class_never_predicted_has_zero_precision_not_nan():

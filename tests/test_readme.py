@@ -88,6 +88,11 @@ def write_data_root(root: Path) -> None:
         for i in range(40)]  # configs/finetune_squad.yaml trains on the first 38 and evaluates on the rest
     (root / "squad-v1.1").mkdir()
     (root / "squad-v1.1" / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": articles}))
+    (root / "goemotions").mkdir()  # no header; text, emotion ids, comment id; emotions.txt names the ids
+    (root / "goemotions" / "emotions.txt").write_text("admiration\nanger\njoy\nneutral\n")
+    for split in ("train", "dev"):
+        rows = [f"{s}\t{i % 4}{',2' if i % 3 == 0 else ''}\tc{i}" for i, s in enumerate(sentences[:24])]
+        (root / "goemotions" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     for split in ("train", "test"):  # a BEIR folder as nfcorpus is distributed
         write_beir(root / "nfcorpus", split=split)
 

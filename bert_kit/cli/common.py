@@ -59,6 +59,8 @@ def run_training(args: argparse.Namespace, train: Callable[..., dict], cfg: Any,
         write_text(args.output, json.dumps(results, indent=2) + "\n")
     if main:
         print(json.dumps({k: results.get(k) for k in shown} if shown else results, indent=2))
-    if results["stopped"]:
-        return 128 + int(signal.Signals[results["stopped"]])  # 130 for SIGINT, 143 for SIGTERM
+    from bert_kit.training.results import interrupted
+
+    if interrupted(results):  # (early stopping ends a run as its last step does: 0)
+        return 128 + int(signal.Signals[interrupted(results)])  # 130 for SIGINT, 143 for SIGTERM
     return 0

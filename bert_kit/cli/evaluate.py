@@ -55,6 +55,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, tasks: tuple[str, ...]
     parser.add_argument("--word-column", type=INDEX, default=None,
                         help="token-classification: CoNLL column of the word (default: the model's, else 0)")
     parser.add_argument("--skip-bad-answers", action="store_true", help="qa: leave out answers not in their context")
+    parser.add_argument("--long-text", choices=("truncate", "chunks"), default=None,
+                        help="classification: texts past --max-length cut (truncate), or read in windows whose "
+                             "logits pool into the text's (chunks); default: as the model was fine-tuned")
+    parser.add_argument("--chunk-stride", type=INDEX, default=None,
+                        help="chunks: tokens shared by neighbouring windows (default: the model's, else a quarter)")
+    parser.add_argument("--chunk-pooling", choices=("mean", "max"), default=None,
+                        help="chunks: how the windows' logits make the text's (default: the model's, else mean)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-examples", type=COUNT, default=None, help="evaluate on the first N examples only")
     parser.add_argument("--label-column", default=None,
                         help="classification: label column; similarity: score (default: the model's, else label)")
+    parser.add_argument("--label-delimiter", default=None,
+                        help="several labels per text: what separates a row's labels (default: the model's, else ,)")
+    parser.add_argument("--label-columns", nargs="+", default=None, metavar="COLUMN",
+                        help="several labels per text: one 0/1 column per label, in the model's label order "
+                             "(default: the model's)")
     parser.add_argument("--tag-column", type=INTEGER, default=None,
                         help="token-classification: CoNLL column of the tag (default: the model's, else the last)")
     parser.add_argument("--score-range", type=FINITE, nargs=2, metavar=("LOW", "HIGH"), default=None,

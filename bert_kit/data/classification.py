@@ -10,11 +10,12 @@ float32 tensors accordingly.
 Labels are checked, not guessed (:func:`convert_labels`): given `label_names` or `num_labels`
 win; a fractional label among integer classes, a non-finite, null or boolean label, a class
 outside the names or ids, a mix of numbers and names, or two class names that differ only in
-case (`Positive`, `positive`) is an error naming the file and line. A label column of lists
-(`"price,quality"` in most rows, or JSON lists) is refused too (:func:`check_single_labels`):
-multi-label classification is not supported, and each combination would become a class of its
-own. :func:`tokenless` finds the texts that give the model no token at all (blank, or only
-control characters).
+case (`Positive`, `positive`) is an error naming the file and line. Several labels per text
+(multi-label classification: JSON lists, `"joy,anger"`, one 0/1 column per label) are read as
+label sets by `bert_kit.data.label_sets`, detected or asked for (`multi_label`); asked not to
+(`multi_label=False`), a column of lists is refused (:func:`check_single_labels`), as each
+combination would become a class of its own. :func:`tokenless` finds the texts that give the
+model no token at all (blank, or only control characters).
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bert_kit.data import read_text, setting
+from bert_kit.data.label_sets import LIST_DELIMITERS, column_sets, convert_sets, detect, split_sets
 from bert_kit.data.tables import Column, first_line, no_garbage_collection, read_table, separator_hint, table_layout
 from bert_kit.data.truncation import Truncated, find_truncated
 
 # fields padded by pad_collate and the value each is padded with (None = the pad token id)
 _PAD_VALUES = {"input_ids": None, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
+_NOT_BATCHED = frozenset({"document"})  # the text a window came from: for pooling outputs, not a model input
 _INTEGER = re.compile(r"[+-]?\d+")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d*,\d+")  # "0,5": a number as some locales write it, not a list
-LIST_DELIMITERS = (",", ";", "|")  # what separates the labels of a multi-label row ("price,quality")
 _WORD = re.compile(r"\w")  # a letter, digit or underscore: a text holding one gives a token
 
 
@@ -48,10 +50,12 @@ class ClassificationData(NamedTuple):
     """What :func:`read_classification_file` returns."""
 
     texts: list[str]
-    labels: list[int] | list[float] | None  # None when no label column was asked for
+    labels: list[int] | list[float] | list[list[int]] | None  # None when no label column was asked for
     text_pairs: list[str] | None  # second sentences, None without a pair column
     label_names: list[str] | None  # names of label ids 0..K-1 when the file has string labels
     lines: list[str] | None = None  # "file:line" of each example
+    multi_label: bool = False  # labels are label sets: the sorted ids of each row's labels
+    detected: str = ""  # why the labels were read as sets, when nobody asked for it
 
 
 def _parse_label(value: Any, at: str) -> tuple[str, Any, str]:
@@ -96,6 +100,13 @@ def _parse_labels(raw: Sequence[Any], where: Sequence[str]) -> list[tuple[str, A
             seen[key] = _parse_label(value, at)
         out.append(seen[key])
     return out
+
+
+def _list_hint(text: Any) -> str:
+    """A hint for a label that looks like several ("8,20"), read where one label per row is expected."""
+    if isinstance(text, str) and any(d in text for d in LIST_DELIMITERS):
+        return f"; several labels in one row? set {setting('classification.multi_label', True)}"
+    return ""
 
 
 def _file_of(at: str) -> str:
@@ -159,7 +170,7 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
             if kind == "name" or (kind == "float" and not float(number).is_integer()) \
                     or not 0 <= number < len(index):
                 raise ValueError(f"{at}: label {text!r} is not one of label_names {list(label_names)} "
-                                 f"nor a class id 0..{len(index) - 1}")
+                                 f"nor a class id 0..{len(index) - 1}{_list_hint(text)}")
             out.append(int(number))
         return out, list(label_names)
 
@@ -175,7 +186,8 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
         at, text = next((at, text) for (kind, _, text), at in zip(parsed, where) if (kind == "name") == names_rare)
         if names_rare:
             raise ValueError(f"{at}: label {text!r} is not a number but the other labels are numbers "
-                             f"(a header line? set {setting('header', True)}); to use class names give label_names")
+                             f"(a header line? set {setting('header', True)}); to use class names give label_names"
+                             f"{_list_hint(text)}")
         raise ValueError(f"{at}: label {text!r} is a number but the other labels are class names; "
                          "give label_names to list every class")
     if kinds["name"]:
@@ -205,12 +217,13 @@ def convert_labels(raw: Sequence[Any], where: Sequence[str], label_names: Sequen
 
 def check_single_labels(raw: Sequence[Any], where: Sequence[str], column: Column,
                         label_names: Sequence[str] | None = None) -> None:
-    """Refuse a column of label lists: a JSON list, or labels that hold a list delimiter (`,` `;`
-    `|`) in most rows ("price,quality"). Read as classes, every combination of labels would
-    become a class of its own, trained without a word; multi-label classification is not
-    supported. A label that is one of `label_names` is a class, whatever it holds."""
-    what = ("multi-label classification (several labels per row) is not supported, and each combination would "
-            "become a class of its own: give each row one label, or train one classifier per label")
+    """Refuse a column of label lists where one label per row is asked for (`multi_label=False`):
+    a JSON list, or labels that hold a list delimiter (`,` `;` `|`) in most rows ("price,quality").
+    Read as classes, every combination of labels would become a class of its own, trained without
+    a word. A label that is one of `label_names` is a class, whatever it holds."""
+    what = (f"several labels per row, but {setting('classification.multi_label', False)} reads one label per row "
+            "and each combination would become a class of its own: leave out multi_label to read them as label "
+            "sets (multi-label classification), or give each row one label")
     for value, at in zip(raw, where):
         if isinstance(value, list):
             raise ValueError(f"{at}: column {column!r} holds a JSON list of labels ({_json_text(value)}): {what}")
@@ -243,7 +256,9 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
                              label_names: Sequence[str] | None = None, *, num_labels: int | None = None,
                              header: bool | None = None, where: Mapping[Any, Any] | None = None,
                              label_pattern: str | re.Pattern | None = None, encoding: str | None = None,
-                             text: str | None = None, what: str = "classification file") -> ClassificationData:
+                             text: str | None = None, what: str = "classification file",
+                             multi_label: bool | None = None, label_delimiter: str | None = None,
+                             label_columns: Sequence[Column] | None = None) -> ClassificationData:
     """Read a classification / regression file into a :class:`ClassificationData` tuple.
 
     Any layout of :func:`bert_kit.data.tables.read_table` (``header``, ``delimiter``, ``where``;
@@ -255,6 +270,11 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
     match ``label_pattern`` is then kept whole). ``encoding``: the file's codec (default UTF-8);
     ``text``: the file's text when it was read already; ``what``: how errors name the file. Errors
     name the file and line.
+
+    Label sets (multi-label, `bert_kit.data.label_sets`): ``label_columns`` reads one 0/1 column per
+    label (their names are the labels', unless ``label_names``); else ``multi_label`` True reads
+    the label column as sets (items between ``label_delimiter``s, default ","), None as sets where
+    they are detected, False never. The data's ``labels`` are then each row's sorted label ids.
     """
     pattern = re.compile(label_pattern) if isinstance(label_pattern, str) else label_pattern
     labelled = label_column is not None
@@ -278,7 +298,8 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
         text_column = 0
         columns = [0]
     if labelled and pattern is None:
-        columns.append(label_column)
+        columns.extend(label_columns or [label_column])
+    width = len(label_columns) if labelled and pattern is None and label_columns else 1  # values of the labels
     with no_garbage_collection():  # many small objects, no cycles: see no_garbage_collection
         rows = read_table(path, columns, header=header, delimiter=delimiter, where=where, what=what, text=text)
         texts, pairs, raw_labels, lines = [], [], [], []
@@ -292,16 +313,27 @@ def read_classification_file(path: str | Path, text_column: Column = "sentence",
                     text = match["text"]
                     raw_labels.append(match["label"])
             elif labelled:
-                raw_labels.append(values[-1])
+                raw_labels.append(values[-width:] if width > 1 else values[-1])
             texts.append(text)
             if text_pair_column is not None:
                 pairs.append(_text(values[1], at, text_pair_column))
             lines.append(at)
-        if labelled and num_labels != 1:  # scores are numbers, never lists
-            check_single_labels(raw_labels, lines, "label_pattern" if pattern is not None else label_column,
-                                label_names)
+        pairs = pairs if text_pair_column is not None else None
+        if width > 1:  # one 0/1 column per label
+            sets = column_sets(raw_labels, lines, label_columns)
+            names = list(label_names) if label_names is not None else [str(c) for c in label_columns]
+            return ClassificationData(texts, sets, pairs, names, lines, multi_label=True)
+        column = "label_pattern" if pattern is not None else label_column
+        if labelled and num_labels != 1 and multi_label is not False:  # scores are numbers, never lists
+            delimiter, why = detect(raw_labels, label_delimiter, label_names)
+            if delimiter is not None or multi_label:
+                sets = split_sets(raw_labels, lines, delimiter or label_delimiter or ",")
+                labels, names = convert_sets(sets, lines, label_names, num_labels)
+                return ClassificationData(texts, labels, pairs, names, lines, True, "" if multi_label else why)
+        if labelled and num_labels != 1:
+            check_single_labels(raw_labels, lines, column, label_names)
         labels, names = convert_labels(raw_labels, lines, label_names, num_labels) if labelled else (None, None)
-    return ClassificationData(texts, labels, pairs if text_pair_column is not None else None, names, lines)
+    return ClassificationData(texts, labels, pairs, names, lines)
 
 
 def tokenless(texts: Sequence[str], tokenizer: Any = None) -> list[int]:
@@ -325,13 +357,19 @@ class ClassificationDataset(Dataset):
     """Tokenized (text[, pair], label) examples; items are dicts of Python lists.
 
     Item keys: input_ids, token_type_ids, attention_mask (each a list of length T_i <=
-    max_length) and labels (an int, or a float for regression) when labels were given.
-    `truncated` says which texts (pairs) were longer than max_length and cut
-    (`bert_kit.data.truncation`).
+    max_length) and labels (an int, a float for regression, or for a label set a list of C
+    floats, 1.0 for each label of the text) when labels were given. `truncated` says which texts
+    (pairs) were longer than max_length and cut (`bert_kit.data.truncation`).
+
+    stride: windows instead of truncation (long_text: chunks): every window of max_length tokens
+    over a long text (of a pair: over the second text), consecutive ones sharing `stride` tokens,
+    is an item with its text's label and `document`, the text's index; `windows` counts each
+    text's. Nothing is then cut.
     """
 
-    def __init__(self, texts: Sequence[str], labels: Sequence[int] | Sequence[float] | None,
-                 tokenizer, max_length: int = 128, text_pairs: Sequence[str] | None = None):
+    def __init__(self, texts: Sequence[str], labels: Sequence[int] | Sequence[float] | Sequence[list] | None,
+                 tokenizer, max_length: int = 128, text_pairs: Sequence[str] | None = None,
+                 stride: int | None = None):
         texts = list(texts)
         if labels is not None and len(labels) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
@@ -339,13 +377,18 @@ class ClassificationDataset(Dataset):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
         self.labels = None if labels is None else list(labels)
         self.pad_token_id = getattr(tokenizer, "pad_token_id", 0)
+        windows = {} if stride is None else {"stride": stride, "return_overflowing_tokens": True}
         if texts:
             enc = tokenizer(texts, None if text_pairs is None else list(text_pairs),
                             max_length=max_length, padding=False, truncation=True,
-                            return_tensors=None)
+                            return_tensors=None, **windows)
         else:
-            enc = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
+            enc = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "overflow_to_sample_mapping": []}
         self.encodings = {k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        # the text of each item (one item per text, or per window)
+        self.document = enc["overflow_to_sample_mapping"] if stride is not None else None
+        self.windows = (np.bincount(self.document, minlength=len(texts)).tolist() if stride is not None
+                        else [1] * len(texts))
         # what `truncated` needs, counted when asked for (the server's one-text datasets never ask)
         self._truncation_inputs = (tokenizer, texts, None if text_pairs is None else list(text_pairs), max_length)
         self._truncated: Truncated | None = None
@@ -353,6 +396,8 @@ class ClassificationDataset(Dataset):
     @property
     def truncated(self) -> Truncated:
         """The texts (pairs) longer than max_length, which were cut (`bert_kit.data.truncation`)."""
+        if self._truncated is None and self.document is not None:  # windows: nothing is cut
+            self._truncated = Truncated(len(self.windows), self._truncation_inputs[3])
         if self._truncated is None:
             tokenizer, texts, pairs, max_length = self._truncation_inputs
             kept = list(map(len, self.encodings["input_ids"]))
@@ -365,8 +410,11 @@ class ClassificationDataset(Dataset):
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         item = {k: v[idx] for k, v in self.encodings.items()}
+        text = idx if self.document is None else self.document[idx]
         if self.labels is not None:
-            item["labels"] = self.labels[idx]
+            item["labels"] = self.labels[text]
+        if self.document is not None:
+            item["document"] = text
         return item
 
     def collate(self, batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -382,8 +430,9 @@ def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0, pad_to_multi
 
     Sequence fields (input_ids, token_type_ids, attention_mask and per-token labels) become
     (B, T) int64 tensors padded with the pad id / 0 / 0 / -100. Scalar labels become (B,)
-    int64, or float32 when any label is a float (regression). Other keys with scalar ints
-    (e.g. start_positions) become (B,) int64; non-numeric keys are left out.
+    int64, or float32 when any label is a float (regression); label sets (lists of C floats,
+    multi-label) (B, C) float32. Other keys with scalar ints (e.g. start_positions) become (B,)
+    int64; non-numeric keys and `document` are left out.
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
@@ -392,6 +441,11 @@ def pad_collate(batch: list[dict[str, Any]], pad_token_id: int = 0, pad_to_multi
     max_len = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
     for key, value in batch[0].items():
         values = [item[key] for item in batch]
+        if key in _NOT_BATCHED:
+            continue
+        if key == "labels" and isinstance(value, list) and value and isinstance(value[0], float):
+            out[key] = torch.tensor(values, dtype=torch.float32)  # (B, C) label sets, 1.0 for each label
+            continue
         if isinstance(value, (list, tuple)) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1):
             if key not in _PAD_VALUES:
                 continue  # e.g. offset mappings: not a model input

@@ -4,7 +4,8 @@
 | ---------------- | -------------------- | ------------------------------- | ------------------------------------ |
 | POST /embed      | every folder         | text                            | vector (pooled, unit length)         |
 | POST /classify   | classification       | text, or [text, text_pair]      | label, label_id, probabilities       |
-|                  |                      |                                 | (score for a regression head)        |
+|                  |                      |                                 | (score for a regression head; labels |
+|                  |                      |                                 | and label_ids for several per text)  |
 | POST /tag        | token-classification | text (split on spaces) or words | words, tags, entities                |
 | POST /answer     | qa                   | {question, context}             | answer (a span of the context)       |
 | POST /similarity | similarity           | [sentence1, sentence2]          | score (cosine, or the cross-encoder) |
@@ -178,24 +179,34 @@ class Classify(_TaskOperation):
     input_schema = {"oneOf": [TEXT, PAIR]}
     output_schema = {"type": "object", "properties": {
         "label": TEXT, "label_id": INTEGER, "score": {**NUMBER, "description": "regression heads only"},
-        "probabilities": {"type": "object", "additionalProperties": NUMBER, "description": "by label name"}}}
+        "labels": {"type": "array", "items": TEXT, "description": "several labels per text: those predicted"},
+        "label_ids": {"type": "array", "items": INTEGER, "description": "several labels per text"},
+        "probabilities": {"type": "object", "additionalProperties": NUMBER,
+                          "description": "by label name (softmax; sigmoid per label for several labels per text)"},
+        "windows": {**INTEGER, "description": "a model fine-tuned with long_text chunks: the windows the text took"}}}
 
     def prepare(self, inputs: list, options: dict) -> list[Item]:
-        from bert_kit.data.classification import ClassificationDataset
+        """One item per input: its tokens, or (long_text: chunks) the list of its windows' tokens."""
+        from bert_kit.tasks.inference import text_dataset
 
         items = []
         for x in inputs:
             text, pair = (x, None) if isinstance(x, str) else x
-            item = ClassificationDataset([text], None, self.tokenizer, self.max_length,
-                                         None if pair is None else [pair])[0]
-            items.append(Item(len(item["input_ids"]), item))
+            ds = text_dataset(self.task, [text], None if pair is None else [pair])
+            windows = [ds[i] for i in range(len(ds))]
+            cost = sum(len(w["input_ids"]) for w in windows)
+            items.append(Item(cost, windows if self.task.chunks else windows[0]))
         return items
 
     def run(self, items: list[Item]) -> list:
         from bert_kit.tasks.inference import label_record
 
-        logits = self.task.logits(self.model, [it.data for it in items], self.precision)  # (B, C)
-        return [label_record(self.task, row) for row in logits]
+        if not self.task.chunks:
+            logits = self.task.logits(self.model, [it.data for it in items], self.precision)  # (B, C)
+            return [label_record(self.task, row) for row in logits]
+        windows = [{**w, "document": i} for i, it in enumerate(items) for w in it.data]  # every input's windows
+        logits, _ = self.task.pool(self.task.logits(self.model, windows, self.precision), windows)  # (B, C)
+        return [{**label_record(self.task, row), "windows": len(it.data)} for row, it in zip(logits, items)]
 
 
 class Tag(_TaskOperation):

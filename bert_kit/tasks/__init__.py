@@ -2,7 +2,8 @@
 
 | task                 | files                          | model (role)                   | best/ kept by |
 | -------------------- | ------------------------------ | ------------------------------ | ------------- |
-| classification       | TSV/CSV/JSONL/TXT text, label  | ForSequenceClassification      | accuracy (pearson if num_labels=1) |
+| classification       | TSV/CSV/JSONL/TXT text, label  | ForSequenceClassification      | accuracy (pearson if num_labels=1, |
+|                      | (or labels: several per text)  |                                | f1 for several labels per text)    |
 | token-classification | CoNLL (word ... tag)           | ForTokenClassification         | entity f1     |
 | qa                   | SQuAD v1.1 JSON                | ForQuestionAnswering           | f1            |
 | similarity           | STS-B, or any pair file + score | cross-encoder: regression head | spearman      |
@@ -27,11 +28,16 @@ TASKS = ("classification", "token-classification", "qa", "similarity")
 
 # The validation metrics each task reports: what `metric` may name to choose best/ (checked with the
 # settings, before any model or data is read; `bert_kit.metrics.higher_is_better` says which way).
-# f1, precision and recall of classification are macro averages.
+# f1, precision and recall of classification are macro averages; `f1_<label>` is one label's F1.
 CLASS_METRICS = ("accuracy", "f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro",
                  "f1_weighted", "precision_weighted", "recall_weighted", "mcc", "loss")
+# several labels per text: the averages above over labels, per text (samples), and whole label sets
+MULTI_LABEL_METRICS = ("f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro", "f1_samples",
+                       "precision_samples", "recall_samples", "f1_weighted", "precision_weighted",
+                       "recall_weighted", "subset_accuracy", "hamming_loss", "loss")
 SCORE_METRICS = ("pearson", "spearman", "mse")  # regression (a classifier with one output), a cross-encoder
-METRICS = {"classification": CLASS_METRICS + SCORE_METRICS,
+PER_LABEL_METRICS = ("f1_",)  # + a label's name: that label's own score (classification)
+METRICS = {"classification": tuple(dict.fromkeys(CLASS_METRICS + MULTI_LABEL_METRICS + SCORE_METRICS)),
            "token-classification": ("f1", "precision", "recall", "accuracy"),  # entity-level; accuracy per word
            "qa": ("f1", "exact_match"),
            "similarity": SCORE_METRICS}  # a bi-encoder: pearson and spearman

@@ -66,14 +66,15 @@ def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torc
 
 
 def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
-              state: dict[str, torch.Tensor] | None = None) -> None:
+              state: dict[str, torch.Tensor] | None = None, metadata: dict[str, Any] | None = None) -> None:
     """A fine-tuned model folder: the HF model plus tokenizer, label names and the task settings.
 
     state: the full state dict `collect_state` gathered (an FSDP2 model holds only shards).
+    metadata: the task's, as it was when the weights were chosen (default: as it is now).
     Call on rank 0 only."""
     save_model(model, folder, state)
     tokenizer.save(folder)
-    write_model_metadata(folder, task.metadata())
+    write_model_metadata(folder, task.metadata() if metadata is None else metadata)
     if task.name == "similarity" and task.s.similarity.mode == "bi-encoder":
         write_sentence_transformers_files(folder, task.s.similarity.pooling, task.s.max_length)
 
@@ -103,15 +104,22 @@ class FinetuningJob(Job):
         self.task = task = make_task(cfg.task, cfg)
         self.name = f"finetune {task.name}"
         task.bind(self.tokenizer)
-        self.train_items = task.read_train(cfg.train_file)[: cfg.max_train_examples]
+        self.train_items = task.read_train(cfg.train_file, cfg.max_train_examples)
         eval_path = cfg.validation_file or (cfg.train_file if cfg.task == "qa" and cfg.qa.train_articles else None)
         self.eval_items = task.read_eval(eval_path, cfg.max_eval_examples) if eval_path else None
         if not self.train_items:
             raise ValueError(f"{cfg.train_file}: no training examples")
-        if cfg.metric is not None:  # a classifier's labels say whether it predicts classes or scores
+        if cfg.metric is not None:  # a classifier's labels say whether it predicts classes, label sets or scores
             scores = task.name == "classification" and task.regression
-            check_metric(cfg.metric, f"task {task.name}{' on scores (one output)' if scores else ''}",
-                         task.metric_names)
+            sets = getattr(task, "multi_label", False)
+            kind = " on scores (one output)" if scores else " with several labels per text" if sets else ""
+            check_metric(cfg.metric, f"task {task.name}{kind}", task.metric_names)
+        if getattr(task, "multi_label", False) and cfg.engine == "jax":
+            raise ValueError(f"{cfg.train_file} holds several labels per text: engine=jax trains single-label "
+                             "classification; train multi-label classifiers with engine=torch (docs/jax.md)")
+        if getattr(task, "tune", False) and self.eval_items is None:
+            raise ValueError("classification.threshold=tune chooses each label's threshold on the validation set: "
+                             "set validation_file (or a threshold such as 0.5)")
         model = task.build(cfg.model)
         if cfg.distill is not None and cfg.distill.student_layers is not None:  # the student: the teacher, pruned
             model = prune_layers(model, cfg.distill.student_layers)
@@ -157,6 +165,10 @@ class FinetuningJob(Job):
         self.save_every = cfg.save_every
         self.metric = task.metric if self.eval_items is not None else None
         self.higher_is_better = self.metric is None or higher_is_better(self.metric)
+        self.patience, self.min_delta = cfg.early_stopping_patience, cfg.early_stopping_min_delta
+        if self.patience is not None and self.metric is None:
+            raise ValueError("early_stopping_patience counts evaluations of the validation metric: set "
+                             "validation_file")
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         # a long run on a CPU says so after its first half minute, and how to check the setup sooner
@@ -223,6 +235,10 @@ class FinetuningJob(Job):
 
     def save_model(self, folder: Path, state: dict | None) -> None:
         save_best(self.model, self.tokenizer, self.task, folder, state)
+
+    def model_writer(self, state: dict | None) -> Any:
+        metadata = self.task.metadata()  # thresholds tuned by this evaluation, not by a later one
+        return lambda folder: save_best(self.model, self.tokenizer, self.task, folder, state, metadata)
 
     def data_state(self) -> dict:
         return {"loader": self.loader.state_dict(), "world_size": world_size(),

@@ -5,7 +5,8 @@ worker, and a mistyped key fails before torch is imported. The job that runs a c
 `bert_kit.tasks.finetuning`; the settings shared by every run are `RunSettings`.
 
 What only one task reads is grouped under it: `qa` (`QASettings`), `ner` (`NERSettings`, token
-classification), `similarity` (`SimilaritySettings`):
+classification), `similarity` (`SimilaritySettings`), `classification` (`ClassificationSettings`:
+several labels per text, class weights, long texts; classification_config.py):
 
     task: qa
     qa: {doc_stride: 64, max_answer_length: 40}       # bert-kit finetune ... qa.doc_stride=64
@@ -26,7 +27,8 @@ from typing import Any, ClassVar, Literal
 
 from bert_kit.checks import ConfigError, Range, check_settings, fraction, non_negative, positive, suggestion
 from bert_kit.model_folder import locate_model, model_config
-from bert_kit.tasks import metric_names
+from bert_kit.tasks import PER_LABEL_METRICS, metric_names
+from bert_kit.tasks.classification_config import ClassificationSettings, read_label_names_file
 from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.training.runconfig import accepts_moved_keys, build_group
 from bert_kit.training.settings import RunSettings
@@ -149,7 +151,8 @@ class DistillSettings:
 
 
 # the groups of task settings: field -> its dataclass
-GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
+GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings,
+          "classification": ClassificationSettings}
 
 
 @accepts_moved_keys
@@ -184,6 +187,7 @@ class FinetuneConfig(RunSettings):
     qa: QASettings = field(default_factory=QASettings)
     ner: NERSettings = field(default_factory=NERSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
+    classification: ClassificationSettings = field(default_factory=ClassificationSettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # parameter-efficient fine-tuning: adapters instead of the whole encoder
     lora: LoRASettings | None = None
@@ -215,7 +219,12 @@ class FinetuneConfig(RunSettings):
     # bookkeeping
     output_dir: str = "runs/finetune"  # run folder
     seed: int = 42  # seeds the head init, data order and dropout
-    metric: str | None = None  # validation metric that picks best/ (its highest; a loss's lowest); default per task
+    metric: str | None = None
+    """validation metric that picks best/ (its highest; a loss's lowest): any the task reports, a
+    label's own F1 too (f1_joy); default per task (alias metric_for_best)"""
+    # early stopping: the run ends after this many evaluations without an improvement of `metric`
+    early_stopping_patience: int | None = None  # evaluations without improvement before the run stops (null: never)
+    early_stopping_min_delta: float = 0.0  # an improvement of metric by no more than this counts as none
     eval_every: int = 0  # steps between evaluations (0: at the end of every epoch)
     save_every: int = 0  # steps between checkpoints (0: every save_minutes only)
     end_checkpoint: bool = False
@@ -230,8 +239,12 @@ class FinetuneConfig(RunSettings):
         "skip_bad_answers": "qa.skip_bad_answers", "tag_column": "ner.tag_column", "word_column": "ner.word_column",
         "similarity_mode": "similarity.mode", "pooling": "similarity.pooling", "similarity_loss": "similarity.loss",
         "score_range": "similarity.score_range"}
-    # a resume may change how answers are searched (evaluation only)
-    RESUMABLE: ClassVar[frozenset[str]] = RunSettings.RESUMABLE | {"qa.n_best", "qa.max_answer_length"}
+    # other names of a setting, taken as it (HF's metric_for_best_model names `metric` too)
+    ALIASES: ClassVar[dict[str, str]] = {"metric_for_best": "metric", "metric_for_best_model": "metric"}
+    # a resume may change how answers are searched and thresholds chosen (evaluation only), and when to stop early
+    RESUMABLE: ClassVar[frozenset[str]] = RunSettings.RESUMABLE | {
+        "qa.n_best", "qa.max_answer_length", "classification.threshold", "early_stopping_patience",
+        "early_stopping_min_delta"}
 
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
@@ -260,6 +273,8 @@ class FinetuneConfig(RunSettings):
             "max_eval_examples": positive(integer=True, optional=True),
             "num_labels": positive(integer=True, optional=True, hint="1 = regression"),
             "classifier_dropout": fraction(high_open=True, optional=True),
+            "early_stopping_patience": positive(integer=True, optional=True, hint="null: never stop early"),
+            "early_stopping_min_delta": non_negative(),
         })
         if self.cuda_graphs is True and self.compile is False and (self.grad_accum > 1 or self.optimizer != "adamw"):
             raise ConfigError("cuda_graphs: true needs grad_accum 1 and optimizer adamw (or set cuda_graphs: auto)")
@@ -279,9 +294,11 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"qa.doc_stride={qa.doc_stride} is out of range: expected an integer < {room} "
                               f"(max_length {self.max_length} - qa.max_query_length {qa.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
+        self.check_classification()
         if self.metric is not None:
             names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder")
-            check_metric(self.metric, f"task {self.task}", names)
+            labels = self.label_names if self.task == "classification" else None
+            check_metric(self.metric, f"task {self.task}", names, labels, per_label=self.task == "classification")
         # the sequences must fit the model's position table, when the model is known here
         try:
             config = model_config(self.model) if self.model else None
@@ -301,15 +318,55 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"lora trains with engine=torch and parallel=ddp (not {self.engine}, {self.parallel}): "
                               "its adapters are a few MB, replicated on every rank")
 
+    def check_classification(self) -> None:
+        """The classification group against the shared settings: label names from a file, label sets
+        against regression, what the JAX engine does not train."""
+        c = self.classification
+        if c.label_names_file is not None:
+            names = read_label_names_file(c.label_names_file, self.encoding)
+            if self.label_names is not None and list(self.label_names) != names:
+                raise ConfigError(f"label_names={self.label_names} contradicts classification.label_names_file="
+                                  f"{c.label_names_file} ({names[:5]}{', ...' if len(names) > 5 else ''})")
+            if self.num_labels is not None and self.num_labels != len(names):
+                raise ConfigError(f"num_labels={self.num_labels} contradicts the {len(names)} names of "
+                                  f"classification.label_names_file={c.label_names_file}")
+            self.label_names = names
+        if c.label_columns is not None and self.label_names is not None and len(self.label_names) != len(
+                c.label_columns):
+            raise ConfigError(f"classification.label_columns names {len(c.label_columns)} columns but label_names "
+                              f"{len(self.label_names)} labels: the columns name the labels, leave label_names out")
+        if (c.multi_label or c.label_columns) and self.num_labels == 1:
+            raise ConfigError("num_labels=1 is regression (one score per text); multi-label classification "
+                              "(classification.multi_label or label_columns) needs one output per label")
+        if isinstance(c.class_weights, list) and (self.num_labels or self.label_names):
+            n = self.num_labels or len(self.label_names)
+            if len(c.class_weights) != n:
+                raise ConfigError(f"classification.class_weights holds {len(c.class_weights)} weights for {n} "
+                                  "classes: give one per class, in id order")
+        if c.long_text == "chunks" and c.chunk_stride is not None and c.chunk_stride >= self.max_length - 3:
+            raise ConfigError(f"classification.chunk_stride={c.chunk_stride} is out of range: windows of max_length "
+                              f"{self.max_length} tokens hold {self.max_length - 3} text tokens besides [CLS] and "
+                              f"[SEP]s: expected an integer < {self.max_length - 3}")
+        if self.engine == "jax" and (c.multi_label or c.label_columns or c.class_weights is not None):
+            raise ConfigError("engine=jax trains single-label classification without class weights: "
+                              "train multi-label or weighted classifiers with engine=torch (docs/jax.md)")
 
-def check_metric(metric: str, what: str, names: tuple[str, ...]) -> None:
-    """`metric` must be one of the validation metrics `names` that `what` ("task qa") reports."""
+
+def check_metric(metric: str, what: str, names: tuple[str, ...], labels: list[str] | None = None,
+                 per_label: bool = False) -> None:
+    """`metric` must be one of the validation metrics `names` that `what` ("task qa") reports, or,
+    where the task reports them (`per_label`), a label's own score (`f1_joy`: one of `labels` when
+    they are known; else checked once the data is read)."""
     if metric in names:
         return
-    hint = suggestion(metric, names)
+    prefix, _, label = metric.partition("_")
+    if per_label and f"{prefix}_" in PER_LABEL_METRICS and label and (labels is None or label in map(str, labels)):
+        return
+    hint = suggestion(metric, list(names) + [f"f1_{n}" for n in labels or []])
     macro = "; f1, precision and recall are macro averages" if "f1_micro" in names else ""
+    per = "; f1_LABEL: the F1 of one label" if per_label else ""
     raise ConfigError(f"metric={metric!r} is not a validation metric of {what}: expected one of "
-                      f"{', '.join(names)}{macro}{f'; {hint}' if hint else ''}")
+                      f"{', '.join(names)}{macro}{per}{f'; {hint}' if hint else ''}")
 
 
 def auto_lr(num_parameters: int) -> float:

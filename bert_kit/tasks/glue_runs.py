@@ -305,7 +305,9 @@ def execute(run: dict[str, Any], device: str) -> dict[str, Any]:
             raise
         print(f"{run['id']}: the earlier run cannot be continued ({e}); starting over", file=sys.stderr, flush=True)
         results = finetune(dataclasses.replace(cfg, overwrite=True))
-    if results.get("stopped"):
+    from bert_kit.training.results import interrupted
+
+    if interrupted(results):  # a signal: the sweep stops; early stopping ended the run, which is scored
         return {"stopped": results["stopped"]}
     task = TASKS[run["task"]]
     outputs, counts = score_model(cfg, run["spec"]["dev"])

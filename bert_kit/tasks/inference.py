@@ -19,7 +19,10 @@ MCC, per-class scores. token-classification: entity-level P/R/F1 (CoNLL); qa: SQ
 predict, input files per task:
 - classification: .txt with one text per line (a tab separates a pair), or TSV/CSV/JSONL with
   the text column(s) (--header, --delimiter, --where, --label-pattern as for fine-tuning) ->
-  text, label, label_id, probabilities (score for a regression head), truncated;
+  text, label, label_id, probabilities (score for a regression head), truncated; a multi-label
+  head: labels, label_ids (those whose probability reaches their threshold) and the sigmoid
+  probabilities; a folder fine-tuned with long_text: chunks (or --long-text chunks): windows, the
+  number of windows each text took;
 - token-classification: .txt with one sentence per line, or a CoNLL file -> words, tags,
   entities (type, start, end, text);
 - qa: JSON Lines {"question", "context"[, "id"]} or SQuAD JSON -> id, question, answer;
@@ -52,8 +55,10 @@ HEADS = {"classification": "BertForSequenceClassification", "token-classificatio
 # how files are read, and the default of each flag when the folder records none (Task.metadata);
 # word_column and tag_column are the ner group's settings
 READ_DEFAULTS = {"text_column": "sentence", "text_pair_column": None, "label_column": "label", "header": None,
-                 "delimiter": None, "label_pattern": None, "word_column": 0, "tag_column": -1, "encoding": "utf-8"}
+                 "delimiter": None, "label_pattern": None, "word_column": 0, "tag_column": -1, "encoding": "utf-8",
+                 "label_delimiter": None, "label_columns": None}
 NER_COLUMNS = ("word_column", "tag_column")
+LABEL_SETS = ("label_delimiter", "label_columns")  # the classification group's reading settings
 
 
 def read_settings(args: argparse.Namespace, folder: Path, meta: dict) -> dict[str, Any]:
@@ -104,11 +109,22 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     qa = {"doc_stride": meta.get("doc_stride", 128), "max_query_length": meta.get("max_query_length", 64),
           "train_articles": getattr(args, "split_articles", None),
           "skip_bad_answers": getattr(args, "skip_bad_answers", False)}
+    classification = {**{k: reading.pop(k) for k in LABEL_SETS}, **long_text_settings(args, meta)}
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity=similarity, qa=qa,
-        ner={k: reading.pop(k) for k in NER_COLUMNS}, validation_where=where, **reading,
-        eval_batch_size=args.batch_size or 64, unpadded=True, device=args.device or "auto")
+        ner={k: reading.pop(k) for k in NER_COLUMNS}, classification=classification, validation_where=where,
+        **reading, eval_batch_size=args.batch_size or 64, unpadded=True, device=args.device or "auto")
     return task, settings, meta
+
+
+def long_text_settings(args: argparse.Namespace, meta: dict) -> dict[str, Any]:
+    """How long texts are read: the flags (--long-text, --chunk-stride, --chunk-pooling), else as
+    the folder was fine-tuned (its `long_text` record), else truncated."""
+    recorded = meta.get("long_text") if isinstance(meta.get("long_text"), dict) else {}
+    mode = getattr(args, "long_text", None) or recorded.get("mode") or "truncate"
+    stride = getattr(args, "chunk_stride", None)
+    return {"long_text": mode, "chunk_stride": stride if stride is not None else recorded.get("stride"),
+            "chunk_pooling": getattr(args, "chunk_pooling", None) or recorded.get("pooling") or "mean"}
 
 
 def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Task, Any, Any]:
@@ -168,7 +184,7 @@ def load_onnx_task_model(task: Task, folder: Path) -> Any:
 
 
 def summary_line(task: str, metrics: dict[str, Any]) -> str:
-    keys = {"classification": ("accuracy", "f1", "mcc", "pearson", "spearman"),
+    keys = {"classification": ("accuracy", "f1", "mcc", "f1_samples", "subset_accuracy", "pearson", "spearman"),
             "token-classification": ("precision", "recall", "f1", "accuracy"),
             "qa": ("exact_match", "f1"), "similarity": ("pearson", "spearman")}[task]
     shown = [f"{k} {metrics[k]:.4f}" for k in keys if isinstance(metrics.get(k), float)]
@@ -297,20 +313,37 @@ def predict_classification(task: Any, model: Any, path: str | Path, precision: A
 
 def classify(task: Any, model: Any, precision: Any, texts: list[str],
              pairs: list[str] | None = None) -> tuple[list[dict[str, Any]], Any]:
-    """(a `label_record` per text, with "truncated": cut to max_length; the `Truncated` rows)."""
+    """(a `label_record` per text, with "truncated": cut to max_length, or "windows": how many
+    windows it took (long_text: chunks); the `Truncated` rows)."""
+    ds = text_dataset(task, texts, pairs)
+    items, cut = [ds[i] for i in range(len(ds))], set(ds.truncated.rows)
+    logits = task.logits(model, items, precision) if items else []  # (N, C): one row per item
+    if items and task.chunks:
+        logits, _ = task.pool(logits, items)  # (D, C): one row per text
+    windows = [{"windows": n} if task.chunks else {} for n in ds.windows]
+    records = [{**label_record(task, row), "truncated": i in cut, **windows[i]} for i, row in enumerate(logits)]
+    return records, ds.truncated
+
+
+def text_dataset(task: Any, texts: list[str], pairs: list[str] | None = None) -> Any:
+    """The texts as the model reads them: one item each, cut to max_length, or (long_text: chunks)
+    the items of their windows (`ClassificationDataset`)."""
     from bert_kit.data.classification import ClassificationDataset
 
-    ds = ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs)
-    cut = set(ds.truncated.rows)
-    logits = task.logits(model, [ds[i] for i in range(len(ds))], precision) if len(ds) else []  # (N, C)
-    return [{**label_record(task, row), "truncated": i in cut} for i, row in enumerate(logits)], ds.truncated
+    return ClassificationDataset(texts, None, task.tokenizer, task.s.max_length, pairs,
+                                 stride=task.stride if task.chunks else None)
 
 
 def label_record(task: Any, row: Any) -> dict[str, Any]:
-    """One example's logits (C,) as JSON: score for a regression head, else label, label_id and
-    probabilities by label name."""
+    """One example's logits (C,) as JSON: score for a regression head; for several labels per text
+    labels and label_ids (those whose sigmoid probability reaches their threshold) and the
+    probabilities by label name; else label, label_id and the softmax probabilities."""
     if task.regression:
         return {"score": float(row[0])}
+    if task.multi_label:
+        ids = task.predicted_labels(row)
+        probs = dict(zip(task.label_names, (round(p, 6) for p in row.float().sigmoid().tolist())))
+        return {"labels": [task.label_names[j] for j in ids], "label_ids": ids, "probabilities": probs}
     best = int(row.argmax())
     probs = dict(zip(task.label_names, (round(p, 6) for p in row.softmax(-1).tolist())))
     return {"label": task.label_names[best], "label_id": best, "probabilities": probs}

@@ -28,14 +28,15 @@ class QATask(Task):
             examples = train if part == "train" else held_out
         return examples
 
-    def read_train(self, path: str | Path) -> list[dict]:
+    def read_train(self, path: str | Path, limit: int | None = None) -> list[dict]:
+        """The training features (windows) of `path`, the first `limit` of them."""
         from bert_kit.data.squad import prepare_train_features
 
         self.label_names = None
         examples = self._examples(path, "train")
         self.report_long_questions(path, examples)
         return prepare_train_features(examples, self.tokenizer, self.s.max_length, self.s.qa.doc_stride,
-                                      self.s.qa.max_query_length)
+                                      self.s.qa.max_query_length)[:limit]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         from bert_kit.data.squad import prepare_eval_features

@@ -85,11 +85,11 @@ class SimilarityTask(Task):
         a, b = (find_truncated(self.tokenizer, texts, None, self.s.max_length, k) for texts, k in zip((s1, s2), kept))
         return a.merge(b)
 
-    def read_train(self, path: str | Path) -> list[dict]:
+    def read_train(self, path: str | Path, limit: int | None = None) -> list[dict]:
         self.label_names, lines = ["score"], []
         s1, s2, scores = self._read(path, where=self.s.where, lines=lines)
         drop_empty_texts(path, self.tokenizer, lines, [s1, s2], [scores, lines])  # pairs without text teach nothing
-        return self._items(s1, s2, scores, path)
+        return self._items(s1, s2, scores, path)[:limit]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         lines = []

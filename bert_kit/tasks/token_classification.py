@@ -36,14 +36,14 @@ class TokenClassificationTask(Task):
         return read_conll(path, self.s.ner.tag_column, self.s.ner.word_column, names,
                           getattr(self.s, "encoding", None), names_from=names_from, what=self.what(path, "CoNLL file"))
 
-    def read_train(self, path: str | Path) -> list[dict]:
+    def read_train(self, path: str | Path, limit: int | None = None) -> list[dict]:
         from bert_kit.data.ner import get_label_list
 
         names = list(self.s.label_names) if self.s.label_names else None
         sentences = self._read(path, names)  # given label_names: every tag must be one of them (file:line)
         self.label_names = names or get_label_list(sentences)
         ds = self._dataset(sentences)
-        return [ds[i] for i in range(len(ds))]
+        return [ds[i] for i in range(len(ds))][:limit]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> Any:
         # the tags are those of a saved head, of given label_names or of the training file: the head has

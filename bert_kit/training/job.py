@@ -42,6 +42,8 @@ class Job:
     unit: what `count` counts ("tokens" or "examples");
     metric: validation metric that picks best/, or None: the last weights are kept;
     higher_is_better: the metric's direction (False for a loss: the lowest value is the best);
+    patience, min_delta: early stopping: the run ends after `patience` evaluations in a row without an
+        improvement of `metric` by more than `min_delta` (None: never);
     model_folder: the folder the kept model goes to; eval_every, save_every: the cadence in steps.
     engine: set by the loop: the engine that trains the model, and runs it in `evaluate`.
     """
@@ -50,6 +52,8 @@ class Job:
     unit = "examples"
     metric: str | None = None
     higher_is_better = True
+    patience: int | None = None
+    min_delta = 0.0
     model_folder = "final"  # where the kept model goes: best/ (by `metric`) or final/ (the last weights)
     cuda_graphs = False  # replay each batch shape's whole step as a CUDA graph (the torch engine's AMPTrainer)
     compiled_graphs = False  # the compiled model replays its forward and backward as CUDA graphs (inductor's)
@@ -87,6 +91,12 @@ class Job:
         """An HF model folder with tokenizer and metadata; `state` is the full state dict of a
         sharded model (`collect_state`). Called on rank 0 only."""
         raise NotImplementedError
+
+    def model_writer(self, state: dict | None) -> Callable[[Path], None]:
+        """What writes the kept model folder of the weights `state` (a copy) into a folder: called
+        when the evaluation chose them, run in a thread while the next steps go on, so anything
+        else the folder holds (a task's tuned thresholds) is taken now too."""
+        return lambda folder: self.save_model(folder, state)
 
     def data_state(self) -> dict:
         """The data position, saved in checkpoints. Called on every rank."""

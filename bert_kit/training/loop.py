@@ -35,11 +35,13 @@ What the loop promises:
   session's `timings`; resuming a finished run, rewinding one, and the settings a resume may
   change are resume.py's.
 
-Where the next features go: early stopping (a patience on `metric`, lower or higher is better)
-is a stop reason in `decide`, counted by `Best`; a tracker (TensorBoard, MLflow, W&B:
-`report_to`, trackers.py) gets every record through the logger, and one that reads each
-evaluation may end the run after it (`stop_reason`: a hyperparameter search's pruned trial,
-recorded in results.json); a new job is a `Job`.
+Early stopping (`job.patience` evaluations of `metric` without an improvement by more than
+`job.min_delta`) is counted by `Best` and ends the run through its `Decision` (`stopping_early`):
+the evaluation that spent the patience is the run's last, and results.json says
+`"stopped": "early_stopping"`. A tracker (TensorBoard, MLflow, W&B: `report_to`, trackers.py)
+gets every record through the logger, and one that reads each evaluation may end the run after
+it (`stop_reason`: a hyperparameter search's pruned trial, recorded in results.json). A new job
+is a `Job`.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ from bert_kit.training.engine import Engine, TorchEngine
 from bert_kit.training.job import Job, Run
 from bert_kit.training.optim import Schedule
 from bert_kit.training.progress import LossPlotter, ProgressLogger, truncate_metrics
-from bert_kit.training.results import Best, check_records, model_entries, summarize, write_results
-from bert_kit.training.resume import check_changes, finished_message, resume_point, rewind
+from bert_kit.training.results import EARLY_STOPPING, Best, check_records, model_entries, summarize, write_results
+from bert_kit.training.resume import check_changes, finished_message, resume_point, rewind, stopped_early
 from bert_kit.training.run_folder import claim_run_folder
 from bert_kit.training.runconfig import config_to_dict, save_config
 from bert_kit.training.settings import RunSettings, tracker_names
@@ -93,8 +95,9 @@ def run_job(make_job: Any, cfg: RunSettings, resume: str | None, started: float 
         try:
             run = start_run(cfg, resume, started, engine)
             job = make_job(cfg, run)
-            if run.finished is not None and int(run.state["step"]) >= job.total_steps:
-                print(finished_message(out, int(run.state["step"])), file=sys.stderr, flush=True)
+            if run.finished is not None and (int(run.state["step"]) >= job.total_steps
+                                             or stopped_early(run.finished, run.state, job.patience)):
+                print(finished_message(out, int(run.state["step"]), run.finished), file=sys.stderr, flush=True)
                 return run.finished  # nothing rewritten
             return TrainingLoop(job, cfg, run, engine, trackers).train()
         finally:
@@ -146,6 +149,12 @@ class Decision:
     stop: bool  # a stop signal reached some rank: save, then exit
     evaluate: bool  # an evaluation is due (the last one comes after the loop)
     save: bool  # a checkpoint: every save_every steps or save_minutes, on a stop, at the end
+    early_stop: bool = False  # this step's evaluation spent the patience: the run ends here
+
+    def stopping_early(self, end_checkpoint: bool) -> Decision:
+        """This decision once its evaluation spent the early-stopping patience: the run's last step
+        (its checkpoint as the end's, where end_checkpoint asks for one)."""
+        return Decision(True, self.out_of_time, self.stop, self.evaluate, self.save or end_checkpoint, True)
 
 
 class TrainingLoop:
@@ -160,7 +169,7 @@ class TrainingLoop:
         # the lr of every update, on the host: the engine takes it as a number (a time budget moves it with the clock)
         self.schedule = Schedule(cfg.lr, job.total_steps, cfg.warmup_steps, cfg.warmup_fraction, cfg.schedule,
                                  cfg.min_lr_ratio, cfg.time_budget_s)
-        self.best = Best(job.metric, job.higher_is_better)
+        self.best = Best(job.metric, job.higher_is_better, patience=job.patience, min_delta=job.min_delta)
         self.clock = BudgetClock(cfg.time_budget_s, run.budget_s, run.started, run.state)
         self.timings = Timings(run.started)
         self.step = 0
@@ -172,6 +181,8 @@ class TrainingLoop:
         self.stopped: str | None = None  # the signal that stopped the run
         self.stop_reason: str | None = None  # why a tracker ended the run after an evaluation (a pruned trial)
         self.trackers = list(trackers or [])
+        self.stopped_early = False  # early stopping ended the run (its last evaluation: `last_metrics`)
+        self.last_metrics: dict[str, float] | None = None
         self.run_config = config_to_dict(cfg)
         self.logger: ProgressLogger | None = None
         self.plotter: LossPlotter | None = None
@@ -219,6 +230,8 @@ class TrainingLoop:
                         if self.stop_reason:
                             self.logger.message(f"step {self.step}: {self.stop_reason}; ending the run")
                             break
+                        if self.best.patience_spent:  # every rank holds the same metrics: no collective
+                            decision = decision.stopping_early(self.cfg.end_checkpoint)
                     if decision.save:
                         # at the end (not stopped: a stop signal's checkpoint is the last thing the run does),
                         # the torch engine's checkpoint is written while the last evaluation runs
@@ -226,6 +239,14 @@ class TrainingLoop:
                         self.checkpoint(background=at_end and self.engine.name == "torch")
                     if decision.stop:
                         self.stopped = signal.Signals(signals.signum or signal.SIGTERM).name
+                        break
+                    if decision.early_stop:
+                        self.stopped_early = True
+                        best = self.best
+                        kept = "none" if best.value is None else f"{best.value:.4f} at step {best.step}"
+                        self.logger.message(f"step {self.step}: early stopping: {job.metric} has not improved by more "
+                                            f"than {best.min_delta:g} in {best.waited} evaluations (best {kept}, in "
+                                            f"{job.model_folder}/)")
                         break
                     if decision.out_of_time:
                         self.logger.message(f"step {self.step}: time budget spent ({self.cfg.time_budget}); "
@@ -330,6 +351,7 @@ class TrainingLoop:
         metrics = self.job.evaluate(final)
         if metrics is None:
             return None
+        self.last_metrics = metrics
         self.logger.log("eval", self.step, **metrics, **({"final": True} if final else {}))
         if final and self.plotter is not None:
             self.plotter.start(self.out, metric=self.job.metric)  # the last record: drawn while the model is written
@@ -370,8 +392,8 @@ class TrainingLoop:
         if self.main:
             self.model_written()  # one at a time
             state = snapshot(self.job.model) if state is None else state
-            folder, job = self.out / self.job.model_folder, self.job
-            self.writing_model = Background(write_folder_atomically, folder, lambda tmp: job.save_model(tmp, state))
+            write = self.job.model_writer(state)  # what the folder holds is fixed now, as the weights are
+            self.writing_model = Background(write_folder_atomically, self.out / self.job.model_folder, write)
 
     def model_written(self) -> None:
         """Wait for the model folder being written; its error is the run's."""
@@ -390,9 +412,13 @@ class TrainingLoop:
     # ---- the end ---------------------------------------------------------------------------------
 
     def finish(self) -> dict[str, float] | None:
-        """The last evaluation, and the model folder when no evaluation chose it."""
-        with self.timings.timing("eval"):
-            final_metrics = self.evaluate(final=True)
+        """The last evaluation (early stopping's was the step's own: not run again), and the model
+        folder when no evaluation chose it."""
+        if self.stopped_early:
+            final_metrics = self.last_metrics
+        else:
+            with self.timings.timing("eval"):
+                final_metrics = self.evaluate(final=True)
         if self.job.metric is None or self.best.step is None:
             self.write_model()
         return final_metrics
@@ -410,13 +436,18 @@ class TrainingLoop:
                 print(f"no loss plot ({e}); `bert-kit plot {out}` draws it later", file=sys.stderr)
             self.checkpoint_written()
             self.model_written()
-        results = {"steps": self.step, "stopped": self.stopped,
+        stopped = EARLY_STOPPING if self.stopped_early else self.stopped
+        results = {"steps": self.step, "stopped": stopped,
                    **({"stop_reason": self.stop_reason} if self.stop_reason else {}),
                    "output_dir": str(out), "world_size": world_size(),
                    "precision": str(self.engine.precision), **(summarize(out, job.unit) if self.main else {}),
                    "best_value": self.best.value, "best_step": self.best.step, "best_metrics": self.best.metrics,
                    "final_metrics": final_metrics, "wall_time_s": None,
                    **({"metrics_complete": not self.records_lost} if self.main else {})}
+        if self.stopped_early:
+            results["early_stopping"] = {"step": self.step, "patience": self.best.patience,
+                                         "min_delta": self.best.min_delta, "evaluations_without_improvement":
+                                         self.best.waited}
         results.update(job.results(final_metrics, results))
         if self.main:
             results.update(model_entries(out, job.model_folder))

@@ -67,11 +67,23 @@ def compute_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.float(), targets)
 
 
-def compute_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy for (B, C) logits and (B,) class ids; MSE when C == 1 (regression)."""
+def compute_classification_loss(logits: torch.Tensor, labels: torch.Tensor,
+                                weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy for (B, C) logits and (B,) class ids; MSE when C == 1 (regression).
+    weight: (C,) per-class weights, as `torch.nn.CrossEntropyLoss(weight=...)`: the mean is
+    sum_i w[y_i] * nll_i / sum_i w[y_i]."""
     if logits.shape[-1] == 1:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), weight=weight, ignore_index=IGNORE_INDEX)
+
+
+def compute_multi_label_loss(logits: torch.Tensor, targets: torch.Tensor,
+                             pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Binary cross-entropy of (B, C) logits, one independent sigmoid per label, against (B, C)
+    0/1 targets, the mean over every (text, label): HF's loss for problem_type
+    multi_label_classification. pos_weight: (C,) weights of each label's positive term
+    (`torch.nn.BCEWithLogitsLoss(pos_weight=...)`: negatives / positives balances a label)."""
+    return F.binary_cross_entropy_with_logits(logits.float(), targets.float(), pos_weight=pos_weight)
 
 
 def compute_cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

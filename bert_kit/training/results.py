@@ -23,44 +23,77 @@ from bert_kit.outputs import write_text
 from bert_kit.training.progress import METRICS_FILE, read_metrics
 
 RESULTS_FILE = "results.json"
+EARLY_STOPPING = "early_stopping"  # results.json's "stopped" of a run early stopping ended (else a signal's name)
 
 
 @dataclass
 class Best:
     """The best validation so far of the job's `metric` (the highest, or the lowest where
-    `higher_is_better` is False: a loss), and the step whose weights best/ holds. Saved with every
-    checkpoint. Early stopping would count the evaluations since `step` here."""
+    `higher_is_better` is False: a loss), and the step whose weights best/ holds; and early stopping's
+    count (`patience`): the evaluations since the metric last beat `mark`, the value it had then,
+    by more than `min_delta`. Saved with every checkpoint, so a resumed run counts on.
+
+    best/ follows every improvement; the patience only those past `min_delta` (as Keras's
+    EarlyStopping): 0.80, 0.805, 0.809, 0.815 with min_delta 0.01 is one improvement, at 0.815."""
 
     metric: str | None
     higher_is_better: bool = True
     value: float | None = None
     step: int | None = None
     metrics: dict[str, float] | None = None
+    patience: int | None = None  # evaluations without improvement that stop the run (None: never)
+    min_delta: float = 0.0
+    waited: int = 0  # evaluations since the last improvement by more than min_delta
+    mark: float | None = None  # the value that improvement is counted from
+
+    def beats(self, value: float, than: float | None, by: float = 0.0) -> bool:
+        """Whether `value` is better than `than` by more than `by` (a NaN never is; anything beats a NaN)."""
+        if math.isnan(value):
+            return False
+        if than is None or math.isnan(than):
+            return True
+        return value - than > by if self.higher_is_better else than - value > by
 
     def improved_by(self, metrics: dict[str, float]) -> bool:
-        """Whether `metrics` beat the best so far (a NaN never does; anything beats a NaN)."""
+        """Whether `metrics` beat the best so far."""
+        return self.metric is not None and self.beats(metrics[self.metric], self.value)
+
+    def update(self, step: int, metrics: dict[str, float]) -> bool:
+        """Take `metrics` of `step` if they improve on the best, and count the evaluation for early
+        stopping; returns whether they improved."""
         if self.metric is None:
             return False
         value = metrics[self.metric]
-        if math.isnan(value):
-            return False
-        if self.value is None or math.isnan(self.value):
-            return True
-        return value > self.value if self.higher_is_better else value < self.value
-
-    def update(self, step: int, metrics: dict[str, float]) -> bool:
-        """Take `metrics` of `step` if they improve on the best; returns whether they did."""
+        if self.beats(value, self.mark, self.min_delta):
+            self.waited, self.mark = 0, value
+        else:
+            self.waited += 1
         if not self.improved_by(metrics):
             return False
-        self.value, self.step, self.metrics = metrics[self.metric], step, metrics
+        self.value, self.step, self.metrics = value, step, metrics
         return True
 
+    @property
+    def patience_spent(self) -> bool:
+        """Early stopping: `patience` evaluations in a row brought no improvement."""
+        return self.patience is not None and self.metric is not None and self.waited >= self.patience
+
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "step": self.step, "metrics": self.metrics}
+        return {"value": self.value, "step": self.step, "metrics": self.metrics, "waited": self.waited,
+                "mark": self.mark}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         state = state or {}
         self.value, self.step, self.metrics = state.get("value"), state.get("step"), state.get("metrics")
+        # a checkpoint from before early stopping counted from its best
+        self.waited, self.mark = int(state.get("waited", 0)), state.get("mark", self.value)
+
+
+def interrupted(results: dict[str, Any]) -> str | None:
+    """The signal that stopped a run (SIGINT, SIGTERM: it goes on when resumed), or None: it ended,
+    at its last step or by early stopping."""
+    stopped = results.get("stopped")
+    return None if stopped in (None, EARLY_STOPPING) else stopped
 
 
 def model_entries(out: Path, folder: str) -> dict[str, str | None]:

@@ -29,7 +29,7 @@ from bert_kit.checks import ConfigError
 from bert_kit.outputs import remove_entry
 from bert_kit.training.checkpoint import (checkpoint_step, list_checkpoints, load_trainer_state, remove_checkpoints,
                                           resolve_checkpoint)
-from bert_kit.training.results import RESULTS_FILE, read_results
+from bert_kit.training.results import EARLY_STOPPING, RESULTS_FILE, interrupted, read_results
 from bert_kit.training.runconfig import config_to_dict, flat_settings
 from bert_kit.training.settings import RunSettings
 
@@ -49,11 +49,19 @@ class Resumed:
 
 
 def finished_results(out: Path) -> dict[str, Any] | None:
-    """results.json of the run in `out` if it says the run finished (not stopped by a signal)."""
+    """results.json of the run in `out` if it says the run finished (at its end or by early
+    stopping; not stopped by a signal)."""
     results = read_results(out)
-    if results is None or results.get("stopped") is not None or not isinstance(results.get("steps"), int):
+    if results is None or interrupted(results) or not isinstance(results.get("steps"), int):
         return None
     return results
+
+
+def stopped_early(finished: dict[str, Any], state: dict[str, Any], patience: int | None) -> bool:
+    """Whether a run that early stopping ended is resumed with a patience it has spent already
+    (a larger one, or none, trains on)."""
+    waited = int((state.get("best") or {}).get("waited", 0))
+    return finished.get("stopped") == EARLY_STOPPING and patience is not None and waited >= patience
 
 
 def resume_point(cfg: RunSettings, resume: str, out: Path) -> Resumed:
@@ -104,7 +112,10 @@ def rewind(out: Path, resumed: Resumed) -> None:
         remove_entry(out / RESULTS_FILE)
 
 
-def finished_message(out: Path, step: int) -> str:
+def finished_message(out: Path, step: int, finished: dict[str, Any] | None = None) -> str:
+    if (finished or {}).get("stopped") == EARLY_STOPPING:
+        return (f"{out}: early stopping ended the run at step {step} ({RESULTS_FILE}); its results and model folder "
+                f"are kept. To train it further, resume it with a larger early_stopping_patience (or null)")
     return (f"{out}: the run finished at step {step} ({RESULTS_FILE}); nothing is left to train, and its results "
             f"and model folder are kept. To train it further, resume it with more steps: max_steps (or epochs) "
             f"past step {step}")

@@ -264,8 +264,9 @@ def build_group(tp: type, value: Any, where: str) -> Any:
 
 
 def moved_keys(cls: type) -> dict[str, str]:
-    """{old flat key: "group.key"} of the settings `cls` moved into groups."""
-    return dict(getattr(cls, "MOVED", {}))
+    """{old flat key: "group.key"} of the settings `cls` moved into groups, and {alias: "key"} of
+    its `ALIASES`: other names of one setting (`metric_for_best: metric`), taken without a note."""
+    return {**getattr(cls, "MOVED", {}), **getattr(cls, "ALIASES", {})}
 
 
 _noted: set[str] = set()  # the notes this process printed (a glue sweep builds many configs alike)
@@ -279,7 +280,10 @@ def moved_message(keys: list[str], moved: dict[str, str]) -> str:
 
 
 def note_moved(keys: list[str], moved: dict[str, str], source: str) -> None:
-    """One line (rank 0's, once) saying where the old keys now belong."""
+    """One line (rank 0's, once) saying where the old keys now belong (aliases are no old keys)."""
+    keys = [k for k in keys if "." in moved[k]]
+    if not keys:
+        return
     line = f"note: {source + ': ' if source else ''}{moved_message(keys, moved)}"
     if os.environ.get("RANK", "0") == "0" and line not in _noted:
         _noted.add(line)
@@ -296,6 +300,13 @@ def move_old_keys(cls: type, data: dict[str, Any], source: str = "", note: bool 
         return data
     data, prefix = dict(data), f"{source}: " if source else ""
     for key in old:
+        if "." not in moved[key]:  # an alias: the setting under its own name
+            target, value = moved[key], data.pop(key)
+            if target in data and resolve_plain(data[target]) != resolve_plain(value):
+                raise ConfigError(f"{prefix}{key}={_shown(value)} and {target}={_shown(data[target])} are the same "
+                                  f"setting: keep {target}")
+            data[target] = value
+            continue
         group, name = moved[key].split(".")
         inner = data.get(group)
         inner = {} if inner is None else dataclasses.asdict(inner) if dataclasses.is_dataclass(inner) else inner
@@ -318,9 +329,12 @@ def accepts_moved_keys(cls: type[T]) -> type[T]:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        old = [k for k in kwargs if k in moved_keys(cls)]
+        moved = moved_keys(cls)
+        old = [k for k in kwargs if k in moved]
         if old:  # e.g. qa={"doc_stride": 64} (or qa=QASettings(doc_stride=64)) for doc_stride=64
-            warnings.warn(f"{cls.__name__}: {moved_message(old, moved_keys(cls))}", FutureWarning, stacklevel=2)
+            if any("." in moved[k] for k in old):  # not for an alias (metric_for_best=...)
+                warnings.warn(f"{cls.__name__}: {moved_message([k for k in old if '.' in moved[k]], moved)}",
+                              FutureWarning, stacklevel=2)
             kwargs = move_old_keys(cls, kwargs, note=False)
         init(self, *args, **kwargs)
 

@@ -186,21 +186,38 @@ FINETUNE_CASES = {
     "json-true-label": Case({"train.jsonl": '{"sentence": "a", "label": true}\n{"sentence": "b", "label": 0}\n'},
                             ("train.jsonl:1: label true is a boolean; write 0/1 or a class name",),
                             train_file="train.jsonl"),
+    # label sets where one label per row is asked for (classification.multi_label=false): every
+    # combination would become a class of its own
     "json-list-label": Case({"train.jsonl": '{"sentence": "a", "label": [1]}\n'},
                             ("train.jsonl:1: column 'label' holds a JSON list of labels ([1])",
-                             "multi-label classification (several labels per row) is not supported"),
-                            train_file="train.jsonl"),
-    # a multi-label file read as classes: every combination would become a class of its own
+                             "several labels per row, but classification.multi_label=false reads one label per row"),
+                            settings=["classification.multi_label=false"], train_file="train.jsonl"),
     "multi-label-csv": Case({"train.csv": "text,labels\n" + "".join(
                                 f'review {i},"{MULTI[i % 4]}"\n' for i in range(12))},
                             ("train.csv:2: column 'labels' holds lists of labels ('price,quality', separated by ',', "
-                             "in 9 of 12 rows)", "multi-label classification", "is not supported"),
-                            settings=["text_column=text", "label_column=labels"], train_file="train.csv"),
+                             "in 9 of 12 rows)", "leave out multi_label to read them as label sets"),
+                            settings=["text_column=text", "label_column=labels", "classification.multi_label=false"],
+                            train_file="train.csv"),
     "multi-label-jsonl": Case({"train.jsonl": '{"t": "a", "tags": ["price", "quality"]}\n{"t": "b", "tags": "x"}\n'},
-                              ("train.jsonl:1: column 'tags' holds a JSON list of labels", "not supported"),
-                              settings=["text_column=t", "label_column=tags"], train_file="train.jsonl"),
+                              ("train.jsonl:1: column 'tags' holds a JSON list of labels", "multi_label=false"),
+                              settings=["text_column=t", "label_column=tags", "classification.multi_label=false"],
+                              train_file="train.jsonl"),
     "multi-label-semicolons": Case({"train.tsv": tsv("a\tpos;neg", "b\tneg", "c\tneg;pos")},
-                                   ("train.tsv:2: column 'label' holds lists of labels ('pos;neg', separated by ';'",)),
+                                   ("train.tsv:2: column 'label' holds lists of labels ('pos;neg', separated by ';'",),
+                                   settings=["classification.multi_label=false"]),
+    # label sets: errors name the line
+    "label-set-empty-item": Case({"train.jsonl": '{"sentence": "a", "label": "joy,,anger"}\n{"sentence": "b", '
+                                                 '"label": []}\n'},
+                                 ("train.jsonl:1: label list 'joy,,anger' holds an empty label between ','s",),
+                                 train_file="train.jsonl"),
+    "label-set-name-among-ids": Case({"train.jsonl": '{"sentence": "a", "label": [0, 2]}\n{"sentence": "b", '
+                                                     '"label": ["joy"]}\n'},
+                                     ("train.jsonl:2: label 'joy' is a name but other labels are ids",),
+                                     train_file="train.jsonl"),
+    "label-columns-not-0-or-1": Case({"train.csv": "text,anger,joy\na,0,1\nb,-1,0\n"},
+                                     ("train.csv:3: label column 'anger' holds -1: each label column holds 1",),
+                                     settings=["text_column=text", "classification.label_columns=[anger, joy]"],
+                                     train_file="train.csv"),
     "empty-label": Case({"train.tsv": tsv("a\t1", "b\t ")}, ("train.tsv:3: empty label",)),
     "negative-label": Case({"train.tsv": tsv("a\t1", "b\t-1")}, ("train.tsv:3: label -1 is negative",)),
     "label-beyond-num-labels": Case({"train.tsv": tsv("a\t1", "b\t2")},

@@ -308,15 +308,19 @@ def test_tokenless_finds_texts_that_give_no_token(tokenizer):
     assert all(row == [tokenizer.cls_token_id, tokenizer.sep_token_id] for row in ids)
 
 
-def test_a_column_of_label_lists_is_refused_not_read_as_combined_classes(tmp_path):
-    """Until multi-label classification exists, "price,quality" in most rows is an error naming the
-    file, line and column; a few labels that hold a comma, label_names that do, decimal commas and
-    scores are read as before."""
+def test_a_column_of_label_lists_is_read_as_label_sets_not_as_combined_classes(tmp_path):
+    """"price,quality" in most rows is a label set (multi-label), never a class of its own; asked for
+    one label per row (multi_label=False) it is an error naming the file, line and column; a few
+    labels that hold a comma, label_names that do, decimal commas and scores are read as before."""
     path = tmp_path / "f.csv"
     path.write_text("text,labels\na,\"price,quality\"\nb,price\nc,\"quality,service\"\n")
+    data = read_classification_file(path, "text", "labels")
+    assert data.multi_label and data.label_names == ["price", "quality", "service"]
+    assert data.labels == [[0, 1], [0], [1, 2]] and "2 of 3 rows hold lists separated by ','" in data.detected
     with pytest.raises(ValueError, match=r"f\.csv:2: column 'labels' holds lists of labels \('price,quality', "
-                                         r"separated by ',', in 2 of 3 rows\): multi-label classification"):
-        read_classification_file(path, "text", "labels")
+                                         r"separated by ',', in 2 of 3 rows\): several labels per row, but "
+                                         r"classification.multi_label=false reads one label per row"):
+        read_classification_file(path, "text", "labels", multi_label=False)
     # named as classes: kept
     data = read_classification_file(path, "text", "labels", label_names=["price", "price,quality", "quality,service"])
     assert data.labels == [1, 0, 2]
@@ -328,5 +332,6 @@ def test_a_column_of_label_lists_is_refused_not_read_as_combined_classes(tmp_pat
     assert read_classification_file(path, "text", "labels").label_names == ["0,5", "1,5"]
     jsonl = tmp_path / "f.jsonl"
     jsonl.write_text('{"t": "a", "y": "pos"}\n{"t": "b", "y": ["pos", "neg"]}\n')
+    assert read_classification_file(jsonl, "t", "y").labels == [[1], [0, 1]]  # JSON lists: sets
     with pytest.raises(ValueError, match=r"f\.jsonl:2: column 'y' holds a JSON list of labels \(\["):
-        read_classification_file(jsonl, "t", "y")
+        read_classification_file(jsonl, "t", "y", multi_label=False)

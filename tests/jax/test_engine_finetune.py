@@ -101,6 +101,39 @@ def test_classification_takes_torchs_steps_and_evaluate_agrees(encoder, sst2, tm
         finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, force_resume=True, **files), resume="latest")
 
 
+def test_long_texts_in_windows_take_torchs_steps_and_pool_alike(encoder, sst2, tmp_path):
+    """long_text chunks: the windows are the JAX engine's examples as they are torch's, and each
+    evaluation pools a text's windows the same way (`ClassificationTask.score`)."""
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"],
+                 max_length=16, classification={"long_text": "chunks", "chunk_stride": 4})
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    evals, expected = records(tmp_path / "jax", "eval"), records(tmp_path / "torch", "eval")
+    for step in evals:
+        assert evals[step]["num_examples"] == 24  # texts, not windows
+        assert abs(evals[step]["loss"] - expected[step]["loss"]) <= 1e-4
+        assert evals[step]["accuracy"] == expected[step]["accuracy"]
+    # several labels per text and class weights are the torch engine's
+    with pytest.raises(ConfigError, match="engine=jax trains single-label classification without class weights"):
+        config(encoder, tmp_path / "x", "jax", classification={"class_weights": "balanced"}, **{
+            k: v for k, v in files.items() if k != "classification"})
+
+
+def test_label_sets_found_in_the_data_stop_a_jax_run_before_training(encoder, tmp_path):
+    """JSON lists are read as several labels per text without being asked; the JAX engine trains
+    one label per text, so the run stops on reading them, naming the file, before any step."""
+    rows = [{"text": f"text number {i}", "labels": [["joy"], ["anger", "joy"], []][i % 3]} for i in range(12)]
+    train = tmp_path / "sets.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"sets\.jsonl holds several labels per text: engine=jax trains single"):
+        finetune(config(encoder, tmp_path / "run", "jax", train_file=str(train), text_column="text",
+                         label_column="labels"))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not records(tmp_path / "run", "train")
+
+
 def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tmp_path):
     def cut(name: str, n_lines: int) -> Path:  # whole sentences; train holds every tag of the validation lines
         lines = (data_dir / "conll2003" / name).read_text().splitlines()[:n_lines]

@@ -120,7 +120,7 @@ def test_the_precision_is_resolved_after_the_data_is_read_and_the_model_built(ti
     resolve, read, start = engine.resolve_precision, ClassificationTask.read_train, engine.start_cuda
     monkeypatch.setattr(engine, "resolve_precision", lambda *a, **k: events.append("precision") or resolve(*a, **k))
     monkeypatch.setattr(engine, "start_cuda", lambda device: events.append(f"start {device}") or start(device))
-    monkeypatch.setattr(ClassificationTask, "read_train", lambda self, path: events.append("data") or read(self, path))
+    monkeypatch.setattr(ClassificationTask, "read_train", lambda self, path, limit=None: events.append("data") or read(self, path, limit))
     train, dev = sst2
     finetune(tiny_config(tiny_encoder, tmp_path, train_file=str(train), validation_file=str(dev), max_steps=1))
     assert events == ["start cpu", "data", "precision"]

@@ -16,7 +16,7 @@ from bert_kit.input_checks import unchecked_inputs
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
 from bert_kit.tasks.base import encode
-from bert_kit.training.losses import compute_classification_loss
+from bert_kit.training.losses import compute_classification_loss, compute_multi_label_loss
 from bert_kit.training.optim import create_optimizer
 from bert_kit.training.precision import resolve_precision
 from bert_kit.training.trainer import AMPTrainer
@@ -44,21 +44,30 @@ def batches(n: int, B: int = 16, T: int = 48, seed: int = 0) -> list[dict]:
 
 
 def train(unpadded: bool, dropout: float, steps: int = 200, sync_check_after: int | None = None, graphs: bool = False,
-          precision: str = "bf16", pad_to: int | None = None, batch_size: int = 16) -> list[float]:
+          precision: str = "bf16", pad_to: int | None = None, batch_size: int = 16, multi_label: bool = False
+          ) -> list[float]:
     torch.manual_seed(0)
     precision = resolve_precision(precision, "cuda", verbose=False)
-    model = BERTForSequenceClassification(config(dropout), num_labels=2).cuda()
+    model = BERTForSequenceClassification(config(dropout), num_labels=3 if multi_label else 2).cuda()
     fast_path.apply(model, "cuda", training=True, dtype=precision.dtype)  # as `bert-kit finetune` does
     optimizer = create_optimizer(model, "adamw", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda", capturable=graphs)
     trainer = AMPTrainer(model, optimizer, None, precision, clip_grad=1.0, deferred_checks=True, cuda_graphs=graphs)
     assert trainer.deferred
     losses = []
 
+    pos_weight = torch.tensor([1.0, 3.0, 0.5], device="cuda")  # made once, as the task's class weights are
+
     def loss_fn(b):
-        return compute_classification_loss(encode(trainer.model, b, unpadded), b["labels"]), {}
+        logits = encode(trainer.model, b, unpadded)
+        if multi_label:
+            return compute_multi_label_loss(logits, b["labels"], pos_weight), {}
+        return compute_classification_loss(logits, b["labels"]), {}
 
     with unchecked_inputs():
         for i, batch in enumerate(batches(steps, B=batch_size)):
+            if multi_label:  # three labels of the first two ids: (B, 3) 0/1 targets
+                ids = batch["input_ids"]
+                batch["labels"] = torch.stack([ids[:, 0] < 250, ids[:, 1] < 100, ids[:, 0] % 2 == 0], 1).float()
             if pad_to:  # static shapes: each graph is captured once and replayed
                 T = -(-int(batch["attention_mask"].sum(1).max()) // pad_to) * pad_to
                 batch = {k: v[:, :T] if v.dim() == 2 else v for k, v in batch.items()}
@@ -103,6 +112,15 @@ def test_cuda_graph_steps_compute_the_eager_steps():
     # bf16 with dropout: replays draw fresh masks (the loss curve learns as the eager one does)
     graphed = train(False, 0.1, steps=200, pad_to=16, graphs=True, sync_check_after=120)
     assert sum(graphed[-20:]) / 20 < 0.5 * sum(graphed[:20]) / 20
+
+
+def test_cuda_graph_steps_of_a_weighted_multi_label_loss_compute_the_eager_steps():
+    """(B, C) float targets and a pos_weight made before the capture: the replayed step is the eager one."""
+    eager = train(False, 0.0, steps=60, precision="fp32", pad_to=16, multi_label=True)
+    graphed = train(False, 0.0, steps=60, precision="fp32", pad_to=16, graphs=True, multi_label=True)
+    torch.testing.assert_close(torch.tensor(graphed), torch.tensor(eager), rtol=1e-4, atol=1e-5)
+    learnt = train(True, 0.1, steps=200, multi_label=True)
+    assert sum(learnt[-20:]) / 20 < 0.8 * sum(learnt[:20]) / 20
 
 
 def test_cuda_graphs_of_shapes_seen_late_compute_the_eager_steps():

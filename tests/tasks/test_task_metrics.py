@@ -7,7 +7,7 @@ Run: .venv/bin/python -m pytest tests/tasks/test_task_metrics.py -q
 import torch
 
 from bert_kit.metrics import entity_f1, higher_is_better, squad_evaluate
-from bert_kit.tasks import CLASS_METRICS, METRICS, SCORE_METRICS, metric_names
+from bert_kit.tasks import CLASS_METRICS, METRICS, MULTI_LABEL_METRICS, SCORE_METRICS, metric_names
 from bert_kit.tasks.classification import ClassificationTask
 from bert_kit.tasks.finetuning_config import FinetuneConfig
 
@@ -22,12 +22,20 @@ def test_classification_reports_the_metrics_the_settings_accept():
     task.num_labels, task.label_names = 3, ["a", "b", "c"]
     items = [{"labels": i % 3} for i in range(9)]
     classes = task.score([torch.randn(3) for _ in items], items)
-    assert numbers(classes) - {"num_examples"} == set(CLASS_METRICS) and task.metric_names == CLASS_METRICS
+    per_label = ("f1_a", "f1_b", "f1_c")  # each label's F1, which `metric` may name too
+    assert numbers(classes) - {"num_examples"} == set(CLASS_METRICS + per_label)
+    assert task.metric_names == CLASS_METRICS + per_label
+    task.multi_label, task.thresholds = True, [0.5, 0.5, 0.5]  # several labels per text
+    items = [{"labels": [float(i % 2), float(i % 3 == 0), 0.0]} for i in range(9)]
+    sets = task.score([torch.randn(3) for _ in items], items)
+    assert numbers(sets) - {"num_examples"} == set(MULTI_LABEL_METRICS + per_label)
+    assert task.metric_names == MULTI_LABEL_METRICS + per_label and task.metric == "f1"
+    task.multi_label = False
     task.num_labels = 1  # scores: regression
     items = [{"labels": float(i)} for i in range(9)]
     scores = task.score([torch.randn(1) for _ in items], items)
     assert numbers(scores) - {"num_examples"} == set(SCORE_METRICS) and task.metric_names == SCORE_METRICS
-    assert set(METRICS["classification"]) == set(CLASS_METRICS) | set(SCORE_METRICS)
+    assert set(METRICS["classification"]) == set(CLASS_METRICS) | set(MULTI_LABEL_METRICS) | set(SCORE_METRICS)
 
 
 def test_token_classification_qa_and_similarity_report_theirs():
