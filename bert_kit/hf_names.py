@@ -40,7 +40,8 @@ _BERT_ENCODER = {
                                 "ffn.up": "intermediate.dense", "ffn.down": "output.dense",
                                 "ffn_norm": "output.LayerNorm"}),
 }
-_COMMON_HEADS = {**_pair("classifier", "classifier"), **_pair("qa_outputs", "qa_outputs")}
+# `logit_scale`: an embedding model's learned contrastive scale (`tasks.embedding.EmbeddingModel`), in its checkpoints
+_COMMON_HEADS = {**_pair("classifier", "classifier"), **_pair("qa_outputs", "qa_outputs"), "logit_scale": "logit_scale"}
 TO_HF = {
     **_BERT_ENCODER,
     **_pair("pooler.dense", "pooler.dense"),
@@ -133,7 +134,7 @@ class Names:
         return re.compile(escaped)
 
 
-BERT_HEADS = ("mlm.", "nsp.", "classifier.", "qa_outputs.", "pre_classifier.")
+BERT_HEADS = ("mlm.", "nsp.", "classifier.", "qa_outputs.", "pre_classifier.", "logit_scale")
 QKV = "encoder.layers.{i}.attention.qkv.{kind}"  # our fused projection (BERT's layout)
 
 FAMILY_NAMES = {

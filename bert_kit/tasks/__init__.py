@@ -1,4 +1,4 @@
-"""Jobs: pretraining, and fine-tuning on four tasks, each plugging what differs into the one loop.
+"""Jobs: pretraining, and fine-tuning on six tasks, each plugging what differs into the one loop.
 
 | task                 | files                          | model                          | best/ kept by |
 | -------------------- | ------------------------------ | ------------------------------ | ------------- |
@@ -7,11 +7,15 @@
 | qa                   | SQuAD v1.1 JSON                | BERTForQuestionAnswering       | f1            |
 | similarity           | STS-B, or any pair file + score | cross-encoder: regression head | spearman      |
 |                      |                                | bi-encoder: BERTModel, cosine  |               |
+| embedding            | text tuples (tables, NLI, BEIR  | EmbeddingModel: BERT, pooled;  | ndcg@10 (BEIR) |
+|                      | qrels, mined negatives)        | in-batch negatives (MNRL)      | spearman (STS) |
+| reranker             | (query, passage, label), tuples | BERTForSequenceClassification, | ndcg@10       |
+|                      | or BEIR qrels                  | one output: BCE or listwise    |               |
 
 Tables are read in any layout of `bert_kit.data.tables` (header or not, columns by name or
 index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.
 
-`pretraining.py` is the MLM (+ NSP) job; `finetuning.py` runs any of the four tasks above;
+`pretraining.py` is the MLM (+ NSP) job; `finetuning.py` runs any of the six tasks above;
 `inference.py` loads a fine-tuned folder for `evaluate` and `predict`. A job trains with the
 engine its `engine:` setting names (`engine_class`): PyTorch, or JAX (`bert_kit/jax/engine.py`).
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-TASKS = ("classification", "token-classification", "qa", "similarity")
+TASKS = ("classification", "token-classification", "qa", "similarity", "embedding", "reranker")
 
 # The validation metrics each task reports: what `metric` may name to choose best/ (checked with the
 # settings, before any model or data is read; `bert_kit.metrics.higher_is_better` says which way).
@@ -28,26 +32,36 @@ TASKS = ("classification", "token-classification", "qa", "similarity")
 CLASS_METRICS = ("accuracy", "f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro",
                  "f1_weighted", "precision_weighted", "recall_weighted", "mcc", "loss")
 SCORE_METRICS = ("pearson", "spearman", "mse")  # regression (a classifier with one output), a cross-encoder
+# retrieval (`bert_kit.retrieval.metrics`): of a BEIR split's search, or of a reranker's order of each query's candidates
+RANK_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100")
 METRICS = {"classification": CLASS_METRICS + SCORE_METRICS,
            "token-classification": ("f1", "precision", "recall", "accuracy"),  # entity-level; accuracy per word
            "qa": ("f1", "exact_match"),
-           "similarity": SCORE_METRICS}  # a bi-encoder: pearson and spearman
+           "similarity": SCORE_METRICS,  # a bi-encoder: pearson and spearman
+           "embedding": RANK_METRICS + SCORE_METRICS[:2],  # on a BEIR folder, or on an STS file
+           "reranker": RANK_METRICS}
 
 
-def metric_names(task: str, bi_encoder: bool = False) -> tuple[str, ...]:
-    """The validation metrics `task` reports (a bi-encoder's similarity: no mse)."""
-    return SCORE_METRICS[:2] if task == "similarity" and bi_encoder else METRICS[task]
+def metric_names(task: str, bi_encoder: bool = False, dims: tuple[int, ...] | list[int] = ()) -> tuple[str, ...]:
+    """The validation metrics `task` reports (a bi-encoder's similarity: no mse; an embedding model
+    trained at Matryoshka `dims`: each metric at each width d too, as `ndcg@10_dim{d}`)."""
+    names = SCORE_METRICS[:2] if task == "similarity" and bi_encoder else METRICS[task]
+    if task == "embedding":
+        names = names + tuple(f"{name}_dim{d}" for d in dims for name in names)
+    return names
 
 
 def task_classes() -> dict[str, type]:
     """Task name -> class (imported here, on demand: the task modules import torch)."""
     from bert_kit.tasks.classification import ClassificationTask
+    from bert_kit.tasks.embedding import EmbeddingTask
     from bert_kit.tasks.qa import QATask
+    from bert_kit.tasks.reranker import RerankerTask
     from bert_kit.tasks.similarity import SimilarityTask
     from bert_kit.tasks.token_classification import TokenClassificationTask
 
     return {"classification": ClassificationTask, "token-classification": TokenClassificationTask,
-            "qa": QATask, "similarity": SimilarityTask}
+            "qa": QATask, "similarity": SimilarityTask, "embedding": EmbeddingTask, "reranker": RerankerTask}
 
 
 def make_task(name: str, settings: Any) -> Any:

@@ -5,7 +5,7 @@ worker, and a mistyped key fails before torch is imported. The job that runs a c
 `bert_kit.tasks.finetuning`; the settings shared by every run are `RunSettings`.
 
 What only one task reads is grouped under it: `qa` (`QASettings`), `ner` (`NERSettings`, token
-classification), `similarity` (`SimilaritySettings`):
+classification), `similarity` (`SimilaritySettings`), `embedding` and `reranker` (`retrieval_config.py`):
 
     task: qa
     qa: {doc_stride: 64, max_answer_length: 40}       # bert-kit finetune ... qa.doc_stride=64
@@ -28,10 +28,11 @@ from bert_kit.checks import ConfigError, Range, check_settings, fraction, non_ne
 from bert_kit.model_folder import locate_model, model_config
 from bert_kit.tasks import metric_names
 from bert_kit.tasks.data_settings import check_data_settings
+from bert_kit.tasks.retrieval_config import EmbeddingSettings, RerankerSettings
 from bert_kit.training.runconfig import accepts_moved_keys, build_group
 from bert_kit.training.settings import RunSettings
 
-DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
+DEFAULT_MAX_LENGTH = {"qa": 384, "embedding": 256, "reranker": 256}  # other tasks: 128
 # lr: auto, by the encoder's parameters (embeddings included): (up to this many, lr). Evidence
 # (docs/performance.md): the demo's 0.5M-parameter model fine-tunes at 1e-3; all-MiniLM-L6-v2
 # (22.7M) is best at 1e-4 on SST-2, CoNLL-2003, STS-B and SQuAD, as is bert-small (29M) from
@@ -102,7 +103,8 @@ class SimilaritySettings:
 
 
 # the groups of task settings: field -> its dataclass
-GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings}
+GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings, "embedding": EmbeddingSettings,
+          "reranker": RerankerSettings}
 
 
 @accepts_moved_keys
@@ -112,7 +114,8 @@ class FinetuneConfig(RunSettings):
     shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`, some
     with other defaults here."""
 
-    task: Literal["classification", "token-classification", "qa", "similarity"] = "classification"  # head and data
+    task: Literal["classification", "token-classification", "qa", "similarity", "embedding", "reranker"] = \
+        "classification"  # head and data
     model: str = ""  # model folder (HF BERT, bert-kit run or checkpoint), preset name (random init) or config file
     tokenizer: str | None = None  # tokenizer folder; default: the model folder's
     # data
@@ -137,6 +140,8 @@ class FinetuneConfig(RunSettings):
     qa: QASettings = field(default_factory=QASettings)
     ner: NERSettings = field(default_factory=NERSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
+    embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
+    reranker: RerankerSettings = field(default_factory=RerankerSettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # optimisation (defaults for fine-tuning)
     epochs: float = 3.0  # passes over the training data (max_steps wins when set)
@@ -217,7 +222,8 @@ class FinetuneConfig(RunSettings):
                               f"(max_length {self.max_length} - qa.max_query_length {qa.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
         if self.metric is not None:
-            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder")
+            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder",
+                                 dims=self.embedding.matryoshka_dims or ())
             check_metric(self.metric, f"task {self.task}", names)
         # the sequences must fit the model's position table, when the model is known here
         try:
