@@ -46,7 +46,9 @@ class Reranker:
                              "outputs (fine-tune one with bert-kit finetune --task reranker)")
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
-        fast_path.apply(self.model, self.device, training=False)
+        self.packed = isinstance(model, torch.nn.Module)  # (an exported graph takes padded batches)
+        if self.packed:
+            fast_path.apply(self.model, self.device, training=False)
         self.tokenizer, self.max_length = tokenizer, min(max_length, model.config.max_length)
         self.dtype = inference_dtype(precision, self.device)
         config = model.config
@@ -96,7 +98,7 @@ class Reranker:
                 for j, i in enumerate(picked):
                     n = len(rows[i])
                     ids[j, :n], types[j, :n], mask[j, :n] = torch.tensor(rows[i]), torch.tensor(type_ids[i]), 1
-                layout = Packed.from_mask(mask).to(self.device, non_blocking=True)
+                layout = Packed.from_mask(mask).to(self.device, non_blocking=True) if self.packed else False
                 logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device), unpadded=layout)
                 out[torch.as_tensor(picked, device=self.device)] = logits[:, 0].float()
         values = out.cpu().numpy()

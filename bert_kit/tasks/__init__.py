@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 TASKS = ("classification", "token-classification", "qa", "similarity", "embedding", "reranker")
+PREDICT_TASKS = TASKS[:4]  # what `bert-kit predict` runs (an embedding model: `bert-kit embed`; a reranker: /rerank)
 
 # The validation metrics each task reports: what `metric` may name to choose best/ (checked with the
 # settings, before any model or data is read; `bert_kit.metrics.higher_is_better` says which way).
