@@ -16,7 +16,9 @@ positive, negative) triplets or (anchor, positive, negative_1, ..., negative_n) 
 A reranker trains on a query's candidates with a relevance label each (`read_groups`): rows
 (query, passage, label) of a table, grouped by query; a tuple file (the positive labelled 1, the
 negatives 0, rows of one (anchor, positive) merged); or a BEIR folder's judged documents (their
-grades as labels) with `negatives` documents drawn at random from the corpus (seeded) per query.
+grades as labels) with `negatives` documents drawn at random from the corpus (seeded) per query,
+or, to train, one group per relevant document (`per_positive`: it, the documents judged 0 and drawn
+negatives), so that a query with 40 relevant documents is 40 lists of one positive each.
 Every source records "file:line" of its rows (a BEIR folder: the query's first judgment) for errors.
 """
 
@@ -158,13 +160,15 @@ def nli_triplets(path: Path, text: str, header: bool | None, delimiter: str | No
 
 def read_groups(path: str | Path, columns: Sequence[Column] | None = None, header: bool | None = None,
                 delimiter: str | None = None, where: Mapping[Any, Any] | None = None,
-                encoding: str | None = None, split: str = "train", negatives: int = 7, seed: int = 0) -> Groups:
+                encoding: str | None = None, split: str = "train", negatives: int = 7, seed: int = 0,
+                per_positive: bool = False) -> Groups:
     """A reranker's (query, candidates, labels) groups (see the module docstring). columns: a
     table's (query, passage, label); default: those names, or a tuple file's anchor, positive,
-    negatives when its header (keys) holds no label."""
+    negatives when its header (keys) holds no label. per_positive: a BEIR folder's groups one per
+    relevant document (`beir_groups`)."""
     path = Path(path)
     if path.is_dir():
-        return beir_groups(path, split, negatives, seed)
+        return beir_groups(path, split, negatives, seed, per_positive)
     text = read_text(path, "reranker data file", encoding)
     names = header_names(path, text, delimiter, header) or []
     labelled = columns is not None and len(columns) == 3 or columns is None and "label" in names
@@ -196,27 +200,45 @@ def read_groups(path: str | Path, columns: Sequence[Column] | None = None, heade
                                                         f"{len(by_query)} queries")
 
 
-def beir_groups(folder: Path, split: str, negatives: int, seed: int) -> Groups:
-    """Each judged query of a BEIR split with its judged documents (grades as labels) and
-    `negatives` unjudged documents drawn from the corpus."""
+def beir_groups(folder: Path, split: str, negatives: int, seed: int, per_positive: bool = False) -> Groups:
+    """Each judged query of a BEIR split with its judged documents (grades as labels) and `negatives`
+    unjudged documents drawn from the corpus; per_positive: a group per relevant document instead
+    (it, the query's documents judged 0, and negatives drawn for it), as for training."""
     from bert_kit.retrieval.beir import read_beir
 
     data = read_beir(folder, split)
     text = dict(zip(data.corpus_ids, data.corpus_texts))
     rng = random.Random(seed)
     queries, passages, labels, lines = [], [], [], []
+
+    def drawn(judged: dict) -> list[str]:
+        found: list[str] = []
+        while len(found) < min(negatives, len(data.corpus_ids) - len(judged)):
+            d = data.corpus_ids[rng.randrange(len(data.corpus_ids))]
+            if d not in judged and d not in found:
+                found.append(d)
+        return found
+
     for q, judged in data.qrels.items():
         docs = [d for d in judged if d in text]
-        if not any(judged[d] > 0 for d in docs):
+        relevant = [d for d in docs if judged[d] > 0]
+        if not relevant:
             continue
-        drawn: list[str] = []
-        while len(drawn) < min(negatives, len(data.corpus_ids) - len(docs)):
-            d = data.corpus_ids[rng.randrange(len(data.corpus_ids))]
-            if d not in judged and d not in drawn:
-                drawn.append(d)
-        queries.append(data.queries[q])
-        passages.append([text[d] for d in docs + drawn])
-        labels.append([float(max(judged[d], 0)) for d in docs] + [0.0] * len(drawn))
-        lines.append(f"{folder}/qrels/{split}.tsv: query {q}")
-    return Groups(queries, passages, labels, lines, f"BEIR {folder.name} {split}: {len(queries)} queries, their "
-                                                    f"judged documents and {negatives} random negatives each")
+        at = f"{folder}/qrels/{split}.tsv: query {q}"
+        if per_positive:
+            others = [d for d in docs if judged[d] <= 0]
+            for d in relevant:
+                negs = others + drawn(judged)
+                queries.append(data.queries[q])
+                passages.append([text[x] for x in [d, *negs]])
+                labels.append([float(judged[d])] + [0.0] * len(negs))
+                lines.append(at)
+        else:
+            negs = drawn(judged)
+            queries.append(data.queries[q])
+            passages.append([text[d] for d in docs + negs])
+            labels.append([float(max(judged[d], 0)) for d in docs] + [0.0] * len(negs))
+            lines.append(at)
+    unit = "relevant document" if per_positive else "query"
+    return Groups(queries, passages, labels, lines, f"BEIR {folder.name} {split}: {len(queries)} groups, one a {unit}, "
+                                                    f"with the judged documents and {negatives} random negatives")

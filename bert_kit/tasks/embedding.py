@@ -148,7 +148,7 @@ class EmbeddingTask(Task):
         tuples = read_tuples(path, self.e.columns, s.header, s.delimiter, s.where, s.encoding, self.e.split)
         columns, lines = tuples.columns, tuples.lines
         drop_empty_texts(path, self.tokenizer, lines, columns, [lines])  # a text without tokens teaches nothing
-        print(f"{tuples.source} (columns {', '.join(tuples.names)})", flush=True)
+        print(tuples.source, flush=True)
         keys = text_keys(columns)  # for the no-duplicates batches: equal texts, equal ids
         prefixes = [self.e.query_prefix] + [self.e.passage_prefix] * (len(columns) - 1)
         ids, found = [], Truncated(len(keys), s.max_length)

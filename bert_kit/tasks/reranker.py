@@ -55,7 +55,7 @@ class RerankerTask(Task):
 
         s = self.s
         groups = read_groups(path, self.r.columns, s.header, s.delimiter, where, s.encoding, split, self.r.negatives,
-                             s.seed)
+                             s.seed, per_positive=train)
         queries, passages, labels, lines, group = [], [], [], [], []
         keep = self.r.max_candidates if train and self.r.listwise else None
         for g, (q, ps, ls, at) in enumerate(list(zip(groups.queries, groups.passages, groups.labels, groups.lines))

@@ -92,8 +92,10 @@ class RerankerSettings:
     loss: Literal["bce", "listnet", "lambdaloss"] = "bce"
     """bce: each pair on its own (binary cross-entropy, labels clamped to [0, 1]); listnet / lambdaloss:
     a query's candidates together (batch_size counts queries)"""
-    negatives: int = 7  # a BEIR folder: unjudged documents drawn per query as negatives
-    max_candidates: int | None = None  # listwise: at most this many candidates of a query (its first ones)
+    negatives: int = 7
+    """a BEIR folder: unjudged documents drawn as negatives for each relevant document (training) or
+    each query (validation)"""
+    max_candidates: int | None = None  # listwise training: at most this many candidates a group (its first ones)
 
     def __post_init__(self) -> None:
         check_settings(self, {"negatives": Range(0, integer=True),

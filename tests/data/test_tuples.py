@@ -93,6 +93,10 @@ def test_reranker_groups_from_labelled_rows_tuples_and_qrels(tmp_path):
     assert groups.labels[q2] == [2.0, 1.0, 0.0, 0.0, 0.0]  # judged d4, d6, d2 (grade 0), then 2 drawn
     assert len(set(groups.passages[q2])) == 5
     assert read_groups(folder, split="test", negatives=2, seed=1).passages == groups.passages  # seeded
+    lists = read_groups(folder, split="test", negatives=2, seed=1, per_positive=True)  # to train: one a positive
+    assert len(lists.queries) == 8 and lists.queries.count("Can diet treat asthma and eczema?") == 2
+    assert [labels for q, labels in zip(lists.queries, lists.labels) if q.startswith("Can diet")] == [
+        [2.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]  # the positive, d2 (judged 0), then 2 drawn
     bad = tmp_path / "bad.tsv"
     bad.write_text("query\tpassage\tlabel\nq\tp\tyes\n")
     with pytest.raises(ValueError, match=r"bad.tsv:2: label 'yes' is not a number"):

@@ -70,7 +70,8 @@ def test_a_beir_folder_trains_with_random_negatives(tiny_encoder, tmp_path):
     write_beir(folder, split="dev")
     results = finetune(config(tiny_encoder, tmp_path / "run", train_file=str(folder), validation_file=str(folder),
                               max_steps=2, reranker={"loss": "listnet", "negatives": 3}))
-    assert results["num_train_examples"] == 5 and results["history"][-1]["num_queries"] == 5
+    # a list for each of the 8 relevant documents; the 5 dev queries each rank all of their candidates
+    assert results["num_train_examples"] == 8 and results["history"][-1]["num_queries"] == 5
 
 
 def test_the_validation_ranks_each_querys_candidates(tiny_encoder, tmp_path):
