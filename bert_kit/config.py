@@ -375,3 +375,75 @@ def load_hf_config(folder: str | Path) -> Any:
         raise
     except ConfigError as e:  # values no BERT can have: a broken model folder
         raise CorruptFileError(str(e)) from None
+
+
+# ---- either architecture: BertConfig or ModernBertConfig, chosen by the preset or model_type ----
+
+def preset_names() -> list[str]:
+    """Every preset name: BERT's shapes (`PRESETS`) and ModernBERT's (`modernbert_config.PRESETS`)."""
+    from bert_kit.modernbert_config import PRESETS as MODERNBERT_PRESETS
+
+    return [*PRESETS, *MODERNBERT_PRESETS]
+
+
+def config_from_name(name: str, **overrides: Any) -> Any:
+    """The config of a preset of either architecture (modernbert-* are ModernBertConfig), with overrides."""
+    from bert_kit.modernbert_config import PRESETS as MODERNBERT_PRESETS, ModernBertConfig
+
+    key = name.strip() if isinstance(name, str) else name
+    if key in MODERNBERT_PRESETS:
+        return ModernBertConfig.from_name(key, **overrides)
+    if key not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; known presets: {preset_names()}")
+    return BertConfig.from_name(key, **overrides)
+
+
+def sized_preset(name: str, tokenizer: Any, **overrides: Any) -> Any:
+    """A preset of either architecture sized to `tokenizer`: its vocabulary size, and for ModernBERT
+    (whose presets hold the ids of its own BPE vocabulary) the ids of its special tokens; the
+    overrides win."""
+    from bert_kit.modernbert_config import PRESETS as MODERNBERT_PRESETS
+
+    fields = {"vocab_size": tokenizer.vocab_size}
+    if isinstance(name, str) and name.strip() in MODERNBERT_PRESETS:
+        ids = {"pad_token_id": "pad_token_id", "cls_token_id": "cls_token_id", "sep_token_id": "sep_token_id",
+               "bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}  # config field -> tokenizer's
+        fields.update({field: getattr(tokenizer, attr) for field, attr in ids.items()
+                       if getattr(tokenizer, attr, None) is not None})
+    return config_from_name(name, **{**fields, **overrides})
+
+
+def config_from_dict(d: dict[str, Any], source: str = "model") -> Any:
+    """A mapping of config fields with an optional `preset` (whose architecture it takes), or an HF
+    `config.json` dict (its model_type says which): a BertConfig or a ModernBertConfig."""
+    d = dict(d)
+    preset = d.pop("preset", None)
+    try:
+        if preset:
+            return config_from_name(preset, **d)
+        if d.get("model_type") == "modernbert":
+            from bert_kit.modernbert_config import ModernBertConfig
+
+            return ModernBertConfig.from_hf_dict(d, source)
+        if "model_type" in d or "architectures" in d:
+            return BertConfig.from_hf_dict(d, source)
+        return BertConfig.from_dict(d, source)
+    except ConfigError as e:
+        raise ConfigError(e if source in str(e) else f"{source}: {e}") from None
+
+
+def read_config_file(path: str | Path) -> Any:
+    """A YAML or JSON config file, or a folder holding `config.json`, of either architecture
+    (`config_from_dict`); HF configs are recognised by their model_type."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    if path.suffix in (".yaml", ".yml"):  # as run configs are read: duplicate keys and alias bombs refused
+        d = resolve_plain(load_yaml(read_text(path), str(path))) or {}
+    else:
+        d = read_json(path)
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
+    return config_from_dict(d, source=str(path))

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
 from bert_kit.input_checks import unchecked_inputs
+from bert_kit.families import is_encoder, load_model
 from bert_kit.kernels import fast_path
 from bert_kit.kernels.packing import Packed
 from bert_kit.model import BERTModel
@@ -144,7 +145,8 @@ class HostBatch:
 class SentenceEncoder:
     """A BERT encoder plus pooling that turns texts into fixed-size vectors.
 
-    model: a `BERTModel`; tokenizer: a `WordPieceTokenizer`; pooling: "mean" or "cls";
+    model: an encoder (`BERTModel`, `ModernBertModel`); tokenizer: a `WordPieceTokenizer` (or any
+    `get_tokenizer` gives); pooling: "mean" or "cls";
     normalize: L2-normalise each vector (cosine similarity becomes a dot product);
     max_length: tokens per text, longer texts are truncated (256 as all-MiniLM-L6-v2);
     unpadded: run only the real tokens through the encoder (`BERTModel(..., unpadded=True)`).
@@ -159,14 +161,15 @@ class SentenceEncoder:
         the device (`default_token_budget`).
     """
 
-    def __init__(self, model: BERTModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
+    def __init__(self, model: BERTModel | ModernBertModel, tokenizer: WordPieceTokenizer, pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256, device: str | torch.device | None = None,
                  unpadded: bool = True, compile: bool = False, precision: str = "auto",
                  max_tokens_per_batch: int | None = None):
-        if not (isinstance(model, (BERTModel, ModernBertModel))
-                or getattr(model, "architecture", None) == "BertModel"):  # or its export
-            hint = ": pass its encoder, model.bert" if isinstance(getattr(model, "bert", None), BERTModel) else ""
-            raise TypeError(f"model must be a BERTModel, got {type(model).__name__}{hint}")
+        exported = not isinstance(model, torch.nn.Module)  # an `OnnxModel`: an exported graph
+        if not (is_encoder(model) if not exported else model.role == "Model"):
+            hint = ": pass its encoder, model.bert" if hasattr(model, "bert") else ""
+            raise TypeError(f"model must be an encoder (BERTModel or ModernBertModel), got "
+                            f"{type(model).__name__}{hint}")
         if not (callable(tokenizer) and hasattr(tokenizer, "pad_token_id")):
             raise TypeError(f"tokenizer must be a WordPieceTokenizer (get_tokenizer(folder)), got {type(tokenizer).__name__}")
         if pooling not in POOLING_MODES:
@@ -182,7 +185,7 @@ class SentenceEncoder:
             positive(integer=True).check("max_tokens_per_batch", max_tokens_per_batch)
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
-        if isinstance(model, BERTModel):  # (an exported graph has its own kernels)
+        if not exported:  # (an exported graph has its own kernels)
             fast_path.apply(self.model, self.device, training=False)
         self.tokenizer = tokenizer
         self.pooling, self.normalize, self.max_length = pooling, normalize, max_length
@@ -230,16 +233,13 @@ class SentenceEncoder:
                 raise ValueError(f"{folder} is an exported ONNX folder: compile applies to PyTorch models only")
             model, device = OnnxModel(folder), device or "cpu"
             unpadded, precision = False, "fp32"  # the graph takes padded batches, in the precision it was exported in
-            if model.architecture != "BertModel":
+            if model.role != "Model":
                 if not model.has_encoder_states:
                     raise ValueError(f"{folder} holds an exported {model.architecture} graph without the encoder's "
                                      "states (last_hidden_state): export the folder again to embed with it")
                 model = model.encoder()  # a head's graph that also outputs the encoder states, as /embed uses
         else:
-            from bert_kit.config import load_hf_config
-
-            encoder = ModernBertModel if load_hf_config(folder).model_type == "modernbert" else BERTModel
-            model = encoder.from_pretrained(folder)
+            model = load_model("Model", folder)
         return cls(model, get_tokenizer(folder), pooling, normalize, max_length, device, unpadded, compile,
                    precision, max_tokens_per_batch)
 

@@ -88,6 +88,7 @@ MODERNBERT_TO_HF = {
     **_pair("head.norm", "head.norm"),
     "decoder.bias": "decoder.bias",
     **_pair("classifier", "classifier"),
+    "logit_scale": "logit_scale",
 }
 
 BUFFERS = r"(^|\.)(position_ids|token_type_ids)$"  # HF buffers some folders hold: nothing of ours
@@ -149,7 +150,7 @@ FAMILY_NAMES = {
                                                             **_pair("classifier", "classifier.out_proj")}}),
     "distilbert": Names(DISTILBERT_TO_HF, "distilbert.", BERT_HEADS, ("mlm.decoder.weight", "vocab_projector.weight"),
                         qkv="transformer.layer.{i}.attention.{part}.{kind}", qkv_parts=("q_lin", "k_lin", "v_lin")),
-    "modernbert": Names(MODERNBERT_TO_HF, "model.", ("head.", "decoder.", "classifier."),
+    "modernbert": Names(MODERNBERT_TO_HF, "model.", ("head.", "decoder.", "classifier.", "logit_scale"),
                         ("decoder.weight", "decoder.weight")),
 }
 FAMILY_NAMES["xlm-roberta"] = FAMILY_NAMES["roberta"]

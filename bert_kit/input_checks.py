@@ -34,6 +34,8 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, attention_mask: to
                  token_type_ids: torch.Tensor | None) -> None:
     """Clear errors for bad ids, masks and shapes, before they become an index error, a CUDA
     assert or a silently wrong output. Costs one host-device sync (all value checks at once)."""
+    if not getattr(config, "type_vocab_size", 0):
+        token_type_ids = None  # a model without segments (DistilBERT, ModernBERT) ignores them
     for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape (batch, seq_len), got {type(t).__name__}")

@@ -295,12 +295,13 @@ class BERTModel(BertPreTrainedModel):
 def set_dropout(model: nn.Module, p: float) -> nn.Module:
     """Set every dropout of `model`'s encoder (embeddings, sub-layer outputs, attention probabilities)
     to `p`, leaving its config as it is: pretraining without dropout (as Cramming does) still saves
-    the config's rates, which fine-tuning then uses. Heads' classifier dropout is left alone."""
+    the config's rates, which fine-tuning then uses. Heads' classifier dropout is left alone.
+    (Any encoder whose attention keeps its rate in `attn_dropout`: ModernBERT's too.)"""
     p = float(p)  # the attention kernels take a float
-    for module in (model if isinstance(model, BERTModel) else model.bert).modules():
+    for module in (model.bert if hasattr(model, "bert") else model).modules():
         if isinstance(module, nn.Dropout):
             module.p = p
-        elif isinstance(module, MultiHeadAttention):
+        elif hasattr(module, "attn_dropout"):
             module.attn_dropout = p
     return model
 

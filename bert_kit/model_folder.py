@@ -260,20 +260,21 @@ def locate_model(source: str | Path, presets_first: bool = False) -> tuple[str, 
     means a fresh model of that shape even where the hub has a model of that name; otherwise
     (fine-tuning) `bert-base-uncased` must be the pretrained model, and a preset is only taken
     for names the hub does not know."""
-    from bert_kit.config import PRESETS
+    from bert_kit.config import preset_names
 
+    presets = preset_names()  # BERT's and ModernBERT's
     folder = resolve_model_folder(source)
     if folder is not None:
         return "folder", folder
     if Path(source).expanduser().is_file():
         return "file", Path(source).expanduser()
     name = str(source).strip()
-    if presets_first and name in PRESETS:
+    if presets_first and name in presets:
         return "preset", name
     found = find_local_model(name)
     if found is not None:
         return "folder", found
-    if name in PRESETS and name not in HUB_PRESET_NAMES:
+    if name in presets and name not in HUB_PRESET_NAMES:
         return "preset", name
     if name in HUB_PRESET_NAMES:
         shape = name.removesuffix("-uncased")
@@ -284,7 +285,7 @@ def locate_model(source: str | Path, presets_first: bool = False) -> tuple[str, 
     if "/" in name or "\\" in name or name.startswith(("~", ".")):
         raise FileNotFoundError(missing_model_message(name))  # a folder that is not there, or a hub name without a copy
     raise FileNotFoundError(f"model {name!r} is neither a model folder, a config file, a preset "
-                            f"({', '.join(sorted(PRESETS))}) nor a hub name with a local copy; "
+                            f"({', '.join(sorted(presets))}) nor a hub name with a local copy; "
                             "`bert-kit models` lists what is available")
 
 
@@ -320,18 +321,17 @@ def model_positions(folder: str | Path) -> int:
 
 
 def model_config(spec: Any) -> Any:
-    """The `BertConfig` a run's `model` setting stands for, when it can be known without torch:
-    a preset name, a mapping of fields (with an optional `preset`), a config file, or a model
-    folder. Returns None for a path that does not exist (yet) or a folder that cannot be read
-    (loading it reports why). A bad preset name or bad field values raise ConfigError."""
+    """The config (`BertConfig` or `ModernBertConfig`) a run's `model` setting stands for, when it
+    can be known without torch: a preset name, a mapping of fields (with an optional `preset`), a
+    config file, or a model folder. Returns None for a path that does not exist (yet) or a folder
+    that cannot be read (loading it reports why). A bad preset name or bad field values raise
+    ConfigError."""
     from bert_kit.checks import ConfigError
-    from bert_kit.config import BertConfig, load_hf_config
+    from bert_kit.config import config_from_dict, config_from_name, load_hf_config, preset_names, read_config_file
 
     if isinstance(spec, dict):
-        fields = dict(spec)
-        preset = fields.pop("preset", None)
         try:
-            return BertConfig.from_name(preset, **fields) if preset else BertConfig.from_dict(fields, source="model")
+            return config_from_dict(spec, source="model")
         except ConfigError as e:
             raise ConfigError(e if str(e).startswith("model") else f"model: {e}") from None
     if not isinstance(spec, (str, Path)):
@@ -342,17 +342,15 @@ def model_config(spec: Any) -> Any:
         if folder is not None:
             return load_hf_config(folder)
         if path.is_file():
-            return BertConfig.from_file(path)
+            return read_config_file(path)
     except (OSError, ValueError):
         return None  # loading the model names the problem with the folder
     if "/" in str(spec) or path.suffix in (".json", ".yaml", ".yml") or not str(spec).strip():
         return None  # a path that does not exist yet
-    from bert_kit.config import PRESETS
-
-    if str(spec).strip() not in PRESETS:
+    if str(spec).strip() not in preset_names():
         raise ConfigError(f"model={str(spec)!r} is neither a model folder, a config file nor a preset "
-                          f"({', '.join(sorted(PRESETS))})")
-    return BertConfig.from_name(str(spec))
+                          f"({', '.join(sorted(preset_names()))})")
+    return config_from_name(str(spec))
 
 
 def read_model_metadata(folder: str | Path) -> dict[str, Any]:
@@ -398,7 +396,9 @@ def write_sentence_transformers_files(folder: str | Path, pooling: str, max_leng
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_length,
                                                                   "do_lower_case": False}, indent=2) + "\n")
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    from bert_kit.config import load_hf_config
+
+    hidden = load_hf_config(folder).hidden_size  # (DistilBERT's config.json calls it dim)
     pooling_config = {"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
                       "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
                       "pooling_mode_mean_sqrt_len_tokens": False}

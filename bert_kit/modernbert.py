@@ -385,3 +385,41 @@ class ModernBertForQuestionAnswering(_ModernBertClassifier):
 HEAD_CLASSES = {cls.hf_architecture: cls for cls in (
     ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification, ModernBertForTokenClassification,
     ModernBertForQuestionAnswering)}
+
+
+# ---- FLOPs -----------------------------------------------------------------------------------------
+
+def keys_seen(seq_len: int, window: int | None) -> float:
+    """Keys a query sees on average in a sequence of `seq_len` tokens: all of them in a global layer,
+    those within `window` positions on each side in a sliding-window layer (fewer near the ends)."""
+    T = seq_len
+    if window is None or window >= T - 1:
+        return float(T)
+    w = window
+    beside = w * (w - 1) // 2 + (T - w) * w  # sum over positions i of min(i, w): keys on one side
+    return (T + 2 * beside) / T
+
+
+def flops_per_token(config: ModernBertConfig, seq_len: int, masked_fraction: float = 0.3,
+                    training: bool = True) -> float:
+    """Useful FLOPs per token of sequences of `seq_len` tokens (2 per multiply-add; training counts
+    forward + backward, 3x the forward).
+
+    Counts the layers' matmuls (Wqkv, Wo, GeGLU's Wi and Wo), attention's scores and weighted sums
+    over the keys each layer's window really holds (`keys_seen`: a sliding layer at 8,192 tokens
+    sees 129 keys, not 8,192), and in training the MLM head (dense, decoder) on the masked
+    fraction only; embedding lookups, norms and rotations count nothing. Inference: the encoder.
+    """
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    matmuls = config.num_hidden_layers * (4 * H * H + 3 * H * I)  # multiply-adds per token
+    attention = sum(2 * H * keys_seen(seq_len, config.sliding_window if kind == "sliding_attention" else None)
+                    for kind in config.layer_types)
+    if not training:
+        return 2 * (matmuls + attention)
+    return 6 * (matmuls + attention + masked_fraction * (H * H + H * V))
+
+
+def estimate_mfu(config: ModernBertConfig, seq_len: int, tokens_per_s: float, peak_flops: float,
+                 masked_fraction: float = 0.3, training: bool = True) -> float:
+    """Model FLOPs utilisation: useful FLOP/s (`flops_per_token`) over the device's peak."""
+    return flops_per_token(config, seq_len, masked_fraction, training) * tokens_per_s / peak_flops

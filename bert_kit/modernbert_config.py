@@ -272,6 +272,8 @@ _SMALL_VOCAB = {"vocab_size": 512, "pad_token_id": 0, "cls_token_id": 1, "sep_to
 PRESETS: dict[str, dict[str, Any]] = {
     "modernbert-base": _size(22, 768, 1152, 12),
     "modernbert-large": _size(28, 1024, 2624, 16),
+    # the 6-minute recipe's (configs/pretrain_cram_modernbert.yaml): bert-small's FLOPs a token, 6 layers
+    "modernbert-small": _size(6, 512, 768, 8),
     "modernbert-tiny": {**_size(3, 64, 96, 4), **_SMALL_VOCAB, "max_position_embeddings": 512},
     "modernbert-mini": {**_size(6, 256, 384, 4), **_SMALL_VOCAB, "max_position_embeddings": 1024},
 }

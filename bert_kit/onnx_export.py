@@ -66,12 +66,13 @@ import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError
 from bert_kit.embeddings import POOLING_MODES, pool
-from bert_kit.heads import HEAD_CLASSES
-from bert_kit.model import BERTModel, MultiHeadAttention
+from bert_kit.families import is_encoder, load_model
+from bert_kit.model import MultiHeadAttention
 from bert_kit.model_folder import (read_model_metadata, resolve_model, resolve_model_folder,
                                    sentence_transformers_settings)
+from bert_kit.modernbert import ModernBertAttention
 from bert_kit.onnx_runtime import (CALL_OUTPUTS, INPUT_NAMES, ONNX_FILE, OnnxModel, is_onnx_folder,
-                                   require_onnxruntime)
+                                   require_onnxruntime, role)
 from bert_kit.outputs import OutputFolder, entries, write_record
 
 QUANTIZE_CHOICES = ("int8",)
@@ -136,6 +137,17 @@ class ExportAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
+def export_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, packed: Any,
+                     window: int | None, dropout_p: float = 0.0) -> torch.Tensor:
+    """ModernBERT's `attend` as matmuls and a softmax, for the traced graph: q, k, v (B, nh, T, hd) and
+    the padded forward's bool mask (its window included) -> (B, nh, T, hd). Hidden keys get the most
+    negative float32 added, as `ExportAttention`."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+    if mask is not None:
+        scores = scores + (1.0 - mask.to(scores.dtype)) * torch.finfo(scores.dtype).min
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
 class ExportGraph(nn.Module):
     """The traced module: the model with export attention, plus the pooled sentence embedding
     for the bare encoder. Takes (input_ids, attention_mask, token_type_ids), each (B, T)."""
@@ -146,11 +158,13 @@ class ExportGraph(nn.Module):
         for layer in self.model.modules():
             if hasattr(layer, "attention") and isinstance(layer.attention, MultiHeadAttention):
                 layer.attention = ExportAttention(layer.attention)
+            elif isinstance(layer, ModernBertAttention):
+                layer.attend = export_attention
         self.pooling = pooling
         self.eval()  # dropout off; torch.onnx.export restores this mode after tracing
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> Any:
-        if not isinstance(self.model, BERTModel):  # a head: its encoder's states too, for sentence embeddings
+        if not is_encoder(self.model):  # a head: its encoder's states too, for sentence embeddings
             states: list[torch.Tensor] = []
             hook = self.model.bert.register_forward_hook(lambda module, args, out: states.append(out))
             try:
@@ -204,16 +218,17 @@ class ExportReport:
 
 
 def load_for_export(folder: Path) -> tuple[nn.Module, str]:
-    """The model class the folder's config.json names, with its weights: (model, architecture)."""
+    """The model of the role the folder's config.json names, with its weights: (model, architecture)."""
     config = json.loads((folder / "config.json").read_text())
     names = config.get("architectures") or ["BertModel"]
     architecture = names[0]
-    if architecture not in HEAD_CLASSES:
-        raise ValueError(f"{folder}/config.json: architecture {architecture!r} cannot be exported; "
-                         f"expected one of {sorted(HEAD_CLASSES)}")
-    cls = HEAD_CLASSES[architecture]
+    part = role(architecture)
+    if part not in CALL_OUTPUTS:
+        raise ValueError(f"{folder}/config.json: architecture {architecture!r} cannot be exported; expected an "
+                         f"encoder or one of its heads ({', '.join('Bert' + r for r in CALL_OUTPUTS)}, or another "
+                         "family's)")
     try:  # strict for heads: a head missing from the weights would be exported as random numbers
-        return cls.from_pretrained(folder, strict=cls is not BERTModel).eval(), architecture
+        return load_model(part, folder, strict=part != "Model").eval(), architecture
     except (KeyError, ValueError) as e:
         raise ValueError(f"{folder}: the weights do not match {architecture}: {e}") from None
 
@@ -234,7 +249,7 @@ def sample_inputs(config: Any, batch: int = 3, seqlen: int = 12, seed: int = 0) 
     attention_mask = (torch.arange(seqlen)[None, :] < lengths[:, None]).long()
     input_ids = input_ids * attention_mask  # id 0 at padding
     token_type_ids = ((torch.arange(seqlen)[None, :] >= lengths[:, None] // 2).long() * attention_mask
-                      if config.type_vocab_size > 1 else torch.zeros_like(input_ids))
+                      if getattr(config, "type_vocab_size", 0) > 1 else torch.zeros_like(input_ids))
     return input_ids, attention_mask, token_type_ids
 
 
@@ -243,7 +258,8 @@ def trace_to_onnx(graph: ExportGraph, inputs: tuple[torch.Tensor, ...], architec
     """torch.onnx.export of the padded forward with dynamic batch and sequence axes."""
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
     for name in outputs:  # per-token outputs (B, T, ...) keep the sequence axis, (B, C) ones do not
-        per_sequence = name in PER_SEQUENCE_OUTPUTS or (name == "logits" and architecture == "BertForSequenceClassification")
+        per_sequence = name in PER_SEQUENCE_OUTPUTS or (name == "logits" and role(architecture) ==
+                                                         "ForSequenceClassification")
         axes[name] = {0: "batch"} if per_sequence else {0: "batch", 1: "sequence"}
     with warnings.catch_warnings(), torch.no_grad():
         # the tracer warns about Python values (shape checks in check_inputs): none reach the graph
@@ -486,10 +502,11 @@ def export_onnx(model_folder: str | Path, output: str | Path, quantize: str | No
     destination = prepare_output(output, source)
     require_onnxruntime()
     model, architecture = load_for_export(source)
-    pooling = encoder_pooling(source) if architecture == "BertModel" else None
+    encoder = role(architecture) == "Model"
+    pooling = encoder_pooling(source) if encoder else None
     # the encoder's graph adds its pooled vectors; a head's graph its encoder's states (for /embed)
-    outputs = list(CALL_OUTPUTS[architecture]) + (["sentence_embedding"] if pooling else
-                                                  [] if architecture == "BertModel" else ["last_hidden_state"])
+    outputs = list(CALL_OUTPUTS[role(architecture)]) + (["sentence_embedding"] if pooling else
+                                                        [] if encoder else ["last_hidden_state"])
     graph = ExportGraph(model, pooling)
     inputs = sample_inputs(model.config)
 

@@ -30,22 +30,27 @@ from pathlib import PurePath
 import numpy as np
 import torch
 
-from bert_kit.config import BertConfig, load_hf_config
+from bert_kit.config import BertConfig, architecture_role, load_hf_config
 from bert_kit.input_checks import check_inputs
 from bert_kit.threads import spinning
 
 ONNX_FILE = "model.onnx"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-# HF architecture -> the graph outputs that the PyTorch forward returns, in its order
-# (the names HF and optimum give them); the encoder's graph adds "sentence_embedding"
+# role (HF's class-name suffix, every family alike) -> the graph outputs that the PyTorch forward
+# returns, in its order (the names HF and optimum give them); the encoder's graph adds "sentence_embedding"
 CALL_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "BertModel": ("last_hidden_state",),
-    "BertForSequenceClassification": ("logits",),
-    "BertForTokenClassification": ("logits",),
-    "BertForQuestionAnswering": ("start_logits", "end_logits"),
-    "BertForMaskedLM": ("logits",),
-    "BertForPreTraining": ("prediction_logits", "seq_relationship_logits"),
+    "Model": ("last_hidden_state",),
+    "ForSequenceClassification": ("logits",),
+    "ForTokenClassification": ("logits",),
+    "ForQuestionAnswering": ("start_logits", "end_logits"),
+    "ForMaskedLM": ("logits",),
+    "ForPreTraining": ("prediction_logits", "seq_relationship_logits"),
 }
+
+
+def role(architecture: str) -> str:
+    """The role of an HF class name: "ModernBertForMaskedLM" -> "ForMaskedLM" (`bert_kit.families`)."""
+    return architecture_role(architecture).removeprefix("Bert")
 
 
 def require_onnxruntime() -> Any:
@@ -92,8 +97,9 @@ class OnnxModel:
 
     folder: written by `bert-kit export`; threads: ONNX Runtime intra-op threads (default: as many
     as PyTorch uses, `torch.get_num_threads()`, so both sides of a comparison get the same).
-    Attributes: config (BertConfig), architecture (e.g. "BertForSequenceClassification"),
-    precision ("fp32" or "int8"), session (the `onnxruntime.InferenceSession`).
+    Attributes: config (BertConfig or ModernBertConfig), architecture (e.g.
+    "BertForSequenceClassification"), role (its suffix, "ForSequenceClassification"), precision
+    ("fp32" or "int8"), session (the `onnxruntime.InferenceSession`).
     """
 
     training = False  # inference only: eval()/train() are accepted so the tasks' loops run unchanged
@@ -117,9 +123,10 @@ class OnnxModel:
         self.folder = folder
         self.config: BertConfig = load_hf_config(folder)
         self.architecture: str = meta["architecture"]
+        self.role = role(self.architecture)
         self.precision: str = meta.get("precision", "fp32")
         self.pooling: str | None = meta.get("pooling")  # the encoder's graph pools (and normalises) too
-        self.call_outputs = list(CALL_OUTPUTS[self.architecture])
+        self.call_outputs = list(CALL_OUTPUTS[self.role])
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1  # one graph, run node after node: no second pool competing
@@ -132,7 +139,7 @@ class OnnxModel:
 
     def _check_labels(self, graph: Path) -> int | None:
         """A classifier's outputs per text (or token); config.json's id2label must name as many."""
-        if self.architecture not in ("BertForSequenceClassification", "BertForTokenClassification"):
+        if self.role not in ("ForSequenceClassification", "ForTokenClassification"):
             return None
         from bert_kit.model_folder import read_model_metadata
 
@@ -159,8 +166,9 @@ class OnnxModel:
             raise ValueError(f"the graph of {self.folder} ({self.architecture}) does not output the encoder's "
                              "states (last_hidden_state): export the folder again to embed with it")
         view = copy.copy(self)
-        view.architecture, view.call_outputs, view.num_labels = "BertModel", ["last_hidden_state"], None
-        if self.architecture != "BertModel":
+        view.architecture, view.role = self.architecture.replace(self.role, "Model"), "Model"
+        view.call_outputs, view.num_labels = ["last_hidden_state"], None
+        if self.role != "Model":
             view.pooling = None  # only the encoder's own graph pools
         return view
 

@@ -328,13 +328,13 @@ def test_embed_cli_on_exported_folder_equals_pytorch(minilm_path, minilm_onnx, s
 
 def test_export_cli_and_its_errors(ort, minilm_path, minilm_onnx, sst2_classifier, tmp_path, capsys):
     # a folder whose head cannot be exported: named with its file, nothing left behind
-    folder = tmp_path / "roberta"
+    folder = tmp_path / "multiple-choice"
     BERTModel(TINY).save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["RobertaModel"]}))
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMultipleChoice"]}))
     assert cli_main(["export", "--model", str(folder), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "config.json" in err and "RobertaModel" in err and "Traceback" not in err
+    assert "config.json" in err and "BertForMultipleChoice" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     # an exported folder is not exported again; --output must not overwrite a model folder
     assert cli_main(["export", "--model", str(minilm_onnx), "--output", str(tmp_path / "again")]) == 2

@@ -256,3 +256,23 @@ def test_a_folder_of_the_other_architecture_is_refused_by_name(tmp_path):
         ModernBertModel.from_pretrained(tmp_path / "bert")
     with pytest.raises(UnsupportedModelError, match="is read by ModernBertConfig"):
         BertConfig.from_hf_dict({"model_type": "modernbert"})
+
+
+def test_flops_count_the_keys_each_window_really_holds():
+    from bert_kit.modernbert import estimate_mfu, flops_per_token, keys_seen
+
+    for T, w in [(1, 2), (5, 64), (128, 64), (129, 64), (300, 64), (8192, 64), (10, 0), (10, 3)]:
+        pos = torch.arange(T)
+        brute = ((pos[:, None] - pos[None, :]).abs() <= w).sum().item() / T
+        assert keys_seen(T, w) == pytest.approx(brute, rel=1e-12), (T, w)
+    assert keys_seen(8192, None) == 8192 and keys_seen(8192, 64) == pytest.approx(129 - 64 * 65 / 8192, rel=1e-12)
+    base = ModernBertConfig.from_name("modernbert-base")  # 22 layers: 8 global, 14 within +-64
+    H, I, V, T = 768, 1152, 50368, 1024
+    per_layer = 4 * H * H + 3 * H * I
+    attention = 2 * H * (8 * T + 14 * keys_seen(T, 64))
+    assert flops_per_token(base, T) == pytest.approx(6 * (22 * per_layer + attention + 0.3 * (H * H + H * V)))
+    assert flops_per_token(base, T, training=False) == pytest.approx(2 * (22 * per_layer + attention))
+    everywhere = ModernBertConfig.from_name("modernbert-base", layer_types=["full_attention"] * 22)
+    assert flops_per_token(everywhere, 8192) - flops_per_token(base, 8192) == pytest.approx(
+        6 * 2 * H * 14 * (8192 - keys_seen(8192, 64)))
+    assert estimate_mfu(base, T, 1e5, 1e15) == pytest.approx(flops_per_token(base, T) * 1e5 / 1e15)

@@ -119,7 +119,7 @@ def test_a_non_finite_output_of_an_exported_graph_is_an_error(exported, monkeypa
 
 
 def test_an_exported_head_embeds_as_its_pytorch_encoder(exported):
-    """The README's promise: an exported folder alone serves /embed and `bert-kit embed` /
+    """docs/export.md's promise: an exported folder alone serves /embed and `bert-kit embed` /
     `SentenceEncoder.from_pretrained`, with the vectors of the PyTorch encoder it came from."""
     from bert_kit.embeddings import SentenceEncoder
 

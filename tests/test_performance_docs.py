@@ -87,7 +87,8 @@ def test_the_performance_page_quotes_its_figures_from_the_reports():
 
 
 def page_files() -> list[Path]:
-    return list(dict.fromkeys([PERFORMANCE, INDEX, *report_files(), *sorted((REPO / "docs").glob("*.md"))]))
+    return list(dict.fromkeys([PERFORMANCE, INDEX, *report_files(), *sorted((REPO / "docs").glob("*.md")),
+                               REPO / "README.md"]))
 
 
 def test_links_scripts_and_configs_named_on_the_pages_exist():

@@ -22,21 +22,10 @@ from pathlib import Path
 from bert_kit.checks import ConfigError
 from bert_kit.outputs import OutputFolder
 
-HEADS = ("pretraining", "mlm", "base")
+HEADS = {"pretraining": "ForPreTraining", "mlm": "ForMaskedLM", "base": "Model"}  # --head -> role
 # the fast tokenizer, its settings, and the files of the slow ones (WordPiece, BPE, SentencePiece)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "sentencepiece.bpe.model")
-
-
-def _head_classes(model_type: str) -> dict[str, type]:
-    if model_type == "modernbert":
-        from bert_kit.modernbert import ModernBertForMaskedLM, ModernBertModel
-
-        return {"mlm": ModernBertForMaskedLM, "base": ModernBertModel}
-    from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
-    from bert_kit.model import BERTModel
-
-    return {"pretraining": BERTForPreTraining, "mlm": BERTForMaskedLM, "base": BERTModel}
 
 
 def detect_head(state: dict, model_type: str = "bert") -> str:
@@ -63,10 +52,12 @@ def convert(input_folder: str | Path, output_folder: str | Path, head: str | Non
     config = load_hf_config(src)
     state = read_state_dict(src)
     head = head or detect_head(state, config.model_type)
-    classes = _head_classes(config.model_type)
-    if head not in classes:
-        raise ValueError(f"--head {head} is not a head of {config.model_type}: expected one of {sorted(classes)}")
-    model = classes[head](config)
+    from bert_kit.families import CLASSES
+
+    heads = sorted(h for h, part in HEADS.items() if part in CLASSES[type(config)])
+    if head not in heads:
+        raise ValueError(f"--head {head} is not a head of {config.model_type}: expected one of {heads}")
+    model = CLASSES[type(config)][HEADS[head]](config)
     new_heads = load_into(model, state, source=str(src))
     out.prepare()
     model.save_pretrained(dst)

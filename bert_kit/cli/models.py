@@ -13,22 +13,19 @@ import json
 
 
 def preset_table() -> list[dict]:
-    """One row per preset: name, layers, hidden size, heads, parameters (with a 30,522 vocabulary)."""
-    from bert_kit.config import PRESETS, BertConfig
+    """One row per preset, BERT's then ModernBERT's: name, family, layers, hidden size, heads,
+    parameters (with the preset's vocabulary: BERT's 30,522, ModernBERT's 50,368)."""
+    from bert_kit.config import config_from_name, preset_names
 
     rows, seen = [], {}
-    for name in PRESETS:
-        config = BertConfig.from_name(name)
-        key = (config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
+    for name in preset_names():
+        config = config_from_name(name)
+        key = (config.model_type, config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
         if key in seen:  # an alias such as bert-base for "bert-base-uncased (110M)"
             seen[key]["aliases"].append(name)
             continue
-        h, f, v, p = config.hidden_size, config.intermediate_size, config.vocab_size, config.max_position_embeddings
-        # embeddings (+ LayerNorm), per layer: QKV, output, two feed-forward matrices, two LayerNorms; pooler
-        params = (v + p + 2) * h + 2 * h + config.num_hidden_layers * (4 * h * h + 4 * h + 2 * h * f + f + h
-                                                                       + 4 * h) + h * h + h
-        seen[key] = {"name": name, "layers": key[0], "hidden": key[1], "heads": key[2],
-                     "parameters": params, "aliases": []}
+        seen[key] = {"name": name, "family": config.model_type, "layers": key[1], "hidden": key[2], "heads": key[3],
+                     "parameters": config.num_parameters(), "aliases": []}
         rows.append(seen[key])
     return rows
 
@@ -59,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     print("presets (fresh weights of this shape; pretrain model=NAME, or a config's model: NAME):")
     for r in presets:
         aliases = f"  (also {', '.join(r['aliases'])})" if r["aliases"] else ""
-        print(f"  {r['name']:<26} {r['layers']:>2} layers, hidden {r['hidden']:>4}, {r['heads']:>2} heads, "
-              f"{r['parameters'] / 1e6:6.1f}M parameters{aliases}")
+        print(f"  {r['name']:<26} {r['family']:<11} {r['layers']:>2} layers, hidden {r['hidden']:>4}, "
+              f"{r['heads']:>2} heads, {r['parameters'] / 1e6:6.1f}M parameters{aliases}")
     print(f"local copies of hub models (pretrained weights; model=NAME or --model NAME), "
           f"from installed packages and {hf_cache_dir()}:")
     for r in local:

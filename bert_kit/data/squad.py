@@ -184,11 +184,11 @@ def _windows(examples: Sequence[dict], tokenizer, max_length: int, doc_stride: i
             start += budget - doc_stride
 
 
-def _feature(ids: list[int], context_at: int) -> dict[str, list[int]]:
-    """Model inputs of one window: segment 0 up to the first [SEP], segment 1 after it."""
-    return {"input_ids": ids,
-            "token_type_ids": [0] * context_at + [1] * (len(ids) - context_at),
-            "attention_mask": [1] * len(ids)}
+def _feature(ids: list[int], context_at: int, segments: bool = True) -> dict[str, list[int]]:
+    """Model inputs of one window: segment 0 up to the first [SEP], segment 1 after it (all 0 for a
+    family without segment ids: RoBERTa's one-row table, ModernBERT)."""
+    types = [0] * context_at + [1] * (len(ids) - context_at) if segments else [0] * len(ids)
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": [1] * len(ids)}
 
 
 def prepare_train_features(examples: Sequence[dict], tokenizer, max_length: int = 384,
@@ -204,7 +204,7 @@ def prepare_train_features(examples: Sequence[dict], tokenizer, max_length: int 
     for e, ids, ctx_at, offsets in _windows(examples, tokenizer, max_length, doc_stride,
                                             max_query_length):
         ex = examples[e]
-        feat = _feature(ids, ctx_at)
+        feat = _feature(ids, ctx_at, getattr(tokenizer, "token_types", True))
         start_pos = end_pos = 0
         if ex["answers"] and offsets:
             start_char = ex["answers"][0]["answer_start"]
@@ -234,7 +234,7 @@ def prepare_eval_features(examples: Sequence[dict], tokenizer, max_length: int =
     features = []
     for e, ids, ctx_at, offsets in _windows(examples, tokenizer, max_length, doc_stride,
                                             max_query_length):
-        feat = _feature(ids, ctx_at)
+        feat = _feature(ids, ctx_at, getattr(tokenizer, "token_types", True))
         feat["example_id"] = examples[e]["id"]
         feat["offset_mapping"] = [None] * ctx_at + list(offsets) + [None]
         features.append(feat)

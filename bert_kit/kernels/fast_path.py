@@ -18,6 +18,12 @@ state dict names and compute the same function on other kernels; the job prints 
     LowPrecisionLayerNorm  LayerNorm             residual.py          low_precision_residual, 16-bit autocast
     PaddedDecoderMLMHead   MLMHead               padded_decoder.py    the heads compiled on CUDA
 
+ModernBERT (`bert_kit.modernbert`) takes its own plan: each `ModernBertAttention.attend` becomes a
+packed kernel of `window_attention.py` with its sliding window (flash varlen attention in 16-bit
+on CUDA, FlexAttention with a document and window block mask otherwise on CUDA), and
+`ModernBertModel` becomes `PackedModernBertModel`, which runs padded calls packed: no layer builds
+a (T, T) mask, so memory grows linearly with the length (8,192 tokens).
+
 `plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
 without a GPU); `install` swaps the classes; `apply` does both. Each swapped module still checks
 per call what only the call knows (compiling? gradients? T <= 128?) and otherwise runs the
@@ -38,8 +44,11 @@ import torch.nn as nn
 from bert_kit.config import BertConfig
 from bert_kit.heads import MLMHead
 from bert_kit.model import BERTModel, FeedForward, LayerNorm, MultiHeadAttention
+from bert_kit.modernbert import ModernBertAttention, ModernBertModel, sdpa_attention
+from bert_kit.modernbert_config import ModernBertConfig
 
 HALF = (torch.float16, torch.bfloat16)
+ATTENTION_CHOICES = ("auto", "flash", "flex", "sdpa")  # ModernBERT's attention kernel (`plan`'s attention)
 JAX_ENGINE = "the JAX engine runs the model"  # the note of jobs whose steps the JAX engine computes
 
 
@@ -56,6 +65,8 @@ class FastPath:
     short_attention: bool = False  # `ShortAttention`: attention with its QKV gradient in two kernels, T <= 128
     padded_decoder: bool = False  # `PaddedDecoderMLMHead`: the MLM decoder on a vocabulary padded to 64
     low_precision_residual: bool = False  # `LowPrecisionLayerNorm`: a 16-bit residual stream
+    window_flash: bool = False  # ModernBERT: flash varlen attention with the sliding window, batches packed
+    flex_attention: bool = False  # ModernBERT: FlexAttention with a document + window block mask, batches packed
     note: str = ""  # why nothing applies, where the device does not say it (the JAX engine)
 
     @property
@@ -66,7 +77,10 @@ class FastPath:
         parts = [("flash varlen attention", self.varlen_flash), ("SDPA with safe mask kernels", self.cuda_attention),
                  ("Triton dropout masks", self.dropout_masks), (fused, fused is not None),
                  ("short attention (T <= 128)", self.short_attention), ("padded MLM decoder", self.padded_decoder),
-                 ("16-bit residual stream", self.low_precision_residual)]
+                 ("16-bit residual stream", self.low_precision_residual),
+                 ("flash varlen attention with sliding window", self.window_flash),
+                 ("FlexAttention (sliding window + document mask)", self.flex_attention),
+                 ("padded batches packed", self.window_flash or self.flex_attention)]
         return [name for name, on in parts if on]
 
     @property
@@ -87,9 +101,14 @@ def triton_available() -> bool:
 def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.dtype = torch.float32,
          compile: bool = False, compile_heads: bool = True, mlm_head: bool = False,
          low_precision_residual: bool = False, triton: bool = True, triton_dropout: bool = True,
-         fused_backward: bool = True, short_attention: bool = True) -> FastPath:
+         fused_backward: bool = True, short_attention: bool = True, attention: str = "auto") -> FastPath:
     """The fast path for a model of `config` on a `device_type` ("cuda", "cpu", ...) in a job; the
     arguments are `apply`'s (mlm_head: the model has an MLM head; triton: Triton kernels can run)."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"attention={attention!r} is not a valid choice: expected one of {ATTENTION_CHOICES}")
+    if isinstance(config, ModernBertConfig):
+        return plan_modernbert(device_type, config, dtype=dtype, attention=attention,
+                               low_precision_residual=low_precision_residual)
     cuda, half = device_type == "cuda", dtype in HALF
     compiled_training = cuda and compile and training and triton
     residual16 = low_precision_residual and half
@@ -104,9 +123,46 @@ def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.d
         padded_decoder=cuda and compile and compile_heads and mlm_head, low_precision_residual=residual16)
 
 
+def plan_modernbert(device_type: str, config: ModernBertConfig, *, dtype: torch.dtype = torch.float32,
+                    attention: str = "auto", low_precision_residual: bool = False) -> FastPath:
+    """ModernBERT's plan. On CUDA: flash varlen attention with the window where flash runs (16-bit,
+    head size <= 256), else FlexAttention; elsewhere the reference, unless `attention` asks for
+    FlexAttention (inference: it has no CPU backward). attention "sdpa": the reference everywhere.
+    low_precision_residual: as BERT's, under 16-bit autocast."""
+    cuda = device_type == "cuda"
+    flash = cuda and dtype in HALF and config.head_dim <= 256 and attention in ("auto", "flash")
+    flex = attention == "flex" or (cuda and attention == "auto" and not flash)
+    return FastPath(device=device_type, window_flash=flash, flex_attention=flex,
+                    low_precision_residual=low_precision_residual and dtype in HALF)
+
+
+def install_modernbert(model: nn.Module, fast: FastPath) -> FastPath:
+    """Put `fast`'s ModernBERT kernels on `model`: each attention's `attend` (still the reference's)
+    and the packed encoder class; the 16-bit residual stream's norms."""
+    if fast.low_precision_residual:
+        from bert_kit.kernels.residual import LowPrecisionTorchLayerNorm
+
+        for module in model.modules():
+            if type(module) is nn.LayerNorm:
+                module.__class__ = LowPrecisionTorchLayerNorm
+    if not (fast.window_flash or fast.flex_attention):
+        return fast
+    from bert_kit.kernels import window_attention
+
+    kernel = window_attention.flash_window_attention if fast.window_flash else window_attention.flex_window_attention
+    for module in model.modules():
+        if isinstance(module, ModernBertAttention) and module.attend is sdpa_attention:
+            module.attend = kernel
+        elif type(module) is ModernBertModel:
+            module.__class__ = window_attention.PackedModernBertModel  # same parameters: padded calls run packed
+    return fast
+
+
 def install(model: nn.Module, fast: FastPath) -> FastPath:
     """Swap the classes `fast` names into `model`, in place; returns what was installed (without
     the Triton parts, if their modules find no Triton to import)."""
+    if isinstance(model.config, ModernBertConfig):
+        return install_modernbert(model, fast)
     from bert_kit.kernels.attention import CudaAttention
     from bert_kit.kernels.padded_decoder import PaddedDecoderMLMHead
     from bert_kit.kernels.residual import LowPrecisionLayerNorm
@@ -152,10 +208,12 @@ def install(model: nn.Module, fast: FastPath) -> FastPath:
 
 def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype: torch.dtype = torch.float32,
           compile: bool = False, compile_heads: bool = True, low_precision_residual: bool = False,
-          triton_dropout: bool = True, fused_backward: bool = True, short_attention: bool = True) -> FastPath:
+          triton_dropout: bool = True, fused_backward: bool = True, short_attention: bool = True,
+          attention: str = "auto") -> FastPath:
     """Put the fast path for `device` and the job on `model` (in place) and return what it is.
 
-    model: a `BERTModel` or a model with heads (`bert_kit.heads`), on `device` or about to be.
+    model: a `BERTModel`, a `ModernBertModel` or a model with heads (`bert_kit.heads`,
+        `bert_kit.modernbert`), on `device` or about to be.
     training: the model will be trained (else it only runs inference).
     dtype: the run's autocast dtype (float32: no autocast).
     compile: the caller compiles the model after this call (`model.compile(...)`, or `torch.compile`
@@ -167,12 +225,14 @@ def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype
         16-bit (`residual.py`); pretraining's setting.
     triton_dropout, fused_backward, short_attention: allow these Triton kernels where they apply
         (all by default; off to measure against inductor's own kernels).
+    attention: ModernBERT's attention kernel: "auto" (see `plan_modernbert`), "flash", "flex", or
+        "sdpa" (the reference's).
     """
     mlm_head = any(isinstance(m, MLMHead) for m in model.modules())
     fast = plan(torch.device(device).type, model.config, training=training, dtype=dtype, compile=compile,
                 compile_heads=compile_heads, mlm_head=mlm_head, low_precision_residual=low_precision_residual,
                 triton=triton_available(), triton_dropout=triton_dropout, fused_backward=fused_backward,
-                short_attention=short_attention)
+                short_attention=short_attention, attention=attention)
     fast = install(model, fast)
     if compile:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

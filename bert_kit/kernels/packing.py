@@ -15,7 +15,7 @@ reference that `bert_kit.kernels.attention.varlen_attention` (flash attention on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -32,6 +32,8 @@ class Packed:
         pack came from `unpad`; used to scatter results back with `pad`. None with a padded shape:
         every position is in the pack (`of_rows`).
     batch, seqlen: the padded shape (B, T) that `indices` refers to.
+    block_masks: FlexAttention's block masks of this layout, by window (`kernels.window_attention`),
+        made by the first layer that needs one and shared by the others.
     """
 
     cu_seqlens: torch.Tensor
@@ -39,6 +41,7 @@ class Packed:
     indices: torch.Tensor | None = None
     batch: int = 0
     seqlen: int = 0
+    block_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor) -> "Packed":

@@ -7,6 +7,8 @@ Megatron-LM does by default): +3.4% tokens/s pretraining BERT-base, with loss cu
 of the float32 stream over 300 steps (benchmarks/reports/2026-11-26-pretrain-throughput.md and
 2026-11-26-numerics-guard.md). Pretraining turns it on (`low_precision_residual`, through
 `fast_path.apply`); fine-tuning keeps HF's float32 outputs.
+ModernBERT's norms (`nn.LayerNorm`, without bias) take `LowPrecisionTorchLayerNorm`: its stream
+starts at the embeddings' norm, so it is then 16-bit from end to end.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from bert_kit.model import LayerNorm
 class LowPrecisionLayerNorm(LayerNorm):
     """`LayerNorm` whose output under autocast is the autocast dtype (bf16 / fp16); outside
     autocast it is `LayerNorm`. Same parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        if torch.is_autocast_enabled(y.device.type):
+            y = y.to(torch.get_autocast_dtype(y.device.type))
+        return y
+
+
+class LowPrecisionTorchLayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` (ModernBERT's) whose output under autocast is the autocast dtype. Same parameters."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)

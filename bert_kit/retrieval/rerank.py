@@ -4,8 +4,8 @@
     reranker.score("what is bm25?", ["a ranking function", "a fish"])   # (2,) sigmoid scores
     reranked = rerank(first_stage, data, reranker, top_k=100)          # each query's top 100 by the reranker
 
-Any folder of a BERT-family `...ForSequenceClassification` with one output is a reranker (those of
-sentence-transformers' `CrossEncoder` too); its score is the sigmoid of the logit, as `CrossEncoder.predict`
+Any folder of a `...ForSequenceClassification` with one output is a reranker (BERT, RoBERTa,
+DistilBERT, ModernBERT; those of sentence-transformers' `CrossEncoder` too); its score is the sigmoid of the logit, as `CrossEncoder.predict`
 returns it (`raw=True`: the logit). Pairs are "[CLS] query [SEP] passage [SEP]", cut longest-first to
 `max_length`; they are scored in length-sorted batches of a token budget (`embeddings.token_batches`),
 packed on the host, in bf16 on a GPU that has it. `rerank` rescores the top_k documents of each query of
@@ -33,7 +33,7 @@ from bert_kit.retrieval.metrics import ranked
 
 
 class Reranker:
-    """A cross-encoder with one output: model (`BERTForSequenceClassification`, num_labels=1) and
+    """A cross-encoder with one output: model (a `...ForSequenceClassification`, num_labels=1) and
     its tokenizer; max_length: tokens per pair; precision: "auto" (bf16 autocast on a GPU that has
     it), "fp32", "bf16" or "fp16"; max_tokens_per_batch: padded tokens a batch (default: for the device)."""
 
@@ -59,12 +59,12 @@ class Reranker:
     def from_pretrained(cls, folder: str | Path, max_length: int | None = None, device: str | torch.device | None = None,
                         precision: str = "auto", max_tokens_per_batch: int | None = None) -> "Reranker":
         """A reranker folder (or a hub name's local copy); max_length: default its fine-tuning length, else 512."""
-        from bert_kit.heads import BERTForSequenceClassification
+        from bert_kit.families import load_model
         from bert_kit.model_folder import read_model_metadata, resolve_model
         from bert_kit.tokenizer import get_tokenizer
 
         found = resolve_model(folder)
-        model = BERTForSequenceClassification.from_pretrained(found, strict=True)
+        model = load_model("ForSequenceClassification", found, strict=True)
         length = max_length or read_model_metadata(found).get("max_length") or 512
         return cls(model, get_tokenizer(found), int(length), device, precision, max_tokens_per_batch)
 

@@ -422,7 +422,7 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
     A folder written by `bert-kit finetune` serves its task (and /embed from its encoder; an embedding
     model /embed alone); any other BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
     from bert_kit.embeddings import SentenceEncoder
-    from bert_kit.model import BERTModel
+    from bert_kit.families import encoder_of, load_model
     from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
     from bert_kit.tasks.inference import load_task_model
     from bert_kit.tokenizer import get_tokenizer
@@ -440,7 +440,7 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
                                    precision=precision, batch_size=BATCH, text_column="sentence",
                                    text_pair_column=None)
         task, model, prec = load_task_model(flags, verbose=False)
-        encoder_model = model if isinstance(model, BERTModel) else model.bert  # /embed shares the weights
+        encoder_model = encoder_of(model)  # /embed shares the weights
         pooling = task.s.similarity.pooling
         ops.append(TASK_OPERATIONS[task.name](task, model, prec))
         info.update(labels=task.label_names, device=str(prec.device), precision=str(prec.dtype).removeprefix("torch."))
@@ -460,7 +460,7 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
             encoder_model = mlm.bert
             guard_finite(mlm)
         else:
-            encoder_model = BERTModel.from_pretrained(found)
+            encoder_model = load_model("Model", found)
         guard_finite(encoder_model)
         info.update(device=str(prec.device), precision="float32")
     encoder = SentenceEncoder(encoder_model, tokenizer, pooling, normalize=False, max_length=length,

@@ -1,16 +1,19 @@
 """Jobs: pretraining, and fine-tuning on six tasks, each plugging what differs into the one loop.
 
-| task                 | files                          | model                          | best/ kept by |
+| task                 | files                          | model (role)                   | best/ kept by |
 | -------------------- | ------------------------------ | ------------------------------ | ------------- |
-| classification       | TSV/CSV/JSONL/TXT text, label  | BERTForSequenceClassification  | accuracy (pearson if num_labels=1) |
-| token-classification | CoNLL (word ... tag)           | BERTForTokenClassification     | entity f1     |
-| qa                   | SQuAD v1.1 JSON                | BERTForQuestionAnswering       | f1            |
+| classification       | TSV/CSV/JSONL/TXT text, label  | ForSequenceClassification      | accuracy (pearson if num_labels=1) |
+| token-classification | CoNLL (word ... tag)           | ForTokenClassification         | entity f1     |
+| qa                   | SQuAD v1.1 JSON                | ForQuestionAnswering           | f1            |
 | similarity           | STS-B, or any pair file + score | cross-encoder: regression head | spearman      |
-|                      |                                | bi-encoder: BERTModel, cosine  |               |
-| embedding            | text tuples (tables, NLI, BEIR  | EmbeddingModel: BERT, pooled;  | ndcg@10 (BEIR) |
-|                      | qrels, mined negatives)        | in-batch negatives (MNRL)      | spearman (STS) |
-| reranker             | (query, passage, label), tuples | BERTForSequenceClassification, | ndcg@10       |
-|                      | or BEIR qrels                  | one output: BCE or listwise    |               |
+|                      |                                | bi-encoder: the encoder, cosine |               |
+| embedding            | text tuples (tables, NLI, BEIR  | Model, in an EmbeddingModel:   | ndcg@10 (BEIR) |
+|                      | qrels, mined negatives)        | pooled; in-batch negatives     | spearman (STS) |
+| reranker             | (query, passage, label), tuples | ForSequenceClassification, one | ndcg@10       |
+|                      | or BEIR qrels                  | output: BCE or listwise        |               |
+
+A task names its model by role; `bert_kit.families` gives the class of the model's architecture
+(`BERTForSequenceClassification`, `ModernBertForSequenceClassification`, ...).
 
 Tables are read in any layout of `bert_kit.data.tables` (header or not, columns by name or
 index, a `where` filter); the data settings are checked by `data_settings.check_data_settings`.

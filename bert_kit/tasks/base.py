@@ -28,33 +28,33 @@ from bert_kit.checks import CorruptFileError
 from bert_kit.data import setting
 from bert_kit.data.classification import pad_collate, tokenless
 from bert_kit.data.truncation import Truncated, report_truncated
+from bert_kit.families import fresh_config, load_model, model_class
 from bert_kit.input_checks import unchecked_inputs
 from bert_kit.kernels.packing import Packed
-from bert_kit.model import BERTModel
 from bert_kit.model_folder import locate_model, model_config
 from bert_kit.training.distributed import all_gather_object, rank, world_size
 from bert_kit.training.trainer import to_device
 
 
-def build_model(cls: type, source: str | Path, vocab_size: int, **head_args: Any) -> nn.Module:
-    """`cls` from a model folder (pretrained weights, new head) or, for a preset name or config
-    file, freshly initialised with the tokenizer's vocabulary size."""
+def build_model(role: str, source: str | Path, tokenizer: Any, **head_args: Any) -> nn.Module:
+    """The model of `role` ("ForSequenceClassification", ...; `bert_kit.families`) for the
+    architecture of `source`: from a model folder (pretrained weights, new head) or, for a preset
+    name or config file, freshly initialised and sized to the tokenizer."""
     import warnings
 
-    from bert_kit.config import BertConfig
     from bert_kit.hf import NewWeightsWarning
 
     kind, where = locate_model(source)
     if kind == "folder":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NewWeightsWarning)  # the new head is what this run trains
-            model = cls.from_pretrained(where, **head_args)
-    elif kind == "file":
-        model = cls(BertConfig.from_file(where), **head_args)
+            model = load_model(role, where, **head_args)
     else:
-        model = cls(BertConfig.from_name(where, vocab_size=vocab_size), **head_args)
-    if model.config.vocab_size < vocab_size:
-        raise ValueError(f"model vocab_size {model.config.vocab_size} is smaller than the tokenizer's {vocab_size}")
+        config = fresh_config(where, kind, tokenizer)
+        model = model_class(config, role)(config, **head_args)
+    if model.config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"model vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
+                         f"{tokenizer.vocab_size}")
     return model
 
 
@@ -280,8 +280,8 @@ class Task:
         """Take label names etc. from a saved folder (evaluate / predict)."""
         self.label_names = meta.get("label_names")
 
-    def model_class(self) -> type:
-        raise NotImplementedError
+    # the model this task runs, as a role of `bert_kit.families` ("ForSequenceClassification", ...)
+    role = "Model"
 
     # ---- training hooks with defaults (FinetuningJob) ------------------------------------------
 
@@ -306,9 +306,8 @@ class Task:
 
     def load(self, folder: str | Path) -> nn.Module:
         """A fine-tuned model for evaluation or prediction; its head must be in the folder."""
-        cls = self.model_class()
         try:  # strict: a head that is missing would otherwise be silently random
-            return cls.from_pretrained(folder, strict=cls is not BERTModel)
+            return load_model(self.role, folder, strict=self.role != "Model")
         except CorruptFileError:
             raise  # a file that cannot be used (truncated, NaN or integer weights): its own message
         except ValueError as e:

@@ -12,7 +12,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bert_kit.data.classification import ClassificationDataset, read_classification_file
-from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import classification_report_from_predictions, pearson, spearman
 from bert_kit.tasks import CLASS_METRICS, SCORE_METRICS
 from bert_kit.tasks.base import (Task, _label_names, build_model, drop_empty_texts, encode, flag_empty_texts,
@@ -21,7 +20,7 @@ from bert_kit.training.losses import compute_classification_loss
 
 
 class ClassificationTask(Task):
-    name, default_metric = "classification", "accuracy"
+    name, default_metric, role = "classification", "accuracy", "ForSequenceClassification"
     read_settings = ("text_column", "text_pair_column", "label_column", "header", "delimiter", "label_pattern",
                      "encoding")
 
@@ -78,11 +77,8 @@ class ClassificationTask(Task):
             self.report_truncated(source, ds.truncated)
         return [ds[i] for i in range(len(ds))]
 
-    def model_class(self) -> type:
-        return BERTForSequenceClassification
-
     def build(self, source: str | Path) -> nn.Module:
-        model = build_model(BERTForSequenceClassification, source, self.tokenizer.vocab_size,
+        model = build_model(self.role, source, self.tokenizer,
                             num_labels=self.num_labels, classifier_dropout=self.s.classifier_dropout)
         model.id2label = {str(i): n for i, n in enumerate(self.label_names)}
         return model

@@ -3,7 +3,7 @@
     bert-kit finetune --task embedding model=sentence-transformers/all-MiniLM-L6-v2 \\
         train_file=nfcorpus validation_file=nfcorpus batch_size=64 lr=2e-5 epochs=1
 
-Each training example is a tuple of texts (`data.tuples`): an anchor (a query), its positive and
+Each training example is a tuple of texts (`retrieval.tuples`): an anchor (a query), its positive and
 any hard negatives, from a table, an NLI file, a BEIR folder's qrels, or `bert-kit mine-negatives`.
 A batch of B tuples with k texts each is embedded as (k, B, H) and trained with MNRL, or its
 symmetric form (`training/contrastive.py`): every other row's positive and negatives are an
@@ -33,14 +33,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit.config import BertConfig
 from bert_kit.data.classification import pad_collate
 from bert_kit.data.no_duplicates import NoDuplicatesSampler, text_keys
 from bert_kit.data.truncation import Truncated, find_truncated
 from bert_kit.embeddings import SentenceEncoder, pool
 from bert_kit.kernels.packing import Packed
 from bert_kit.metrics import pearson, spearman
-from bert_kit.model import BERTModel, BertPreTrainedModel
 from bert_kit.model_folder import write_sentence_transformers_files
 from bert_kit.tasks import RANK_METRICS, SCORE_METRICS
 from bert_kit.tasks.base import Task, build_model, drop_empty_texts, encode, freeze_pooler, shard_and_gather
@@ -52,18 +50,16 @@ from bert_kit.training.grad_cache import cached_loss
 STS_METRICS = SCORE_METRICS[:2]
 
 
-class EmbeddingModel(BertPreTrainedModel):
-    """BERT and its pooling: a sentence vector (B, H) per text; with a learned contrastive scale,
-    that scale's log (`logit_scale`, CLIP's), which checkpoints keep (the kept folder holds the
-    encoder alone)."""
+class EmbeddingModel(nn.Module):
+    """An encoder of any family (`BERTModel`, `ModernBertModel`, ...) and its pooling: a sentence
+    vector (B, H) per text; with a learned contrastive scale, that scale's log (`logit_scale`,
+    CLIP's), which checkpoints keep beside the encoder's weights (the kept folder holds the
+    encoder alone). Saved and loaded with the encoder's names (`bert_kit.hf`), its own under `bert.`."""
 
-    hf_architecture = "BertModel"
-
-    def __init__(self, config: BertConfig, pooling: str = "mean", learned_scale: bool = False,
-                 scale: float = 20.0):
+    def __init__(self, encoder: nn.Module, pooling: str = "mean", learned_scale: bool = False, scale: float = 20.0):
         super().__init__()
-        self.config, self.pooling = config, pooling
-        self.bert = BERTModel(config)
+        self.bert, self.config, self.pooling = encoder, encoder.config, pooling
+        self.hf_architecture = encoder.hf_architecture  # the checkpoint's config.json names the encoder
         self.logit_scale = nn.Parameter(torch.tensor(math.log(scale))) if learned_scale else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -106,7 +102,7 @@ class Vectors:
 class EmbeddingTask(Task):
     """Contrastive training of a bi-encoder (see the module docstring)."""
 
-    name = "embedding"
+    name, role = "embedding", "Model"  # the encoder, in an `EmbeddingModel`
     read_settings = ("encoding", "header", "delimiter")
     ungraphable = "with embedding.cached: true (GradCache replays mini-batches from the backward)"
 
@@ -142,7 +138,7 @@ class EmbeddingTask(Task):
     # ---- data -----------------------------------------------------------------------------------
 
     def read_train(self, path: str | Path) -> list[dict]:
-        from bert_kit.data.tuples import read_tuples
+        from bert_kit.retrieval.tuples import read_tuples
 
         s = self.s
         tuples = read_tuples(path, self.e.columns, s.header, s.delimiter, s.where, s.encoding, self.e.split)
@@ -217,20 +213,17 @@ class EmbeddingTask(Task):
 
     # ---- model and loss -------------------------------------------------------------------------
 
-    def model_class(self) -> type:
-        return EmbeddingModel
-
     def build(self, source: str | Path) -> nn.Module:
-        model = build_model(EmbeddingModel, source, self.tokenizer.vocab_size, pooling=self.e.pooling,
-                            learned_scale=self.e.scale == "learned")
+        encoder = build_model(self.role, source, self.tokenizer)
         dims = self.e.matryoshka_dims or ()
-        if dims and max(dims) > model.config.hidden_size:
+        if dims and max(dims) > encoder.config.hidden_size:
             raise ValueError(f"embedding.matryoshka_dims {list(dims)} exceeds the model's width "
-                             f"{model.config.hidden_size} (hidden_size)")
-        return freeze_pooler(model)  # a sentence vector is pooled from the states, never by the [CLS] pooler
+                             f"{encoder.config.hidden_size} (hidden_size)")
+        # a sentence vector is pooled from the states, never by the [CLS] pooler: frozen (DDP would wait for it)
+        return freeze_pooler(EmbeddingModel(encoder, self.e.pooling, learned_scale=self.e.scale == "learned"))
 
     def load(self, folder: str | Path) -> nn.Module:
-        return EmbeddingModel.from_pretrained(folder, pooling=self.e.pooling)
+        return EmbeddingModel(super().load(folder), self.e.pooling)
 
     def loss_of_vectors(self, columns: int, vectors: torch.Tensor, log_scale: torch.Tensor | None) -> torch.Tensor:
         """The contrastive loss of a batch's vectors (k B, H), column after column."""

@@ -112,9 +112,10 @@ def fill_masks(model: nn.Module, tokenizer: Any, rows: Sequence[Sequence[int]],
 
 
 def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """`BERTForMaskedLM` from a model folder, refusing folders without MLM head weights."""
+    """The MLM model of a folder's architecture (`BERTForMaskedLM`, `ModernBertForMaskedLM`), refusing
+    folders without MLM head weights."""
     from bert_kit.config import load_hf_config
-    from bert_kit.heads import BERTForMaskedLM
+    from bert_kit.families import model_class
     from bert_kit.hf import load_into, read_state_dict
 
     from bert_kit.hf_names import holds_mlm_head
@@ -125,7 +126,7 @@ def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn
                          "checkpoint, so its [MASK] predictions would be random")
     from bert_kit.kernels import fast_path
 
-    model = BERTForMaskedLM(config)
+    model = model_class(config, "ForMaskedLM")(config)
     load_into(model, state, source=str(folder))
     device = resolve_device(device)
     fast_path.apply(model, device, training=False)

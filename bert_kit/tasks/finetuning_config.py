@@ -257,18 +257,19 @@ def resolve_lr(cfg: FinetuneConfig) -> FinetuneConfig:
     its weights: a preset counts the vocabulary of its tokenizer, as the run builds it."""
     if cfg.lr != "auto" or not cfg.model:
         return cfg  # a number wins; no model is the job's error to report
-    from bert_kit.config import BertConfig, load_hf_config
+    from bert_kit.config import config_from_name, load_hf_config, read_config_file, sized_preset
 
     kind, where = locate_model(cfg.model)
     if kind == "folder":
         config = load_hf_config(where)
     elif kind == "file":
-        config = BertConfig.from_file(where)
-    else:
+        config = read_config_file(where)
+    elif cfg.tokenizer:  # a preset (either architecture's), as the run builds it
         from bert_kit.tokenizer import get_tokenizer
 
-        vocab = get_tokenizer(cfg.tokenizer).vocab_size if cfg.tokenizer else BertConfig().vocab_size
-        config = BertConfig.from_name(where, vocab_size=vocab)
+        config = sized_preset(where, get_tokenizer(cfg.tokenizer))
+    else:
+        config = config_from_name(where)
     n = config.num_parameters()
     lr = auto_lr(n)
     if os.environ.get("RANK", "0") == "0":  # before torchrun's group is joined: rank 0 by its environment

@@ -161,10 +161,9 @@ def load_onnx_task_model(task: Task, folder: Path) -> Any:
     from bert_kit.onnx_runtime import OnnxModel
 
     model = OnnxModel(folder)
-    wanted = task.model_class().hf_architecture
-    if model.architecture != wanted:
+    if model.role != task.role:
         raise ValueError(f"{folder} holds an exported {model.architecture} graph, but the {task.name} task "
-                         f"runs {wanted}: export a {task.name} model folder")
+                         f"runs {model.architecture.replace(model.role, task.role)}: export a {task.name} model folder")
     return model
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from bert_kit.config import BertConfig
+from bert_kit.families import fresh_config, load_model, model_class
 from bert_kit.kernels import fast_path
 from bert_kit.model import set_dropout
 from bert_kit.model_folder import locate_model
@@ -54,39 +54,28 @@ from bert_kit.training.losses import compute_mlm_loss, compute_pretraining_loss
 
 
 def build_model(cfg: PretrainConfig, tokenizer: Any, max_length: int) -> torch.nn.Module:
-    """BERTForPreTraining (with NSP) or BERTForMaskedLM, sized to the tokenizer's vocabulary."""
-    from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
-
-    cls = BERTForPreTraining if cfg.nsp else BERTForMaskedLM
+    """The MLM model of the architecture `cfg.model` names (with NSP: `BERTForPreTraining`; a
+    ModernBERT: `ModernBertForMaskedLM`), sized to the tokenizer's vocabulary."""
+    role = "ForPreTraining" if cfg.nsp else "ForMaskedLM"
     spec = cfg.model
     weights = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
     # a preset name is a fresh model; a folder or a hub name's local copy continues from its weights
     kind, where = locate_model(spec, presets_first=True) if isinstance(spec, str) else ("mapping", spec)
     if kind == "folder" and any((Path(where) / f).is_file() for f in weights):
-        model = cls.from_pretrained(where)  # continued pretraining from these weights
-        config = model.config
-    else:
-        if isinstance(spec, dict):
-            d = dict(spec)
-            preset = d.pop("preset", None)
-            d.setdefault("vocab_size", tokenizer.vocab_size)
-            config = BertConfig.from_name(preset, **d) if preset else BertConfig.from_dict(d, source="model")
-        elif kind in ("folder", "file"):
-            config = BertConfig.from_file(where)
-        elif kind == "preset":
-            config = BertConfig.from_name(spec, vocab_size=tokenizer.vocab_size)
-        else:
-            raise ValueError(f"model must be a preset name, a folder, a config file or a mapping, got {spec!r}")
-        model = cls(config)
+        model = load_model(role, where)  # continued pretraining from these weights
+    else:  # a preset, a mapping of fields, a config file, or a folder holding only config.json
+        config = fresh_config(where, "file" if kind == "folder" else kind, tokenizer)
+        model = model_class(config, role)(config)
+    config = model.config
     if not cfg.nsp:
         # MLM-only training never reaches the pooler; frozen, DDP does not wait for its gradients
         if getattr(model.bert, "pooler", None) is not None:
             model.bert.pooler.requires_grad_(False)
     if config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"model vocab_size {config.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
-    if max_length > config.max_position_embeddings:
-        raise ValueError(f"max_length {max_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
+    if max_length > config.max_length:
+        raise ValueError(f"max_length {max_length} exceeds the model's {config.max_length} positions "
+                         f"(max_position_embeddings {config.max_position_embeddings})")
     return model
 
 

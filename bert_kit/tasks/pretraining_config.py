@@ -32,8 +32,9 @@ class PretrainConfig(RunSettings):
 
     # model and tokenizer
     model: str | dict = "bert-mini"
-    """preset name, model folder (continues from its weights), config file, or a mapping of
-    BertConfig fields with an optional `preset`, e.g. {preset: bert-mini, hidden_dropout_prob: 0}"""
+    """preset name (BERT's, or ModernBERT's: modernbert-base, ...), model folder (continues from its
+    weights), config file, or a mapping of config fields with an optional `preset`, e.g.
+    {preset: bert-mini, hidden_dropout_prob: 0} or {preset: modernbert-base, num_hidden_layers: 12}"""
     dropout: float | None = None
     """dropout while pretraining (embeddings, sub-layers, attention); null: the model config's rates.
     The saved config keeps those, which fine-tuning uses: dropout 0 pretrains without (as Cramming does)"""
@@ -150,9 +151,15 @@ class PretrainConfig(RunSettings):
         # (a folder not written yet is checked when the model is built)
         config = model_config(self.model)
         longest = max([self.max_length] + [p.get("max_length", self.max_length) for p in self.phases])
-        if config is not None and longest > config.max_position_embeddings:
+        if config is not None and longest > config.max_length:
             raise ConfigError(f"max_length={longest} is out of range: the model holds "
-                              f"{config.max_position_embeddings} positions (max_position_embeddings)")
+                              f"{config.max_length} positions (max_position_embeddings)")
+        if config is not None and self.nsp and not getattr(config, "pooler", False):
+            raise ConfigError(f"nsp: true trains next-sentence prediction on the pooler, which a {config.model_type} "
+                              "encoder does not have: set nsp: false (MLM only)")
+        if config is not None and self.segment_pairs and not getattr(config, "type_vocab_size", 0):
+            raise ConfigError(f"segment_pairs: true trains the segment-1 embedding, which a {config.model_type} "
+                              "encoder does not have: set segment_pairs: false")
         # last, so that a wrong value is named before a missing file: the files the run reads
         for key in ("train_files", "eval_files"):
             for i, name in enumerate(getattr(self, key)):

@@ -10,12 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit.heads import BERTForQuestionAnswering
 from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler
 
 
 class QATask(Task):
-    name, default_metric = "qa", "f1"
+    name, default_metric, role = "qa", "f1", "ForQuestionAnswering"
 
     def _examples(self, path: str | Path, part: str) -> list[dict]:
         """SQuAD examples; with `qa.train_articles` N, train on the first N articles, evaluate on the rest."""
@@ -57,11 +56,8 @@ class QATask(Task):
         qa = self.s.qa
         return {**super().metadata(), "doc_stride": qa.doc_stride, "max_query_length": qa.max_query_length}
 
-    def model_class(self) -> type:
-        return BERTForQuestionAnswering
-
     def build(self, source: str | Path) -> nn.Module:
-        return freeze_pooler(build_model(BERTForQuestionAnswering, source, self.tokenizer.vocab_size))
+        return freeze_pooler(build_model(self.role, source, self.tokenizer))
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         start, end = encode(model, batch, self.unpadded)  # (B, T) each

@@ -3,9 +3,9 @@
     bert-kit finetune --task reranker model=sentence-transformers/all-MiniLM-L6-v2 \\
         train_file=hard_negatives.jsonl validation_file=dev_negatives.jsonl reranker.loss=listnet
 
-The model reads "[CLS] query [SEP] passage [SEP]" and gives one logit (BERTForSequenceClassification
-with one output, the layout of sentence-transformers' `CrossEncoder`, which loads best/; its score
-is the sigmoid of the logit). Data (`data.tuples.read_groups`): (query, passage, label) rows, a
+The model reads "[CLS] query [SEP] passage [SEP]" and gives one logit (the family's
+...ForSequenceClassification with one output, the layout of sentence-transformers' `CrossEncoder`,
+which loads best/; its score is the sigmoid of the logit). Data (`retrieval.tuples.read_groups`): (query, passage, label) rows, a
 tuple file such as `bert-kit mine-negatives` writes (the positive relevant, the negatives not), or
 a BEIR folder's judged documents with random negatives. The loss (`training/ranking.py`) is BCE on
 each pair, or ListNet / LambdaLoss over each query's candidates, which a batch then holds together
@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from bert_kit.data.classification import ClassificationDataset, pad_collate
-from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.retrieval.metrics import DEFAULT_CUTOFFS, mean_metrics, query_metrics, ranked
 from bert_kit.tasks.base import Task, build_model, drop_empty_texts, encode
 from bert_kit.training.ranking import binary_cross_entropy, lambda_loss, listnet_loss
@@ -39,7 +38,7 @@ def grade(label: float) -> int:
 class RerankerTask(Task):
     """A cross-encoder trained on (query, candidates, labels) groups (see the module docstring)."""
 
-    name, default_metric = "reranker", "ndcg@10"
+    name, default_metric, role = "reranker", "ndcg@10", "ForSequenceClassification"
     read_settings = ("encoding", "header", "delimiter")
 
     @property
@@ -51,7 +50,7 @@ class RerankerTask(Task):
     def _groups(self, path: str | Path, split: str, where: Any, train: bool, limit: int | None = None) -> list[dict]:
         """Tokenized groups {"pairs": [pair items], "labels": [floats]} of a data file or BEIR folder
         (its first `limit` queries)."""
-        from bert_kit.data.tuples import read_groups
+        from bert_kit.retrieval.tuples import read_groups
 
         s = self.s
         groups = read_groups(path, self.r.columns, s.header, s.delimiter, where, s.encoding, split, self.r.negatives,
@@ -109,12 +108,8 @@ class RerankerTask(Task):
 
     # ---- model and loss -------------------------------------------------------------------------
 
-    def model_class(self) -> type:
-        return BERTForSequenceClassification
-
     def build(self, source: str | Path) -> nn.Module:
-        return build_model(BERTForSequenceClassification, source, self.tokenizer.vocab_size, num_labels=1,
-                           classifier_dropout=self.s.classifier_dropout)
+        return build_model(self.role, source, self.tokenizer, num_labels=1, classifier_dropout=self.s.classifier_dropout)
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         logits = encode(model, batch, self.unpadded)[:, 0].float()  # (P,)

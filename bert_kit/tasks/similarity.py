@@ -12,9 +12,7 @@ import torch.nn as nn
 from bert_kit.data.classification import ClassificationDataset, pad_collate
 from bert_kit.data.truncation import Truncated, find_truncated
 from bert_kit.embeddings import SentenceEncoder, pool
-from bert_kit.heads import BERTForSequenceClassification
 from bert_kit.metrics import pearson, spearman
-from bert_kit.model import BERTModel
 from bert_kit.tasks.base import (Task, build_model, drop_empty_texts, encode, flag_empty_texts, freeze_pooler,
                                  line_numbers, shard_and_gather)
 from bert_kit.training.losses import compute_classification_loss, compute_cosent_loss, compute_cosine_similarity_loss
@@ -118,13 +116,14 @@ class SimilarityTask(Task):
         return {**super().metadata(), "similarity_mode": self.s.similarity.mode, "pooling": self.s.similarity.pooling,
                 "score_range": list(self.score_range)}
 
-    def model_class(self) -> type:
-        return BERTModel if self.bi_encoder else BERTForSequenceClassification
+    @property
+    def role(self) -> str:
+        return "Model" if self.bi_encoder else "ForSequenceClassification"
 
     def build(self, source: str | Path) -> nn.Module:
         if self.bi_encoder:
-            return freeze_pooler(build_model(BERTModel, source, self.tokenizer.vocab_size))
-        model = build_model(BERTForSequenceClassification, source, self.tokenizer.vocab_size, num_labels=1,
+            return freeze_pooler(build_model(self.role, source, self.tokenizer))
+        model = build_model(self.role, source, self.tokenizer, num_labels=1,
                             classifier_dropout=self.s.classifier_dropout)
         model.id2label = {"0": "score"}
         return model

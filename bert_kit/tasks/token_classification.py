@@ -10,13 +10,12 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from bert_kit.heads import BERTForTokenClassification
 from bert_kit.tasks.base import Task, build_model, encode, freeze_pooler
 from bert_kit.training.losses import compute_classification_loss
 
 
 class TokenClassificationTask(Task):
-    name, default_metric = "token-classification", "f1"
+    name, default_metric, role = "token-classification", "f1", "ForTokenClassification"
     read_settings = ("ner.word_column", "ner.tag_column", "encoding")
 
     def _dataset(self, sentences, limit: int | None = None):
@@ -55,11 +54,8 @@ class TokenClassificationTask(Task):
         self.eval_dataset = self._dataset(sentences)
         return [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
 
-    def model_class(self) -> type:
-        return BERTForTokenClassification
-
     def build(self, source: str | Path) -> nn.Module:
-        model = build_model(BERTForTokenClassification, source, self.tokenizer.vocab_size,
+        model = build_model(self.role, source, self.tokenizer,
                             num_labels=len(self.label_names), classifier_dropout=self.s.classifier_dropout)
         model.id2label = {str(i): n for i, n in enumerate(self.label_names)}
         return freeze_pooler(model)

@@ -270,12 +270,13 @@ def wrap_model(model: nn.Module, device: torch.device, parallel: str = "ddp",
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from bert_kit.model import TransformerEncoderBlock
+        from bert_kit.modernbert import ModernBertLayer
 
         mesh = init_device_mesh(device.type, (world_size(),))
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         # one group per encoder layer: only one layer's full weights are live at a time; each
         # call moves that layer's shard to the device, so the whole model never has to fit there
-        for layer in [m for m in model.modules() if isinstance(m, TransformerEncoderBlock)]:
+        for layer in [m for m in model.modules() if isinstance(m, (TransformerEncoderBlock, ModernBertLayer))]:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         # the root group holds the rest: embeddings, pooler, heads; the tied decoder weight is
         # the word-embedding parameter itself, so it is sharded (and gathered) once

@@ -120,7 +120,7 @@ def test_evaluates_default_outputs_are_checked_before_the_evaluation(cli, assets
 
 def test_evaluation_of_another_model_does_not_replace_the_default_output(cli, assets, tmp_path):
     """eval_{task}_{data}.json of one model was replaced silently by the next model scored on the
-    same file (the README's own commands do that: runs/demo/finetune, then runs/finetune_sst2, on
+    same file (the documented commands do that: runs/demo/finetune, then runs/finetune_sst2, on
     a dev.tsv each): the same model (however it is named) replaces its own evaluation, another
     model's goes to a file named after it, and the command says so."""
     runs = tmp_path / "runs"

@@ -197,7 +197,7 @@ ENCODER_SETUP_CASES = {
     "pooling-max": (construct(max_length=32, pooling="max"), ValueError, "pooling='max' is not a valid choice"),
     "device-bogus": (construct(max_length=32, device="bogus"), ValueError, "device='bogus' is not a device"),
     "device-cuda-7": (construct(max_length=32, device="cuda:7"), ValueError, "device='cuda:7'"),
-    "model-linear": (construct(model=torch.nn.Linear(2, 2)), TypeError, "model must be a BERTModel, got Linear"),
+    "model-linear": (construct(model=torch.nn.Linear(2, 2)), TypeError, "model must be an encoder (BERTModel or ModernBertModel), got Linear"),
     "model-head": (lambda m, t: SentenceEncoder(BERTForMaskedLM(BertConfig(**CONFIG)), t, max_length=32), TypeError,
                    "pass its encoder, model.bert"),
     "tokenizer-path": (construct(tokenizer="tok", max_length=32), TypeError,

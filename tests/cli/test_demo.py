@@ -1,9 +1,9 @@
 """`bert-kit demo` end to end at a reduced size: generated corpus, tokenizer, pretraining,
 fill-mask on held-out sentences, fine-tuning beside a random-init run, results and plots.
 
-The full-size demo's figures (README) come from `bert-kit demo` itself; this test checks the
-pipeline and its bookkeeping, not the figures. The demo runs twice into one folder, as a second
-`make demo` does: the second starts over.
+The full-size demo's figures (docs/demo.md, docs/performance.md) come from `bert-kit demo`
+itself; this test checks the pipeline and its bookkeeping, not the figures. The demo runs twice
+into one folder, as a second `make demo` does: the second starts over.
 
 Run: .venv/bin/python -m pytest tests/cli/test_demo.py -q
 """

@@ -1,8 +1,8 @@
-"""The commands that take a model take the folders of the BERT family's other members:
-RoBERTa, XLM-RoBERTa and DistilBERT folders as transformers writes them (tiny, random init, with
-their own tokenizers) through `bert-kit embed`, `evaluate`, `predict`, `convert` and `models`,
-with the outputs transformers computes; ModernBERT folders through `embed`, `convert` and
-`models`; and a family bert-kit does not build is refused in one line.
+"""The commands that take a model take the folders of the BERT family's other members and of
+ModernBERT: RoBERTa, XLM-RoBERTa, DistilBERT and ModernBERT folders as transformers writes them
+(tiny, random init, with their own tokenizers) through `bert-kit embed`, `evaluate`, `predict`,
+`convert` and `models`, with the outputs transformers computes; a family bert-kit does not build
+is refused in one line. The jobs that train and serve them: tests/cli/test_family_jobs.py.
 
 Run: .venv/bin/python -m pytest tests/cli/test_families.py -q
 """
@@ -55,7 +55,7 @@ def encoder(request, tmp_path_factory):
     return request.param, *hf_folder(tmp_path_factory, request.param, "Model")
 
 
-@pytest.fixture(scope="module", params=["roberta", "xlm-roberta", "distilbert"])
+@pytest.fixture(scope="module", params=["roberta", "xlm-roberta", "distilbert", "modernbert"])
 def classifier(request, tmp_path_factory):
     family = request.param
     folder, model, tokenizer = hf_folder(tmp_path_factory, family, "ForSequenceClassification",

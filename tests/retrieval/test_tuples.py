@@ -1,4 +1,4 @@
-"""Reading retrieval training data (data/tuples.py): tuples for an embedding model from tables (columns
+"""Reading retrieval training data (retrieval/tuples.py): tuples for an embedding model from tables (columns
 by name or index), mined negatives, NLI files and BEIR qrels; a reranker's candidate groups; errors
 that name the file and line.
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from bert_kit.data.tuples import read_groups, read_tuples
+from bert_kit.retrieval.tuples import read_groups, read_tuples
 from tests.retrieval.beir_files import write_beir
 
 
