@@ -240,7 +240,8 @@ def main() -> None:
             times["sentence-transformers"] = timed(
                 [sys.executable, __file__, "--st-worker", "--pairs", str(pairs), "--st-output", str(st_out),
                  "--model", args.model, "--device", args.device, "--batch-size", str(args.batch_size),
-                 "--max-length", str(args.max_length)] + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
+                 "--max-length", str(args.max_length)]
+                + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
                 + (["--st-loop"] if args.st_loop else []))
         test = read_beir(args.data, "test", warn=False)
         if args.eval_queries or args.eval_docs:

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rescore the candidates with this reranker folder (a cross-encoder with one output); "
                              "its scores, in [0, 1], then decide margins, score limits and order")
     parser.add_argument("--rescore-max-length", type=MAX_LENGTH, default=None,
-                        help="tokens per (query, passage) pair of --rescore (default: its fine-tuning length, else 512)")
+                        help="tokens per (query, passage) pair of --rescore (default: its fine-tuning length, "
+                             "else 512)")
     parser.add_argument("--query-prefix", default="", help='put before every query, e.g. "query: "')
     parser.add_argument("--passage-prefix", default="", help='put before every passage, e.g. "passage: "')
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's, else mean")

@@ -5,20 +5,21 @@
     reranked = rerank(first_stage, data, reranker, top_k=100)          # each query's top 100 by the reranker
 
 Any folder of a `...ForSequenceClassification` with one output is a reranker (BERT, RoBERTa,
-DistilBERT, ModernBERT; those of sentence-transformers' `CrossEncoder` too); its score is the sigmoid of the logit, as `CrossEncoder.predict`
-returns it (`raw=True`: the logit). Pairs are "[CLS] query [SEP] passage [SEP]", cut longest-first to
-`max_length`; they are scored in length-sorted batches of a token budget (`embeddings.token_batches`),
-packed on the host, in bf16 on a GPU that has it. `rerank` rescores the top_k documents of each query of
-a `Ranking` and orders them by the new scores (ties by document id, as trec_eval), the documents past
-top_k left out. This is the reranker of `bert-kit evaluate --task retrieval --rerank`, of
-`bert-kit mine-negatives --rescore` (sentence-transformers' `mine_hard_negatives(cross_encoder=...)`),
-and the serving of `/rerank` takes the same model.
+DistilBERT, ModernBERT; those of sentence-transformers' `CrossEncoder` too); its score is the
+sigmoid of the logit, as `CrossEncoder.predict` returns it (`raw=True`: the logit). Pairs are
+"[CLS] query [SEP] passage [SEP]", cut longest-first to `max_length`; they are scored in
+length-sorted batches of a token budget (`embeddings.token_batches`), packed on the host, in bf16
+on a GPU that has it. `rerank` rescores the top_k documents of each query of a `Ranking` and orders
+them by the new scores (ties by document id, as trec_eval), the documents past top_k left out.
+This is the reranker of `bert-kit evaluate --task retrieval --rerank`, of `bert-kit mine-negatives
+--rescore` (sentence-transformers' `mine_hard_negatives(cross_encoder=...)`), and of `/rerank` in
+`bert-kit serve`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -37,8 +38,9 @@ class Reranker:
     its tokenizer; max_length: tokens per pair; precision: "auto" (bf16 autocast on a GPU that has
     it), "fp32", "bf16" or "fp16"; max_tokens_per_batch: padded tokens a batch (default: for the device)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int = 512, device: str | torch.device | None = None,
-                 precision: str = "auto", max_tokens_per_batch: int | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_length: int = 512,
+                 device: str | torch.device | None = None, precision: str = "auto",
+                 max_tokens_per_batch: int | None = None):
         from bert_kit.checks import resolve_device
 
         if getattr(model, "num_labels", None) != 1:
@@ -56,8 +58,9 @@ class Reranker:
             self.device, config.hidden_size, config.intermediate_size)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, max_length: int | None = None, device: str | torch.device | None = None,
-                        precision: str = "auto", max_tokens_per_batch: int | None = None) -> "Reranker":
+    def from_pretrained(cls, folder: str | Path, max_length: int | None = None,
+                        device: str | torch.device | None = None, precision: str = "auto",
+                        max_tokens_per_batch: int | None = None) -> "Reranker":
         """A reranker folder (or a hub name's local copy); max_length: default its fine-tuning length, else 512."""
         from bert_kit.families import load_model
         from bert_kit.model_folder import read_model_metadata, resolve_model

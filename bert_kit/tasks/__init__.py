@@ -36,7 +36,7 @@ PREDICT_TASKS = TASKS[:4]  # what `bert-kit predict` runs (an embedding model: `
 CLASS_METRICS = ("accuracy", "f1", "precision", "recall", "f1_micro", "precision_micro", "recall_micro",
                  "f1_weighted", "precision_weighted", "recall_weighted", "mcc", "loss")
 SCORE_METRICS = ("pearson", "spearman", "mse")  # regression (a classifier with one output), a cross-encoder
-# retrieval (`bert_kit.retrieval.metrics`): of a BEIR split's search, or of a reranker's order of each query's candidates
+# retrieval (`bert_kit.retrieval.metrics`): of a BEIR split's search, or of a reranker's order of a query's candidates
 RANK_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100")
 METRICS = {"classification": CLASS_METRICS + SCORE_METRICS,
            "token-classification": ("f1", "precision", "recall", "accuracy"),  # entity-level; accuracy per word

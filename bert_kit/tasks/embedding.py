@@ -53,8 +53,9 @@ STS_METRICS = SCORE_METRICS[:2]
 class EmbeddingModel(nn.Module):
     """An encoder of any family (`BERTModel`, `ModernBertModel`, ...) and its pooling: a sentence
     vector (B, H) per text; with a learned contrastive scale, that scale's log (`logit_scale`,
-    CLIP's), which checkpoints keep beside the encoder's weights (the kept folder holds the
-    encoder alone). Saved and loaded with the encoder's names (`bert_kit.hf`), its own under `bert.`."""
+    CLIP's). Checkpoints hold both under the family's HF names (`bert_kit.hf`: the encoder's with
+    the family's prefix, `bert.`, `roberta.`, `model.`, and `logit_scale`); the kept folder holds
+    the encoder alone."""
 
     def __init__(self, encoder: nn.Module, pooling: str = "mean", learned_scale: bool = False, scale: float = 20.0):
         super().__init__()

@@ -5,14 +5,15 @@
 
 The model reads "[CLS] query [SEP] passage [SEP]" and gives one logit (the family's
 ...ForSequenceClassification with one output, the layout of sentence-transformers' `CrossEncoder`,
-which loads best/; its score is the sigmoid of the logit). Data (`retrieval.tuples.read_groups`): (query, passage, label) rows, a
-tuple file such as `bert-kit mine-negatives` writes (the positive relevant, the negatives not), or
-a BEIR folder's judged documents with random negatives. The loss (`training/ranking.py`) is BCE on
-each pair, or ListNet / LambdaLoss over each query's candidates, which a batch then holds together
-(`batch_size` counts queries). Validation ranks each query's candidates by score: nDCG@10 (which
-picks best/), MRR@10, MAP@100 and Recall@k with MTEB's definitions (`retrieval.metrics`).
+which loads best/; its score is the sigmoid of the logit). Data (`retrieval.tuples.read_groups`):
+(query, passage, label) rows, a tuple file such as `bert-kit mine-negatives` writes (the positive
+relevant, the negatives not), or a BEIR folder's judged documents with random negatives. The loss
+(`training/ranking.py`) is BCE on each pair, or ListNet / LambdaLoss over each query's candidates,
+which a batch then holds together (`batch_size` counts queries). Validation ranks each query's
+candidates by score: nDCG@10 (which picks best/), MRR@10, MAP@100 and Recall@k with MTEB's
+definitions (`retrieval.metrics`).
 
-A trained reranker rescored a first stage's top-k in `bert-kit evaluate --task retrieval --rerank`,
+A trained reranker rescores a first stage's top-k in `bert-kit evaluate --task retrieval --rerank`,
 the candidates of `bert-kit mine-negatives --rescore`, and serves `/rerank` (`retrieval/rerank.py`).
 """
 
@@ -109,7 +110,8 @@ class RerankerTask(Task):
     # ---- model and loss -------------------------------------------------------------------------
 
     def build(self, source: str | Path) -> nn.Module:
-        return build_model(self.role, source, self.tokenizer, num_labels=1, classifier_dropout=self.s.classifier_dropout)
+        return build_model(self.role, source, self.tokenizer, num_labels=1,
+                           classifier_dropout=self.s.classifier_dropout)
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         logits = encode(model, batch, self.unpadded)[:, 0].float()  # (P,)

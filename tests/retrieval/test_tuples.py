@@ -70,7 +70,8 @@ def test_a_beir_folder_gives_its_query_document_pairs(tmp_path):
 
 def test_values_that_are_no_text_name_their_line(tmp_path):
     f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"anchor": "a", "positive": "b"}) + "\n" + json.dumps({"anchor": "c", "positive": 3}) + "\n")
+    rows = [{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": 3}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match=r"t.jsonl:2: column 'positive' holds int, expected a text"):
         read_tuples(f)
     with pytest.raises(ValueError, match="needs two text columns or more"):
