@@ -187,7 +187,8 @@ def plain_loop(model, rows: list[dict], device: str, max_steps: int | None) -> N
 def timed(command: list[str]) -> float:
     """Seconds from launch to exit; the command's output passes through."""
     t0 = time.perf_counter()
-    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": path})
     return time.perf_counter() - t0
 
 

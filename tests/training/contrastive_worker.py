@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bert_kit.config import BertConfig  # noqa: E402
+from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks.base import freeze_pooler  # noqa: E402
 from bert_kit.tasks.embedding import EmbeddingModel  # noqa: E402
 from bert_kit.training.contrastive import multiple_negatives_ranking_loss  # noqa: E402
@@ -54,10 +55,10 @@ def tiny_model() -> EmbeddingModel:
     """As the embedding task builds it: the [CLS] pooler, which a sentence vector never reads, frozen
     (DDP would wait for its gradient forever)."""
     torch.manual_seed(0)
-    return freeze_pooler(EmbeddingModel(BertConfig(vocab_size=50, hidden_size=H, num_hidden_layers=2,
-                                                   num_attention_heads=2, intermediate_size=32,
-                                                   max_position_embeddings=16, hidden_dropout_prob=0.0,
-                                                   attention_probs_dropout_prob=0.0), learned_scale=True)).train()
+    config = BertConfig(vocab_size=50, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return freeze_pooler(EmbeddingModel(BERTModel(config), learned_scale=True)).train()
 
 
 def loss_of(vectors_: torch.Tensor, log_scale: torch.Tensor, symmetric: bool, gather: bool) -> torch.Tensor:
