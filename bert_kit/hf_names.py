@@ -40,7 +40,8 @@ _BERT_ENCODER = {
                                 "ffn.up": "intermediate.dense", "ffn.down": "output.dense",
                                 "ffn_norm": "output.LayerNorm"}),
 }
-_COMMON_HEADS = {**_pair("classifier", "classifier"), **_pair("qa_outputs", "qa_outputs")}
+# `logit_scale`: an embedding model's learned contrastive scale (`tasks.embedding.EmbeddingModel`), in its checkpoints
+_COMMON_HEADS = {**_pair("classifier", "classifier"), **_pair("qa_outputs", "qa_outputs"), "logit_scale": "logit_scale"}
 TO_HF = {
     **_BERT_ENCODER,
     **_pair("pooler.dense", "pooler.dense"),
@@ -87,6 +88,7 @@ MODERNBERT_TO_HF = {
     **_pair("head.norm", "head.norm"),
     "decoder.bias": "decoder.bias",
     **_pair("classifier", "classifier"),
+    "logit_scale": "logit_scale",
 }
 
 BUFFERS = r"(^|\.)(position_ids|token_type_ids)$"  # HF buffers some folders hold: nothing of ours
@@ -133,7 +135,7 @@ class Names:
         return re.compile(escaped)
 
 
-BERT_HEADS = ("mlm.", "nsp.", "classifier.", "qa_outputs.", "pre_classifier.")
+BERT_HEADS = ("mlm.", "nsp.", "classifier.", "qa_outputs.", "pre_classifier.", "logit_scale")
 QKV = "encoder.layers.{i}.attention.qkv.{kind}"  # our fused projection (BERT's layout)
 
 FAMILY_NAMES = {
@@ -148,7 +150,7 @@ FAMILY_NAMES = {
                                                             **_pair("classifier", "classifier.out_proj")}}),
     "distilbert": Names(DISTILBERT_TO_HF, "distilbert.", BERT_HEADS, ("mlm.decoder.weight", "vocab_projector.weight"),
                         qkv="transformer.layer.{i}.attention.{part}.{kind}", qkv_parts=("q_lin", "k_lin", "v_lin")),
-    "modernbert": Names(MODERNBERT_TO_HF, "model.", ("head.", "decoder.", "classifier."),
+    "modernbert": Names(MODERNBERT_TO_HF, "model.", ("head.", "decoder.", "classifier.", "logit_scale"),
                         ("decoder.weight", "decoder.weight")),
 }
 FAMILY_NAMES["xlm-roberta"] = FAMILY_NAMES["roberta"]

@@ -93,7 +93,7 @@ def write_data_root(root: Path) -> None:
     for split in ("train", "dev"):
         rows = [f"{s}\t{i % 4}{',2' if i % 3 == 0 else ''}\tc{i}" for i, s in enumerate(sentences[:24])]
         (root / "goemotions" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    for split in ("train", "test"):  # a BEIR folder as nfcorpus is distributed
+    for split in ("train", "dev", "test"):  # a BEIR folder as nfcorpus is distributed
         write_beir(root / "nfcorpus", split=split)
 
 

@@ -8,7 +8,10 @@ other model's goes to eval_{task}_{data file}_{model}.json, and the command says
 
 `--task retrieval` scores any encoder on a BEIR folder (`--data nfcorpus --split test`): nDCG@10,
 MRR@10, Recall@1/10/100 and MAP@100 as MTEB computes them (`bert_kit.retrieval`), saved as
-eval_retrieval_{folder}_{split}.json (by the same rule).
+eval_retrieval_{folder}_{split}.json (by the same rule). With `--rerank RERANKER --top-k 100` a
+reranker (a `--task reranker` folder, or any cross-encoder with one output) rescores each query's
+first 100 documents: both stages' metrics are printed and saved ("first_stage" in the JSON). An
+embedding model's folder (`--task embedding`) on a BEIR folder is scored the same way.
 """
 
 from __future__ import annotations
@@ -112,12 +115,20 @@ def add_retrieval_arguments(parser: argparse.ArgumentParser) -> None:
                             "extra)")
     group.add_argument("--save-run", default=None, metavar="FILE",
                        help="also write the ranking as a TREC run file (query Q0 doc rank score tag)")
+    group.add_argument("--rerank", default=None, metavar="RERANKER",
+                       help="rescore each query's first --top-k documents (default 100) with this reranker folder "
+                            "(bert-kit finetune --task reranker, or a cross-encoder with one output)")
+    group.add_argument("--rerank-max-length", type=MAX_LENGTH, default=None,
+                       help="tokens per (query, document) pair of --rerank (default: its fine-tuning length, else 512)")
 
 
 @flag_messages
 def run(args: argparse.Namespace) -> int:
-    if args.task == "retrieval":
+    if args.task == "retrieval" or (args.task in (None, "embedding") and Path(args.data).is_dir()
+                                    and (args.task or recorded_task(args.model)) == "embedding"):
         return run_retrieval(args)
+    if args.rerank:
+        raise ConfigError("--rerank reranks a first stage's documents: it goes with --task retrieval")
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
     check_input_file(args.data, "--data")  # before torch and the model load
@@ -162,6 +173,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     cutoffs = {name: getattr(args, f"{name}_at") for name in ("ndcg", "mrr", "recall", "map", "precision")}
     if not any(cutoffs.values()):
         raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
+    reranker_folder = resolve_model(args.rerank) if args.rerank else None  # a bad name fails before any work
+    rerank_k = (args.top_k or 100) if args.rerank else None
     from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
     from bert_kit.retrieval.beir import read_beir
 
@@ -183,25 +196,54 @@ def run_retrieval(args: argparse.Namespace) -> int:
     encoder = SentenceEncoder.from_pretrained(exported or model, pooling, args.score_function == "cos", args.max_length,
                                               precision.device, precision=precision.name,
                                               max_tokens_per_batch=args.max_tokens_per_batch)
+    top_k = max(rerank_k, max(k for ks in cutoffs.values() for k in ks)) if rerank_k else args.top_k
     evaluator = RetrievalEvaluator(data, cutoffs, args.query_prefix, args.passage_prefix, args.score_function,
-                                   args.top_k, args.corpus_chunk_size, args.faiss, args.batch_size, show_progress=True)
+                                   top_k, args.corpus_chunk_size, args.faiss, args.batch_size, show_progress=True)
     ranking = evaluator.search(encoder)
-    metrics = {**evaluator.score(ranking), "num_queries": len(data.qrels), "num_docs": len(data.corpus_ids),
-               "queries_without_relevant": data.unanswerable}
+    counts = {"num_queries": len(data.qrels), "num_docs": len(data.corpus_ids),
+              "queries_without_relevant": data.unanswerable}
+    metrics = {**evaluator.score(ranking), **counts}
+    first_stage, reranking = None, {}
+    if reranker_folder is not None:  # the second stage: each query's first rerank_k documents, rescored
+        from bert_kit.retrieval.rerank import Reranker, rerank
+
+        t1 = time.time()
+        reranker = Reranker.from_pretrained(reranker_folder, args.rerank_max_length, precision.device, precision.name,
+                                            args.max_tokens_per_batch)
+        ranking = rerank(ranking, data, reranker, rerank_k, args.query_prefix)
+        first_stage, metrics = metrics, {**evaluator.score(ranking), **counts}
+        reranking = {"rerank": {"model": str(args.rerank), "model_path": str(reranker_folder.resolve()),
+                                "top_k": rerank_k, "max_length": reranker.max_length,
+                                "seconds": round(time.time() - t1, 3)}, "first_stage": first_stage}
     result = {"task": "retrieval", "model": str(args.model), "model_path": str(model.resolve()), "data": str(args.data),
               "split": args.split, **metrics,
               "max_length": encoder.max_length, "pooling": pooling, "score_function": args.score_function,
               "query_prefix": args.query_prefix, "passage_prefix": args.passage_prefix, "precision": encoder.precision,
-              "top_k": evaluator.top_k, "index": args.faiss or "exact", "timings": evaluator.seconds,
+              "top_k": evaluator.top_k, "index": args.faiss or "exact", "timings": evaluator.seconds, **reranking,
               "seconds": round(time.time() - t0, 3)}
     write_text(out, json.dumps(result, indent=2) + "\n")
     if args.save_run:
         ranking.write_trec(args.save_run)
     print(f"retrieval: {folder.name} {args.split}, {len(data.qrels)} queries, {len(data.corpus_ids)} documents "
           f"({evaluator.seconds['corpus']:.1f} s to embed and search the corpus)")
-    print(format_table(metrics, metric_names(evaluator.cutoffs)))
+    if first_stage is None:
+        print(format_table(metrics, metric_names(evaluator.cutoffs)))
+    else:
+        print(f"reranked each query's first {rerank_k} documents with {args.rerank} "
+              f"({reranking['rerank']['seconds']:.1f} s)")
+        print(format_table(metrics, metric_names(evaluator.cutoffs), first_stage=first_stage, reranked=metrics))
     print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0
+
+
+def recorded_task(model: str) -> str | None:
+    """The task a model folder records (bert-kit finetune's), or None (any other folder, a bad name)."""
+    from bert_kit.model_folder import read_model_metadata
+
+    try:
+        return read_model_metadata(resolve_model(model)).get("task")
+    except (OSError, ValueError):
+        return None
 
 
 def default_output(task: str, data: str | Path, model: str | Path, folder: Path) -> Path:

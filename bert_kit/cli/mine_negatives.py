@@ -7,7 +7,10 @@
 (TSV/CSV/JSONL; --anchor-column / --positive-column, the first two columns by default; --corpus
 adds candidate passages). The rules are sentence-transformers' `mine_hard_negatives`
 (`bert_kit.retrieval.mining`). Output by extension: .jsonl, .csv, else TSV, with the columns
-anchor, positive, negative (--format triplet) or negative_1..N (--format n-tuple).
+anchor, positive, negative (--format triplet) or negative_1..N (--format n-tuple). With --rescore
+RERANKER a cross-encoder (`bert-kit finetune --task reranker`) rescores each query's candidates and
+positives, and its scores (sigmoid, in [0, 1]) decide the margin and the order, as
+sentence-transformers' `mine_hard_negatives(cross_encoder=...)` does.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("triplet", "n-tuple"), default="triplet",
                         help="a row per negative, or a row per pair with negative_1..N (default triplet)")
     parser.add_argument("--output-scores", action="store_true", help="add the scores [positive, negatives...]")
+    parser.add_argument("--rescore", default=None, metavar="RERANKER",
+                        help="rescore the candidates with this reranker folder (a cross-encoder with one output); "
+                             "its scores, in [0, 1], then decide margins, score limits and order")
+    parser.add_argument("--rescore-max-length", type=MAX_LENGTH, default=None,
+                        help="tokens per (query, passage) pair of --rescore (default: its fine-tuning length, "
+                             "else 512)")
     parser.add_argument("--query-prefix", default="", help='put before every query, e.g. "query: "')
     parser.add_argument("--passage-prefix", default="", help='put before every passage, e.g. "passage: "')
     parser.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's, else mean")
@@ -104,17 +113,24 @@ def run(args: argparse.Namespace) -> int:
                               args.max_score, args.min_score, args.sampling, args.seed, args.format)
     settings.window(1)  # a window too narrow for num_negatives is refused before the model loads
     model = resolve_model(args.model)
+    reranker_folder = resolve_model(args.rescore) if args.rescore else None  # a bad name fails before any work
     from bert_kit.embeddings import SentenceEncoder  # torch: after the input was read
 
     pooling = (args.pooling or read_model_metadata(model).get("pooling")
                or sentence_transformers_settings(model).get("pooling") or "mean")
     encoder = SentenceEncoder.from_pretrained(model, pooling, True, args.max_length, args.device,
                                               precision=args.precision, max_tokens_per_batch=args.max_tokens_per_batch)
+    rescore = None
+    if reranker_folder is not None:
+        from bert_kit.retrieval.rerank import Reranker
+
+        rescore = Reranker.from_pretrained(reranker_folder, args.rescore_max_length, encoder.device, args.precision,
+                                           args.max_tokens_per_batch).score
     mined = mine_hard_negatives(encoder, anchors, positives, corpus, settings, args.query_prefix,
-                                args.passage_prefix, batch_size=args.batch_size, show_progress=True)
+                                args.passage_prefix, rescore=rescore, batch_size=args.batch_size, show_progress=True)
     rows = mined.rows(args.format, args.output_scores)
     out = write_rows(args.output, rows)
     print(mined.summary())
     print(f"wrote {len(rows)} {args.format} row(s) -> {out} ({time.time() - t0:.1f} s on {encoder.device}, "
-          f"{encoder.precision})")
+          f"{encoder.precision}{f'; rescored by {args.rescore}' if rescore else ''})")
     return 0

@@ -12,11 +12,12 @@ from bert_kit.cli.errors import check_output_file
 from bert_kit.cli.evaluate import add_common_arguments
 from bert_kit.cli.options import flag_messages, name_settings_as_flags
 from bert_kit.outputs import write_file
+from bert_kit.tasks import PREDICT_TASKS
 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, PREDICT_TASKS)
     parser.add_argument("--input", required=True, help="file to predict on (see the table in the module docs)")
     parser.add_argument("--output", required=True, help="JSON Lines file to write")
     parser.add_argument("--input-format", choices=("auto", "conll", "lines"), default="auto",
@@ -32,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from bert_kit.tasks.inference import PREDICTORS, load_task_model  # torch: after the arguments are checked
 
     task, model, precision = load_task_model(args, verbose=False)
+    if task.name not in PREDICTORS:
+        other = {"embedding": "bert-kit embed (vectors) or evaluate --task retrieval",
+                 "reranker": "bert-kit serve (POST /rerank) or evaluate --task retrieval --rerank"}
+        raise ValueError(f"{args.model} is a {task.name} model, which predict does not run: use {other[task.name]}")
     records = PREDICTORS[task.name](task, model, args.input, precision, args.input_format)
     out = Path(args.output)
     write_file(out, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

@@ -143,8 +143,14 @@ class RetrievalEvaluator:
             model.train(was_training)
 
 
-def format_table(metrics: Mapping[str, Any], names: Sequence[str]) -> str:
-    """Metric names and values, one a line, aligned."""
+def format_table(metrics: Mapping[str, Any], names: Sequence[str], **more: Mapping[str, Any]) -> str:
+    """Metric names and values, one a line, aligned; `more`: further columns of values, each under
+    its name (`first_stage=..., reranked=...`), the first column then under "metric"."""
     width = max(len(n) for n in names)
-    return "\n".join(f"  {name:<{width}}  {metrics[name]:.4f}" for name in names)
+    if not more:
+        return "\n".join(f"  {name:<{width}}  {metrics[name]:.4f}" for name in names)
+    heads = [k.replace("_", " ") for k in more]
+    lines = ["  " + "metric".ljust(width) + "".join(f"  {h:>12}" for h in heads)]
+    lines += ["  " + name.ljust(width) + "".join(f"  {m[name]:>12.4f}" for m in more.values()) for name in names]
+    return "\n".join(lines)
 

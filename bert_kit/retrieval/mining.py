@@ -169,9 +169,12 @@ def mine_hard_negatives(encoder: SentenceEncoder, anchors: Sequence[str], positi
     positive_scores = (q_unit[pair_q] * p_unit[pair_p]).sum(-1).cpu()  # (pairs,)
 
     if rescore is not None:  # e.g. a cross-encoder: its scores replace the embedding model's
-        for q, row in enumerate(indices.tolist()):
-            scores[q] = torch.tensor(list(rescore(queries[q], [passages[j] for j in row])), dtype=torch.float32)
-        positive_scores = torch.tensor([float(rescore(queries[q], [passages[p]])[0]) for q, p in pairs])
+        rescored: dict[tuple[int, int], float] = {}  # (query, its positive) -> score
+        for q, row in enumerate(indices.tolist()):  # one call a query: its candidates and its positives
+            found = [float(x) for x in rescore(queries[q], [passages[j] for j in row + own[q]])]
+            scores[q] = torch.tensor(found[:len(row)], dtype=torch.float32)
+            rescored.update({(q, p): x for p, x in zip(own[q], found[len(row):])})
+        positive_scores = torch.tensor([rescored[pair] for pair in pairs])
 
     dropped = torch.zeros_like(scores, dtype=torch.bool)
     skipped: dict[str, int] = {}

@@ -1,6 +1,7 @@
 """The HTTP API: a Starlette app around the operations of one model folder and a `Batcher`.
 
     POST /embed, /classify, /tag, /answer, /similarity, /fill-mask   {"inputs": [...], options}
+    POST /rerank        {"query": ..., "documents": [...], "top_n": n}  (a reranker folder)
     GET  /health        200 {"status": "ok"} while the batching thread runs
     GET  /info          the model, its task, labels and the server's limits
     GET  /metrics       Prometheus text format
@@ -119,16 +120,21 @@ def parse_json(raw: bytes) -> Any:
 
 
 def validate(op: Operation, body: Any, limits: Limits) -> tuple[list, dict]:
-    """(inputs, options) of a parsed body; InputError (413 or 422) naming the field at fault."""
-    if isinstance(body, dict) and isinstance(body.get("inputs"), list) and len(body["inputs"]) > limits.max_inputs:
-        raise InputError("inputs", f"has {len(body['inputs'])} items; at most {limits.max_inputs} per request", 413)
+    """(inputs, options) of a parsed body; InputError (413 or 422) naming the field at fault. The
+    inputs are the list `op.inputs_field` names ("inputs"; /rerank's "documents")."""
+    field = op.inputs_field
+    if isinstance(body, dict) and isinstance(body.get(field), list) and len(body[field]) > limits.max_inputs:
+        raise InputError(field, f"has {len(body[field])} items; at most {limits.max_inputs} per request", 413)
     check(body, op.request_schema())
     check_text(body)
-    for i, value in enumerate(body["inputs"]):
+    for i, value in enumerate(body[field]):
         for text in op.strings(value):
             if len(text) > limits.max_chars:
-                raise InputError(f"inputs[{i}]", f"has {len(text)} characters; at most {limits.max_chars}", 413)
-    return body["inputs"], op.with_defaults(body)
+                raise InputError(f"{field}[{i}]", f"has {len(text)} characters; at most {limits.max_chars}", 413)
+    for name in op.options:  # a text option (/rerank's query) counts as an input does
+        if isinstance(body.get(name), str) and len(body[name]) > limits.max_chars:
+            raise InputError(name, f"has {len(body[name])} characters; at most {limits.max_chars}", 413)
+    return body[field], op.with_defaults(body)
 
 
 class Preparer:
@@ -296,14 +302,14 @@ def openapi_description(info: dict, operations: Sequence[Operation], limits: Lim
     paths: dict[str, Any] = {}
     for op in operations:
         body = op.request_schema()
-        body["properties"]["inputs"]["maxItems"] = limits.max_inputs
+        body["properties"][op.inputs_field]["maxItems"] = limits.max_inputs
         over = [f"{limits.max_inputs} inputs per request", f"{limits.max_chars} characters per text"]
         over += [f"{value} {name.removeprefix('max_').replace('_', ' ')}" for name, value in op.limits.items()]
         out = {"type": "object", "properties": {op.output_key: {"type": "array", "items": op.output_schema}}}
         paths[op.path] = {"post": {
             "summary": op.summary, "operationId": op.path.strip("/").replace("-", "_"),
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": body, "example": {"inputs": [op.example]}}}},
+                "schema": body, "example": op.example_body()}}},
             "responses": {"200": {"description": "one output per input, in order",
                                   "content": {"application/json": {"schema": out}}},
                           "413": reply("over a limit: " + ", ".join(over)), **errors}}}

@@ -10,6 +10,7 @@
 | POST /answer     | qa                   | {question, context}             | answer (a span of the context)       |
 | POST /similarity | similarity           | [sentence1, sentence2]          | score (cosine, or the cross-encoder) |
 | POST /fill-mask  | an MLM head          | text with [MASK]                | top-k tokens per mask                |
+| POST /rerank     | reranker             | {query, documents, top_n}       | index, relevance_score (best first)  |
 
 An operation splits a request into three steps, so the batcher can mix requests: `prepare`
 tokenizes one request's inputs on the server's preparing thread (one `Item` per input, its token
@@ -88,10 +89,16 @@ class Operation:
     pads_batches = False  # the model computes every input at the batch's longest length
     limits: dict[str, int] = {}  # the operation's own limits (413 past them), shown in /info and the OpenAPI
 
+    inputs_field = "inputs"  # the request's list of inputs
+
     def request_schema(self) -> dict:
         inputs = {"type": "array", "minItems": 1, "items": self.input_schema}
-        return {"type": "object", "required": ["inputs"], "additionalProperties": False,
-                "properties": {"inputs": inputs, **self.options}}
+        return {"type": "object", "required": [self.inputs_field], "additionalProperties": False,
+                "properties": {self.inputs_field: inputs, **self.options}}
+
+    def example_body(self) -> dict:
+        """A request with one input (the OpenAPI example)."""
+        return {self.inputs_field: [self.example]}
 
     def with_defaults(self, body: dict) -> dict:
         """The request's options, defaults filled in."""
@@ -294,6 +301,59 @@ class Similarity(_TaskOperation):
         return [float(x) for x in scores]
 
 
+class Rerank(_TaskOperation):
+    """Documents ranked by relevance to a query, as TEI's and infinity-emb's /rerank answer (their
+    `index` and infinity's `relevance_score`): each (query, document) pair is one item of the
+    batcher, so the documents of concurrent requests share batches."""
+
+    path, summary = "/rerank", "Rerank documents for a query: a relevance score for each, best first."
+    inputs_field, output_key = "documents", "results"
+    example = "Paris is the capital and largest city of France."
+    example_query = "What is the capital of France?"
+    options = {"query": {"type": "string", "description": "the query the documents are scored for"},
+               "top_n": {"type": "integer", "minimum": 1, "description": "answer the best n (default: all)"},
+               "return_documents": {"type": "boolean", "default": False, "description": "each result with its text"},
+               "raw_scores": {"type": "boolean", "default": False,
+                              "description": "the logits, not their sigmoid in [0, 1]"}}
+    output_schema = {"type": "object", "properties": {
+        "index": {**INTEGER, "description": "the document's position in the request"},
+        "relevance_score": NUMBER, "document": {**TEXT, "description": "with return_documents only"}}}
+
+    def __init__(self, task: Any, model: Any, precision: Any):
+        from bert_kit.retrieval.rerank import Reranker
+
+        super().__init__(task, model, precision)
+        self.reranker = Reranker(model, self.tokenizer, self.max_length, precision.device, precision.name)
+
+    def request_schema(self) -> dict:
+        schema = super().request_schema()
+        schema["required"] = ["query", self.inputs_field]
+        return schema
+
+    def example_body(self) -> dict:
+        return {"query": self.example_query, "documents": [self.example], "top_n": 1}
+
+    def with_defaults(self, body: dict) -> dict:
+        return {"query": body.get("query", self.example_query), "top_n": body.get("top_n"),
+                "raw_scores": body.get("raw_scores", False),
+                "documents": body.get(self.inputs_field) if body.get("return_documents") else None}
+
+    def prepare(self, inputs: list, options: dict) -> list[Item]:
+        ids, types = self.reranker.encode_pairs([options["query"]] * len(inputs), inputs)
+        return [Item(len(row), (row, kinds)) for row, kinds in zip(ids, types)]
+
+    def run(self, items: list[Item]) -> list:
+        logits = self.reranker.logits_of_ids([it.data[0] for it in items], [it.data[1] for it in items])
+        return [float(x) for x in logits]
+
+    def respond(self, outputs: list, options: dict) -> list:
+        scores = outputs if options["raw_scores"] else [1 / (1 + np.exp(-x)) for x in outputs]
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: options["top_n"]]
+        documents = options["documents"]
+        return [{"index": i, "relevance_score": float(scores[i]), **({"document": documents[i]} if documents else {})}
+                for i in order]
+
+
 class FillMask(Operation):
     path, summary = "/fill-mask", "Top-k tokens for every [MASK] in each text (models with an MLM head)."
     options = {"top_k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5,
@@ -363,15 +423,15 @@ def serve_length(folder: Path, max_length: int | None) -> int:
 
 
 TASK_OPERATIONS: dict[str, type[_TaskOperation]] = {"classification": Classify, "token-classification": Tag,
-                                                   "qa": Answer, "similarity": Similarity}
+                                                   "qa": Answer, "similarity": Similarity, "reranker": Rerank}
 
 
 def load_torch(folder: str | Path, device: str | None = None, precision: str = "auto",
                max_length: int | None = None) -> tuple[dict[str, Any], list[Operation]]:
     """(description, operations) of a model folder, run by PyTorch.
 
-    A folder written by `bert-kit finetune` serves its task (and /embed from its encoder); any other
-    BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
+    A folder written by `bert-kit finetune` serves its task (and /embed from its encoder; an embedding
+    model /embed alone); any other BERT folder serves /embed, and /fill-mask when it holds MLM head weights."""
     from bert_kit.embeddings import SentenceEncoder
     from bert_kit.families import encoder_of, load_model
     from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
@@ -386,7 +446,7 @@ def load_torch(folder: str | Path, device: str | None = None, precision: str = "
     if meta.get("onnx"):  # written by `bert-kit export`: ONNX Runtime on the CPU
         return _exported(found, meta, info, length)
     ops: list[Operation] = []
-    if info["task"]:
+    if info["task"] in TASK_OPERATIONS:
         flags = argparse.Namespace(model=str(found), task=None, max_length=length, device=device,
                                    precision=precision, batch_size=BATCH, text_column="sentence",
                                    text_pair_column=None)
@@ -431,7 +491,7 @@ def _exported(folder: Path, meta: dict, info: dict[str, Any], length: int) -> tu
     info.update(device="cpu", precision=meta["onnx"].get("precision", "fp32"), backend="onnx", max_length=length)
     pooling = meta.get("pooling") or "mean"
     ops: list[Operation] = []
-    if info["task"]:
+    if info["task"] in TASK_OPERATIONS:
         flags = argparse.Namespace(model=str(folder), task=None, max_length=length, device="cpu", precision="fp32",
                                    batch_size=BATCH, text_column="sentence", text_pair_column=None)
         task, model, prec = load_task_model(flags, verbose=False)

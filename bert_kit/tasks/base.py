@@ -283,6 +283,27 @@ class Task:
     # the model this task runs, as a role of `bert_kit.families` ("ForSequenceClassification", ...)
     role = "Model"
 
+    # ---- training hooks with defaults (FinetuningJob) ------------------------------------------
+
+    def sampler(self, items: Sequence[dict], batch_size: int, seed: int) -> Any:
+        """The training order: shuffled by (seed, epoch), each rank its share, resumable."""
+        from bert_kit.data.pretraining import DistributedResumableSampler
+
+        return DistributedResumableSampler(len(items), shuffle=True, seed=seed, rank=rank(), world_size=world_size())
+
+    def count(self, batch: dict) -> int:
+        """The examples in a host batch."""
+        return len(batch["labels"]) if "labels" in batch else len(batch["input_ids"])
+
+    graphable = True  # a step CUDA graphs may record (no host work or random-state replays inside the loss)
+    ungraphable = ""  # ... and why not, when it is not
+
+    def save_model(self, model: nn.Module, folder: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """The weights of a kept model folder (config.json, model.safetensors; `state`: a gathered state dict)."""
+        from bert_kit.training.checkpoint import save_model
+
+        save_model(model, folder, state)
+
     def load(self, folder: str | Path) -> nn.Module:
         """A fine-tuned model for evaluation or prediction; its head must be in the folder."""
         try:  # strict: a head that is missing would otherwise be silently random

@@ -17,7 +17,8 @@ from bert_kit.checks import ConfigError, InputNotFoundError, check_input_path
 from bert_kit.data import check_encoding
 from bert_kit.data.tables import column_ref
 
-TABLE_TASKS = ("classification", "similarity")  # tasks whose files are tables (rows and columns)
+TABLE_TASKS = ("classification", "similarity", "embedding", "reranker")  # tasks whose files are tables
+RETRIEVAL_TASKS = ("embedding", "reranker")  # tasks that also read a BEIR folder as train_file or validation_file
 _DELIMITER_NAMES = {"\\t": "\t", "tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
 
 
@@ -93,5 +94,5 @@ def check_data_settings(cfg: Any) -> None:
     # last: a run config with a wrong value and a missing file names the value first
     for key in ("train_file", "validation_file"):
         if getattr(cfg, key):
-            check_input_path(key, getattr(cfg, key))
+            check_input_path(key, getattr(cfg, key), folder_ok=cfg.task in RETRIEVAL_TASKS)
     check_tokenizer_setting(cfg.tokenizer)

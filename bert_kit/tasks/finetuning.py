@@ -1,4 +1,4 @@
-"""Fine-tuning: the job the one training loop runs for each of the four tasks (its settings,
+"""Fine-tuning: the job the one training loop runs for each of the six tasks (its settings,
 `FinetuneConfig`, are `bert_kit.tasks.finetuning_config`).
 
     bert-kit finetune --task classification --config configs/finetune_sst2.yaml
@@ -46,8 +46,8 @@ from bert_kit.tasks.base import Task
 from bert_kit.tasks.distillation import Distiller, describe, prune_layers
 from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
-from bert_kit.training.checkpoint import resume_position, save_model
-from bert_kit.training.distributed import is_main, rank, world_size
+from bert_kit.training.checkpoint import resume_position
+from bert_kit.training.distributed import is_main, world_size
 from bert_kit.training.job import Job, Run
 from bert_kit.training.loop import run_job
 from bert_kit.training.progress import LongRunNotice, read_metrics
@@ -56,10 +56,11 @@ __all__ = ["AUTO_LR", "FinetuneConfig", "FinetuningJob", "auto_lr", "finetune", 
 
 
 def make_loader(task: Task, items: list[dict], cfg: FinetuneConfig, device: torch.device) -> Any:
-    """A shuffled, resumable loader with dynamic padding: the order is a function of (seed, epoch)."""
-    from bert_kit.data.pretraining import DistributedResumableSampler, ResumableDataLoader
+    """A shuffled, resumable loader with dynamic padding: the order is a function of (seed, epoch)
+    (the task's `sampler`)."""
+    from bert_kit.data.pretraining import ResumableDataLoader
 
-    sampler = DistributedResumableSampler(len(items), shuffle=True, seed=cfg.seed, rank=rank(), world_size=world_size())
+    sampler = task.sampler(items, cfg.batch_size, cfg.seed)
     return ResumableDataLoader(items, sampler, batch_size=cfg.batch_size, collate_fn=task.collate,
                                num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
                                generator=torch.Generator().manual_seed(cfg.seed), start_next_epoch_early=True)
@@ -72,7 +73,7 @@ def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
     state: the full state dict `collect_state` gathered (an FSDP2 model holds only shards).
     metadata: the task's, as it was when the weights were chosen (default: as it is now).
     Call on rank 0 only."""
-    save_model(model, folder, state)
+    task.save_model(model, folder, state)
     tokenizer.save(folder)
     write_model_metadata(folder, task.metadata() if metadata is None else metadata)
     if task.name == "similarity" and task.s.similarity.mode == "bi-encoder":
@@ -80,7 +81,7 @@ def save_best(model: torch.nn.Module, tokenizer: Any, task: Task, folder: Path,
 
 
 class FinetuningJob(Job):
-    """One of the four tasks: its head on the encoder, its batches, loss and validation metric."""
+    """One of the six tasks: its head on the encoder, its batches, loss and validation metric."""
 
     unit, model_folder = "examples", "best"
 
@@ -148,9 +149,10 @@ class FinetuningJob(Job):
             print(describe(cfg.distill, self.distiller.folder, model, self.distiller.teacher), flush=True)
         # the whole step as a CUDA graph per padded shape, where it can be recorded
         possible = (device.type == "cuda" and world_size() == 1 and cfg.grad_accum == 1 and not cfg.compile
-                    and cfg.optimizer == "adamw" and not run.precision.use_grad_scaler)
+                    and cfg.optimizer == "adamw" and not run.precision.use_grad_scaler and task.graphable)
         if cfg.cuda_graphs is True and not cfg.compile and not possible:
-            raise ValueError("cuda_graphs: true needs one CUDA GPU (no torchrun) and bf16 or fp32 precision")
+            raise ValueError("cuda_graphs: true needs one CUDA GPU (no torchrun) and bf16 or fp32 precision"
+                             + ("" if task.graphable else f", and task {task.name} {task.ungraphable}"))
         self.cuda_graphs = task.static_shapes = possible and cfg.cuda_graphs in (True, "auto")
         # flash attention over every position, each row's padding apart: no runtime-compiled masked
         # kernel (cuDNN's: 1.5-2.6 s on a machine's first run) and no per-shape plan
@@ -218,7 +220,7 @@ class FinetuningJob(Job):
         return (self.distiller or self.task).loss(model, batch)
 
     def count(self, batch: dict) -> int:
-        return len(batch["labels"]) if "labels" in batch else len(batch["input_ids"])
+        return self.task.count(batch)
 
     def evaluate(self, final: bool) -> dict[str, float] | None:
         if self.eval_items is None:

@@ -6,7 +6,8 @@ worker, and a mistyped key fails before torch is imported. The job that runs a c
 
 What only one task reads is grouped under it: `qa` (`QASettings`), `ner` (`NERSettings`, token
 classification), `similarity` (`SimilaritySettings`), `classification` (`ClassificationSettings`:
-several labels per text, class weights, long texts; classification_config.py):
+several labels per text, class weights, long texts; classification_config.py), `embedding` and
+`reranker` (`retrieval_config.py`):
 
     task: qa
     qa: {doc_stride: 64, max_answer_length: 40}       # bert-kit finetune ... qa.doc_stride=64
@@ -30,10 +31,11 @@ from bert_kit.model_folder import locate_model, model_config
 from bert_kit.tasks import PER_LABEL_METRICS, metric_names
 from bert_kit.tasks.classification_config import ClassificationSettings, read_label_names_file
 from bert_kit.tasks.data_settings import check_data_settings
+from bert_kit.tasks.retrieval_config import EmbeddingSettings, RerankerSettings
 from bert_kit.training.runconfig import accepts_moved_keys, build_group
 from bert_kit.training.settings import RunSettings
 
-DEFAULT_MAX_LENGTH = {"qa": 384}  # other tasks: 128
+DEFAULT_MAX_LENGTH = {"qa": 384, "embedding": 256, "reranker": 256}  # other tasks: 128
 # lr: auto, by the encoder's parameters (embeddings included): (up to this many, lr). Evidence
 # (docs/performance.md): the demo's 0.5M-parameter model fine-tunes at 1e-3; all-MiniLM-L6-v2
 # (22.7M) is best at 1e-4 on SST-2, CoNLL-2003, STS-B and SQuAD, as is bert-small (29M) from
@@ -152,7 +154,7 @@ class DistillSettings:
 
 # the groups of task settings: field -> its dataclass
 GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings,
-          "classification": ClassificationSettings}
+          "classification": ClassificationSettings, "embedding": EmbeddingSettings, "reranker": RerankerSettings}
 
 
 @accepts_moved_keys
@@ -162,7 +164,8 @@ class FinetuneConfig(RunSettings):
     shared by every run (optimisation, hardware, bookkeeping) are those of `RunSettings`, some
     with other defaults here."""
 
-    task: Literal["classification", "token-classification", "qa", "similarity"] = "classification"  # head and data
+    task: Literal["classification", "token-classification", "qa", "similarity", "embedding", "reranker"] = \
+        "classification"  # head and data
     model: str = ""  # model folder (HF BERT, bert-kit run or checkpoint), preset name (random init) or config file
     tokenizer: str | None = None  # tokenizer folder; default: the model folder's
     # data
@@ -188,6 +191,8 @@ class FinetuneConfig(RunSettings):
     ner: NERSettings = field(default_factory=NERSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     classification: ClassificationSettings = field(default_factory=ClassificationSettings)
+    embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
+    reranker: RerankerSettings = field(default_factory=RerankerSettings)
     classifier_dropout: float | None = None  # dropout before the head (default hidden_dropout_prob)
     # parameter-efficient fine-tuning: adapters instead of the whole encoder
     lora: LoRASettings | None = None
@@ -296,7 +301,8 @@ class FinetuneConfig(RunSettings):
                               "special tokens: the context tokens of a window)")
         self.check_classification()
         if self.metric is not None:
-            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder")
+            names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder",
+                                 dims=self.embedding.matryoshka_dims or ())
             labels = self.label_names if self.task == "classification" else None
             check_metric(self.metric, f"task {self.task}", names, labels, per_label=self.task == "classification")
         # the sequences must fit the model's position table, when the model is known here

@@ -186,7 +186,8 @@ def load_onnx_task_model(task: Task, folder: Path) -> Any:
 def summary_line(task: str, metrics: dict[str, Any]) -> str:
     keys = {"classification": ("accuracy", "f1", "mcc", "f1_samples", "subset_accuracy", "pearson", "spearman"),
             "token-classification": ("precision", "recall", "f1", "accuracy"),
-            "qa": ("exact_match", "f1"), "similarity": ("pearson", "spearman")}[task]
+            "qa": ("exact_match", "f1"), "similarity": ("pearson", "spearman"),
+            "embedding": ("ndcg@10", "mrr@10", "pearson", "spearman"), "reranker": ("ndcg@10", "mrr@10", "map@100")}[task]
     shown = [f"{k} {metrics[k]:.4f}" for k in keys if isinstance(metrics.get(k), float)]
     return f"{task}: " + ", ".join(shown)
 

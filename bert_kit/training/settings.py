@@ -148,6 +148,8 @@ JAX_UNSUPPORTED = (
     ("compile_tuning", True, "a torch.compile option"),
     ("task", "qa", "it fine-tunes classification, regression and token classification"),
     ("task", "similarity", "it fine-tunes classification, regression and token classification"),
+    ("task", "embedding", "it fine-tunes classification, regression and token classification"),
+    ("task", "reranker", "it fine-tunes classification, regression and token classification"),
 )
 
 

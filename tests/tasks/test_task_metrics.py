@@ -50,3 +50,18 @@ def test_token_classification_qa_and_similarity_report_theirs():
 def test_a_loss_or_an_error_is_best_at_its_lowest():
     assert [higher_is_better(m) for m in ("accuracy", "f1", "spearman", "exact_match", "mcc")] == [True] * 5
     assert [higher_is_better(m) for m in ("loss", "mse", "mlm_loss", "perplexity", "nsp_loss")] == [False] * 5
+
+
+def test_embedding_and_reranker_report_the_ranking_metrics():
+    from bert_kit.retrieval.metrics import DEFAULT_CUTOFFS
+    from bert_kit.retrieval.metrics import metric_names as ranking_names
+    from bert_kit.tasks import RANK_METRICS
+    from bert_kit.tasks.reranker import RerankerTask
+
+    assert tuple(ranking_names(DEFAULT_CUTOFFS)) == RANK_METRICS  # what RetrievalEvaluator reports by default
+    items = [{"pairs": [None] * 3, "labels": [1.0, 0.0, 0.0]}, {"pairs": [None] * 2, "labels": [0.0, 1.0]}]
+    report = RerankerTask(FinetuneConfig(task="reranker")).score([torch.randn(()) for _ in range(5)], items)
+    assert numbers(report) - {"num_queries"} == set(RANK_METRICS) == set(metric_names("reranker"))
+    assert set(metric_names("embedding")) == set(RANK_METRICS) | {"pearson", "spearman"}
+    assert "ndcg@10_dim128" in metric_names("embedding", dims=[256, 128])
+    assert higher_is_better("ndcg@10_dim128") and higher_is_better("recall@100")

@@ -187,12 +187,14 @@ def shipped_inputs(tmp_path, monkeypatch):
     datasets = {"sst2": ["train.tsv", "dev.tsv"], "stsb": ["sts-train.csv", "sts-dev.csv", "sts-test.csv"],
                 "conll2003": ["train.txt", "valid.txt", "test.txt"], "squad-v1.1": ["dev-v1.1.json"],
                 "wikitext-2": ["train.txt", "valid.txt", "test.txt"], "glue/CoLA": ["train.tsv", "dev.tsv"],
-                "goemotions": ["train.tsv", "dev.tsv", "test.tsv"]}
+                "goemotions": ["train.tsv", "dev.tsv", "test.tsv"],
+                "nfcorpus": ["corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/dev.tsv", "qrels/test.tsv"]}
     for part in ("wiki", "gutenberg", "heldout"):  # the pretraining corpus, as distributed
         (root / "corpus" / part).mkdir(parents=True)
     for folder, names in datasets.items():
         (root / folder).mkdir(parents=True)
         for name in names:
+            (root / folder / name).parent.mkdir(exist_ok=True)
             (root / folder / name).write_text("")
     (root / "goemotions" / "emotions.txt").write_text("\n".join(f"emotion{i}" for i in range(28)))
     work = tmp_path / "work"
@@ -254,7 +256,7 @@ def test_every_shipped_config_reads_its_data_below_the_root(shipped_inputs, caps
         assert all(f.startswith(str(shipped_inputs)) for f in files if f not in made), (path, files)
         assert files or path.name == "pretrain_bert_base.yaml"  # that one reads your own corpus
         checked += 1
-    assert checked == 17
+    assert checked == 19
     assert "note:" not in capsys.readouterr().err
 
 

@@ -1,0 +1,158 @@
+"""A reranker at inference (retrieval/rerank.py) and where it plugs in: sentence-transformers'
+`CrossEncoder` scores as `Reranker` does; `rerank` reorders a first stage; `evaluate --task
+retrieval --rerank` reports both stages; `mine-negatives --rescore` takes its scores; `/rerank` in
+`bert-kit serve` answers as TEI and infinity-emb do, through the batcher.
+
+Run: .venv/bin/python -m pytest tests/retrieval/test_rerank.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from bert_kit.cli import main
+from bert_kit.heads import BERTForSequenceClassification
+from bert_kit.hf import NewWeightsWarning
+from bert_kit.model_folder import write_model_metadata
+from bert_kit.retrieval.beir import read_beir
+from bert_kit.retrieval.evaluator import Ranking
+from bert_kit.retrieval.rerank import Reranker, rerank
+from bert_kit.tokenizer import get_tokenizer
+from tests.retrieval.beir_files import write_beir
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PAIRS = [("Does salt raise blood pressure?", "Cutting dietary salt reduced blood pressure."),
+         ("Does salt raise blood pressure?", "Green tea catechins lowered blood pressure slightly."),
+         ("Is coffee good for the liver?", "Drinking coffee was associated with a lower risk of liver disease. " * 40)]
+
+
+@pytest.fixture(scope="module")
+def reranker_folder(minilm_path, tmp_path_factory):
+    """all-MiniLM-L6-v2 with a new one-output head (seeded), as a reranker folder."""
+    folder = tmp_path_factory.mktemp("reranker")
+    torch.manual_seed(0)
+    with pytest.warns(NewWeightsWarning):  # the new head
+        model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=1)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    write_model_metadata(folder, {"task": "reranker", "max_length": 128})
+    return folder
+
+
+def test_scores_equal_sentence_transformers_cross_encoder(reranker_folder):
+    """Short pairs and one cut to max_length (longest-first, as the HF tokenizer cuts)."""
+    st = pytest.importorskip("sentence_transformers")
+    ours = Reranker.from_pretrained(reranker_folder, device="cpu")
+    assert ours.max_length == 128  # the folder's fine-tuning length
+    want = st.CrossEncoder(str(reranker_folder), device="cpu", max_length=128).predict(PAIRS)
+    assert_close(torch.tensor(ours.score_pairs(*zip(*PAIRS))), torch.tensor(want, dtype=torch.float32),
+                 rtol=1e-5, atol=1e-5)
+    raw = ours.score_pairs(*zip(*PAIRS), raw=True)
+    assert_close(torch.tensor(raw).sigmoid(), torch.tensor(want, dtype=torch.float32), rtol=1e-5, atol=1e-5)
+    order = ours.rank(PAIRS[0][0], [p for _, p in PAIRS], top_n=2)
+    assert [i for i, _ in order] == list(np.argsort(-ours.score(PAIRS[0][0], [p for _, p in PAIRS]))[:2])
+
+
+def test_a_folder_with_several_outputs_is_no_reranker(minilm_path, tmp_path):
+    with pytest.warns(NewWeightsWarning):
+        model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
+    with pytest.raises(ValueError, match="its head has 3 outputs"):
+        Reranker(model, get_tokenizer(minilm_path))
+
+
+class ByLength:
+    """A stand-in reranker: the longer the passage, the higher its score."""
+
+    def score_pairs(self, queries, passages, raw=False):
+        return np.array([float(len(p)) for p in passages], dtype=np.float32)
+
+
+def test_rerank_reorders_the_top_k_and_drops_the_rest(tmp_path):
+    data = read_beir(write_beir(tmp_path / "beir"))
+    docs = data.corpus_ids
+    first = Ranking(["q1", "q3"], [docs[:5], docs[5:9]], [[5.0, 4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0]])
+    done = []
+    out = rerank(first, data, ByLength(), top_k=3, progress=done.append)
+    text = dict(zip(data.corpus_ids, data.corpus_texts))
+    for q, kept in zip(out.doc_ids, [docs[:3], docs[5:8]]):
+        assert sorted(q) == sorted(kept)  # the first three of each query, no others
+        assert [len(text[d]) for d in q] == sorted((len(text[d]) for d in kept), reverse=True)
+    assert out.scores[0] == sorted(out.scores[0], reverse=True) and done == [1, 1]
+
+
+def test_evaluate_reports_both_stages(minilm_path, reranker_folder, tmp_path, capsys):
+    folder = write_beir(tmp_path / "beir")
+    out = tmp_path / "eval.json"
+    rc = main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(folder), "--rerank",
+               str(reranker_folder), "--top-k", "4", "--output", str(out), "--device", "cpu"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "reranked each query's first 4 documents" in printed and "first stage" in printed
+    result = json.loads(out.read_text())
+    assert result["rerank"]["top_k"] == 4 and result["rerank"]["max_length"] == 128
+    assert set(result["first_stage"]) >= {"ndcg@10", "recall@100"} and "ndcg@10" in result
+    # the reranked list holds each query's first four documents: its recall can only fall to theirs
+    assert result["recall@100"] <= result["first_stage"]["recall@100"]
+
+
+def test_mine_negatives_takes_the_rerankers_scores(minilm_path, reranker_folder, tmp_path, capsys):
+    folder = write_beir(tmp_path / "beir", split="train")
+    out = tmp_path / "hard.jsonl"
+    rc = main(["mine-negatives", "--model", str(minilm_path), "--data", str(folder), "--output", str(out),
+               "--num-negatives", "2", "--rescore", str(reranker_folder), "--output-scores", "--device", "cpu"])
+    assert rc == 0 and "rescored by" in capsys.readouterr().out
+    reranker = Reranker.from_pretrained(reranker_folder, device="cpu")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows[:3]:
+        want = reranker.score(row["anchor"], [row["positive"], row["negative"]])
+        assert row["scores"] == pytest.approx(want.tolist(), abs=1e-5)
+
+
+def test_serve_rerank_answers_through_the_batcher(reranker_folder):
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from bert_kit.serving.server import ServeConfig, build
+
+    info, operations, app = build(ServeConfig(model=str(reranker_folder), device="cpu"))
+    assert "/rerank" in [op.path for op in operations] and "/embed" in [op.path for op in operations]
+    reranker = Reranker.from_pretrained(reranker_folder, device="cpu")
+    query, docs = PAIRS[0][0], [p for _, p in PAIRS]
+    want = reranker.score(query, docs)
+    with TestClient(app) as client:
+        answer = client.post("/rerank", json={"query": query, "documents": docs, "top_n": 2, "return_documents": True})
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["results"]
+        order = sorted(range(3), key=lambda i: -want[i])[:2]
+        assert [r["index"] for r in results] == order
+        assert [r["relevance_score"] for r in results] == pytest.approx([float(want[i]) for i in order], abs=1e-5)
+        assert [r["document"] for r in results] == [docs[i] for i in order]
+        raw = client.post("/rerank", json={"query": query, "documents": docs, "raw_scores": True}).json()["results"]
+        assert len(raw) == 3 and "document" not in raw[0]
+        assert sorted(r["relevance_score"] for r in raw) == pytest.approx(
+            sorted(reranker.score(query, docs, raw=True).tolist()), abs=1e-4)
+        missing = client.post("/rerank", json={"documents": docs})
+        assert missing.status_code == 422 and missing.json()["field"] == "query"
+        empty = client.post("/rerank", json={"query": query, "documents": []})
+        assert empty.status_code == 422 and empty.json()["field"] == "documents"
+        spec = client.get("/openapi.json").json()["paths"]["/rerank"]["post"]
+        assert spec["requestBody"]["content"]["application/json"]["example"]["query"]
+
+
+def test_predict_names_what_runs_a_reranker(reranker_folder, tmp_path, capsys):
+    pairs = tmp_path / "in.txt"
+    pairs.write_text("a\tb\n")
+    args = ["--model", str(reranker_folder), "--input", str(pairs), "--output", str(tmp_path / "out.jsonl")]
+    assert main(["predict", "--task", "reranker", *args]) == 2  # not among predict's tasks
+    assert main(["predict", *args]) == 2  # the folder's own task
+    assert "is a reranker model, which predict does not run: use bert-kit serve (POST /rerank)" in \
+        capsys.readouterr().err
