@@ -13,6 +13,8 @@ One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> s
   all-reduce); A > 1 is gradient accumulation, a `lax.scan` over the micro-batches;
 - bf16 compute from float32 master weights (`train.cast`), AdamW with torch's decay mask, global
   norm clipping, and the lr an argument: no recompilation when it changes, and no host sync;
+- the model runs the kernels of its devices (`kernels.fast_path.apply`: on GPUs, attention fused
+  with its dropout in a Pallas kernel, cuDNN's attention where there is no dropout);
 - a NaN or inf loss, or a non-finite gradient in `MAX_SKIPPED_IN_A_ROW` steps in a row, freezes the
   weights from that step on and is reported when the loop reads the window (as the torch engine's
   deferred checks); a single non-finite gradient skips its update and is counted;
@@ -47,6 +49,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
+from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
                                 task_loss)
@@ -292,8 +295,12 @@ class JaxEngine(Engine):
         # Python warn of deadlocks; the workers run the collators (torch and NumPy) and never JAX
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
 
-        # the twin of the job's model; what torch leaves frozen (an unused pooler) stays out of training
+        # the twin of the job's model, with the kernels of this device (`kernels.fast_path`); what torch
+        # leaves frozen (an unused pooler) stays out of training
         self.graphdef, frozen, params = self.twin()
+        job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
+        if jax.process_index() == 0:
+            print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
@@ -317,8 +324,9 @@ class JaxEngine(Engine):
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        graphdef, frozen, params = nnx.split(from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture]),
-                                             lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
+        model = from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
+        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype)
+        graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
 
     # ---- batches: the job's host batches, padded to static shapes, split over the devices ----------
