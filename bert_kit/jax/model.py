@@ -167,7 +167,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     bool mask is False, and with a `seed`, dropout on the probabilities (`attention_dropout_keep`),
     the kept ones scaled by 1 / (1 - rate). Scores and softmax in float32."""
     B, T, nh, hd = q.shape
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)  # (B, nh, T, T)
+    # 16-bit products into float32 scores; the preset keeps the backward's products 16-bit too (as
+    # jax.nn.dot_product_attention does), where the float32 scores' gradient would make them float32
+    preset = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+              jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}.get(q.dtype)
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, precision=preset,
+                        preferred_element_type=jnp.float32) / math.sqrt(hd)  # (B, nh, T, T)
     if mask is not None:
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
