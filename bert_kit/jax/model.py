@@ -20,8 +20,8 @@ What differs from the torch file, and why:
 - randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
   `dropout` stream). Without it the model is in eval mode; a jitted step passes a key it is given;
 - precision: parameters live in float32. Cast them to bfloat16 (`train.cast`) and the forward runs
-  in bfloat16, with LayerNorm statistics, softmax and losses in float32; embedding gradients add up
-  in float32 too (the word table is gathered from a float32 copy, segments by a one-hot matmul);
+  in bfloat16, with LayerNorm statistics, softmax and losses in float32; the embedding tables stay
+  float32, so their gradients add up in float32 (segments by a one-hot matmul);
 - the MLM head predicts at fixed slots per row, `masked_positions` (B, P), as Google's BERT did
   (max_predictions_per_seq): shapes stay static under jit and the slots shard with the batch.
 """
@@ -117,23 +117,23 @@ class BertEmbeddings(nnx.Module):
                  rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
         T = input_ids.shape[-1]
-        table = self.word_embeddings.embedding[...]  # (V, H), float32 or the compute dtype (`train.cast`)
-        # gathered from a float32 copy: the backward adds each token's gradient into its row (a
-        # scatter-add), which in 16 bits would lose precision and, on a GPU, run 10x slower
-        words = jnp.take(table.astype(jnp.float32), input_ids, axis=0).astype(table.dtype)  # (B, T, H)
+        f32 = jnp.float32
+        # the tables are float32 in any precision (`train.cast`): the backward adds each token's
+        # gradient into its row (a scatter-add), which in 16 bits would lose precision and, on a GPU, run 10x slower
+        table = self.word_embeddings.embedding[...]  # (V, H)
+        words = jnp.take(table.astype(f32), input_ids, axis=0)  # (B, T, H)
         words = jnp.where((input_ids == self.pad_token_id)[..., None], jax.lax.stop_gradient(words), words)
         if self.learned_positions:
-            positions = self.position_embeddings.embedding[:T]  # (T, H)
+            positions = self.position_embeddings.embedding[:T].astype(f32)  # (T, H)
         else:
             positions = jnp.asarray(sinusoidal_table(self.max_positions, words.shape[-1])[:T])
-        segment_table = self.token_type_embeddings.embedding[...]  # (type_vocab_size, H)
+        segment_table = self.token_type_embeddings.embedding[...].astype(f32)  # (type_vocab_size, H)
         if token_type_ids is None:  # all sentence A: row 0 of the segment table
             segments = segment_table[0]
         else:  # a one-hot matmul: its backward is a matmul, not B * T scatter-adds into two rows
-            one_hot = jax.nn.one_hot(token_type_ids, segment_table.shape[0], dtype=jnp.float32)
-            segments = (one_hot @ segment_table.astype(jnp.float32)).astype(table.dtype)  # (B, T, H), exact
-        x = words + positions.astype(words.dtype) + segments.astype(words.dtype)
-        return dropout(self.dropout, self.norm(x), rngs)
+            segments = jax.nn.one_hot(token_type_ids, segment_table.shape[0], dtype=f32) @ segment_table  # exact
+        # the sum in float32; the output in the compute dtype, that of the LayerNorm's weights
+        return dropout(self.dropout, self.norm(words + positions + segments).astype(self.norm.weight[...].dtype), rngs)
 
 
 def _mix32(z: jax.Array) -> jax.Array:
