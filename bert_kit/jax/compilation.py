@@ -31,21 +31,29 @@ import jax
 CACHE_VARIABLE = "BERT_KIT_JAX_CACHE"
 DEFAULT_CACHE = Path("~/.cache/bert-kit/jax")
 CACHE_MAX_BYTES = 8 << 30  # a bound (evicting the least recently used) turns on JAX's lock between runs
-OFF = ("off", "none", "false", "0", "")
+OFF = ("off", "none", "false", "no", "0", "")
+ON = ("on", "true", "yes", "1")  # the default folder, as no setting
 SHORTEST = 32  # the shortest length bucket
 
 
-def cache_folder(setting: str | None, env: dict[str, str] | None = None) -> Path | None:
+def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
     """The persistent cache's folder: the setting, $BERT_KIT_JAX_CACHE, $JAX_COMPILATION_CACHE_DIR
-    or ~/.cache/bert-kit/jax, in that order; None when the first one given says "off"."""
+    or ~/.cache/bert-kit/jax, in that order; None when the first one given says "off" (or false)."""
     env = os.environ if env is None else env
-    for value in (setting, env.get(CACHE_VARIABLE), env.get("JAX_COMPILATION_CACHE_DIR")):
+    for value in (_given(setting), env.get(CACHE_VARIABLE), env.get("JAX_COMPILATION_CACHE_DIR")):
         if value is not None:
             return None if str(value).strip().lower() in OFF else Path(value).expanduser()
     return DEFAULT_CACHE.expanduser()
 
 
-def use_compilation_cache(setting: str | None = None, env: dict[str, str] | None = None) -> Path | None:
+def _given(setting: str | bool | None) -> str | None:
+    """The setting as a folder or "off"; None where it names no folder (unset, true, on)."""
+    if setting is None or setting is True or (isinstance(setting, str) and setting.strip().lower() in ON):
+        return None
+    return "off" if setting is False else setting
+
+
+def use_compilation_cache(setting: str | bool | None = None, env: dict[str, str] | None = None) -> Path | None:
     """Keep compiled programs in `cache_folder(setting)` (call before the first compilation);
     returns the folder, None when off. A folder the user gave JAX itself
     ($JAX_COMPILATION_CACHE_DIR, no bert-kit setting) is left as JAX configured it."""
@@ -54,7 +62,7 @@ def use_compilation_cache(setting: str | None = None, env: dict[str, str] | None
     if folder is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    if setting is None and env.get(CACHE_VARIABLE) is None:
+    if _given(setting) is None and env.get(CACHE_VARIABLE) is None:
         if env.get("JAX_COMPILATION_CACHE_DIR") is not None:
             return folder  # the user's JAX cache, as JAX reads it
     try:

@@ -75,9 +75,9 @@ class RunSettings:
     "bert-kit[jax]"`), one jitted step data parallel over every local device, each batch split
     over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true or
     compile_tuning=true (docs/jax.md)"""
-    jax_cache: str | None = None
+    jax_cache: str | bool | None = None
     """engine=jax: the folder that keeps compiled programs between runs (default $BERT_KIT_JAX_CACHE,
-    else ~/.cache/bert-kit/jax; off: none)"""
+    else ~/.cache/bert-kit/jax); off (false): none"""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     num_workers: int = 0  # DataLoader worker processes

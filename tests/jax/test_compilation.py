@@ -33,6 +33,9 @@ def test_the_cache_folder_by_setting_variable_jax_or_default(tmp_path):
     assert cache_folder("off", {"BERT_KIT_JAX_CACHE": "y"}) is None
     assert cache_folder(None, {"BERT_KIT_JAX_CACHE": "none"}) is None
     assert cache_folder("~/c", {}) == Path.home() / "c"
+    assert cache_folder(False, {"BERT_KIT_JAX_CACHE": "y"}) is None  # RunSettings(jax_cache=False)
+    assert cache_folder(True, {"BERT_KIT_JAX_CACHE": "y"}) == Path("y")
+    assert cache_folder("true", {}) == cache_folder("on", {}) == Path.home() / ".cache/bert-kit/jax"  # not ./true
 
 
 def test_length_buckets_are_powers_of_two_up_to_max_length():
