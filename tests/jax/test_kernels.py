@@ -126,7 +126,13 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
     assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))) <= 1e-5
 
 
-def test_a_kernel_that_fails_to_compile_leaves_the_reference(monkeypatch, capsys):
+def test_the_kernel_is_checked_before_use_and_one_that_fails_leaves_the_reference(monkeypatch, capsys):
+    assert kernel_works(32, 16, "float32", 0.1, SMALL, interpret=True)  # compiled, and agrees
+    with monkeypatch.context() as patch:
+        patch.setattr(fast_path, "flash_attention", lambda *args: attention(*args[:3], args[3] != 0, args[5], args[4]) * 1.1)
+        assert not fast_path._check_kernel(32, 16, "float32", 0.1, SMALL, True)
+    assert "differs from the reference by 10.0% for T=32, head size 16, float32" in capsys.readouterr().err
+
     def broken(*args):
         raise RuntimeError("Triton: out of shared memory")
 
@@ -153,3 +159,32 @@ def test_triton_kernel_on_the_gpu_in_bf16():
         want = value_and_grads(lambda q, k, v: attention(q, k, v, mask, 0.1, seed), *f32)
         for a, b in zip(got[1], want[1]):
             assert max_abs(a, b) <= 0.05 * max(1.0, float(jnp.abs(b).max())), (T, hd)
+
+
+@pytest.mark.skipif(not GPU, reason="the Triton kernel needs a GPU")
+def test_a_bf16_training_step_with_and_without_the_kernel_on_the_gpu():
+    """BERT-base's head size and a 128-token batch: the engine's fast path (the Triton kernel) gives
+    the loss and gradients of the reference with the same dropout, to bf16's precision."""
+    from bert_kit.jax.train import cast
+
+    config = tiny(hidden_size=256, num_attention_heads=4, intermediate_size=512, max_position_embeddings=128,
+                  attention_probs_dropout_prob=0.1)
+    model = BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, config.vocab_size, (8, 128)).astype(np.int32)
+    mask = (np.arange(128)[None] < rng.integers(40, 129, (8, 1))).astype(np.int32)
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def run(graphdef):
+        def loss(p):
+            m = nnx.merge(graphdef, cast(p, jnp.bfloat16))
+            return m(ids, mask, rngs=nnx.Rngs(dropout=4)).astype(jnp.float32).sum()
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    want = run(graphdef)
+    assert str(fast_path.apply(model, "gpu", jnp.bfloat16)).startswith("fast path: Pallas attention with dropout")
+    got = run(nnx.split(model, nnx.Param)[0])
+    assert abs(float(got[0]) - float(want[0])) <= 0.02 * max(1.0, abs(float(want[0])))
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        assert max_abs(a, b) <= 0.05 * max(1e-3, float(jnp.abs(b).max()))

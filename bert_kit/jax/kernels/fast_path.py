@@ -121,8 +121,10 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
     try:
         got = jax.jit(jax.value_and_grad(fused, (0, 1, 2)))(q, k, v)
         want = jax.jit(jax.value_and_grad(plain, (0, 1, 2)))(q, k, v)
-        tolerance = 1e-3 if jnp.dtype(dtype) == jnp.float32 else 0.1  # on sums of T * hd products
-        error = max(float(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max())
+        # the largest difference, as a share of the largest value, of the loss and each gradient
+        tolerance = 1e-4 if jnp.dtype(dtype) == jnp.float32 else 0.05
+        error = max(float(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max()
+                          / jnp.maximum(jnp.abs(b.astype(jnp.float32)).max(), 1e-6))
                     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
     except Exception as e:  # noqa: BLE001 -- any compiler error: the reference runs instead
         print(f"warning: the Pallas attention kernel does not compile for T={T}, head size {head_dim}, {dtype} "
@@ -130,7 +132,7 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
               file=sys.stderr, flush=True)
         return False
     if not error <= tolerance:
-        print(f"warning: the Pallas attention kernel differs from the reference by {error:.3g} for T={T}, head "
+        print(f"warning: the Pallas attention kernel differs from the reference by {error:.1%} for T={T}, head "
               f"size {head_dim}, {dtype}; using XLA attention", file=sys.stderr, flush=True)
         return False
     return True
