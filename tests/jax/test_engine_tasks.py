@@ -96,3 +96,33 @@ def test_a_bi_encoder_run_resumes_bit_for_bit(sts, tmp_path, minilm_path):
     assert sorted(parts) == [1, 2, 3, 4]
     assert [parts[s]["loss"] for s in parts] == [whole[s]["loss"] for s in parts]
     assert json.loads((tmp_path / "parts" / "results.json").read_text())["steps"] == 4
+
+
+def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
+    """As on a GPU: the run compiles, in its threads, the training step of its likely length buckets
+    and the evaluation of every bucket its validation batches have; each program once; the
+    evaluations (at steps 2 and 4) find theirs compiled ahead, none compiled while the run waits."""
+    import threading
+
+    import bert_kit.jax.engine as engine_module
+    from bert_kit.jax.compilation import AheadOfTime
+
+    compiled: list[tuple[str, str, tuple]] = []  # (program, thread, batch shapes)
+    original = AheadOfTime.compile
+
+    def compile(self, args):
+        compiled.append((self.jitted.__name__, threading.current_thread().name,
+                         tuple(v.shape for v in args[self.batch_arg].values())))
+        return original(self, args)
+
+    monkeypatch.setattr(engine_module, "COMPILE_AHEAD_ON_CPU", True)
+    monkeypatch.setattr(AheadOfTime, "compile", compile)
+    train, dev = sts
+    finetune(config(encoder, tmp_path / "run", "jax", task="similarity", train_file=str(train),
+                    validation_file=str(dev), similarity={"mode": "bi-encoder"}))
+    steps = [c for c in compiled if c[0] == "train_step"]
+    evals = [c for c in compiled if c[0] == "outputs"]
+    programs = [(name, shapes) for name, _, shapes in compiled]
+    assert len(set(programs)) == len(programs)  # each program once, in whichever thread
+    assert steps and evals and all(thread.startswith("compile") for _, thread, _ in evals)
+    assert {shape for _, _, shapes in evals for shape in shapes[:1]} == {(2 * 64, 32)}  # both sides of 64 pairs
