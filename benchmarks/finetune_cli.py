@@ -1,4 +1,5 @@
-"""The speed a user gets: `bert-kit finetune` beside a plain `transformers` loop and `Trainer`.
+"""The speed a user gets: `bert-kit finetune` beside a plain `transformers` loop and `Trainer`,
+and bert-kit's JAX engine beside its PyTorch one.
 
 Each side runs as its own process on one GPU, launched the way a user launches it, and is timed
 from launch to exit (start-up, data, compilation, evaluation and checkpoints included):
@@ -12,15 +13,24 @@ results.json "timings": launch to the first step, the first step, the other step
 checkpoints, the end; then the exit). rte and mrpc are the small cases (2,490 and 3,668 pairs).
 Each side's modules are imported once before the timed runs (a first launch reads them from disk).
 
+`--impls bertkit,bertkit-jax` runs the case with `engine=torch`, then twice with `engine=jax`:
+first with an empty compilation cache (a fresh folder: a machine's first run), then again with
+the cache the first run filled (`jax_cache=`). Each JAX run reports the programs it compiled or
+loaded from the cache and their seconds (JAX_LOG_COMPILES' log lines), and the summary the ratios
+to PyTorch's wall time (the targets: first run <= 2x, warm cache <= 1.3x).
+
     python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases sst2,stsb,conll,sst2-base
     python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases rte,mrpc --impls bertkit,hf-loop
+    python benchmarks/finetune_cli.py --model MINILM --data-dir DATA --cases rte --impls bertkit,bertkit-jax
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,7 +64,8 @@ DATA = {"sst2": ("sst2/train.tsv", "sst2/dev.tsv"), "stsb": ("stsb/sts-train.csv
 ENV = dict(os.environ)  # every side's environment (--pycache changes it)
 # what each side imports: launched once before the timed runs, so that no side pays for the first
 # reading of its files (or, with --pycache, the compiling of its modules) and the other does not
-WARM_UP = {"bert-kit": "import bert_kit.cli.finetune, bert_kit.tasks.finetuning, bert_kit.training.loop",
+WARM_UP = {"bert-kit": "import bert_kit.cli.finetune, bert_kit.tasks.finetuning, bert_kit.training.loop"
+                        + ("; import bert_kit.jax.engine" if importlib.util.find_spec("jax") else ""),
            "hf": "import torch, transformers; transformers.AutoModelForSequenceClassification; transformers.AutoTokenizer"}
 
 
@@ -67,7 +78,7 @@ def timed(cmd: list[str], log: Path) -> tuple[float, int]:
 
 def warm_up(impls: list[str]) -> None:
     """Import each side's modules once, untimed (see WARM_UP)."""
-    for side in {"bert-kit" if impl == "bertkit" else "hf" for impl in impls}:
+    for side in {"bert-kit" if impl.startswith("bertkit") else "hf" for impl in impls}:
         subprocess.run([sys.executable, "-c", WARM_UP[side]], cwd=ROOT, env=ENV, check=True)
 
 
@@ -88,29 +99,47 @@ def steady_rate(train: list[dict]) -> float | None:
     return steps / seconds if seconds else None
 
 
-def run_bertkit(case: str, args: argparse.Namespace, tmp: Path) -> dict:
+def compilations(log: str) -> dict:
+    """Programs a JAX run compiled and loaded from its cache, and the seconds (JAX_LOG_COMPILES)."""
+    finished = [float(x) for x in re.findall(r"Finished XLA compilation of .* in ([0-9.]+) sec", log)]
+    return {"programs": len(finished), "cache_hits": log.count("Persistent compilation cache hit"),
+            "compile_s": round(sum(finished), 2)}
+
+
+def run_bertkit(case: str, args: argparse.Namespace, tmp: Path, impl: str = "bert-kit",
+                extra: tuple[str, ...] = ()) -> dict:
     config, task, epochs, _, random_init = CASES[case]
     epochs = args.epochs or epochs
     train, dev = DATA[task]
-    out = tmp / f"bertkit-{case}"
+    name = f"{impl}-{case}"
+    out = tmp / name
     model = ["model=bert-base", f"tokenizer={args.model}"] if random_init else [f"model={args.model}"]
     cmd = [sys.executable, "-m", "bert_kit", "finetune", "--config", str(ROOT / "configs" / config), *model,
            f"train_file={args.data_dir / train}", f"validation_file={args.data_dir / dev}", f"epochs={epochs}",
-           f"output_dir={out}", "overwrite=true", "--output", str(tmp / f"{case}.json"), *COLUMNS.get(case, []),
-           *args.bertkit_set]
-    wall, code = timed(cmd, tmp / f"bertkit-{case}.log")
+           f"output_dir={out}", "overwrite=true", "--output", str(tmp / f"{name}.json"), *COLUMNS.get(case, []),
+           *args.bertkit_set, *extra]
+    wall, code = timed(cmd, tmp / f"{name}.log")
+    log = (tmp / f"{name}.log").read_text(errors="replace")
     if code != 0:
-        return {"impl": "bert-kit", "case": case, "error": (tmp / f"bertkit-{case}.log").read_text()[-3000:]}
-    results = json.loads((tmp / f"{case}.json").read_text())
+        return {"impl": impl, "case": case, "error": log[-3000:]}
+    results = json.loads((tmp / f"{name}.json").read_text())
     train = train_records(out)
     # where the wall time goes: the run's own timings (launch to the first step, the first step, the
     # other steps, evaluations, checkpoints, the end) and the exit after results.json
     timings = dict(results.get("timings") or {})
     timings["exit_s"] = round(wall - results["wall_time_s"], 3)
-    return {"impl": "bert-kit", "case": case, "wall_s": wall, "steps": results["steps"],
+    return {"impl": impl, "case": case, "wall_s": wall, "steps": results["steps"],
             "steady_steps_per_s": steady_rate(train), "best": results["best_value"],
             "final": (results.get("final_metrics") or {}).get(results["metric"]), "timings": timings,
-            "train_time_s": results.get("train_time_s")}
+            "train_time_s": results.get("train_time_s"), "fast_path": results.get("fast_path"),
+            **(compilations(log) if "jax" in impl else {})}
+
+
+def run_bertkit_jax(case: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
+    """engine=jax twice: with an empty compilation cache (a fresh folder), then with what it kept."""
+    cache = tmp / f"jax-cache-{case}"
+    extra = ("engine=jax", f"jax_cache={cache}")
+    return [run_bertkit(case, args, tmp, f"jax-{run}", extra) for run in ("first", "warm")]
 
 
 def run_hf(case: str, impl: str, args: argparse.Namespace, tmp: Path) -> dict:
@@ -133,7 +162,8 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True, help="all-MiniLM-L6-v2 folder (its tokenizer for bert-base)")
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--cases", default="sst2,stsb,conll,sst2-base")
-    p.add_argument("--impls", default="bertkit,hf-loop,hf-trainer")
+    p.add_argument("--impls", default="bertkit,hf-loop,hf-trainer",
+                   help="bertkit (engine=torch), bertkit-jax (engine=jax: first run, warm cache), hf-loop, hf-trainer")
     p.add_argument("--epochs", type=float, default=None, help="override every case's epochs (quick checks)")
     p.add_argument("--bertkit-set", nargs="*", default=[], help="extra key=value settings for bert-kit")
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per run here")
@@ -148,17 +178,25 @@ def main() -> None:
         print("note: PYTHONDONTWRITEBYTECODE is set: every launch compiles every module it imports (seconds for "
               "torch and transformers); --pycache DIR measures as a pip install runs", file=sys.stderr)
     warm_up(args.impls.split(","))
+    if "bertkit-jax" in args.impls.split(","):
+        ENV["JAX_LOG_COMPILES"] = "1"  # each compilation and cache hit logged: counted per run
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for case in args.cases.split(","):
             for impl in args.impls.split(","):
-                row = run_bertkit(case, args, tmp) if impl == "bertkit" else run_hf(case, impl[3:], args, tmp)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                if impl == "bertkit":
+                    done = [run_bertkit(case, args, tmp)]
+                elif impl == "bertkit-jax":
+                    done = run_bertkit_jax(case, args, tmp)
+                else:
+                    done = [run_hf(case, impl[3:], args, tmp)]
+                for row in done:
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.out:
+                        with open(args.out, "a") as f:
+                            f.write(json.dumps(row) + "\n")
     print(f"\n{'case':<10} {'impl':<11} {'wall s':>8} {'steps/s':>8} {'best':>7}  ratio (faster HF / bert-kit)")
     for case in args.cases.split(","):
         mine = [r for r in rows if r["case"] == case]
@@ -172,12 +210,22 @@ def main() -> None:
             best = f"{r['best']:.4f}" if isinstance(r.get("best"), float) else "-"
             ratio = f"{min(hf) / ours['wall_s']:.2f}x" if r is ours and hf else ""
             print(f"{case:<10} {r['impl']:<11} {r['wall_s']:>8.1f} {rate:>8} {best:>7}  {ratio}")
+    for case in args.cases.split(","):
+        torch_run = next((r for r in rows if r["case"] == case and r["impl"] == "bert-kit" and "wall_s" in r), None)
+        for run, target in (("jax-first", 2.0), ("jax-warm", 1.3)):
+            r = next((r for r in rows if r["case"] == case and r["impl"] == run and "wall_s" in r), None)
+            if r is not None:
+                ratio = f", {r['wall_s'] / torch_run['wall_s']:.2f}x PyTorch's (target <= {target}x)" if torch_run else ""
+                print(f"{case} {run}: {r['wall_s']:.1f} s{ratio}; {r['programs']} programs compiled or loaded "
+                      f"({r['cache_hits']} from the cache) in {r['compile_s']:.1f} s; best {r['best']}")
     timed = [r for r in rows if r.get("timings")]
     if timed:
         keys = ["start_s", "first_step_s", "train_s", "eval_s", "save_s", "end_s", "exit_s"]
-        print(f"\nbert-kit, where the wall time goes (s): {'case':<10} " + " ".join(f"{k[:-2]:>10}" for k in keys))
+        print(f"\nbert-kit, where the wall time goes (s): {'case':<10} {'run':<10} "
+              + " ".join(f"{k[:-2]:>10}" for k in keys))
         for r in timed:
-            print(f"{'':<40}{r['case']:<10} " + " ".join(f"{r['timings'].get(k, 0):>10.2f}" for k in keys))
+            print(f"{'':<40}{r['case']:<10} {r['impl']:<10} "
+                  + " ".join(f"{r['timings'].get(k, 0):>10.2f}" for k in keys))
 
 
 if __name__ == "__main__":

@@ -11,17 +11,26 @@ compilation and warm-up are excluded; tokens/s = tokens of the timed steps / the
 measured the way a training loop runs (no host-device sync between the steps). MFU counts the
 useful FLOPs of `bert_kit.model.flops_per_token` against 790 TFLOP/s (H100/H200 bf16 dense).
 
-    python benchmarks/jax_pretrain.py                                  # torch, jax, keras on 1 GPU
+The JAX engine runs twice: `jax`, with the fast path the engine applies (`bert_kit.jax.kernels`:
+on a GPU, attention fused with its dropout in a Pallas kernel), and `jax-nokernel`, without the
+Pallas kernel (attention with dropout spelled out in XLA, as before it). `--blocks` adds a `jax`
+run per tile setting of the kernel; `--profile DIR` traces a few steps of each JAX run and prints
+where the GPU's time goes (kernels grouped by name).
+
+    python benchmarks/jax_pretrain.py                                  # torch, jax, jax-nokernel, keras on 1 GPU
     python benchmarks/jax_pretrain.py --engines jax --devices 1,2,4    # JAX data-parallel scaling
+    python benchmarks/jax_pretrain.py --engines jax --blocks 64,64,32,32 128,64,32,32 --profile /tmp/prof
     python benchmarks/jax_pretrain.py --json results.jsonl
 
-KerasHub needs `pip install keras keras-hub` (no TensorFlow: only the backbone is used). Scaling
-keeps 256 sequences per device (weak scaling): efficiency = tokens/s on N / (N x tokens/s on 1).
+KerasHub needs `pip install keras keras-hub` (no TensorFlow: only the backbone is used); without
+it the keras row is skipped. Scaling keeps 256 sequences per device (weak scaling): efficiency =
+tokens/s on N / (N x tokens/s on 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -115,6 +124,10 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
     import jax
     from flax import nnx
 
+    import jax.numpy as jnp
+
+    from bert_kit.jax.kernels import fast_path
+    from bert_kit.jax.kernels.flash_attention import Blocks
     from bert_kit.jax.model import BERTForPreTraining
     from bert_kit.jax.train import create_optimizer, init_train_state, make_mesh, make_train_step, shard_batch
 
@@ -123,6 +136,8 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
         raise SystemExit(f"asked for {n_devices} devices, JAX sees {len(jax.devices())}")
     mesh = make_mesh(devices)
     model = BERTForPreTraining(config, rngs=nnx.Rngs(0))
+    blocks = Blocks(*map(int, args.block.split(","))) if args.block else Blocks()
+    fast = fast_path.apply(model, dtype=jnp.bfloat16, kernel=args.kernel, blocks=blocks)
     tx = create_optimizer(1e-4, weight_decay=0.01)
     graphdef, state = init_train_state(model, tx, mesh, prng=args.prng)
     step_fn = make_train_step(graphdef, tx, mesh, precision="bf16")
@@ -144,8 +159,41 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
         return float(jax.block_until_ready(loss))
 
     seconds, warm_s, loss = timed(step, dev, args.warmup, args.steps, wait)
+    if args.profile:
+        profile(step, dev, wait, args.profile / f"jax-{args.kernel}-{args.block or 'default'}-x{n_devices}")
     return {"device": devices[0].device_kind, "framework": f"jax {jax.__version__}", "seconds": seconds,
-            "warmup_s": warm_s, "loss": loss, "devices": n_devices, "prng": args.prng}
+            "warmup_s": warm_s, "loss": loss, "devices": n_devices, "prng": args.prng,
+            "fast_path": fast.summary, "blocks": args.block or ""}
+
+
+def profile(step, batches: list, wait, folder: Path, steps: int = 5, top: int = 15) -> None:
+    """Trace `steps` steps into `folder` (TensorBoard/XProf reads it) and print the GPU's time by
+    kernel, names grouped without their numeric suffixes (`loop_add_fusion.3` -> `loop_add_fusion`)."""
+    import re
+
+    import jax
+    from jax.profiler import ProfileData
+
+    with jax.profiler.trace(str(folder)):
+        out = None
+        for i in range(steps):
+            out = step(batches[i % len(batches)])
+        wait(out)
+    totals: dict[str, float] = {}
+    for path in folder.rglob("*.xplane.pb"):
+        for plane in ProfileData.from_file(str(path)).planes:
+            if not plane.name.startswith("/device:GPU"):
+                continue
+            for line in plane.lines:  # the streams' kernels; not the per-module and per-step summaries
+                if line.name in ("XLA Modules", "Steps", "XLA Ops", "Source", "Framework Ops"):
+                    continue
+                for event in line.events:
+                    name = re.sub(r"([._]\d+)+$", "", event.name)
+                    totals[name] = totals.get(name, 0.0) + event.duration_ns / 1e6 / steps
+    total = sum(totals.values())
+    print(f"profile ({folder}): {total:.1f} ms of GPU kernels per step", file=sys.stderr)
+    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ms:8.2f} ms  {100 * ms / max(total, 1e-9):5.1f}%  {name[:110]}", file=sys.stderr)
 
 
 def run_keras(args: argparse.Namespace, config, batches: list[dict]) -> dict:
@@ -209,21 +257,31 @@ def worker(args: argparse.Namespace) -> None:
         row = run_torch(args, config, batches)
     elif args.worker == "jax":
         row = run_jax(args, config, batches, n)
+        row["kernel"] = args.kernel
     else:
         row = run_keras(args, config, batches)
     steps = row.pop("timed_steps", args.steps)
     tokens = steps * args.batch * n * args.seq
     tps = tokens / row["seconds"]
-    row.update(engine=args.worker, model=args.model, seq=args.seq, batch=args.batch * n, masked_per_row=args.masked,
+    name = args.worker if args.worker != "jax" else {"none": "jax-nokernel"}.get(args.kernel, "jax")
+    row.update(engine=name, model=args.model, seq=args.seq, batch=args.batch * n, masked_per_row=args.masked,
                steps=steps, tokens_per_s=tps, step_ms=1e3 * row["seconds"] / steps,
                mfu=estimate_mfu(config, args.seq, tps, PEAK * n, masked_fraction=args.masked / args.seq))
     print("RESULT " + json.dumps(row), flush=True)
 
 
+def label(row: dict) -> str:
+    """A run's name in the table: engine, devices, and for JAX the kernel's tiles and the PRNG."""
+    extra = f" {row['blocks']}" if row.get("blocks") else ""
+    extra += f" {row['prng']}" if row.get("prng") not in (None, "threefry2x32") else ""
+    return f"{row['engine']} x{row['devices']}{extra}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", default="torch,jax,keras", help="torch, jax and/or keras")
-    p.add_argument("--devices", default="1", help="GPU counts for the jax engine, e.g. 1,2,4 (others run on 1)")
+    p.add_argument("--engines", default="torch,jax,jax-nokernel,keras",
+                   help="torch, jax (the engine's fast path), jax-nokernel (no Pallas kernel) and/or keras")
+    p.add_argument("--devices", default="1", help="GPU counts for the jax engines, e.g. 1,2,4 (others run on 1)")
     p.add_argument("--model", default="bert-base-uncased (110M)")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=256, help="sequences per step per device")
@@ -236,46 +294,65 @@ def main() -> None:
     p.add_argument("--keras-path", type=Path, help="a folder holding keras and keras-hub (pip install --target)")
     p.add_argument("--prng", default="threefry2x32", help="diagnostic: the jax engine's dropout PRNGs, e.g. "
                                                           "threefry2x32,rbg (default: JAX's, as the engine)")
+    p.add_argument("--blocks", nargs="*", default=[],
+                   help="more jax runs, one per Pallas tile setting q,k,outer,inner (e.g. 64,64,32,32 128,64,64,32)")
+    p.add_argument("--profile", type=Path, help="trace 5 steps of each JAX run into this folder and print the GPU "
+                                                "time by kernel")
     p.add_argument("--worker", choices=("torch", "jax", "keras"), help=argparse.SUPPRESS)
+    p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--block", default="", help=argparse.SUPPRESS)
     p.add_argument("--devices-one", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     rows = []
-    runs = [(e, n, prng) for e in args.engines.split(",") for prng in (args.prng.split(",") if e == "jax" else ["-"])
-            for n in (map(int, args.devices.split(",")) if e == "jax" else [1])]
-    for engine, n, prng in runs:
+    runs = []  # (worker, devices, prng, kernel, blocks)
+    for e in args.engines.split(","):
+        if e == "keras" and not (args.keras_path or importlib.util.find_spec("keras_hub")):
+            print("keras  skipped: keras-hub is not installed (pip install keras keras-hub, or --keras-path)")
+            continue
+        if e in ("jax", "jax-nokernel"):
+            tiles = [""] + (args.blocks if e == "jax" else [])
+            runs += [("jax", n, prng, "auto" if e == "jax" else "none", b) for prng in args.prng.split(",")
+                     for n in map(int, args.devices.split(",")) for b in tiles]
+        else:
+            runs.append((e, 1, "threefry2x32", "auto", ""))
+    for engine, n, prng, kernel, block in runs:
         argv = [sys.executable, __file__, "--worker", engine, "--devices-one", str(n), "--model", args.model,
-                "--prng", prng if engine == "jax" else "threefry2x32",
+                "--prng", prng, "--kernel", kernel, "--block", block,
                 "--seq", str(args.seq), "--batch", str(args.batch), "--masked", str(args.masked),
                 "--warmup", str(args.warmup), "--steps", str(args.steps)]
         argv += ["--keras-path", str(args.keras_path)] if args.keras_path else []
         argv += ["--attention-dropout", str(args.attention_dropout)] if args.attention_dropout is not None else []
+        argv += ["--profile", str(args.profile)] if args.profile and engine == "jax" else []
         env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", "KERAS_BACKEND": "jax"}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=None if args.profile else subprocess.PIPE,
+                              text=True, env=env)
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not found:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
-            print(f"{engine} x{n} {prng}: FAILED (exit {proc.returncode})\n  " + "\n  ".join(tail), flush=True)
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
+            print(f"{engine} x{n} {prng} {kernel} {block}: FAILED (exit {proc.returncode})\n  " + "\n  ".join(tail),
+                  flush=True)
             continue
         row = json.loads(found[-1][7:])
         rows.append(row)
-        print(f"{engine:6s} x{n} {prng:12s} {row['tokens_per_s'] / 1e3:8.1f}k tok/s  {row['step_ms']:7.1f} ms/step  "
+        what = f"fast path: {row['fast_path']}; " if row.get("fast_path") else ""
+        print(f"{label(row):24s} {row['tokens_per_s'] / 1e3:8.1f}k tok/s  {row['step_ms']:7.1f} ms/step  "
               f"MFU {100 * row['mfu']:5.1f}%  warm-up {row['warmup_s']:5.1f}s  loss {row['loss']:.3f}  "
-              f"[{row['device']}; {row['framework']}]", flush=True)
-    one = {r["engine"]: r for r in rows if r["devices"] == 1 and r["engine"] != "jax"}
-    for prng in args.prng.split(","):
-        jax_one = next((r for r in rows if r["engine"] == "jax" and r["devices"] == 1 and r["prng"] == prng), None)
-        if jax_one is None:
+              f"[{what}{row['device']}; {row['framework']}]", flush=True)
+    one = {r["engine"]: r for r in rows if r["devices"] == 1 and not r["engine"].startswith("jax")}
+    for r in rows:
+        if not r["engine"].startswith("jax") or r["devices"] != 1:
             continue
-        for other, label in (("torch", "bert-kit PyTorch"), ("keras", "KerasHub (JAX)")):
+        for other, name in (("torch", "bert-kit PyTorch"), ("keras", "KerasHub (JAX)")):
             if other in one:
-                print(f"bert-kit JAX ({prng}) / {label}: {jax_one['tokens_per_s'] / one[other]['tokens_per_s']:.2f}x")
-        for r in rows:
-            if r["engine"] == "jax" and r["devices"] > 1 and r["prng"] == prng:
-                eff = r["tokens_per_s"] / (r["devices"] * jax_one["tokens_per_s"])
-                print(f"jax ({prng}) on {r['devices']} devices: {r['tokens_per_s'] / 1e3:.1f}k tok/s, "
-                      f"scaling efficiency {100 * eff:.1f}%")
+                print(f"{label(r)} / {name}: {r['tokens_per_s'] / one[other]['tokens_per_s']:.2f}x")
+    for r in rows:
+        base = next((b for b in rows if b["engine"] == r["engine"] and b["devices"] == 1
+                     and b.get("prng") == r.get("prng") and b.get("blocks") == r.get("blocks")), None)
+        if r["engine"].startswith("jax") and r["devices"] > 1 and base is not None:
+            eff = r["tokens_per_s"] / (r["devices"] * base["tokens_per_s"])
+            print(f"{label(r)}: {r['tokens_per_s'] / 1e3:.1f}k tok/s, scaling efficiency {100 * eff:.1f}%")
     if args.json:
         with args.json.open("a") as f:
             for r in rows:

@@ -17,7 +17,7 @@ Needs the ``jax`` extra: ``pip install "bert-kit[jax]"`` (jax, flax, optax). Not
 from .model import (HEAD_CLASSES, BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering,
                     BERTForSequenceClassification, BERTForTokenClassification, BERTModel, BertEmbeddings,
                     BertEncoder, BertPooler, FeedForward, LayerNorm, MLMHead, MultiHeadAttention,
-                    TransformerEncoderBlock, attention_implementation)
+                    TransformerEncoderBlock, attention)
 from .train import (TrainState, cast, classification_loss, create_optimizer, data_sharding, decay_mask,
                     distributed_settings, init_train_state, initialize_distributed, lr_schedule, make_eval_step,
                     make_mesh, make_train_step, mlm_loss, nsp_loss, prediction_slots, replicated, shard_batch,
@@ -27,7 +27,7 @@ from .weights import load_torch_state_dict, torch_state_dict
 __all__ = [
     "BertEmbeddings", "MultiHeadAttention", "FeedForward", "TransformerEncoderBlock", "BertEncoder", "BertPooler",
     "LayerNorm", "BERTModel", "MLMHead", "BERTForMaskedLM", "BERTForPreTraining", "BERTForSequenceClassification",
-    "BERTForTokenClassification", "BERTForQuestionAnswering", "HEAD_CLASSES", "attention_implementation",
+    "BERTForTokenClassification", "BERTForQuestionAnswering", "HEAD_CLASSES", "attention",
     "mlm_loss", "nsp_loss", "classification_loss", "token_classification_loss", "task_loss", "prediction_slots",
     "cast", "lr_schedule", "decay_mask", "create_optimizer", "TrainState", "init_train_state", "make_train_step",
     "make_eval_step", "make_mesh", "data_sharding", "replicated", "shard_batch", "distributed_settings",

@@ -13,14 +13,19 @@ One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> s
   all-reduce); A > 1 is gradient accumulation, a `lax.scan` over the micro-batches;
 - bf16 compute from float32 master weights (`train.cast`), AdamW with torch's decay mask, global
   norm clipping, and the lr an argument: no recompilation when it changes, and no host sync;
+- the model runs the kernels of its devices (`kernels.fast_path.apply`: on GPUs, attention fused
+  with its dropout in a Pallas kernel, cuDNN's attention where there is no dropout);
 - a NaN or inf loss, or a non-finite gradient in `MAX_SKIPPED_IN_A_ROW` steps in a row, freezes the
   weights from that step on and is reported when the loop reads the window (as the torch engine's
   deferred checks); a single non-finite gradient skips its update and is counted;
 - the window's losses are summed inside the state: the loop's one sync per log step reads them.
 Shapes are static: pretraining batches are padded to max_length with per-row MLM prediction slots
-(the masking caps a row's masked tokens at them); fine-tuning batches are padded to multiples of
-`LENGTH_MULTIPLE` tokens and to a full batch of rows (padding rows carry no label), so a run
-compiles a few programs and none after its first epoch.
+(the masking caps a row's masked tokens at them); fine-tuning batches are padded to a length
+bucket (powers of two from 32 tokens, `compilation.length_bucket`) and to a full batch of
+examples (padding examples carry no label; evaluation batches to eval_batch_size), so a run
+compiles a program per bucket. On GPUs the programs a fine-tune will need (its likely training
+buckets, then every evaluation bucket) compile in threads from the start, the evaluation's while
+the run trains; compiled programs are kept between runs (`compilation.use_compilation_cache`).
 
 Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
 `optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
@@ -30,9 +35,12 @@ non-finite counters; a resumed run continues bit for bit on the same devices.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import warnings
+import weakref
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, NamedTuple
@@ -47,7 +55,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
+from bert_kit.jax.compilation import AheadOfTime, abstract, length_bucket, use_compilation_cache
+from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
+from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
                                 task_loss)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
@@ -62,12 +73,15 @@ STATE_FILE = "optimizer.safetensors"
 # steps dispatched ahead of the device: enough to hide the host's work, few enough that the progress
 # bar, the time budget and Ctrl-C see what the device has done (a CPU runs far behind the host)
 IN_FLIGHT = 2
-LENGTH_MULTIPLE = 32  # fine-tuning batches are padded to multiples of this many tokens: a few shapes
 # what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
-          "next_sentence_label")
+          "next_sentence_label", "start_positions", "end_positions")
+TOKENS = ("input_ids", "attention_mask", "token_type_ids")  # (rows, T): padded to the length bucket
 PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
-           "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX}
+           "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX,
+           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX}
+COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
+LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
 
 @dataclass
@@ -173,13 +187,39 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def item_tokens(item: dict) -> int:
+    """Tokens of an example's longest sentence (a bi-encoder pair has two): the length it pads to."""
+    return max(len(v) for k, v in item.items() if k.startswith("input_ids"))
+
+
+def eval_chunks(items: list[dict], size: int) -> list[list[int]]:
+    """The indices of each evaluation batch: the items longest first, `size` at a time (as `Task.outputs`)."""
+    order = sorted(range(len(items)), key=lambda i: -item_tokens(items[i]))
+    return [order[start:start + size] for start in range(0, len(order), size)]
+
+
+def likely_buckets(lengths: np.ndarray, batch: int, batches: int, max_length: int) -> list[int]:
+    """The length buckets of the training batches a run is likely to meet, likeliest first: those
+    of which `batches` random batches of `batch` examples (of these token counts) expect at least
+    `LIKELY`. A batch pads to its longest example: P(bucket <= b) = F(b)^batch."""
+    buckets = np.array([length_bucket(int(n), max_length) for n in lengths])
+    expected = {}
+    below = 0.0
+    for b in sorted(set(buckets.tolist())):
+        share = float((buckets <= b).mean()) ** batch
+        expected[b], below = batches * (share - below), share
+    return sorted((b for b, n in expected.items() if n >= LIKELY), key=lambda b: -expected[b])
+
+
 class Programs:
     """What the engine jits: pure functions of their arguments and of the model's graph, compute
-    dtype, optimizer and loss names (no reference to the run: JAX's caches may keep them)."""
+    dtype, optimizer, loss names and task head (no reference to the run: JAX's caches may keep them).
+    head: a fine-tuning task's loss and outputs (`bert_kit.jax.tasks`); None for pretraining (MLM)."""
 
     def __init__(self, graphdef: nnx.GraphDef, dtype: jnp.dtype, tx: optax.GradientTransformation,
-                 names: tuple[str, ...]) -> None:
-        self.graphdef, self.dtype, self.tx, self.names = graphdef, dtype, tx, names
+                 names: tuple[str, ...], head: TaskHead | None = None) -> None:
+        self.graphdef, self.dtype, self.tx, self.names, self.head = graphdef, dtype, tx, names, head
+        self.loss = head.loss if head is not None else task_loss
 
     def initial_state(self, params: nnx.State, key: jax.Array) -> StepState:
         def zero(dtype: Any = jnp.float32) -> jax.Array:  # one buffer each: the step donates every leaf
@@ -194,14 +234,15 @@ class Programs:
         return nnx.merge(self.graphdef, cast(frozen, self.dtype), cast(params, self.dtype))
 
     def train_step(self, state: StepState, frozen: nnx.State, batch: dict[str, jax.Array],
-                   lr: jax.Array) -> StepState:
-        """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`."""
+                   lr: jax.Array) -> tuple[StepState, jax.Array]:
+        """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`;
+        returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
         key = jax.random.fold_in(state.key, state.step)
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
             def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
                 rngs = nnx.Rngs(dropout=jax.random.fold_in(key, index))
-                return task_loss(self.model_at(frozen, params), micro, rngs)
+                return self.loss(self.model_at(frozen, params), micro, rngs)
 
             (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
             return {"loss": loss, **parts}, grads
@@ -235,13 +276,11 @@ class Programs:
                                          (params, opt_state), (state.params, state.opt_state))
         sums = {k: state.sums[k] + losses[k] for k in self.names}
         return StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm,
-                         state.skipped + bad_grad.astype(jnp.int32), in_a_row, first_bad, bad)
+                         state.skipped + bad_grad.astype(jnp.int32), in_a_row, first_bad, bad), state.step + 1
 
-    def logits(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
-        """The head's logits of a (B, T) batch, float32, no dropout."""
-        model = self.model_at(frozen, params)
-        out = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-        return out.astype(jnp.float32)
+    def outputs(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
+        """The task's outputs of a batch, one row per example, float32, no dropout."""
+        return self.head.outputs(self.model_at(frozen, params), batch)
 
     def mlm_sums(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """Summed cross-entropy, correct predictions and count of a batch's masked tokens (and NSP pairs)."""
@@ -271,6 +310,7 @@ class JaxEngine(Engine):
 
     @classmethod
     def start_device(cls, cfg: Any) -> Callable[[], Precision]:
+        use_compilation_cache(getattr(cfg, "jax_cache", None))  # before anything compiles
         # torch builds the batches and the first weights on the CPU, in fp32; JAX computes (`__init__`)
         return lambda: resolve_precision("fp32", "cpu", verbose=False)
 
@@ -292,53 +332,99 @@ class JaxEngine(Engine):
         # Python warn of deadlocks; the workers run the collators (torch and NumPy) and never JAX
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
 
-        # the twin of the job's model; what torch leaves frozen (an unused pooler) stays out of training
+        # the twin of the job's model, with the kernels of this device (`kernels.fast_path`); what torch
+        # leaves frozen (an unused pooler) stays out of training
         self.graphdef, frozen, params = self.twin()
+        job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
+        if jax.process_index() == 0:
+            print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
+        task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
+        self.head = task_head(task) if task is not None else None
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
                               optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
                               optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
-        programs = Programs(self.graphdef, self.dtype, self.tx, self.names)
+        programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head)
         self.init = jax.jit(programs.initial_state, out_shardings=self.replicated)  # one program, not one per leaf
-        self.state = self.init(params, jax.random.key(cfg.seed))
+        self.state = self.init(params, jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32)))  # key(seed)
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
         self.in_flight: deque[jax.Array] = deque()
+        # the programs, one per batch shape, compiled in threads ahead of their use where the shapes are known
         stacked, batch = NamedSharding(self.mesh, P(None, "data")), NamedSharding(self.mesh, P("data"))
-        self._step = jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated, stacked,
-                                                                self.replicated),
-                             out_shardings=self.replicated, donate_argnums=0)
-        self._logits = jax.jit(programs.logits, in_shardings=(self.replicated, self.replicated, batch),
-                               out_shardings=batch)
-        self._mlm_sums = jax.jit(programs.mlm_sums, in_shardings=(self.replicated, self.replicated, batch),
-                                 out_shardings=self.replicated)
+        self.pool = ThreadPoolExecutor(max(1, min(4, (os.cpu_count() or 2) // 2)), thread_name_prefix="compile")
+        weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)  # a run's end drops the rest
+        show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
+        self._step = AheadOfTime(jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated,
+                                                                            stacked, self.replicated),
+                                         out_shardings=self.replicated, donate_argnums=0), 2, self.pool, show)
+        self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(self.replicated, self.replicated, batch),
+                                            out_shardings=batch), 2, self.pool, show)
+        self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(self.replicated, self.replicated, batch),
+                                             out_shardings=self.replicated), 2, self.pool, show)
+        if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
+            self.compile_ahead(job)
 
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        graphdef, frozen, params = nnx.split(from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture]),
-                                             lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
+        model = from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
+        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype)
+        graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+
+    def compile_ahead(self, job: Any) -> None:
+        """Start compiling, in threads, the programs a fine-tuning run will need: the train step of
+        each length bucket its batches are likely to have, then the evaluation's of each bucket
+        its (length-sorted) batches have. Each is compiled for the shapes `host_batches` makes of
+        the job's own examples; a step that meets another shape compiles it then."""
+        task, cfg = getattr(job, "task", None), self.cfg
+        if task is None or jax.process_count() > 1 or not getattr(job, "train_items", None):
+            return
+        spec = lambda batch, sharding: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)  # noqa: E731
+                                        for k, v in batch.items()}
+        items = job.train_items
+        sample = task.collate(items[:1])
+        lengths = np.array([item_tokens(item) for item in items])
+        stacked = NamedSharding(self.mesh, P(None, "data"))
+        lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
+        for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
+            batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
+            self._step.ahead(abstract(self.state), abstract(self.frozen), spec(batch, stacked), lr)
+        evaluated = getattr(job, "eval_items", None)
+        if evaluated:
+            sharded = NamedSharding(self.mesh, P("data"))
+            buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)
+                       for chunk in eval_chunks(evaluated, task.s.eval_batch_size)}
+            sample = task.collate(evaluated[:1])
+            for bucket in sorted(buckets, reverse=True):
+                batch = {k: v[0] for k, v in self.host_batches([sample], "eval", bucket).items()}
+                self._outputs.ahead(abstract(self.frozen), abstract(self.state.params), spec(batch, sharded))
 
     # ---- batches: the job's host batches, padded to static shapes, split over the devices ----------
 
-    def host_batches(self, batches: list[dict], use: str) -> dict[str, np.ndarray]:
+    def host_batches(self, batches: list[dict], use: str, length: int | None = None) -> dict[str, np.ndarray]:
         """The job's batches (dicts of CPU tensors) as one NumPy batch (A, B, T...) of static shapes:
-        tokens padded to multiples of LENGTH_MULTIPLE (at most to the longest setting), rows to the
-        most a batch of this `use` had and to a multiple of the local devices. Padding rows repeat
-        row 0's inputs (a real sequence: no all-masked attention row) and carry no label."""
+        tokens padded to a length bucket (`length_bucket`; or to `length`), examples to the run's
+        batch size (`use` "train", else the evaluation's) and to a multiple of the local devices.
+        Padding examples repeat example 0's inputs (a real sequence: no all-masked attention row)
+        and carry no label; the rows of a bi-encoder's two sentences are padded side by side."""
         arrays = [{k: np.asarray(b[k]) for k in INPUTS if k in b} for b in batches]
         longest = max(a["input_ids"].shape[1] for a in arrays)
-        length = min(round_up(longest, LENGTH_MULTIPLE), max(longest, self.cfg.max_length))
+        if length is None:
+            length = length_bucket(longest, self.cfg.max_length)
         if jax.process_count() > 1:  # every host's batch of one step must have the same shape
             length = max(longest, self.cfg.max_length)
         if "masked_positions" in arrays[0]:  # MLM: padded to max_length already, predicted at the slots
             length = longest
             for a in arrays:
                 a.pop("labels", None)
-        rows = max(len(a["input_ids"]) for a in arrays)
-        rows = self.rows[use, length] = round_up(max(rows, self.rows.get((use, length), 0)), self.local_devices)
+        sides = self.head.sides if self.head is not None else 1
+        examples = max(len(a["input_ids"]) // sides for a in arrays)
+        base = self.cfg.batch_size if use == "train" else getattr(self.cfg, "eval_batch_size", self.cfg.batch_size)
+        rows = self.rows[use, length] = round_up(max(examples, base, self.rows.get((use, length), 0)),
+                                                 self.local_devices)
         out = {}
         for key in arrays[0]:
             padded = []
@@ -347,12 +433,14 @@ class JaxEngine(Engine):
                 pad = self.pad_id if key == "input_ids" else PADDING[key]
                 if x.dtype.kind == "f":  # regression targets: NaN marks a row without one
                     x, pad = x.astype(np.float32), np.nan
-                if x.ndim == 2 and key not in ("masked_positions", "masked_labels"):
+                if x.ndim == 2 and key not in ("masked_positions", "masked_labels"):  # one value per token
                     x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
-                if len(x) < rows:
-                    inputs = key in ("input_ids", "attention_mask", "token_type_ids")
-                    filler = x[:1] if inputs else np.full_like(x[:1], pad)
-                    x = np.concatenate([x, np.repeat(filler, rows - len(x), axis=0)])
+                if key in TOKENS:
+                    # (sides, examples, T): each side's rows padded with copies of its first
+                    x = x.reshape(sides, -1, length)
+                    x = np.concatenate([x, np.repeat(x[:, :1], rows - x.shape[1], axis=1)], 1).reshape(-1, length)
+                elif len(x) < rows:
+                    x = np.concatenate([x, np.full((rows - len(x), *x.shape[1:]), pad, x.dtype)])
                 padded.append(x.astype(np.int32) if x.dtype.kind in "iu" else x)
             out[key] = np.stack(padded)
         return out
@@ -367,9 +455,9 @@ class JaxEngine(Engine):
     def step(self, micro_batches: list[dict], lr: float) -> None:
         batch = self.to_devices(self.host_batches(micro_batches, "train"), P(None, "data"))
         lr = jax.make_array_from_process_local_data(self.replicated, np.float32(lr))
-        self.state = self._step(self.state, self.frozen, batch, lr)
+        self.state, done = self._step(self.state, self.frozen, batch, lr)
         self.steps += 1
-        self.in_flight.append(self.state.step + 0)  # a copy: the state's buffers are donated to the next step
+        self.in_flight.append(done)  # not the state's step: its buffers are donated to the next step
         if len(self.in_flight) > IN_FLIGHT:
             self.in_flight.popleft().block_until_ready()
 
@@ -462,14 +550,12 @@ class JaxEngine(Engine):
         return task.score_outputs(items, lambda share: self.task_logits(task, share))
 
     def task_logits(self, task: Any, items: list[dict]) -> list[torch.Tensor]:
-        """Logits of every item (a CPU tensor each, in the items' order), in batches of similar
-        lengths as `Task.outputs` makes them; every batch is queued before the first is read."""
-        order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
-        size, pending = task.s.eval_batch_size, []
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
+        """The task's outputs for every item (a CPU tensor each, in the items' order), in batches of
+        similar lengths as `Task.outputs` makes them; every batch is queued before the first is read."""
+        pending = []
+        for chunk in eval_chunks(items, task.s.eval_batch_size):
             arrays = {k: v[0] for k, v in self.host_batches([task.collate([items[i] for i in chunk])], "eval").items()}
-            pending.append((chunk, self._logits(self.frozen, self.state.params, self.to_devices(arrays, P("data")))))
+            pending.append((chunk, self._outputs(self.frozen, self.state.params, self.to_devices(arrays, P("data")))))
         outputs: list = [None] * len(items)
         for chunk, logits in pending:
             for row, i in zip(torch.from_numpy(self.host_local(logits)), chunk):

@@ -13,15 +13,15 @@ Architecture (as the torch model and HF `BertModel`):
 What differs from the torch file, and why:
 - linear layers are `nnx.Linear`, whose kernel is (in, out), so x @ W needs no transpose; kernels
   are transposed once, where weights are loaded and saved (`weights.py`);
-- attention goes through `jax.nn.dot_product_attention`: cuDNN's fused kernel on a GPU for 16-bit
-  inputs (the padding given as each row's key length: batches are right-padded, as every bert-kit
-  tokenizer and collator pads), XLA elsewhere. Attention dropout needs the probabilities, which
-  the fused call does not expose, so a training call with attention dropout spells it out;
+- attention is spelled out (`attention`: scores, mask, softmax, dropout, values), the reference the
+  fused kernels of `bert_kit/jax/kernels/` are held to; `kernels.fast_path.apply(model)` puts them
+  on a model (the engine does), nothing here picks one. Attention dropout keeps each probability
+  by a hash of a seed and its position (`attention_dropout_keep`), so a kernel draws the same mask;
 - randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
   `dropout` stream). Without it the model is in eval mode; a jitted step passes a key it is given;
 - precision: parameters live in float32. Cast them to bfloat16 (`train.cast`) and the forward runs
-  in bfloat16, with LayerNorm statistics, softmax and losses in float32; embedding gradients add up
-  in float32 too (the word table is gathered from a float32 copy, segments by a one-hot matmul);
+  in bfloat16, with LayerNorm statistics, softmax and losses in float32; the embedding tables stay
+  float32, so their gradients add up in float32 (segments by a one-hot matmul);
 - the MLM head predicts at fixed slots per row, `masked_positions` (B, P), as Google's BERT did
   (max_predictions_per_seq): shapes stay static under jit and the slots shard with the batch.
 """
@@ -32,6 +32,7 @@ import functools
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -116,50 +117,70 @@ class BertEmbeddings(nnx.Module):
                  rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids, token_type_ids: (B, T) -> (B, T, H)."""
         T = input_ids.shape[-1]
-        table = self.word_embeddings.embedding[...]  # (V, H), float32 or the compute dtype (`train.cast`)
-        # gathered from a float32 copy: the backward adds each token's gradient into its row (a
-        # scatter-add), which in 16 bits would lose precision and, on a GPU, run 10x slower
-        words = jnp.take(table.astype(jnp.float32), input_ids, axis=0).astype(table.dtype)  # (B, T, H)
+        f32 = jnp.float32
+        # the tables are float32 in any precision (`train.cast`): the backward adds each token's
+        # gradient into its row (a scatter-add), which in 16 bits would lose precision and, on a GPU, run 10x slower
+        table = self.word_embeddings.embedding[...]  # (V, H)
+        words = jnp.take(table.astype(f32), input_ids, axis=0)  # (B, T, H)
         words = jnp.where((input_ids == self.pad_token_id)[..., None], jax.lax.stop_gradient(words), words)
         if self.learned_positions:
-            positions = self.position_embeddings.embedding[:T]  # (T, H)
+            positions = self.position_embeddings.embedding[:T].astype(f32)  # (T, H)
         else:
             positions = jnp.asarray(sinusoidal_table(self.max_positions, words.shape[-1])[:T])
-        segment_table = self.token_type_embeddings.embedding[...]  # (type_vocab_size, H)
+        segment_table = self.token_type_embeddings.embedding[...].astype(f32)  # (type_vocab_size, H)
         if token_type_ids is None:  # all sentence A: row 0 of the segment table
             segments = segment_table[0]
         else:  # a one-hot matmul: its backward is a matmul, not B * T scatter-adds into two rows
-            one_hot = jax.nn.one_hot(token_type_ids, segment_table.shape[0], dtype=jnp.float32)
-            segments = (one_hot @ segment_table.astype(jnp.float32)).astype(table.dtype)  # (B, T, H), exact
-        x = words + positions.astype(words.dtype) + segments.astype(words.dtype)
-        return dropout(self.dropout, self.norm(x), rngs)
+            segments = jax.nn.one_hot(token_type_ids, segment_table.shape[0], dtype=f32) @ segment_table  # exact
+        # the sum in float32; the output in the compute dtype, that of the LayerNorm's weights
+        return dropout(self.dropout, self.norm(words + positions + segments).astype(self.norm.weight[...].dtype), rngs)
 
 
-def attention_implementation(dtype: jnp.dtype, head_dim: int) -> str:
-    """"cudnn" (fused flash attention) on a GPU for 16-bit inputs and head sizes it takes, else "xla"."""
-    on_gpu = jax.default_backend() == "gpu"
-    fits = dtype in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
-    return "cudnn" if on_gpu and fits else "xla"
+def _mix32(z: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer: each input bit flips each output bit with probability ~1/2."""
+    z = (z ^ (z >> jnp.uint32(16))) * jnp.uint32(0x85EBCA6B)
+    z = (z ^ (z >> jnp.uint32(13))) * jnp.uint32(0xC2B2AE35)
+    return z ^ (z >> jnp.uint32(16))
 
 
-def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """Softmax attention of (B, T, nh, hd) q, k, v with a (B, T) bool key mask (True = token)."""
-    if attention_implementation(q.dtype, q.shape[-1]) == "cudnn":
-        lengths = None if mask is None else mask.sum(-1, dtype=jnp.int32)  # (B,) right-padded rows
-        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
-    key_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T)
-    return jax.nn.dot_product_attention(q, k, v, mask=key_mask, implementation="xla")
+def attention_dropout_keep(seed: jax.Array, batch_head: jax.Array, rows: jax.Array, cols: jax.Array,
+                           seq_len: int, rate: float) -> jax.Array:
+    """Which attention probabilities dropout keeps: a hash of the (2,) uint32 `seed` and each element's
+    (batch * heads + head, row, column), True with probability 1 - rate. The arguments broadcast
+    (the whole (B, nh, T, T) mask here, a tile of it in a kernel): a mask is never stored, a kernel's
+    backward draws the forward's, and a seed gives the same mask on every device and run."""
+    weyl = jnp.uint32(0x9E3779B9)  # 2^32 / golden ratio
+    stream = _mix32(seed[0] ^ _mix32(seed[1] + batch_head.astype(jnp.uint32) * weyl))
+    bits = _mix32(stream + (rows.astype(jnp.uint32) * jnp.uint32(seq_len) + cols.astype(jnp.uint32)) * weyl)
+    # 24 bits compared as int32: signed and unsigned comparisons are the same on every backend
+    return (bits >> jnp.uint32(8)).astype(jnp.int32) >= int(round(rate * (1 << 24)))
 
 
-def attention_with_dropout(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                           drop: nnx.Dropout, rngs: nnx.Rngs) -> jax.Array:
-    """The same attention with dropout on the probabilities: (B, T, nh, hd) -> (B, T, nh, hd)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * scale  # (B, nh, T, T)
+def dropout_seed(rngs: nnx.Rngs) -> jax.Array:
+    """A (2,) uint32 seed for `attention_dropout_keep`, the next key of the `dropout` stream."""
+    return jax.random.bits(rngs.dropout(), (2,), jnp.uint32)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout_rate: float = 0.0,
+              seed: jax.Array | None = None) -> jax.Array:
+    """Softmax attention of (B, T, nh, hd) q, k, v -> (B, T, nh, hd): keys hidden where the (B, T)
+    bool mask is False, and with a `seed`, dropout on the probabilities (`attention_dropout_keep`),
+    the kept ones scaled by 1 / (1 - rate). Scores and softmax in float32."""
+    B, T, nh, hd = q.shape
+    # 16-bit products into float32 scores; the preset keeps the backward's products 16-bit too (as
+    # jax.nn.dot_product_attention does), where the float32 scores' gradient would make them float32
+    preset = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+              jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}.get(q.dtype)
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, precision=preset,
+                        preferred_element_type=jnp.float32) / math.sqrt(hd)  # (B, nh, T, T)
     if mask is not None:
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
-    probs = dropout(drop, jax.nn.softmax(logits, axis=-1), rngs).astype(v.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if dropout_rate > 0 and seed is not None:
+        batch_head = (jnp.arange(B)[:, None] * nh + jnp.arange(nh))[:, :, None, None]  # (B, nh, 1, 1)
+        keep = attention_dropout_keep(seed, batch_head, jnp.arange(T)[:, None], jnp.arange(T), T, dropout_rate)
+        probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -171,17 +192,18 @@ class MultiHeadAttention(nnx.Module):
         self.head_dim = config.head_dim
         self.qkv = dense(H, 3 * H, config, rngs)  # kernel columns: [query | key | value]
         self.out = dense(H, H, config, rngs)
-        self.attn_dropout = nnx.Dropout(config.attention_probs_dropout_prob)
+        self.dropout_rate = config.attention_probs_dropout_prob
+        # a fused kernel computing `attention`, put here by `bert_kit.jax.kernels.fast_path.apply`
+        self.backend: Callable | None = None
 
     def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
         """x: (B, T, H) with mask (B, T) bool (True = attend) -> (B, T, H)."""
         B, T, H = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, nh, hd)
-        if rngs is not None and self.attn_dropout.rate > 0:
-            y = attention_with_dropout(q, k, v, mask, self.attn_dropout, rngs)
-        else:
-            y = fused_attention(q, k, v, mask)
+        rate = self.dropout_rate if rngs is not None else 0.0  # dropout only in training
+        seed = dropout_seed(rngs) if rate > 0 else None
+        y = (self.backend or attention)(q, k, v, mask, rate, seed)
         return self.out(y.reshape(B, T, H))
 
 

@@ -13,8 +13,9 @@ What the step does, as the torch trainer does (`bert_kit/training/`):
 - AdamW with weight decay on matrices only: biases and LayerNorm weights (every 1-D parameter) are
   not decayed (`optim.param_groups`); global-norm gradient clipping; linear warmup, then linear or
   cosine decay, update for update as `optim.lr_multiplier`;
-- precision: float32 master weights; with bf16 the step casts them for the forward, so gradients,
-  optimizer moments and updates stay float32 (the cast's backward returns float32 gradients);
+- precision: float32 master weights; with bf16 the step casts them for the forward (the embedding
+  tables stay float32), so gradients, optimizer moments and updates stay float32 (the cast's
+  backward returns float32 gradients);
 - one `jax.jit` over (TrainState, batch): the state is donated (updated in place), the batch is
   sharded on its first axis over the mesh and the state replicated, so XLA adds the gradient
   all-reduce. It returns device arrays only: nothing waits for the device until a metric is read;
@@ -181,8 +182,14 @@ class TrainState(NamedTuple):
 
 
 def cast(params: Any, dtype: jnp.dtype) -> Any:
-    """Floating-point leaves of `params` in `dtype` (the compute copy of the master weights)."""
-    return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+    """Floating-point leaves of `params` in `dtype` (the compute copy of the master weights), but the
+    embedding tables (`nnx.Embed`'s `embedding`) stay float32: rows are gathered, not multiplied, and
+    the word table's gradient (every token's row scatter-added, plus the tied decoder's) sums in float32."""
+    def one(path: tuple, p: Any) -> Any:
+        table = any(getattr(key, "key", None) == "embedding" for key in path)
+        return p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) and not table else p
+
+    return jax.tree_util.tree_map_with_path(one, params)
 
 
 def make_mesh(devices: list | None = None) -> Mesh:

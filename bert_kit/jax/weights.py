@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -92,7 +91,7 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
     for name, (path, transposed, _) in own.items():
         if name in state:
             array = np.asarray(state[name], dtype=np.float32)
-            flat[path].set_value(jnp.asarray(array.T if transposed else array))
+            flat[path].set_value(jax.device_put(np.ascontiguousarray(array.T if transposed else array)))
     nnx.update(model, nnx.from_flat_state(flat))
     if other_heads:
         log.info("%s: ignored weights of other heads %s", source, other_heads)

@@ -63,20 +63,31 @@ class QATask(Task):
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         start, end = encode(model, batch, self.unpadded)  # (B, T) each
         # mean of the start and end cross-entropies, as BERT; targets are 0 ([CLS]) when the
-        # window does not hold the answer
-        loss = (F.cross_entropy(start.float(), batch["start_positions"]) +
-                F.cross_entropy(end.float(), batch["end_positions"])) / 2
+        # window does not hold the answer; padding is never an answer (nor its share of the softmax,
+        # so the loss is the same however far a batch is padded)
+        padding = batch["attention_mask"] == 0
+        start, end = (x.float().masked_fill(padding, torch.finfo(torch.float32).min) for x in (start, end))
+        loss = (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
         return loss, {}
 
     def answers(self, model: nn.Module, examples: list[dict], features: list[dict], precision: Any) -> dict[str, str]:
+        rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.unpadded), 1))
+        return self.answers_of(rows, examples, features)
+
+    def answers_of(self, rows: list[torch.Tensor], examples: list[dict], features: list[dict]) -> dict[str, str]:
+        """The answer text of each example from its windows' (2, T) start and end logit rows."""
         from bert_kit.data.squad import postprocess_predictions
 
-        rows = self.outputs(model, features, precision, lambda m, b: torch.stack(encode(m, b, self.unpadded), 1))
         return postprocess_predictions(examples, features, [r[0].numpy() for r in rows], [r[1].numpy() for r in rows],
                                        self.s.qa.n_best, self.s.qa.max_answer_length)
 
     def evaluate(self, model: nn.Module, features: list[dict], precision: Any) -> dict[str, Any]:
+        return self.score(self.outputs(model, features, precision,
+                                       lambda m, b: torch.stack(encode(m, b, self.unpadded), 1)), features)
+
+    def score(self, outputs: list[torch.Tensor], features: list[dict]) -> dict[str, Any]:
+        """EM and F1 of the answers read from each window's (2, T) start and end logits."""
         from bert_kit.metrics import squad_evaluate
 
-        scores = squad_evaluate(self.answers(model, self.eval_examples, features, precision), self.eval_examples)
+        scores = squad_evaluate(self.answers_of(outputs, self.eval_examples, features), self.eval_examples)
         return {**scores, "num_examples": len(self.eval_examples), "num_features": len(features)}

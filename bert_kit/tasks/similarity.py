@@ -160,9 +160,22 @@ class SimilarityTask(Task):
         return torch.stack(rows)[:, 0].double().numpy()
 
     def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
-        s1, s2, gold = self.eval_pairs
-        predicted = self.scores(model, s1, s2, precision)
+        return self.metrics(self.scores(model, *self.eval_pairs[:2], precision))
+
+    def metrics(self, predicted: np.ndarray) -> dict[str, Any]:
+        """Pearson and Spearman of the predicted similarities with the gold scores (and the MSE of a cross-encoder)."""
+        gold = self.eval_pairs[2]
         result = {"pearson": pearson(predicted, gold), "spearman": spearman(predicted, gold), "num_examples": len(gold)}
         if not self.bi_encoder:
             result["mse"] = float(np.mean((predicted - np.asarray(gold)) ** 2))
         return result
+
+    def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
+        """The metrics of another engine's outputs for the evaluation pairs: a cross-encoder's (1,)
+        score, or a bi-encoder's (2, H) pooled vectors u, v of each pair (scored by their cosine)."""
+        rows = torch.stack(list(outputs)).double()
+        if self.bi_encoder:
+            predicted = torch.nn.functional.cosine_similarity(rows[:, 0], rows[:, 1], dim=-1)
+        else:
+            predicted = rows[:, 0]
+        return self.metrics(predicted.numpy())

@@ -50,6 +50,9 @@ class Engine:
     name = ""
     precision: Any  # device and precision, resolved once; str() of it goes to results.json
 
+    def status(self, text: str) -> None:
+        """Show `text` on the run's progress bar while the device waits ("" clears it; the loop sets this)."""
+
     @classmethod
     def join_processes(cls, cfg: Any) -> None:
         """The run's other processes, first thing (torchrun's ranks, a JAX run's hosts)."""

@@ -200,6 +200,7 @@ class TrainingLoop:
                                      enabled=self.main, desc=job.name, trackers=self.trackers)
         self.plotter = LossPlotter() if self.main else None  # imports matplotlib beside the training
         job.log = self.logger.message
+        self.engine.status = self.logger.status  # e.g. the JAX engine compiling a new shape
         self.logger.log("start", self.step, resumed_from=str(self.run.checkpoint) if self.run.checkpoint else None,
                         world_size=world_size(), metric=job.metric)
         first_step, agreement, final_metrics, ended = self.step, Agreement(self.step), None, False

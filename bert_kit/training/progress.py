@@ -87,6 +87,11 @@ class ProgressLogger:
         shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
         self._bar.set_postfix(shown, refresh=False)
 
+    def status(self, text: str) -> None:
+        """Show `text` after the bar at once (what the run waits for); "" clears it."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=True)
+
     def log(self, kind: str, step: int, **values: Any) -> None:
         """Append one record {"type": kind, "step": step, **values} and flush it."""
         if self._file is None:

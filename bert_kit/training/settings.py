@@ -29,7 +29,8 @@ RESUMABLE_CHANGES = frozenset({
     "min_lr_ratio", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes", "end_checkpoint",
     "keep_last", "tensorboard", "num_workers", "dist_timeout_s", "device", "eval_batch_size", "max_eval_examples",
     "output_dir", "overwrite", "force_resume", "metric", "compile", "cuda_graphs", "compile_tuning", "parallel",
-    "precision", "report_to", "tracking.project", "tracking.run_name", "tracking.mlflow_uri", "tracking.wandb_mode",
+    "precision", "jax_cache", "report_to", "tracking.project", "tracking.run_name", "tracking.mlflow_uri",
+    "tracking.wandb_mode",
 })
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")
@@ -92,8 +93,11 @@ class RunSettings:
     engine: Literal["torch", "jax"] = "torch"
     """torch: PyTorch (DDP/FSDP2 under torchrun). jax: the same model in JAX (`pip install
     "bert-kit[jax]"`), one jitted step data parallel over every local device, each batch split
-    over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true,
-    compile_tuning=true, or the qa and similarity tasks (docs/jax.md)"""
+    over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true or
+    compile_tuning=true (docs/jax.md)"""
+    jax_cache: str | bool | None = None
+    """engine=jax: the folder that keeps compiled programs between runs (default $BERT_KIT_JAX_CACHE,
+    else ~/.cache/bert-kit/jax); off (false): none"""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     num_workers: int = 0  # DataLoader worker processes
@@ -146,10 +150,8 @@ JAX_UNSUPPORTED = (
     ("precision", "fp16", "it computes in bf16 or fp32"),
     ("cuda_graphs", True, "XLA schedules its own kernels"),
     ("compile_tuning", True, "a torch.compile option"),
-    ("task", "qa", "it fine-tunes classification, regression and token classification"),
-    ("task", "similarity", "it fine-tunes classification, regression and token classification"),
-    ("task", "embedding", "it fine-tunes classification, regression and token classification"),
-    ("task", "reranker", "it fine-tunes classification, regression and token classification"),
+    ("task", "embedding", "it fine-tunes classification, regression, token classification, QA and similarity"),
+    ("task", "reranker", "it fine-tunes classification, regression, token classification, QA and similarity"),
 )
 
 

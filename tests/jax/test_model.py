@@ -20,7 +20,7 @@ from flax import nnx  # noqa: E402
 
 import bert_kit.jax as bj  # noqa: E402
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.model import attention_with_dropout, fused_attention  # noqa: E402
+from bert_kit.jax.model import attention  # noqa: E402
 from bert_kit.jax.weights import torch_name  # noqa: E402
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
 
@@ -110,20 +110,20 @@ def test_minilm_matches_torch_on_real_text(minilm_path):
     assert max_abs(unit(mean), unit(expected_mean)) <= 1e-5
 
 
-def test_attention_spelled_out_for_dropout_equals_the_fused_call():
+def test_reference_attention_equals_jaxs_and_drops_with_a_seed():
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
     mask = jnp.asarray(np.arange(6)[None, :] < np.array([[6], [2]]))  # (B, T): row 1 has 2 tokens
 
     @jax.jit
     def attentions(q, k, v, mask):
-        rngs = nnx.Rngs(dropout=0)
-        return (fused_attention(q, k, v, mask), attention_with_dropout(q, k, v, mask, nnx.Dropout(0.0), rngs),
-                attention_with_dropout(q, k, v, mask, nnx.Dropout(0.5), rngs))
+        seed = jnp.asarray([1, 2], jnp.uint32)
+        return (jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :], implementation="xla"),
+                attention(q, k, v, mask), attention(q, k, v, mask, 0.0, seed), attention(q, k, v, mask, 0.5, seed))
 
-    fused, no_drop, dropped = attentions(q, k, v, mask)
-    assert max_abs(no_drop, fused) <= 1e-6
-    assert max_abs(dropped, no_drop) > 1e-2  # the probabilities were dropped
+    jaxs, plain, no_drop, dropped = attentions(q, k, v, mask)
+    assert max_abs(plain, jaxs) <= 1e-6 and max_abs(no_drop, plain) == 0.0
+    assert max_abs(dropped, plain) > 1e-2  # the probabilities were dropped
 
 
 def test_dropout_runs_only_when_rngs_are_given():

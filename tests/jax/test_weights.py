@@ -175,7 +175,7 @@ def test_the_twin_trains_with_the_dropout_the_torch_model_was_set_to():
     twin = from_torch(model, bj.HEAD_CLASSES[model.hf_architecture])
     assert model.config.hidden_dropout_prob > 0
     assert twin.bert.encoder.layers[0].dropout.rate == 0.0
-    assert twin.bert.encoder.layers[0].attention.attn_dropout.rate == 0.0
+    assert twin.bert.encoder.layers[0].attention.dropout_rate == 0.0
     assert twin.bert.embeddings.dropout.rate == 0.0
 
 

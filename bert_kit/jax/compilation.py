@@ -1,0 +1,147 @@
+"""Compiling the JAX engine's programs: once per shape, ahead of their use where the shapes are
+known, and kept between runs.
+
+- `use_compilation_cache(setting)`: JAX's persistent compilation cache, on by default in
+  ~/.cache/bert-kit/jax (the `jax_cache` setting, else $BERT_KIT_JAX_CACHE, else a folder the user
+  gave JAX itself, $JAX_COMPILATION_CACHE_DIR, used as JAX configured it); "off" keeps none. A
+  later run of the same shapes loads its programs instead of compiling them. JAX writes an entry
+  with one `write_bytes`, not a temporary file renamed into place: two runs sharing the folder
+  could read half-written entries, or interleave two writes of one (GPU autotuning may compile
+  the same program to other bytes). A size bound (8 GiB, least recently used evicted) turns on
+  JAX's file lock around every read and write (the `filelock` package, which torch installs), so
+  runs take turns; and an entry that cannot be read is only a warning and a compilation.
+- `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
+  run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths.
+- `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
+  as soon as their shapes are known (the evaluation's while the run trains), and at the latest
+  when a step needs them: that wait is shown as `compiling (first run of these shapes)`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+
+CACHE_VARIABLE = "BERT_KIT_JAX_CACHE"
+DEFAULT_CACHE = Path("~/.cache/bert-kit/jax")
+CACHE_MAX_BYTES = 8 << 30  # a bound (evicting the least recently used) turns on JAX's lock between runs
+OFF = ("off", "none", "false", "no", "0", "")
+ON = ("on", "true", "yes", "1")  # the default folder, as no setting
+SHORTEST = 32  # the shortest length bucket
+
+
+def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
+    """The persistent cache's folder: the setting, $BERT_KIT_JAX_CACHE, $JAX_COMPILATION_CACHE_DIR
+    or ~/.cache/bert-kit/jax, in that order; None when the first one given says "off" (or false)."""
+    env = os.environ if env is None else env
+    for value in (_given(setting), env.get(CACHE_VARIABLE), env.get("JAX_COMPILATION_CACHE_DIR")):
+        if value is not None:
+            return None if str(value).strip().lower() in OFF else Path(value).expanduser()
+    return DEFAULT_CACHE.expanduser()
+
+
+def _given(setting: str | bool | None) -> str | None:
+    """The setting as a folder or "off"; None where it names no folder (unset, true, on)."""
+    if setting is None or setting is True or (isinstance(setting, str) and setting.strip().lower() in ON):
+        return None
+    return "off" if setting is False else setting
+
+
+def use_compilation_cache(setting: str | bool | None = None, env: dict[str, str] | None = None) -> Path | None:
+    """Keep compiled programs in `cache_folder(setting)` (call before the first compilation);
+    returns the folder, None when off. A folder the user gave JAX itself
+    ($JAX_COMPILATION_CACHE_DIR, no bert-kit setting) is left as JAX configured it."""
+    env = os.environ if env is None else env
+    folder = cache_folder(setting, env)
+    if folder is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    if _given(setting) is None and env.get(CACHE_VARIABLE) is None:
+        if env.get("JAX_COMPILATION_CACHE_DIR") is not None:
+            return folder  # the user's JAX cache, as JAX reads it
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"warning: no JAX compilation cache ({folder}: {e.strerror}); every run compiles its programs "
+              f"(set jax_cache=FOLDER or {CACHE_VARIABLE})", flush=True)
+        return None
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)  # quicker ones are not worth a file
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if importlib.util.find_spec("filelock") is not None:  # the lock between runs (JAX needs the package)
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    return folder
+
+
+def length_bucket(longest: int, max_length: int) -> int:
+    """The padded length of a batch whose longest row has `longest` tokens: the next power of two
+    from 32, at most max_length (and never less than the batch)."""
+    bucket = max(SHORTEST, 1 << max(0, longest - 1).bit_length())
+    return max(longest, min(bucket, max_length))
+
+
+def signature(batch: dict[str, Any]) -> tuple:
+    """The shapes and dtypes of a batch's arrays (or ShapeDtypeStructs): which program it needs."""
+    return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batch.items()))
+
+
+def abstract(tree: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of a pytree of arrays: what a program is compiled for."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+class AheadOfTime:
+    """The compiled programs of `jitted`, by the signature of the argument at `batch_arg`; the
+    other arguments keep their shapes (the train state, the weights). `status` shows a line while
+    a call waits for its program."""
+
+    def __init__(self, jitted: Any, batch_arg: int, pool: ThreadPoolExecutor,
+                 status: Callable[[str], None] = lambda text: None) -> None:
+        self.jitted, self.batch_arg, self.pool, self.status = jitted, batch_arg, pool, status
+        self.programs: dict[tuple, Future] = {}
+        self.compile_s = 0.0  # seconds spent compiling (or loading from the cache), in any thread
+
+    def compile(self, args: tuple) -> Any:
+        start = time.perf_counter()
+        compiled = self.jitted.lower(*args).compile()
+        self.compile_s += time.perf_counter() - start
+        return compiled
+
+    def ahead(self, *args: Any) -> None:
+        """Compile for these arguments (arrays or ShapeDtypeStructs) in a thread, unless done or under way."""
+        key = signature(args[self.batch_arg])
+        if key not in self.programs:
+            self.programs[key] = self.pool.submit(self.compile, abstract(args))
+
+    def __call__(self, *args: Any) -> Any:
+        key = signature(args[self.batch_arg])
+        future = self.programs.get(key)
+        if future is None or future.cancel():  # unknown, or still queued: compiled here, now
+            future = self.programs[key] = Future()
+            self.status("compiling (first run of these shapes)")
+            try:
+                future.set_result(self.compile(abstract(args)))
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+            finally:
+                self.status("")
+        elif not future.done():
+            self.status("compiling (first run of these shapes)")
+            try:
+                future.result()
+            finally:
+                self.status("")
+        return future.result()(*args)
+
+    @property
+    def count(self) -> int:
+        """Programs compiled (or loaded) so far, and under way."""
+        return len(self.programs)

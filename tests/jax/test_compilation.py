@@ -1,0 +1,83 @@
+"""How the JAX engine compiles (`bert_kit/jax/compilation.py`): the cache folder's precedence, the
+length buckets, the training buckets a run expects, and the persistent cache shared by runs at
+once (processes of their own, each with a fresh JAX): both get the right result, a later run loads
+the program, and an entry cut short is a warning and a compilation, not a failure.
+
+Run: .venv/bin/python -m pytest tests/jax/test_compilation.py -q -n 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from bert_kit.jax.compilation import DEFAULT_CACHE, cache_folder, length_bucket  # noqa: E402
+from bert_kit.jax.engine import likely_buckets  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_cache_folder_by_setting_variable_jax_or_default(tmp_path):
+    assert cache_folder("x", {"BERT_KIT_JAX_CACHE": "y", "JAX_COMPILATION_CACHE_DIR": "z"}) == Path("x")
+    assert cache_folder(None, {"BERT_KIT_JAX_CACHE": "y", "JAX_COMPILATION_CACHE_DIR": "z"}) == Path("y")
+    assert cache_folder(None, {"JAX_COMPILATION_CACHE_DIR": "z"}) == Path("z")
+    assert cache_folder(None, {}) == DEFAULT_CACHE.expanduser() and str(DEFAULT_CACHE) == "~/.cache/bert-kit/jax"
+    assert cache_folder("off", {"BERT_KIT_JAX_CACHE": "y"}) is None
+    assert cache_folder(None, {"BERT_KIT_JAX_CACHE": "none"}) is None
+    assert cache_folder("~/c", {}) == Path.home() / "c"
+    assert cache_folder(False, {"BERT_KIT_JAX_CACHE": "y"}) is None  # RunSettings(jax_cache=False)
+    assert cache_folder(True, {"BERT_KIT_JAX_CACHE": "y"}) == Path("y")
+    assert cache_folder("true", {}) == cache_folder("on", {}) == Path.home() / ".cache/bert-kit/jax"  # not ./true
+
+
+def test_length_buckets_are_powers_of_two_up_to_max_length():
+    assert [length_bucket(n, 128) for n in (3, 32, 33, 64, 65, 100, 128)] == [32, 32, 64, 64, 128, 128, 128]
+    assert [length_bucket(n, 384) for n in (200, 300, 384)] == [256, 384, 384]  # the last: max_length
+    assert length_bucket(20, 24) == 24 and length_bucket(30, 24) == 30  # never shorter than the batch
+
+
+def test_the_training_buckets_a_run_expects():
+    lengths = np.array([20] * 90 + [50] * 9 + [120])  # mostly short, a few long, one very long
+    # one-example batches: 900, 90 and 10 of 1,000 batches in buckets 32, 64, 128
+    assert likely_buckets(lengths, 1, 1000, 128) == [32, 64, 128]
+    # batches of 32 are padded to their longest: 64 with P = 0.99^32 - 0.9^32 = 0.69, 128 with
+    # 1 - 0.99^32 = 0.28, 32 with 0.9^32 = 0.034 (3.4 of 100 batches)
+    assert likely_buckets(lengths, 32, 100, 128) == [64, 128, 32]
+    assert likely_buckets(lengths, 32, 10, 128) == [64, 128]  # 0.34 batches of 32: compiled if met
+    assert likely_buckets(lengths, 32, 1, 128) == [64]
+
+
+def run_workers(folder: Path, n: int) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.jax.cache_worker", str(folder)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_runs_share_the_cache_at_once_and_a_broken_entry_is_recompiled(tmp_path):
+    folder = tmp_path / "cache"
+    together = run_workers(folder, 2)  # two runs compiling the same program into an empty folder at once
+    value = together[0]["value"]
+    assert all(r["value"] == value and not r["warnings"] for r in together), together
+    entries = [p for p in folder.iterdir() if p.name.endswith("-cache")]
+    assert len(entries) == 1 and (folder / ".lockfile").exists()  # one entry, written under JAX's lock
+    later = run_workers(folder, 1)[0]
+    assert later["value"] == value and later["hits"] == 1 and not later["warnings"]  # loaded, not compiled
+    entries[0].write_bytes(entries[0].read_bytes()[:100])  # cut short, as by a run killed while writing
+    broken = run_workers(folder, 1)[0]
+    assert broken["value"] == value and broken["hits"] == 0
+    assert any("Error reading persistent compilation cache entry" in w for w in broken["warnings"])

@@ -1,0 +1,128 @@
+"""`bert-kit finetune ... engine=jax` for QA and sentence similarity on cuts of the real SQuAD and
+STS-B files (CPU): from the same weights, batches and seed (dropout off, fp32) each step's loss and
+gradient norm equal the torch engine's, and so do the validation metrics; a bi-encoder run resumed
+from its checkpoint continues bit for bit (dropout on); the run folders are the torch engine's.
+
+Run: .venv/bin/python -m pytest tests/jax/test_engine_tasks.py -q -n 0
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+from bert_kit.config import BertConfig  # noqa: E402
+from bert_kit.model import BERTModel  # noqa: E402
+from bert_kit.tasks.finetuning import finetune  # noqa: E402
+from bert_kit.tokenizer import get_tokenizer  # noqa: E402
+from bert_kit.training.checkpoint import latest_checkpoint  # noqa: E402
+from tests.jax.test_engine_finetune import assert_same_steps, config, records  # noqa: E402
+
+
+def encoder_folder(folder: Path, minilm_path: Path, dropout: float) -> Path:
+    """A random 1-layer, 32-wide encoder with MiniLM's tokenizer."""
+    torch.manual_seed(0)
+    BERTModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                         attention_probs_dropout_prob=dropout)).save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, minilm_path):
+    return encoder_folder(tmp_path_factory.mktemp("encoder"), minilm_path, 0.0)
+
+
+@pytest.fixture(scope="module")
+def sts(data_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sts")
+    for name, n in (("sts-train.csv", 44), ("sts-dev.csv", 30)):
+        lines = (data_dir / "stsb" / name).read_text().splitlines()[:n]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder / "sts-train.csv", folder / "sts-dev.csv"
+
+
+def assert_same_evaluations(jax_run: Path, torch_run: Path, keys: tuple[str, ...], tolerance: float) -> None:
+    got, expected = records(jax_run, "eval"), records(torch_run, "eval")
+    assert sorted(got) == sorted(expected) == [2, 4]
+    for step in got:
+        for key in keys:
+            assert abs(got[step][key] - expected[step][key]) <= tolerance, (step, key, got[step], expected[step])
+
+
+def test_qa_takes_torchs_steps_and_scores_as_it_does(encoder, data_dir, tmp_path):
+    squad = json.loads((data_dir / "squad-v1.1" / "dev-v1.1.json").read_text())
+    small = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:1]}
+                                        for a in squad["data"][:3]]}  # two articles train, one evaluates
+    (tmp_path / "squad.json").write_text(json.dumps(small))
+    settings = dict(task="qa", train_file=str(tmp_path / "squad.json"), max_length=96, lr=3e-3,
+                    qa={"train_articles": 2, "doc_stride": 32, "max_query_length": 24})
+    finetune(config(encoder, tmp_path / "torch", "torch", **settings))
+    results = finetune(config(encoder, tmp_path / "jax", "jax", **settings))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("f1", "exact_match"), 0.5)
+    assert results["metric"] == "f1" and (tmp_path / "jax" / "best" / "model.safetensors").is_file()
+    assert results["fast_path"] == "JAX engine: none (cpu: XLA attention)"
+
+
+@pytest.mark.parametrize("similarity", [{"mode": "cross-encoder"}, {"mode": "bi-encoder", "loss": "cosent"}])
+def test_similarity_takes_torchs_steps_and_scores_as_it_does(encoder, sts, tmp_path, similarity):
+    train, dev = sts
+    settings = dict(task="similarity", train_file=str(train), validation_file=str(dev), similarity=similarity)
+    finetune(config(encoder, tmp_path / "torch", "torch", **settings))
+    finetune(config(encoder, tmp_path / "jax", "jax", **settings))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("pearson", "spearman"), 1e-3)
+
+
+@pytest.mark.slow
+def test_a_bi_encoder_run_resumes_bit_for_bit(sts, tmp_path, minilm_path):
+    """4 steps at once, and 2 steps then 2 more from the checkpoint: the same losses (dropout on)."""
+    encoder = encoder_folder(tmp_path / "encoder", minilm_path, 0.1)
+    train, dev = sts
+    settings = dict(task="similarity", train_file=str(train), validation_file=str(dev), schedule="constant",
+                    warmup_steps=0, similarity={"mode": "bi-encoder"}, eval_every=0)
+    finetune(config(encoder, tmp_path / "whole", "jax", **settings))
+    finetune(config(encoder, tmp_path / "parts", "jax", **{**settings, "max_steps": 2}))
+    assert latest_checkpoint(tmp_path / "parts").name == "step-0000002"
+    finetune(config(encoder, tmp_path / "parts", "jax", **settings), resume="latest")
+    whole, parts = records(tmp_path / "whole", "train"), records(tmp_path / "parts", "train")
+    assert sorted(parts) == [1, 2, 3, 4]
+    assert [parts[s]["loss"] for s in parts] == [whole[s]["loss"] for s in parts]
+    assert json.loads((tmp_path / "parts" / "results.json").read_text())["steps"] == 4
+
+
+def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
+    """As on a GPU: the run compiles, in its threads, the training step of its likely length buckets
+    and the evaluation of every bucket its validation batches have; each program once; the
+    evaluations (at steps 2 and 4) find theirs compiled ahead, none compiled while the run waits."""
+    import threading
+
+    import bert_kit.jax.engine as engine_module
+    from bert_kit.jax.compilation import AheadOfTime
+
+    compiled: list[tuple[str, str, tuple]] = []  # (program, thread, batch shapes)
+    original = AheadOfTime.compile
+
+    def compile(self, args):
+        compiled.append((self.jitted.__name__, threading.current_thread().name,
+                         tuple(v.shape for v in args[self.batch_arg].values())))
+        return original(self, args)
+
+    monkeypatch.setattr(engine_module, "COMPILE_AHEAD_ON_CPU", True)
+    monkeypatch.setattr(AheadOfTime, "compile", compile)
+    train, dev = sts
+    finetune(config(encoder, tmp_path / "run", "jax", task="similarity", train_file=str(train),
+                    validation_file=str(dev), similarity={"mode": "bi-encoder"}))
+    steps = [c for c in compiled if c[0] == "train_step"]
+    evals = [c for c in compiled if c[0] == "outputs"]
+    programs = [(name, shapes) for name, _, shapes in compiled]
+    assert len(set(programs)) == len(programs)  # each program once, in whichever thread
+    assert steps and evals and all(thread.startswith("compile") for _, thread, _ in evals)
+    assert {shape for _, _, shapes in evals for shape in shapes[:1]} == {(2 * 64, 32)}  # both sides of 64 pairs
