@@ -67,10 +67,17 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def test_modernbert_on_cuda_in_16_bit_takes_flash_attention_with_the_window():
     fast = plan("cuda", BASE, training=True, dtype=torch.bfloat16, compile=True, low_precision_residual=True)
-    assert fast == FastPath("cuda", window_flash=True, low_precision_residual=True)
+    assert fast == FastPath("cuda", window_flash=True, rotary_attention=True, low_precision_residual=True)
     assert str(fast) == ("fast path: 16-bit residual stream, flash varlen attention with sliding window, "
-                         "padded batches packed")
-    assert plan("cuda", BASE, training=False, dtype=torch.float16) == FastPath("cuda", window_flash=True)
+                         "Triton rotary attention (T <= 128) and rotations, padded batches packed")
+    assert plan("cuda", BASE, training=False, dtype=torch.float16) == FastPath("cuda", window_flash=True,
+                                                                               rotary_attention=True)
+    # the Triton kernels: only where Triton runs and is allowed, for the head sizes they tile
+    assert plan("cuda", BASE, training=False, dtype=torch.float16, triton=False) == FastPath("cuda", window_flash=True)
+    assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, short_attention=False) == FastPath(
+        "cuda", window_flash=True)
+    odd_heads = dataclass_replace(BASE, num_attention_heads=16)  # heads of 48
+    assert plan("cuda", odd_heads, training=True, dtype=torch.bfloat16) == FastPath("cuda", window_flash=True)
 
 
 def test_modernbert_on_cuda_in_float32_takes_flexattention_and_the_cpu_the_reference():
@@ -82,7 +89,7 @@ def test_modernbert_on_cuda_in_float32_takes_flexattention_and_the_cpu_the_refer
     assert plan("cpu", BASE, training=False, attention="flex") == FastPath("cpu", flex_attention=True)
     # none of BERT's kernels, whatever the job
     assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, compile=True, mlm_head=True) == FastPath(
-        "cuda", window_flash=True)
+        "cuda", window_flash=True, rotary_attention=True)
     with pytest.raises(ValueError, match="attention='flash2' is not a valid choice"):
         plan("cuda", BASE, training=False, attention="flash2")
 
@@ -241,20 +248,23 @@ def test_gpu_kernels_forward_and_backward_equal_the_reference(kernel, window):
 
 
 @cuda
-@pytest.mark.parametrize("compile", [False, True])
-def test_gpu_fast_path_training_step_equals_the_reference(compile):
+@pytest.mark.parametrize("compile, T, short_attention", [(False, 128, True), (True, 128, True), (False, 128, False),
+                                                     (True, 160, True)])
+def test_gpu_fast_path_training_step_equals_the_reference(compile, T, short_attention):
     """The whole model with `apply`'s kernels, under bf16 autocast, eager and compiled with static
-    shapes: the loss and the gradients within bf16 rounding of the reference's."""
+    shapes: the loss and the gradients within bf16 rounding of the reference's. At 128 tokens the
+    Triton rotary attention (or, without it, flash), at 160 flash after the reference's rotation."""
     from bert_kit.heads import masked_index
     from bert_kit.training.losses import compute_mlm_loss
 
     torch.manual_seed(0)
-    config = ModernBertConfig.from_name("modernbert-mini", local_attention=32)  # windows of +-16, 128 tokens
+    config = ModernBertConfig.from_name("modernbert-mini", local_attention=32)  # windows of +-16
     reference = ModernBertForMaskedLM(config).cuda()
     model = copy.deepcopy(reference)
-    fast = fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16, compile=compile)
-    assert fast.window_flash
-    ids, mask = padded_batch(T=128)
+    fast = fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16, compile=compile,
+                           short_attention=short_attention)
+    assert fast.window_flash and fast.rotary_attention == short_attention
+    ids, mask = padded_batch(T=T)
     labels = torch.where(torch.rand(ids.shape) < 0.3, ids, -100).masked_fill(mask == 0, -100)
     index = masked_index(labels)  # on the host, as a collator: no data-dependent shape in the graph
     ids, mask, index, targets = ids.cuda(), mask.cuda(), index.cuda(), labels.flatten()[index].cuda()
