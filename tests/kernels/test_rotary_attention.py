@@ -255,23 +255,27 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @cuda
-@pytest.mark.parametrize("lengths, nh, hd, window", [
-    ([128, 128, 0, 37, 1, 128], 12, 64, 64), ([128] * 8, 12, 64, -1), ([20, 0, 64, 5], 4, 32, 2),
-    ([100, 3, 128], 6, 128, 16)])
-def test_gpu_kernels_match_float64(lengths, nh, hd, window):
+@pytest.mark.parametrize("lengths, nh, hd, window, theta", [
+    ([128, 128, 0, 37, 1, 128], 12, 64, 64, 10_000.0), ([128] * 8, 12, 64, -1, 160_000.0),
+    ([20, 0, 64, 5], 4, 32, 2, 10_000.0), ([100, 3, 128], 6, 128, 16, 160_000.0)])
+def test_gpu_kernels_match_float64(lengths, nh, hd, window, theta):
+    """ModernBERT-base's cases first: a sliding layer (window 64, theta 10k) over rows packed with
+    their padding, a global one (theta 160k); relative-norm errors printed (pytest -s)."""
     ops = rotary_attention.triton_ops
     g = torch.Generator().manual_seed(sum(lengths) + hd)
     N, H = sum(lengths), nh * hd
     qkv = torch.randn(N, 3 * H, generator=g).cuda().bfloat16()
     do = torch.randn(N, H, generator=g).cuda().bfloat16()
     positions = torch.cat([torch.arange(L) for L in lengths]).cuda()
-    cos, sin = (t[:, None] for t in rotary(positions, 10_000.0, hd))  # (N, 1, hd), as the model passes them
+    cos, sin = (t[:, None] for t in rotary(positions, theta, hd))  # (N, 1, hd), as the model passes them
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
     dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
     want, want_grad = float64_reference(qkv, cos, sin, lengths, nh, window, do)
     errors = {"out": rel(o, want), **{name: rel(dqkv[:, i * H:(i + 1) * H], want_grad[:, i * H:(i + 1) * H])
                                       for i, name in enumerate(("dq", "dk", "dv"))}}
+    print(f"\nrotary attention kernels, lengths {lengths}, heads {nh}x{hd}, window {window}, theta {theta:g}: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     assert all(math.isfinite(e) and e < 1e-2 for e in errors.values()), errors
     q, k = ops.rotate_qk(qkv, cos, sin, nh)
     heads = qkv.view(N, 3, nh, hd)
@@ -299,3 +303,76 @@ def test_gpu_eager_inference_equals_the_reference():
             want = reference(ids, mask)[keep]
             for unpadded in (False, True):
                 assert rel(model(ids, mask, unpadded=unpadded)[keep], want) < 1e-2, (T, unpadded)
+
+
+def bf16_errors(model: torch.nn.Module, reference: torch.nn.Module, float32: torch.nn.Module, ids, mask,
+                labels) -> tuple[dict, dict]:
+    """Relative-norm errors against the float32 reference (`float32`) of the loss, the last hidden
+    states at the real tokens and each layer's QKV and output gradients: of `model` (the fast path)
+    and of `reference` (the reference under the same bf16 autocast)."""
+    keep = mask.bool()
+    results = []
+    for m in (model, reference, float32):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=m is not float32):
+            hidden = m.bert(ids, mask)[keep].float()
+            loss = compute_mlm_loss(m(ids, mask, labels=labels), labels).float()
+        loss.backward()
+        grads = {f"layer {i} {part}": getattr(layer.attention, part).weight.grad.float()
+                 for i, layer in enumerate(m.bert.layers) for part in ("qkv", "out")}
+        results.append({"loss": loss.detach(), "hidden": hidden, **grads})
+    want = results[2]
+    return tuple({k: rel(got[k], want[k]) for k in want} for got in results[:2])
+
+
+@cuda
+@pytest.mark.parametrize("T", [128, 512])
+def test_gpu_base_shaped_training_matches_the_reference(T):
+    """ModernBERT-base's layers (12 heads of 64, window +-64, thetas 160k global / 10k local), the
+    first four (global, local, local, global), the eager training step under bf16 autocast with
+    `apply`'s kernels (at 128 tokens the Triton rotary attention, at 512 flash with the window):
+    no error against the float32 reference above twice the reference's own bf16 error (+1e-3).
+    Every relative-norm error printed (pytest -s)."""
+    torch.manual_seed(0)
+    config = ModernBertConfig.from_name("modernbert-base", num_hidden_layers=4)
+    float32 = ModernBertForMaskedLM(config).cuda()
+    reference, model = copy.deepcopy(float32), copy.deepcopy(float32)
+    fast = fast_path.apply(model, "cuda", training=True, dtype=torch.bfloat16)
+    assert fast.rotary_attention and fast.window_flash
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(5, config.vocab_size, (4, T), generator=g)
+    mask = torch.ones_like(ids)
+    for row, length in enumerate([T, T - 1, T // 3, 1]):  # one row longer than the window, one of a token
+        mask[row, length:] = 0
+    labels = torch.where(torch.rand(ids.shape, generator=g) < 0.3, ids, -100).masked_fill(mask == 0, -100)
+    fast_errors, bf16 = bf16_errors(model, reference, float32, ids.cuda(), mask.cuda(), labels.cuda())
+    print(f"\nModernBERT-base shape, 4 layers, T={T}, relative error against float32: "
+          + ", ".join(f"{k} {fast_errors[k]:.1e} (reference bf16 {bf16[k]:.1e})" for k in fast_errors))
+    worse = {k: (fast_errors[k], bf16[k]) for k in fast_errors if not fast_errors[k] <= 2 * bf16[k] + 1e-3}
+    assert not worse, worse
+
+
+@cuda
+@pytest.mark.parametrize("T", [300, 8192])
+def test_gpu_base_shaped_inference_matches_the_reference(T):
+    """ModernBERT-base's first four layers in bf16 weights, eager inference (`rotate_qk`, then flash
+    with the window) at 300 and 8,192 tokens, padded and unpadded: the reference's bf16 states
+    within bf16 rounding of the float32 ones."""
+    torch.manual_seed(0)
+    config = ModernBertConfig.from_name("modernbert-base", num_hidden_layers=4)
+    float32 = ModernBertModel(config).cuda().eval()
+    reference = copy.deepcopy(float32).bfloat16()
+    model = copy.deepcopy(reference)
+    assert fast_path.apply(model, "cuda", training=False, dtype=torch.bfloat16).rotary_attention
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(5, config.vocab_size, (2, T), generator=g).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, T // 2 + 3:] = 0
+    keep = mask.bool()
+    with torch.inference_mode():
+        want = float32(ids, mask)[keep]
+        errors = {"reference bf16": rel(reference(ids, mask)[keep], want)}
+        errors.update({f"fast path{' unpadded' if u else ''}": rel(model(ids, mask, unpadded=u)[keep], want)
+                       for u in (False, True)})
+    print(f"\nModernBERT-base shape, 4 layers, inference T={T}, relative error of the last states against "
+          "float32: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+    assert all(e <= 2 * errors["reference bf16"] + 1e-3 for e in errors.values()), errors
