@@ -272,7 +272,6 @@ def run_parallel(jobs: list[tuple], config: ModernBertConfig, args) -> list[tupl
             ready[job] = receive(conn, proc, args.child_timeout)
         wait_for(args.wait_file, args.child_timeout)
         for job, proc, conn in children:  # timed one at a time
-            kind, name, seq, batch, mixed = job
             if ready[job][0] == "ready":
                 conn.send("go")
                 got = receive(conn, proc, args.child_timeout)
