@@ -25,13 +25,16 @@ also says how far it is from the best transformers row of its case.
     python benchmarks/modernbert_throughput.py --shapes none --inference 512x64,8192x4 --mixed
     python benchmarks/modernbert_throughput.py --tiny --steps 2                     # a check, on a CPU too
 Every compiled variant compiles the model once (a minute or two for ModernBERT-base on an H200):
-one training shape per call keeps a call within a few minutes.
+one training shape per call keeps a call within a few minutes, or --parallel 4 compiles the variants
+side by side in child processes (in waves that fit the GPU's memory) and times them one at a time, the
+GPU otherwise idle; `benchmarks/modernbert_gpu.sh` runs every shape so, beside the GPU tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -159,11 +162,10 @@ def timed(step, batches: list[dict], warmup: int, steps: int, device: str) -> tu
     return times, warm
 
 
-def run(kind: str, name: str, config: ModernBertConfig, batches: list[dict], args) -> dict:
+def prepare(kind: str, name: str, config: ModernBertConfig, batches: list[dict], args) -> tuple:
+    """(step of a batch, the batches on the device, the model) for a variant; nothing run yet."""
     torch.manual_seed(0)
     device = args.device
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     autocast = torch.autocast(device, dtype=torch.bfloat16)
     if kind == "training":
         model, loss_fn = make_training(name, config, device)
@@ -184,19 +186,126 @@ def run(kind: str, name: str, config: ModernBertConfig, batches: list[dict], arg
                 return forward(b)
 
     dev = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in batches]
-    times, warm = timed(step, dev, args.warmup, args.steps, device)
+    return step, dev, model
+
+
+def measure(kind: str, name: str, config: ModernBertConfig, batches: list[dict], step, dev: list[dict], args,
+            warmup: int, compile_s: float = 0.0) -> dict:
+    """Warm-up steps, then the timed ones: the row of the table (the peak memory is the timed steps')."""
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, warm = timed(step, dev, warmup, args.steps, args.device)
     tokens = statistics.mean(int(b["attention_mask"].sum()) for b in batches)  # real tokens
     seq = batches[0]["input_ids"].shape[1]
     tps = tokens / statistics.median(times)
-    result = {"variant": name, "tokens_per_s": tps, "step_ms": 1e3 * statistics.median(times), "warmup_s": warm,
-              "mfu": estimate_mfu(config, seq, tps, args.peak, MASKED, training=kind == "training"),
-              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
+    return {"variant": name, "tokens_per_s": tps, "step_ms": 1e3 * statistics.median(times),
+            "warmup_s": compile_s + warm,
+            "mfu": estimate_mfu(config, seq, tps, args.peak, MASKED, training=kind == "training"),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None}
+
+
+def run(kind: str, name: str, config: ModernBertConfig, batches: list[dict], args) -> dict:
+    """One variant in this process: prepared, warmed up (compiled), timed, freed."""
+    step, dev, model = prepare(kind, name, config, batches, args)
+    result = measure(kind, name, config, batches, step, dev, args, args.warmup)
     del model, dev, step
     gc.collect()
-    if device == "cuda":
+    if args.device == "cuda":
         torch.cuda.empty_cache()
     torch._dynamo.reset()
     return result
+
+
+# ---- --parallel: variants compiled side by side, timed one at a time -----------------------------------
+
+def worker(kind: str, name: str, seq: int, batch: int, mixed: bool, config: ModernBertConfig, args, conn) -> None:
+    """A child process: prepare the variant and run its first step (compilation) while the other
+    children of its wave do the same, say "ready", then wait for "go" (the GPU is then this child's
+    alone) to warm up and time it, and send the row."""
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        batches = random_batches(2, batch, seq, config.vocab_size, mixed)
+        step, dev, model = prepare(kind, name, config, batches, args)
+        t0 = time.perf_counter()
+        step(dev[0])  # compilation, and the first run
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the waiting children hold their weights, not a step's activations
+        compile_s = time.perf_counter() - t0
+        conn.send(("ready", compile_s))
+        conn.recv()  # "go"
+        conn.send(("done", measure(kind, name, config, batches, step, dev, args, max(1, args.warmup - 1), compile_s)))
+    except Exception as e:  # the parent prints it; the other variants go on
+        conn.send(("error", f"{type(e).__name__}: {str(e)[:400]}"))
+
+
+def run_parallel(jobs: list[tuple], config: ModernBertConfig, args) -> list[tuple[tuple, dict | str]]:
+    """Each job (kind, name, seq, batch, mixed) in its own process, in waves of --parallel training
+    jobs' worth of memory (an inference job counts a quarter): a wave's children compile at once
+    (CPU work), then are timed one after the other with the GPU otherwise idle. -> (job, row or
+    error) in the jobs' order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # CUDA in the children only
+    cpus = os.cpu_count() or 1
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, cpus // args.parallel)))
+    waves, wave, weight = [], [], 0.0
+    for job in jobs:
+        w = 1.0 if job[0] == "training" else 0.25
+        if wave and weight + w > args.parallel:
+            waves.append(wave)
+            wave, weight = [], 0.0
+        wave.append(job)
+        weight += w
+    waves += [wave] if wave else []
+    results = []
+    for i, wave in enumerate(waves):
+        print(f"\n-- wave {i + 1}/{len(waves)}: compiling {len(wave)} variants side by side", flush=True)
+        children = []
+        for job in wave:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker, args=(*job, config, args, child), daemon=True)
+            proc.start()
+            children.append((job, proc, parent))
+        ready = {}
+        for job, proc, conn in children:
+            ready[job] = receive(conn, proc, args.child_timeout)
+        wait_for(args.wait_file, args.child_timeout)
+        for job, proc, conn in children:  # timed one at a time
+            if ready[job][0] == "ready":
+                conn.send("go")
+                got = receive(conn, proc, args.child_timeout)
+                results.append((job, got[1]))
+            else:
+                results.append((job, ready[job][1]))
+            print_result(job, results[-1][1])
+        for job, proc, conn in children:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return results
+
+
+def wait_for(path: str | None, timeout: float) -> None:
+    """Until the file `path` exists (another GPU job, as tests, says it is done), at most `timeout` s."""
+    if path and not os.path.exists(path):
+        print(f"   (waiting for {path} before timing: the GPU to ourselves)", flush=True)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(1)
+
+
+def receive(conn, proc, timeout: float) -> tuple[str, object]:
+    """A child's next message, or an error if it died or stayed silent past `timeout` seconds."""
+    if conn.poll(timeout):
+        try:
+            return conn.recv()
+        except EOFError:
+            pass
+    else:
+        proc.kill()
+        return ("error", f"no answer within {timeout:.0f}s")
+    return ("error", f"the process ended (exit code {proc.exitcode})")
 
 
 def shapes(text: str) -> list[tuple[int, int]]:
@@ -216,6 +325,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--peak", type=float, default=790e12, help="the device's peak bf16 FLOP/s, for MFU")
+    p.add_argument("--parallel", type=int, default=0,
+                   help="compile up to N training variants (or 4N inference ones) at once in child processes, "
+                        "then time them one at a time (0: one process, one variant after another)")
+    p.add_argument("--wait-file", help="with --parallel: time nothing before this file exists (the GPU tests "
+                                       "run beside the compilation and create it when done)")
+    p.add_argument("--child-timeout", type=float, default=420, help="seconds a --parallel child may take per phase")
     p.add_argument("--tiny", action="store_true",
                    help="modernbert-tiny at small shapes, not compiled: checks the script (on a CPU too)")
     args = p.parse_args()
@@ -232,26 +347,84 @@ def main() -> None:
     print(f"device: {name}  torch {torch.__version__}  model {'modernbert-tiny' if args.tiny else args.model} "
           f"({config.num_parameters() / 1e6:.1f}M parameters, window {config.local_attention})", flush=True)
 
-    cases = [("training", seq, batch, args.variants) for seq, batch in shapes(args.shapes)]
-    cases += [("inference", seq, batch, args.inference_variants) for seq, batch in shapes(args.inference)]
-    rows = []
-    for kind, seq, batch, variants in cases:
-        mixed = args.mixed and kind == "inference"
-        case = f"{kind} seq {seq}{' mixed' if mixed else ''} batch {batch}"
-        print(f"\n== {case}", flush=True)
-        batches = random_batches(2, batch, seq, config.vocab_size, mixed)
-        for name in variants.split(","):
+    missing = transformers_missing()
+    if missing:
+        print(f"transformers rows skipped: {missing}", flush=True)
+    jobs = []
+    for kind, text, variants in (("training", args.shapes, args.variants),
+                                 ("inference", args.inference, args.inference_variants)):
+        for seq, batch in shapes(text):
+            jobs += [(kind, name, seq, batch, args.mixed and kind == "inference") for name in variants.split(",")
+                     if not (missing and name.startswith("hf"))]
+    if args.parallel:
+        results = run_parallel(jobs, config, args)
+    else:
+        results = []
+        for job in jobs:
+            kind, name, seq, batch, mixed = job
+            if job is jobs[0] or job[2:] != results[-1][0][2:] or kind != results[-1][0][0]:
+                print(f"\n== {case_name(job)}", flush=True)
+            batches = random_batches(2, batch, seq, config.vocab_size, mixed)
             try:
-                r = run(kind, name, config, batches, args)
+                results.append((job, run(kind, name, config, batches, args)))
             except Exception as e:  # one failing variant should not hide the others' figures
-                print(f"  {name:20s} FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+                results.append((job, f"{type(e).__name__}: {str(e)[:400]}"))
                 torch._dynamo.reset()
-                continue
-            r["case"] = case
-            rows.append(r)
-            print(f"  {name:20s} {r['tokens_per_s'] / 1e3:9.1f}k tok/s  {r['step_ms']:8.1f} ms/step  "
-                  f"MFU {100 * r['mfu']:5.1f}%  peak {gib(r)} GiB  warm-up {r['warmup_s']:5.1f}s", flush=True)
+            print_result(job, results[-1][1])
+    rows = [{**r, "case": case_name(job)} for job, r in results if isinstance(r, dict)]
     print_table(rows)
+    print_targets(rows)
+
+
+def transformers_missing() -> str | None:
+    """Why transformers' ModernBERT cannot run here, or None."""
+    try:
+        import transformers
+    except ImportError:
+        return "transformers is not installed"
+    if not hasattr(transformers, "ModernBertForMaskedLM"):
+        return f"transformers {transformers.__version__} has no ModernBERT"
+    return None
+
+
+def case_name(job: tuple) -> str:
+    kind, _, seq, batch, mixed = job
+    return f"{kind} seq {seq}{' mixed' if mixed else ''} batch {batch}"
+
+
+def print_result(job: tuple, r: dict | str) -> None:
+    name = job[1]
+    if isinstance(r, str):
+        print(f"  {case_name(job):32s} {name:18s} FAILED: {r}", flush=True)
+        return
+    print(f"  {case_name(job):32s} {name:18s} {r['tokens_per_s'] / 1e3:9.1f}k tok/s  {r['step_ms']:8.1f} ms/step  "
+          f"MFU {100 * r['mfu']:5.1f}%  peak {gib(r)} GiB  warm-up {r['warmup_s']:5.1f}s", flush=True)
+
+
+# the issue's targets (issue 51): training at least 1.5x transformers + torch.compile, inference at least
+# 2x the best transformers row; and its anchor, transformers + compile on an H200, tokens/s by sequence length
+TARGETS = {"training": 1.5, "inference": 2.0}
+ANCHOR = {128: 337.1e3, 512: 300.0e3, 1024: 267.6e3}
+
+
+def print_targets(rows: list[dict]) -> None:
+    """One line per case: the best bert-kit row against the transformers row the target names."""
+    print()
+    for case in dict.fromkeys(r["case"] for r in rows):
+        kind, seq = case.split()[0], int(case.split()[2])
+        ours = [r for r in rows if r["case"] == case and not r["variant"].startswith("hf")]
+        theirs = [r for r in rows if r["case"] == case and r["variant"].startswith("hf")
+                  and (kind == "inference" or r["variant"] == "hf-compile")]
+        if not ours or not theirs:
+            continue
+        best, base = max(ours, key=lambda r: r["tokens_per_s"]), max(theirs, key=lambda r: r["tokens_per_s"])
+        ratio = best["tokens_per_s"] / base["tokens_per_s"]
+        anchor = f"; the issue's anchor for hf-compile {ANCHOR[seq] / 1e3:.1f}k" if kind == "training" and seq in ANCHOR \
+            else ""
+        verdict = "met" if ratio >= TARGETS[kind] else "short"
+        print(f"target {case}: {best['variant']} {best['tokens_per_s'] / 1e3:.1f}k (MFU {100 * best['mfu']:.1f}%) / "
+              f"{base['variant']} {base['tokens_per_s'] / 1e3:.1f}k = {ratio:.2f}x (target {TARGETS[kind]}x: "
+              f"{verdict}{anchor})", flush=True)
 
 
 def print_table(rows: list[dict]) -> None:

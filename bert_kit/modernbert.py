@@ -126,16 +126,21 @@ class ModernBertAttention(nn.Module):
                 packed: Packed | None = None) -> torch.Tensor:
         """x: (B, T, H) with `mask` (see `visible_keys`), or packed (N, H) with `packed`. Same shape out."""
         p = self.attn_dropout if self.training else 0.0
-        if packed is None:
-            B, T, H = x.shape
-            q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
-        else:
-            N, H = x.shape
-            q, k, v = self.qkv(x).view(N, 3, self.num_heads, self.head_dim).unbind(1)  # each (N, nh, hd)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self.heads(self.qkv(x), cos, sin, packed)
         y = self.attend(q, k, v, mask, packed, self.window, p)
-        y = y.reshape(N, H) if packed is not None else y.transpose(1, 2).reshape(B, T, H)
+        y = y.reshape(x.shape) if packed is not None else y.transpose(1, 2).reshape(x.shape)
         return self.out_dropout(self.out(y))
+
+    def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              packed: Packed | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projection's output split into heads, q and k turned by their positions: (B, T, 3H)
+        -> q, k, v (B, nh, T, hd) each, or packed (N, 3H) -> (N, nh, hd) each."""
+        if packed is None:
+            B, T, _ = qkv.shape
+            q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+        else:
+            q, k, v = qkv.view(qkv.shape[0], 3, self.num_heads, self.head_dim).unbind(1)  # each (N, nh, hd)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
 class GeGLU(nn.Module):

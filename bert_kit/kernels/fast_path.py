@@ -22,7 +22,9 @@ ModernBERT (`bert_kit.modernbert`) takes its own plan: each `ModernBertAttention
 packed kernel of `window_attention.py` with its sliding window (flash varlen attention in 16-bit
 on CUDA, FlexAttention with a document and window block mask otherwise on CUDA), and
 `ModernBertModel` becomes `PackedModernBertModel`, which runs padded calls packed: no layer builds
-a (T, T) mask, so memory grows linearly with the length (8,192 tokens).
+a (T, T) mask, so memory grows linearly with the length (8,192 tokens). With flash and Triton, each
+`ModernBertAttention` becomes `RotaryAttention` (`rotary_attention.py`): q and k turned in one
+kernel, and at T <= 128 attention with the rotations and the window in one kernel a pass.
 
 `plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
 without a GPU); `install` swaps the classes; `apply` does both. Each swapped module still checks
@@ -67,6 +69,7 @@ class FastPath:
     low_precision_residual: bool = False  # `LowPrecisionLayerNorm`: a 16-bit residual stream
     window_flash: bool = False  # ModernBERT: flash varlen attention with the sliding window, batches packed
     flex_attention: bool = False  # ModernBERT: FlexAttention with a document + window block mask, batches packed
+    rotary_attention: bool = False  # ModernBERT: `RotaryAttention`: rotations in Triton, attention too at T <= 128
     note: str = ""  # why nothing applies, where the device does not say it (the JAX engine)
 
     @property
@@ -80,6 +83,7 @@ class FastPath:
                  ("16-bit residual stream", self.low_precision_residual),
                  ("flash varlen attention with sliding window", self.window_flash),
                  ("FlexAttention (sliding window + document mask)", self.flex_attention),
+                 ("Triton rotary attention (T <= 128) and rotations", self.rotary_attention),
                  ("padded batches packed", self.window_flash or self.flex_attention)]
         return [name for name, on in parts if on]
 
@@ -108,7 +112,7 @@ def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.d
         raise ValueError(f"attention={attention!r} is not a valid choice: expected one of {ATTENTION_CHOICES}")
     if isinstance(config, ModernBertConfig):
         return plan_modernbert(device_type, config, dtype=dtype, attention=attention,
-                               low_precision_residual=low_precision_residual)
+                               low_precision_residual=low_precision_residual, triton=triton and short_attention)
     cuda, half = device_type == "cuda", dtype in HALF
     compiled_training = cuda and compile and training and triton
     residual16 = low_precision_residual and half
@@ -124,15 +128,18 @@ def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.d
 
 
 def plan_modernbert(device_type: str, config: ModernBertConfig, *, dtype: torch.dtype = torch.float32,
-                    attention: str = "auto", low_precision_residual: bool = False) -> FastPath:
+                    attention: str = "auto", low_precision_residual: bool = False, triton: bool = True) -> FastPath:
     """ModernBERT's plan. On CUDA: flash varlen attention with the window where flash runs (16-bit,
     head size <= 256), else FlexAttention; elsewhere the reference, unless `attention` asks for
     FlexAttention (inference: it has no CPU backward). attention "sdpa": the reference everywhere.
+    With flash and Triton (`triton`: present and allowed), head sizes 32, 64 or 128: `RotaryAttention`
+    (rotations in one kernel; at T <= 128 attention with them, window and QKV gradient included).
     low_precision_residual: as BERT's, under 16-bit autocast."""
     cuda = device_type == "cuda"
     flash = cuda and dtype in HALF and config.head_dim <= 256 and attention in ("auto", "flash")
     flex = attention == "flex" or (cuda and attention == "auto" and not flash)
-    return FastPath(device=device_type, window_flash=flash, flex_attention=flex,
+    rotary = flash and triton and config.head_dim in (32, 64, 128)
+    return FastPath(device=device_type, window_flash=flash, flex_attention=flex, rotary_attention=rotary,
                     low_precision_residual=low_precision_residual and dtype in HALF)
 
 
@@ -150,9 +157,17 @@ def install_modernbert(model: nn.Module, fast: FastPath) -> FastPath:
     from bert_kit.kernels import window_attention
 
     kernel = window_attention.flash_window_attention if fast.window_flash else window_attention.flex_window_attention
+    rotary = None
+    if fast.rotary_attention:  # this module imports Triton: only when planned
+        from bert_kit.kernels import rotary_attention
+
+        rotary = rotary_attention.RotaryAttention if rotary_attention.triton_ops is not None else None
+        fast = dataclasses.replace(fast, rotary_attention=rotary is not None)
     for module in model.modules():
         if isinstance(module, ModernBertAttention) and module.attend is sdpa_attention:
             module.attend = kernel
+            if rotary is not None and type(module) is ModernBertAttention:
+                module.__class__ = rotary  # same parameters: the rotations (and short attention) in Triton
         elif type(module) is ModernBertModel:
             module.__class__ = window_attention.PackedModernBertModel  # same parameters: padded calls run packed
     return fast
@@ -232,7 +247,8 @@ def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype
     low_precision_residual: under 16-bit autocast, LayerNorm outputs (the residual stream) stay
         16-bit (`residual.py`); pretraining's setting.
     triton_dropout, fused_backward, short_attention: allow these Triton kernels where they apply
-        (all by default; off to measure against inductor's own kernels).
+        (all by default; off to measure against inductor's own kernels). ModernBERT:
+        short_attention allows `RotaryAttention`.
     attention: ModernBERT's attention kernel: "auto" (see `plan_modernbert`), "flash", "flex", or
         "sdpa" (the reference's).
     """

@@ -1,0 +1,259 @@
+"""Triton kernels behind `bert_kit.kernels.rotary_attention`: ModernBERT's rotations, and its attention
+for sequences of up to 128 tokens with the rotations and the sliding window inside.
+
+Imported only by `rotary_attention.py`, which `fast_path` imports only for a CUDA run in 16 bits:
+importing Triton loads torch._inductor, seconds that other commands should not pay.
+
+Rotary embeddings turn the pair (x_j, x_{j + hd/2}) of each head by the angle of the token's position:
+the two halves x1, x2 become (x1 c - x2 s, x2 c + x1 s), in float32, rounded to the input's dtype,
+as `bert_kit.modernbert.apply_rotary` computes them. cos and sin come per token (N, hd) as the model
+computes them (the two halves of a row are equal; the kernels read the first).
+
+- `rotate_qk(qkv, cos, sin, nh)`: q and k turned in one pass over the QKV projection's (N, 3H)
+  output, for flash attention (eager inference: the reference's rotation is ten elementwise passes).
+- `attention_fwd` / `attention_bwd`: attention within each packed sequence of at most 128 tokens,
+  as BERT's short attention (`short_attention_triton.py`, whose layout and settings these follow):
+  all of a head's keys fit one tile, so the softmax needs no running maximum and the backward no
+  atomics and no dot(dO, O) pre-pass. q and k are read from the QKV output and turned in registers
+  (scores are the sum of the two halves' products), a query sees the keys of its own sequence
+  within WINDOW positions (-1: all of them), and dq, dk, dv are written straight into the QKV
+  projection's gradient, dq and dk turned back (the transpose of the rotation). What this spares
+  against flash varlen: the rotations' forward and backward passes over q and k, the assembly of
+  the QKV gradient, flash's dot(dO, O) pre-pass and float32 dq accumulator.
+
+The forward runs one program per (sequence, head, block of 64 queries), the backward one per
+(sequence, head) in two passes over its query blocks (dv; then dq and dk), or one where the queries
+are one block; sequences are the packed layout's (cu_seqlens), so padded rows packed by rows (a row's
+tokens, then its padding) and sequences of any length up to 128 take the same kernels. Sizes, the
+window and the scale are constexpr (inductor passes plain ints without divisibility hints and floats
+as float64, 4-6x slower for BERT's kernels); the token count is not, so eager calls of new sizes
+compile nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_Q = 64  # queries per tile (fewer when the longest sequence is shorter)
+ROTATE_ROWS = 64  # tokens per program of `rotate_qk`
+
+
+@triton.jit
+def _turned(x_ptr, cos_ptr, sin_ptr, tok, ok, d, ROW: tl.constexpr, CS: tl.constexpr, HALF: tl.constexpr):
+    """Rows `tok` (int64) of one head's vectors (x_ptr: its first column; ROW: the row stride), turned:
+    the halves (x1 c - x2 s, x2 c + x1 s), each (BLOCK, HALF), in x's dtype; rows not `ok` are 0."""
+    m = ok[:, None]
+    x1 = tl.load(x_ptr + tok[:, None] * ROW + d[None, :], mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + tok[:, None] * ROW + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
+    s = tl.load(sin_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
+    ty = x_ptr.dtype.element_ty
+    return (x1 * c - x2 * s).to(ty), (x2 * c + x1 * s).to(ty)
+
+
+@triton.jit
+def _store_turned_back(out_ptr, g1, g2, cos_ptr, sin_ptr, tok, ok, d, ROW: tl.constexpr, CS: tl.constexpr,
+                       HALF: tl.constexpr):
+    """The gradient (g1, g2) of turned halves, turned back (the rotation's transpose: g1 c + g2 s,
+    g2 c - g1 s), stored at rows `tok` of out_ptr (row stride ROW) where `ok`."""
+    m = ok[:, None]
+    c = tl.load(cos_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
+    s = tl.load(sin_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
+    ty = out_ptr.dtype.element_ty
+    tl.store(out_ptr + tok[:, None] * ROW + d[None, :], (g1 * c + g2 * s).to(ty), mask=m)
+    tl.store(out_ptr + tok[:, None] * ROW + HALF + d[None, :], (g2 * c - g1 * s).to(ty), mask=m)
+
+
+@triton.jit
+def _rotate_qk(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, N, H: tl.constexpr, CS: tl.constexpr,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # qkv: (N, 3H), columns [q heads | k heads | v heads]; q, k: (N, H); grid (cdiv(N, BLOCK_N), nh)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    h = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok, tok, d = rows < N, rows.to(tl.int64), tl.arange(0, HALF)
+    m = ok[:, None]
+    out = tok[:, None] * H + h * HEAD_DIM + d[None, :]
+    q1, q2 = _turned(qkv_ptr + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF)
+    tl.store(q_ptr + out, q1, mask=m)
+    tl.store(q_ptr + out + HALF, q2, mask=m)
+    k1, k2 = _turned(qkv_ptr + H + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF)
+    tl.store(k_ptr + out, k1, mask=m)
+    tl.store(k_ptr + out + HALF, k2, mask=m)
+
+
+@triton.jit
+def _visible(r, t, L, WINDOW: tl.constexpr):
+    """(BLOCK_Q, BLOCK_T) bool: query r sees key t: both in the sequence, and within WINDOW (-1: all)."""
+    ok = (r < L)[:, None] & (t < L)[None, :]
+    if WINDOW >= 0:
+        ok = ok & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+    return ok
+
+
+@triton.jit
+def _sequence(cu_ptr, seq):
+    start = tl.load(cu_ptr + seq)
+    return start, tl.load(cu_ptr + seq + 1) - start
+
+
+@triton.jit
+def _attention_fwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, lse_ptr, scale: tl.constexpr, WINDOW: tl.constexpr,
+                   nh: tl.constexpr, H: tl.constexpr, CS: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # qkv: (N, 3H); cos, sin: (N, CS) float32; cu: (S + 1,) int32; o: (N, H); lse: (N, nh) float32
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pid = tl.program_id(0)
+    sh, block = pid // (BLOCK_T // BLOCK_Q), pid % (BLOCK_T // BLOCK_Q)
+    seq, h = sh // nh, sh % nh
+    start, L = _sequence(cu_ptr, seq)
+    if block * BLOCK_Q >= L:  # past the sequence's end (an empty sequence has no block)
+        return
+    t, d, e = tl.arange(0, BLOCK_T), tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
+    r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    tk, tq = (start + t).to(tl.int64), (start + r).to(tl.int64)
+    head = qkv_ptr + h * HEAD_DIM
+    k1, k2 = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+    q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+    v = tl.load(head + 2 * H + tk[:, None] * (3 * H) + e[None, :], mask=(t < L)[:, None], other=0.0)
+    s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
+    s = tl.where(_visible(r, t, L, WINDOW), s, float("-inf"))
+    rows = r < L
+    m = tl.where(rows, tl.max(s, 1), 0.0)  # a row past the end sees no key: kept finite, never stored
+    p = tl.exp(s - m[:, None])
+    total = tl.where(rows, tl.sum(p, 1), 1.0)
+    o = tl.dot((p / total[:, None]).to(v.dtype), v)
+    tl.store(o_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], o.to(o_ptr.dtype.element_ty), mask=rows[:, None])
+    tl.store(lse_ptr + tq * nh + h, m + tl.log(total), mask=rows)
+
+
+@triton.jit
+def _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr):
+    """A query block's softmax probabilities (BLOCK_Q, BLOCK_T), float32, rebuilt from the forward's
+    logsumexp; 0 where the query does not see the key."""
+    s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
+    lse = tl.load(lse_ptr + tq * nh + h, mask=r < L, other=0.0)
+    return tl.where(_visible(r, t, L, WINDOW), tl.exp(s - lse[:, None]), 0.0)
+
+
+@triton.jit
+def _dq_dk(p, do, v, k1, k2, q1, q2, scale: tl.constexpr):
+    """A query block's dq halves (BLOCK_Q, HALF) and its terms of the dk halves (BLOCK_T, HALF), float32,
+    with respect to the turned q and k: dS = P * (dP - rowsum(P * dP)), dP = dO V^T (every key of a
+    query is in the tile, so rowsum(P * dP) is dot(dO, O))."""
+    dp = tl.dot(do, tl.trans(v))
+    ds = (p * (dp - tl.sum(p * dp, 1)[:, None]) * scale).to(q1.dtype)
+    dst = tl.trans(ds)
+    return tl.dot(ds, k1), tl.dot(ds, k2), tl.dot(dst, q1), tl.dot(dst, q2)
+
+
+@triton.jit
+def _attention_bwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, dqkv_ptr, scale: tl.constexpr,
+                   WINDOW: tl.constexpr, nh: tl.constexpr, H: tl.constexpr, CS: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # dqkv: (N, 3H) like qkv, every row written (a token is in one sequence); do: (N, H)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    sh = tl.program_id(0)
+    seq, h = sh // nh, sh % nh
+    start, L = _sequence(cu_ptr, seq)
+    if L <= 0:
+        return
+    t, d, e = tl.arange(0, BLOCK_T), tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
+    tk = (start + t).to(tl.int64)
+    head = qkv_ptr + h * HEAD_DIM
+    k1, k2 = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+    v = tl.load(head + 2 * H + tk[:, None] * (3 * H) + e[None, :], mask=(t < L)[:, None], other=0.0)
+    dhead = dqkv_ptr + h * HEAD_DIM
+
+    dv = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
+    dk1 = tl.zeros((BLOCK_T, HALF), tl.float32)
+    dk2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+    for block in tl.range(0, BLOCK_T // BLOCK_Q, num_stages=1):  # pass 1: dv = P^T dO
+        r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        tq = (start + r).to(tl.int64)
+        q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+        do = tl.load(do_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], mask=(r < L)[:, None], other=0.0)
+        p = _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+        if BLOCK_Q == BLOCK_T:  # a single block: pass 2 here too, without computing P again
+            dq1, dq2, dk1_part, dk2_part = _dq_dk(p, do, v, k1, k2, q1, q2, scale)
+            dk1 += dk1_part
+            dk2 += dk2_part
+            _store_turned_back(dhead, dq1, dq2, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+    tl.store(dhead + 2 * H + tk[:, None] * (3 * H) + e[None, :], dv.to(dqkv_ptr.dtype.element_ty),
+             mask=(t < L)[:, None])
+
+    if BLOCK_Q < BLOCK_T:
+        for block in tl.range(0, BLOCK_T // BLOCK_Q, num_stages=1):  # pass 2: dq and dk
+            r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+            tq = (start + r).to(tl.int64)
+            q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+            do = tl.load(do_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], mask=(r < L)[:, None], other=0.0)
+            p = _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
+            dq1, dq2, dk1_part, dk2_part = _dq_dk(p, do, v, k1, k2, q1, q2, scale)
+            dk1 += dk1_part
+            dk2 += dk2_part
+            _store_turned_back(dhead, dq1, dq2, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+    _store_turned_back(dhead + H, dk1, dk2, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """cos or sin, (N, hd) or (N, 1, hd), as (N, hd) with unit column stride."""
+    t = t.reshape(t.shape[0], -1)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.triton_op("bert_kit::rotate_qk", mutates_args=())
+def rotate_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv (N, 3H) contiguous, cos and sin (N, hd) float32 -> q, k turned, (N, nh, hd) each, in qkv's dtype."""
+    N, H = qkv.shape[0], qkv.shape[1] // 3
+    cos, sin = _rows(cos), _rows(sin)
+    q, k = qkv.new_empty(N, nh, H // nh), qkv.new_empty(N, nh, H // nh)
+    if N:
+        torch.library.wrap_triton(_rotate_qk)[(triton.cdiv(N, ROTATE_ROWS), nh)](
+            qkv, cos, sin, q, k, N, H=H, CS=cos.stride(0), BLOCK_N=ROTATE_ROWS, HEAD_DIM=H // nh, num_warps=4)
+    return q, k
+
+
+def _meta(qkv: torch.Tensor, cos: torch.Tensor, max_seqlen: int, nh: int, window: int, backward: bool = False) -> dict:
+    H = qkv.shape[1] // 3
+    hd = H // nh
+    block = max(16, triton.next_power_of_2(max_seqlen))
+    meta = dict(scale=hd ** -0.5, WINDOW=window, nh=nh, H=H, CS=cos.stride(0), BLOCK_T=block,
+                BLOCK_Q=min(BLOCK_Q, block), HEAD_DIM=hd, num_warps=4)
+    if backward and hd > 64:  # (T, 128) accumulators spill at 4 warps: one block of 8 warps (as BERT's)
+        meta.update(BLOCK_Q=block, num_warps=8)
+    return meta
+
+
+@torch.library.triton_op("bert_kit::rotary_attention_fwd", mutates_args=())
+def attention_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                  nh: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv (N, 3H) contiguous, cos and sin (N, hd) float32, cu_seqlens (S + 1,) int32 of sequences of at
+    most max_seqlen <= 128 tokens, window (-1: none) -> o (N, H) in qkv's dtype, lse (N, nh) float32."""
+    cos, sin = _rows(cos), _rows(sin)
+    meta = _meta(qkv, cos, max_seqlen, nh, window)
+    N = qkv.shape[0]
+    o = qkv.new_empty(N, meta["H"])
+    lse = qkv.new_empty(N, nh, dtype=torch.float32)
+    S = cu_seqlens.shape[0] - 1
+    if N and S:
+        grid = (S * nh * (meta["BLOCK_T"] // meta["BLOCK_Q"]),)
+        torch.library.wrap_triton(_attention_fwd)[grid](qkv, cos, sin, cu_seqlens, o, lse, **meta)
+    return o, lse
+
+
+@torch.library.triton_op("bert_kit::rotary_attention_bwd", mutates_args=())
+def attention_bwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, do: torch.Tensor,
+                  lse: torch.Tensor, max_seqlen: int, nh: int, window: int) -> torch.Tensor:
+    """The forward's inputs, its lse, do (N, H) contiguous -> dqkv (N, 3H): the gradient with respect
+    to qkv (dq and dk through the rotation)."""
+    cos, sin = _rows(cos), _rows(sin)
+    meta = _meta(qkv, cos, max_seqlen, nh, window, backward=True)
+    dqkv = torch.empty_like(qkv)
+    S = cu_seqlens.shape[0] - 1
+    if qkv.shape[0] and S:
+        torch.library.wrap_triton(_attention_bwd)[(S * nh,)](qkv, cos, sin, cu_seqlens, do, lse, dqkv, **meta)
+    return dqkv
