@@ -86,7 +86,7 @@ def st_worker(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.pairs).read_text(encoding="utf-8").splitlines()]
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(r["seed"])
-    model = SentenceTransformer(str(resolve_model(args.model)), device=device)
+    model = SentenceTransformer(str(resolve_model(args.model)), device=device).float()  # fp32 weights, as bert-kit
     model.max_seq_length = r["max_length"]
     try:
         if args.st_loop:
