@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -107,6 +108,7 @@ class AheadOfTime:
         self.jitted, self.batch_arg, self.pool, self.status = jitted, batch_arg, pool, status
         self.programs: dict[tuple, Future] = {}
         self.compile_s = 0.0  # seconds spent compiling (or loading from the cache), in any thread
+        self.fallback = False  # compiled programs refused the call's arguments: jit's dispatch instead
 
     def compile(self, args: tuple) -> Any:
         start = time.perf_counter()
@@ -139,7 +141,18 @@ class AheadOfTime:
                 future.result()
             finally:
                 self.status("")
-        return future.result()(*args)
+        if self.fallback:
+            return self.jitted(*args)
+        try:
+            return future.result()(*args)
+        except (TypeError, ValueError) as e:  # the arguments are checked before anything runs (or is donated)
+            # a program compiled ahead for other argument types or shardings than the call's: jit's own
+            # dispatch compiles what the call needs, from then on
+            self.fallback = True
+            first = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
+            print(f"warning: a program compiled ahead does not take the run's arguments ({first}); compiling "
+                  "at first use instead", file=sys.stderr, flush=True)
+            return self.jitted(*args)
 
     @property
     def count(self) -> int:

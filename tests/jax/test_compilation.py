@@ -81,3 +81,27 @@ def test_runs_share_the_cache_at_once_and_a_broken_entry_is_recompiled(tmp_path)
     broken = run_workers(folder, 1)[0]
     assert broken["value"] == value and broken["hits"] == 0
     assert any("Error reading persistent compilation cache entry" in w for w in broken["warnings"])
+
+
+def test_a_program_compiled_for_other_arguments_falls_back_to_jit(capsys):
+    """The weights of a call in another dtype than the program compiled ahead was made for (as a
+    bf16 compute copy would be): the call still runs, through jit's own dispatch, with one warning."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+    import jax.numpy as jnp
+
+    from bert_kit.jax.compilation import AheadOfTime
+
+    def scaled(weights, batch):
+        return {"y": batch["x"] * weights.sum()}
+
+    with ThreadPoolExecutor(1) as pool:
+        program = AheadOfTime(jax.jit(scaled), 1, pool)
+        batch = {"x": jnp.arange(4, dtype=jnp.float32)}
+        program.ahead(jnp.ones(3, jnp.float32), batch)
+        got = program(jnp.ones(3, jnp.bfloat16), batch)
+        again = program(jnp.ones(3, jnp.bfloat16), batch)
+    np.testing.assert_allclose(np.asarray(got["y"], np.float32), [0, 3, 6, 9])
+    np.testing.assert_allclose(np.asarray(again["y"], np.float32), [0, 3, 6, 9])
+    assert program.fallback and capsys.readouterr().err.count("compiled ahead does not take") == 1
