@@ -123,6 +123,8 @@ class AheadOfTime:
             self.programs[key] = self.pool.submit(self.compile, abstract(args))
 
     def __call__(self, *args: Any) -> Any:
+        if self.fallback:
+            return self.jitted(*args)
         key = signature(args[self.batch_arg])
         future = self.programs.get(key)
         if future is None or future.cancel():  # unknown, or still queued: compiled here, now
@@ -130,29 +132,32 @@ class AheadOfTime:
             self.status("compiling (first run of these shapes)")
             try:
                 future.set_result(self.compile(abstract(args)))
-            except BaseException as e:
+            except Exception as e:  # noqa: BLE001 -- jit's own dispatch tries, and raises a real error
                 future.set_exception(e)
-                raise
             finally:
                 self.status("")
         elif not future.done():
             self.status("compiling (first run of these shapes)")
             try:
-                future.result()
+                future.exception()  # waits
             finally:
                 self.status("")
-        if self.fallback:
-            return self.jitted(*args)
+        if future.exception() is not None:  # lowering for the abstract arguments failed
+            return self.fall_back(future.exception(), args)
         try:
             return future.result()(*args)
         except (TypeError, ValueError) as e:  # the arguments are checked before anything runs (or is donated)
-            # a program compiled ahead for other argument types or shardings than the call's: jit's own
-            # dispatch compiles what the call needs, from then on
-            self.fallback = True
-            first = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
-            print(f"warning: a program compiled ahead does not take the run's arguments ({first}); compiling "
-                  "at first use instead", file=sys.stderr, flush=True)
-            return self.jitted(*args)
+            return self.fall_back(e, args)
+
+    def fall_back(self, error: BaseException, args: tuple) -> Any:
+        """A program compiled ahead that does not take the call's arguments (their types or
+        shardings differ from those it was made for): jit's own dispatch compiles what each call
+        needs, from then on, after one warning."""
+        self.fallback = True
+        first = str(error).strip().splitlines()[0][:400] if str(error).strip() else type(error).__name__
+        print(f"warning: a program compiled ahead does not take the run's arguments ({type(error).__name__}: "
+              f"{first}); compiling at first use instead", file=sys.stderr, flush=True)
+        return self.jitted(*args)
 
     @property
     def count(self) -> int:

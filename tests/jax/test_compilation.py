@@ -105,3 +105,26 @@ def test_a_program_compiled_for_other_arguments_falls_back_to_jit(capsys):
     np.testing.assert_allclose(np.asarray(got["y"], np.float32), [0, 3, 6, 9])
     np.testing.assert_allclose(np.asarray(again["y"], np.float32), [0, 3, 6, 9])
     assert program.fallback and capsys.readouterr().err.count("compiled ahead does not take") == 1
+
+
+def test_a_program_that_cannot_be_compiled_ahead_runs_through_jit(capsys):
+    """Lowering for the abstract arguments fails (here: a compile that raises, as one for shardings
+    the call does not have would): the call still runs, through jit, with one warning."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+    import jax.numpy as jnp
+
+    from bert_kit.jax.compilation import AheadOfTime
+
+    class Refused(AheadOfTime):
+        def compile(self, args):
+            raise ValueError("Sharding passed to jit does not match the sharding on the argument")
+
+    with ThreadPoolExecutor(1) as pool:
+        program = Refused(jax.jit(lambda w, batch: batch["x"] * w), 1, pool)
+        batch = {"x": jnp.arange(3, dtype=jnp.float32)}
+        program.ahead(jnp.float32(2), batch)
+        got = program(jnp.float32(2), batch)
+    np.testing.assert_allclose(np.asarray(got), [0, 2, 4])
+    assert program.fallback and "Sharding passed to jit" in capsys.readouterr().err
