@@ -26,7 +26,7 @@ _EXPORTS = {
     "BERTForTokenClassification": "heads",
     "BERTForQuestionAnswering": "heads",
     "get_tokenizer": "tokenizer",
-    "train_tokenizer": "tokenizer",
+    "train_tokenizer": "tokenizer_training",
     "WordPieceTokenizer": "tokenizer",
     "FastTokenizer": "tokenizer",
     "MLMDataset": "data.pretraining",

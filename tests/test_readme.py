@@ -104,7 +104,7 @@ def write_hub_model(cache: Path) -> None:
     from bert_kit.config import BertConfig
     from bert_kit.data.toy_world import NAMES, biography
     from bert_kit.model import BERTModel
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     snapshot = cache / ("models--" + HUB_MODEL.replace("/", "--")) / "snapshots" / "0123abc"
     rng = random.Random(1)

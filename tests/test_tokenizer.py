@@ -1,4 +1,5 @@
-"""Tests for bert_kit.tokenizer: API behaviour, properties, training, save/load and errors.
+"""Tests for bert_kit.tokenizer and bert_kit.tokenizer_training: API behaviour, properties,
+training, save/load and errors.
 
 Parity with transformers.BertTokenizerFast on real data lives in test_tokenizer_parity.py.
 Run: .venv/bin/python -m pytest tests/test_tokenizer.py -q
@@ -17,7 +18,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer, train_tokenizer
+from bert_kit.tokenizer import WordPieceTokenizer, get_tokenizer
+from bert_kit.tokenizer_training import train_tokenizer
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -433,7 +435,7 @@ def test_empty_second_text_matches_bert_tokenizer_fast(tok, minilm_path):
 TIE_CORPUS = """
 import random, sys, json
 sys.path.insert(0, {repo!r})
-from bert_kit.tokenizer import train_tokenizer
+from bert_kit.tokenizer_training import train_tokenizer
 rng = random.Random(0)
 words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(4)) for _ in range(400)]
 texts = [" ".join(words[i:i + 20]) for i in range(0, 400, 20)] * 2   # every word twice: many tied merges
@@ -525,22 +527,22 @@ def test_train_tokenizer_leaves_out_words_wordpiece_never_splits():
 def test_train_tokenizer_breaks_lines_too_long_to_hold_between_words(tmp_path, monkeypatch):
     """The Rust trainer holds a whole line (an 8 MB line took 1 GB): a line past MAX_TRAIN_LINE
     characters, in a file or a text, is read broken at a space, and learns what its words do."""
-    import bert_kit.tokenizer as tokenizer
+    import bert_kit.tokenizer_training as training
 
-    monkeypatch.setattr(tokenizer, "MAX_TRAIN_LINE", 1000)
+    monkeypatch.setattr(training, "MAX_TRAIN_LINE", 1000)
     words = "the cat sat on the mat, a dog ran past it; "
     short = train_tokenizer(texts=[words] * 500, vocab_size=60, min_frequency=1)
     assert train_tokenizer(texts=[words * 500], vocab_size=60, min_frequency=1).get_vocab() == short.get_vocab()
     (tmp_path / "one_line.txt").write_text("\ufeff" + words * 500 + "\n" + "q" * 5000 + "\n")
     seen: list[int] = []
-    real = tokenizer._broken
+    real = training._broken
 
     def broken(chunks):
         for line in real(chunks):
             seen.append(len(line))
             yield line
 
-    monkeypatch.setattr(tokenizer, "_broken", broken)
+    monkeypatch.setattr(training, "_broken", broken)
     from_file = train_tokenizer([tmp_path / "one_line.txt"], vocab_size=60, min_frequency=1)
     assert from_file.get_vocab() == short.get_vocab() and seen and max(seen) <= 1001
 

@@ -39,7 +39,7 @@ def tiny_setup(root: Path, layers: int = 2, n_train: int = 96, n_dev: int = 32) 
 
     from bert_kit.config import BertConfig
     from bert_kit.model import BERTModel
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     train, dev = sentences(n_train, 0), sentences(n_dev, 1)

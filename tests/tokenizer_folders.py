@@ -103,7 +103,7 @@ def distilbert_folder(folder: Path) -> Path:
     """DistilBERT's tokenizer: BERT's WordPiece (trained here), without token_type_ids."""
     import transformers
 
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     wordpiece = folder.parent / f"{folder.name}-wordpiece"
     train_tokenizer(texts=CORPUS, vocab_size=200, min_frequency=1).save(wordpiece)

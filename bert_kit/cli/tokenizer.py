@@ -49,7 +49,7 @@ def _train(args: argparse.Namespace) -> int:
     from bert_kit.checks import ConfigError
     from bert_kit.data.corpus import iter_documents, resolve_files
     from bert_kit.outputs import OutputFolder
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     if args.vocab_size < 6:
         raise ConfigError(f"--vocab-size must leave room beyond the 5 special tokens, got {args.vocab_size}")

@@ -46,7 +46,8 @@ CORPUS_MODES = {"text": "blank_line", "lines": "line", "jsonl": "jsonl", "wikite
 def prepare_tokenizer(cfg: PretrainConfig, out: Path, checkpoint: Path | None) -> Any:
     """The run's tokenizer: from the checkpoint being resumed, a folder, or trained on the corpus."""
     from bert_kit.data.corpus import iter_documents
-    from bert_kit.tokenizer import get_tokenizer, train_tokenizer
+    from bert_kit.tokenizer import get_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     if checkpoint is not None and (checkpoint / "tokenizer.json").is_file():
         return get_tokenizer(checkpoint)

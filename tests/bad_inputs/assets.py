@@ -44,7 +44,7 @@ def build_assets(root: Path) -> Assets:
     from bert_kit.model import BERTModel
     from bert_kit.model_folder import write_model_metadata
     from bert_kit.tasks.pretraining import PretrainConfig, pretrain
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
     from bert_kit.training.runconfig import load_config
 
     root.mkdir(parents=True, exist_ok=True)

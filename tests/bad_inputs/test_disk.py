@@ -195,9 +195,9 @@ def test_full_disk_in_rust_writers(cli, assets, tmp_path, monkeypatch, writer):
         monkeypatch.setattr(safetensors.torch, "save_file", save_file)
         argv, written = commands(assets, tmp_path, tmp_path / "out")["convert"], "model.safetensors.tmp"
     else:
-        import bert_kit.tokenizer
+        import bert_kit.tokenizer_training
 
-        real_train = bert_kit.tokenizer.train_tokenizer
+        real_train = bert_kit.tokenizer_training.train_tokenizer
 
         class FullBackend:
             def __init__(self, backend):
@@ -214,7 +214,7 @@ def test_full_disk_in_rust_writers(cli, assets, tmp_path, monkeypatch, writer):
             tokenizer.backend = FullBackend(tokenizer.backend)
             return tokenizer
 
-        monkeypatch.setattr(bert_kit.tokenizer, "train_tokenizer", train)
+        monkeypatch.setattr(bert_kit.tokenizer_training, "train_tokenizer", train)
         argv, written = commands(assets, tmp_path, tmp_path / "out")["tokenizer"], "tokenizer.json"
     cli(*argv).one_line_error("no space left on the device writing", str(tmp_path / "out"), written, code=FAILURE)
 

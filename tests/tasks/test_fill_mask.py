@@ -15,7 +15,7 @@ from bert_kit.config import BertConfig
 from bert_kit.tasks.fill_mask import fill_mask
 from bert_kit.heads import BERTForMaskedLM, BERTForPreTraining
 from bert_kit.model import BERTModel
-from bert_kit.tokenizer import train_tokenizer
+from bert_kit.tokenizer_training import train_tokenizer
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
 TEXTS = ["the dog sat on the mat.", "the cat sat on the hat.", "a bird sang in the tree."] * 5

@@ -20,7 +20,7 @@ from bert_kit.checks import ConfigError
 from bert_kit.config import BertConfig
 from bert_kit.model import BERTModel
 from bert_kit.tasks.finetuning import FinetuneConfig, auto_lr, finetune, resolve_lr
-from bert_kit.tokenizer import train_tokenizer
+from bert_kit.tokenizer_training import train_tokenizer
 from bert_kit.training.runconfig import load_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -37,7 +37,7 @@ from bert_kit.training.precision import resolve_precision
 from bert_kit.tasks.pretraining import PretrainConfig, plan_phases, pretrain
 from bert_kit.training.progress import ProgressLogger, read_metrics
 from bert_kit.training.runconfig import load_config, save_config
-from bert_kit.tokenizer import train_tokenizer
+from bert_kit.tokenizer_training import train_tokenizer
 from bert_kit.training.losses import compute_mlm_loss
 from tests.fake_clock import FakeClock
 

@@ -110,7 +110,7 @@ def test_streaming_config_errors(tmp_path, capsys):
 def test_stream_examples_match_the_map_style_datasets(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.txt", n_docs=12)
     tok = tmp_path / "tok"
-    from bert_kit.tokenizer import train_tokenizer
+    from bert_kit.tokenizer_training import train_tokenizer
 
     train_tokenizer([str(corpus)], vocab_size=120, min_frequency=1).save(tok)
     tokenizer = get_tokenizer(tok)
