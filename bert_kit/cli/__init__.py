@@ -47,7 +47,8 @@ from bert_kit.threads import share_cores  # noqa: E402
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("bert_kit.cli.demo", "whole pipeline on built-in text, no download: tokenizer, pretraining, fine-tuning"),
     "pretrain": ("bert_kit.cli.pretrain", "MLM (+NSP) pretraining from a YAML run config"),
-    "finetune": ("bert_kit.cli.finetune", "fine-tune on classification, token-classification, qa or similarity"),
+    "finetune": ("bert_kit.cli.finetune", "fine-tune on classification, token-classification, qa, similarity, "
+                 "embedding or reranker"),
     "tune": ("bert_kit.cli.tune", "hyperparameter search over a config's search: block, with Optuna (the [search] extra)"),
     "glue": ("bert_kit.cli.glue", "fine-tune and score a model on every GLUE task, with the GLUE score"),
     "evaluate": ("bert_kit.cli.evaluate", "evaluate a model folder on a task's data file"),
