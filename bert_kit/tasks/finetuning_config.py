@@ -207,6 +207,10 @@ class FinetuneConfig(RunSettings):
     """peak learning rate; auto: from the model's size, printed at the start (up to 2M parameters
     1e-3, 60M 1e-4 (all-MiniLM-L6-v2, bert-small), 200M 5e-5 (bert-base), larger 2e-5)"""
     warmup_fraction: float = 0.1  # warmup share of the steps (when warmup_steps is unset)
+    eps: float = 1e-8
+    """AdamW's denominator epsilon: 1e-8, as torch and HF's Trainer (pretraining keeps BERT's 1e-6).
+    Gradients of a loss averaged over many outputs are small (binary cross-entropy over 28
+    GoEmotions labels: an encoder weight's ~1e-6), and an epsilon of their size shrinks each step"""
     # hardware
     eval_batch_size: int = 64  # examples per evaluation batch
     unpadded: bool = True

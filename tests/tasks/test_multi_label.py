@@ -286,3 +286,49 @@ def test_on_a_gpu_a_weighted_multi_label_run_in_cuda_graphs_and_windows(tiny_enc
                                               "class_weights": "balanced", "long_text": "chunks"}))
     assert results["steps"] == 12 and np.isfinite(results["train_loss"])
     assert results["history"][-1]["num_examples"] == 60  # texts, not windows
+
+
+def test_multi_label_steps_of_the_finetuning_recipe_match_the_transformers_loop(minilm_path, goemotions):
+    """Real MiniLM, five AdamW steps of BCE over GoEmotions' 28 labels with the optimizer fine-tuning
+    builds from its default settings (as the torch engine does) and the `transformers` loop of
+    benchmarks/hf_finetune.py (problem_type multi_label_classification, torch's AdamW defaults, as
+    HF's Trainer): the same losses and the same weights after (dropout off, fp32). Gradients of a
+    loss averaged over 28 outputs are ~1e-6 in the encoder: an Adam epsilon of 1e-6 shrank those
+    updates by a quarter and cost GoEmotions macro F1."""
+    transformers = pytest.importorskip("transformers")
+    from bert_kit.tasks.classification import ClassificationTask
+    from bert_kit.training.optim import create_optimizer
+
+    train, _, names = goemotions
+    cfg = FinetuneConfig(model=str(minilm_path), train_file=str(train), text_column=0, label_column=1, header=False,
+                         lr=1e-4, precision="fp32", device="cpu",
+                         classification={"label_names_file": str(names), "multi_label": True})
+    task = ClassificationTask(cfg)
+    task.bind(get_tokenizer(minilm_path))
+    items = task.read_train(train)[:80]
+    torch.manual_seed(0)
+    ours = task.build(minilm_path).eval()  # eval(): dropout off; gradients still flow
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        minilm_path, num_labels=28, problem_type="multi_label_classification", dtype=torch.float32).eval()
+    hf.classifier.load_state_dict({"weight": ours.classifier.weight.detach(), "bias": ours.classifier.bias.detach()})
+    start = ours.bert.encoder.layers[2].ffn.up.weight.detach().clone()
+    opt_ours = create_optimizer(ours, cfg.optimizer, cfg.lr, cfg.weight_decay, tuple(cfg.betas), cfg.eps, "cpu")
+    no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    decay = [p for n, p in hf.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    opt_hf = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                               lr=1e-4)
+    for i in range(5):
+        batch = task.collate(items[16 * i: 16 * i + 16])
+        loss_ours = task.loss(ours, batch)[0]
+        loss_hf = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     token_type_ids=batch["token_type_ids"], labels=batch["labels"]).loss
+        assert_close(loss_ours, loss_hf, rtol=1e-4, atol=1e-6, msg=f"step {i}")
+        for model, loss, opt in ((ours, loss_ours, opt_ours), (hf, loss_hf, opt_hf)):
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            opt.step()
+            opt.zero_grad()
+    moved_ours = ours.bert.encoder.layers[2].ffn.up.weight.detach() - start
+    moved_hf = hf.bert.encoder.layer[2].intermediate.dense.weight.detach() - start
+    assert moved_hf.abs().mean() > 1e-5  # the steps moved the encoder: the comparison is not of zeros
+    assert_close(moved_ours, moved_hf, rtol=2e-2, atol=2e-6)
