@@ -421,7 +421,8 @@ def test_nested_default_variables(cli, assets, tmp_path, monkeypatch, single_thr
     ("finetune", "learning_rate=1e-4", "unknown key 'learning_rate' (did you mean lr?)"),
     ("finetune", "num_train_epochs=2", "unknown key 'num_train_epochs' (did you mean epochs?)"),
     ("finetune", "task=clasification", "task='clasification' is not a valid choice: expected one of 'classification', "
-                                       "'token-classification', 'qa', 'similarity'; did you mean 'classification'?"),
+                                       "'token-classification', 'qa', 'similarity', 'embedding', 'reranker'; "
+                                       "did you mean 'classification'?"),
     ("pretrain", "precision=fp23", "did you mean 'fp32'?"),
     ("pretrain", "schedule=Linear", "did you mean 'linear'?"),
     ("pretrain", "batchsize=4", "unknown key 'batchsize' (did you mean batch_size?)"),
