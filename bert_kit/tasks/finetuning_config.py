@@ -250,10 +250,11 @@ class FinetuneConfig(RunSettings):
         "score_range": "similarity.score_range"}
     # other names of a setting, taken as it (HF's metric_for_best_model names `metric` too)
     ALIASES: ClassVar[dict[str, str]] = {"metric_for_best": "metric", "metric_for_best_model": "metric"}
-    # a resume may change how answers are searched and thresholds chosen (evaluation only), and when to stop early
+    # a resume may change how answers are searched and thresholds chosen (evaluation only), and when to stop
+    # early; and eps, whose default went from 1e-6 to 1e-8 (a run begun before resumes, saying so)
     RESUMABLE: ClassVar[frozenset[str]] = RunSettings.RESUMABLE | {
         "qa.n_best", "qa.max_answer_length", "classification.threshold", "early_stopping_patience",
-        "early_stopping_min_delta"}
+        "early_stopping_min_delta", "eps"}
 
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked

@@ -398,3 +398,19 @@ def test_huge_numbers_are_out_of_range_not_overflows():
         load_config(PretrainConfig, None, ["max_steps=1e30"])
     with pytest.raises(ConfigError, match=r"^overrides: steps: expected an integer, got '1111.*' \(5002 characters\)$"):
         load_config(Settings, None, ["steps=" + "1" * 5000])
+
+
+def test_a_fine_tune_begun_with_the_old_adam_epsilon_resumes_saying_so(tmp_path):
+    """Fine-tuning's eps default went from 1e-6 to 1e-8: a run whose run_config.yaml holds 1e-6
+    resumes (a change it names), while a change that shapes the run is still refused."""
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+    from bert_kit.training.resume import settings_changes
+    from bert_kit.training.runconfig import config_to_dict
+
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\na\t0\n")
+    cfg = FinetuneConfig(task="classification", model="m", train_file=str(tmp_path / "t.tsv"))
+    saved = {**config_to_dict(cfg), "eps": 1e-6}
+    changed, refused = settings_changes(saved, cfg)
+    assert changed == {"eps": (1e-6, 1e-8)} and refused == {}
+    changed, refused = settings_changes({**saved, "batch_size": cfg.batch_size + 1}, cfg)
+    assert "batch_size" in refused and "eps" not in refused
