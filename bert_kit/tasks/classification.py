@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit.data.classification import ClassificationDataset, read_classification_file
+from bert_kit.data.classification import ClassificationDataset, FirstTextTooLongError, read_classification_file
 from bert_kit.metrics import classification_report_from_predictions, multi_label_report, pearson, spearman, \
     tune_thresholds
 from bert_kit.tasks import CLASS_METRICS, MULTI_LABEL_METRICS, SCORE_METRICS
@@ -147,8 +147,12 @@ class ClassificationTask(Task):
         else:
             labels = [float(y) for y in data.labels[:n]] if self.regression else list(data.labels[:n])
         pairs = None if data.text_pairs is None else data.text_pairs[:n]
-        ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs,
-                                   stride=self.stride if self.chunks else None)
+        try:
+            ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs,
+                                       stride=self.stride if self.chunks else None)
+        except FirstTextTooLongError as e:  # name the row's line rather than its index
+            at = data.lines[e.index] if data.lines else f"{source}: row {e.index + 1}"
+            raise ValueError(f"{at}: {str(e).partition(': ')[2]}") from None
         if source is not None:
             self.report_truncated(source, ds.truncated)
             if self.chunks:
