@@ -223,11 +223,14 @@ class ClassificationTask(Task):
         return self._weights[device]
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        logits = encode(model, batch, self.unpadded)
+        return self.labels_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
+
+    def labels_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of logits (B, C) on the labels (B,) or label sets (B, C), class_weights applied."""
         weights = self.weights_on(logits.device)
         if self.multi_label:
-            return compute_multi_label_loss(logits, batch["labels"], pos_weight=weights), {}
-        return compute_classification_loss(logits, batch["labels"], weight=weights), {}
+            return compute_multi_label_loss(logits, labels, pos_weight=weights)
+        return compute_classification_loss(logits, labels, weight=weights)
 
     def logits(self, model: nn.Module, items: Sequence[dict], precision: Any) -> torch.Tensor:
         """(N, C) logits of the items: one row per item (per window, with long_text chunks)."""
