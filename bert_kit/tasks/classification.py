@@ -105,6 +105,10 @@ class ClassificationTask(Task):
         # classes come from every row (the ids stay those of the whole file); rows without text are left out
         drop_empty_texts(path, self.tokenizer, data.lines, [data.texts, data.text_pairs], [data.labels, data.lines])
         self.multi_label = data.multi_label
+        if not data.multi_label and (self.c.tuned or self.c.threshold != 0.5):  # else silently unused
+            raise ValueError(f"classification.threshold={self.c.threshold} applies to several labels per text "
+                             f"(a sigmoid each), but {path} holds one label per row, whose most probable class "
+                             "is predicted: leave threshold out, or set classification.multi_label=true")
         if data.multi_label:  # one output per label, even for labels the training slice never shows
             top = max((max(ids) for ids in data.labels if ids), default=1)
             self.num_labels = self.s.num_labels or len(data.label_names or []) or max(2, top + 1)
