@@ -353,6 +353,28 @@ def tokenless(texts: Sequence[str], tokenizer: Any = None) -> list[int]:
     return [i for i, row in zip(candidates, ids) if len(row) <= 2]  # [CLS] [SEP] and nothing between
 
 
+class FirstTextTooLongError(ValueError):
+    """A pair whose first text leaves its windows no room for the second; `index`: the pair's (0-based)."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
+
+
+def _check_window_room(tokenizer, texts: list[str], max_length: int, stride: int) -> None:
+    """Windows of pairs run over the second text, the first whole in each: the first text must leave
+    more than `stride` tokens of a window to the second (else the tokenizer fails, naming no row)."""
+    lengths = map(len, tokenizer(texts, padding=False, truncation=False, return_tensors=None)["input_ids"])
+    for i, n in enumerate(lengths):
+        room = max_length - n - 1  # n counts [CLS] and [SEP]; the second text ends with [SEP]
+        if room <= stride:
+            raise FirstTextTooLongError(
+                f"pair {i + 1}: its first text holds {n - 2} tokens, which leaves {max(room, 0)} of a window of "
+                f"max_length {max_length} to the second; windows (long_text: chunks) run over the second text "
+                f"and need more than chunk_stride {stride}: raise max_length, lower chunk_stride or read the "
+                f"pairs cut (long_text: truncate)", i)
+
+
 class ClassificationDataset(Dataset):
     """Tokenized (text[, pair], label) examples; items are dicts of Python lists.
 
@@ -378,6 +400,8 @@ class ClassificationDataset(Dataset):
         self.labels = None if labels is None else list(labels)
         self.pad_token_id = getattr(tokenizer, "pad_token_id", 0)
         windows = {} if stride is None else {"stride": stride, "return_overflowing_tokens": True}
+        if texts and stride is not None and text_pairs is not None:
+            _check_window_room(tokenizer, texts, max_length, stride)
         if texts:
             enc = tokenizer(texts, None if text_pairs is None else list(text_pairs),
                             max_length=max_length, padding=False, truncation=True,

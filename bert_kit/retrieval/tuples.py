@@ -67,6 +67,8 @@ class Groups:
 def header_names(path: str | Path, text: str, delimiter: str | None, header: bool | None) -> list[str] | None:
     """The column names of a table: its first JSON record's keys, or its header line (unless
     header is false); None where the file has none (JSON arrays as records, header: false)."""
+    if not text.strip():  # else taken for a file without names
+        raise ValueError(f"{path}: no rows (the file is empty)")
     layout = layout_of(path, delimiter)
     if layout == "jsonl":
         try:

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bert_kit.data.classification import ClassificationDataset, read_classification_file
+from bert_kit.data.classification import ClassificationDataset, FirstTextTooLongError, read_classification_file
 from bert_kit.metrics import classification_report_from_predictions, multi_label_report, pearson, spearman, \
     tune_thresholds
 from bert_kit.tasks import CLASS_METRICS, MULTI_LABEL_METRICS, SCORE_METRICS
@@ -105,6 +105,10 @@ class ClassificationTask(Task):
         # classes come from every row (the ids stay those of the whole file); rows without text are left out
         drop_empty_texts(path, self.tokenizer, data.lines, [data.texts, data.text_pairs], [data.labels, data.lines])
         self.multi_label = data.multi_label
+        if not data.multi_label and (self.c.tuned or self.c.threshold != 0.5):  # else silently unused
+            raise ValueError(f"classification.threshold={self.c.threshold} applies to several labels per text "
+                             f"(a sigmoid each), but {path} holds one label per row, whose most probable class "
+                             "is predicted: leave threshold out, or set classification.multi_label=true")
         if data.multi_label:  # one output per label, even for labels the training slice never shows
             top = max((max(ids) for ids in data.labels if ids), default=1)
             self.num_labels = self.s.num_labels or len(data.label_names or []) or max(2, top + 1)
@@ -147,8 +151,12 @@ class ClassificationTask(Task):
         else:
             labels = [float(y) for y in data.labels[:n]] if self.regression else list(data.labels[:n])
         pairs = None if data.text_pairs is None else data.text_pairs[:n]
-        ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs,
-                                   stride=self.stride if self.chunks else None)
+        try:
+            ds = ClassificationDataset(data.texts[:n], labels, self.tokenizer, self.s.max_length, pairs,
+                                       stride=self.stride if self.chunks else None)
+        except FirstTextTooLongError as e:  # name the row's line rather than its index
+            at = data.lines[e.index] if data.lines else f"{source}: row {e.index + 1}"
+            raise ValueError(f"{at}: {str(e).partition(': ')[2]}") from None
         if source is not None:
             self.report_truncated(source, ds.truncated)
             if self.chunks:
@@ -219,11 +227,14 @@ class ClassificationTask(Task):
         return self._weights[device]
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        logits = encode(model, batch, self.unpadded)
+        return self.labels_loss(encode(model, batch, self.unpadded), batch["labels"]), {}
+
+    def labels_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of logits (B, C) on the labels (B,) or label sets (B, C), class_weights applied."""
         weights = self.weights_on(logits.device)
         if self.multi_label:
-            return compute_multi_label_loss(logits, batch["labels"], pos_weight=weights), {}
-        return compute_classification_loss(logits, batch["labels"], weight=weights), {}
+            return compute_multi_label_loss(logits, labels, pos_weight=weights)
+        return compute_classification_loss(logits, labels, weight=weights)
 
     def logits(self, model: nn.Module, items: Sequence[dict], precision: Any) -> torch.Tensor:
         """(N, C) logits of the items: one row per item (per window, with long_text chunks)."""

@@ -7,8 +7,9 @@ The fine-tuning job builds its model (the student) as usual, and its loss become
 without gradients, and
 
 * classification (Hinton et al. 2015; DistilBERT): loss = alpha * T^2 * KL(softmax(t / T) ||
-  softmax(s / T)) + (1 - alpha) * CE(s, labels); regression (one output): MSE onto the
-  teacher's score in place of the KL;
+  softmax(s / T)) + (1 - alpha) * CE(s, labels), the task's class_weights in the CE; several
+  labels per text: each label's Bernoulli KL(sigmoid(t / T) || sigmoid(s / T)) and the task's
+  binary cross-entropy; regression (one output): MSE onto the teacher's score in place of the KL;
 * similarity bi-encoders (sentence-transformers' distillation, Reimers & Gurevych 2020): loss =
   alpha * MSE(student vectors, teacher vectors) (both pooled as the task pools, L2-normalised)
   + (1 - alpha) * the task's loss on the labels (cosine or CoSENT); a cross-encoder is a
@@ -44,6 +45,16 @@ def soft_label_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: f
     log_p = F.log_softmax(student.float() / t, dim=-1)
     log_q = F.log_softmax(teacher.float() / t, dim=-1)
     return F.kl_div(log_p, log_q, log_target=True, reduction="batchmean") * t * t
+
+
+def soft_label_sets_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(sigmoid(teacher / T) || sigmoid(student / T)), each label a Bernoulli, averaged over
+    (text, label): logits (B, C) of several labels per text."""
+    t = temperature
+    q = torch.sigmoid(teacher.float() / t)
+    cross = F.binary_cross_entropy_with_logits(student.float() / t, q)
+    entropy = F.binary_cross_entropy_with_logits(teacher.float() / t, q)  # makes it 0 where they agree
+    return (cross - entropy) * t * t
 
 
 def masked_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -154,12 +165,17 @@ class Distiller:
         if self.bi_encoder:
             soft = F.mse_loss(student, teacher)
             hard = self.task.loss(model, batch)[0] if s.alpha < 1 else soft.new_zeros(())
-        elif student.shape[-1] == 1:  # regression: the teacher's score is the soft target
-            soft = F.mse_loss(student.float(), teacher.float())
-            hard = compute_classification_loss(student, batch["labels"])
         else:
-            soft = soft_label_loss(student, teacher, s.temperature)
-            hard = compute_classification_loss(student, batch["labels"])
+            if getattr(self.task, "multi_label", False):  # independent sigmoids: each label's own KL
+                soft = soft_label_sets_loss(student, teacher, s.temperature)
+            elif student.shape[-1] == 1:  # regression: the teacher's score is the soft target
+                soft = F.mse_loss(student.float(), teacher.float())
+            else:
+                soft = soft_label_loss(student, teacher, s.temperature)
+            # the task's own loss on the labels (its class_weights, its sigmoids for label sets)
+            labels_loss = getattr(self.task, "labels_loss", None)
+            hard = labels_loss(student, batch["labels"]) if labels_loss else \
+                compute_classification_loss(student, batch["labels"])
         loss = s.alpha * soft + (1 - s.alpha) * hard
         parts = {"soft_loss": soft.detach(), "hard_loss": hard.detach()}
         if self.hidden is not None:

@@ -146,6 +146,7 @@ class EmbeddingTask(Task):
         columns, lines = tuples.columns, tuples.lines
         drop_empty_texts(path, self.tokenizer, lines, columns, [lines])  # a text without tokens teaches nothing
         print(tuples.source, flush=True)
+        columns = [column[:limit] for column in columns]  # tokenize (and count cut) only what trains
         keys = text_keys(columns)  # for the no-duplicates batches: equal texts, equal ids
         prefixes = [self.e.query_prefix] + [self.e.passage_prefix] * (len(columns) - 1)
         ids, found = [], Truncated(len(keys), s.max_length)
@@ -156,7 +157,7 @@ class EmbeddingTask(Task):
             found = found.merge(cut, unit="tuples")
             ids.append(tokens)
         self.report_truncated(path, found)
-        return [{"texts": [column[i] for column in ids], "keys": keys[i]} for i in range(len(keys))][:limit]
+        return [{"texts": [column[i] for column in ids], "keys": keys[i]} for i in range(len(keys))]
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[str]:
         """A BEIR folder's `embedding.validation_split` (its first `limit` queries drawn at random,

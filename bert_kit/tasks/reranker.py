@@ -19,6 +19,7 @@ the candidates of `bert-kit mine-negatives --rescore`, and serves `/rerank` (`re
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -68,6 +69,12 @@ class RerankerTask(Task):
                 group.append(g)
         if train:  # a pair without text teaches nothing
             drop_empty_texts(path, self.tokenizer, lines, [queries, passages], [labels, lines, group])
+        if train and self.r.listwise and group and max(Counter(group).values()) < 2:
+            # a list of one candidate: its softmax is 1 whatever the score, so the loss is 0 and nothing trains
+            raise ValueError(f"{path}: every training list holds one candidate, from which reranker.loss="
+                             f"{self.r.loss} learns nothing (a loss of 0): give each query negatives (a BEIR "
+                             f"folder: reranker.negatives >= 1; reranker.max_candidates >= 2), or use "
+                             f"reranker.loss=bce")
         print(groups.source, flush=True)
         data = ClassificationDataset(queries, labels, self.tokenizer, s.max_length, passages)
         self.report_truncated(path, data.truncated)

@@ -89,7 +89,8 @@ class SimilarityTask(Task):
         self.label_names, lines = ["score"], []
         s1, s2, scores = self._read(path, where=self.s.where, lines=lines)
         drop_empty_texts(path, self.tokenizer, lines, [s1, s2], [scores, lines])  # pairs without text teach nothing
-        return self._items(s1, s2, scores, path)[:limit]
+        # tokenize (and count cut) only the pairs that train
+        return self._items(s1[:limit], s2[:limit], None if scores is None else scores[:limit], path)
 
     def read_eval(self, path: str | Path, limit: int | None = None) -> list[dict]:
         lines = []

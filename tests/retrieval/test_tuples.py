@@ -78,6 +78,17 @@ def test_values_that_are_no_text_name_their_line(tmp_path):
         read_tuples(f, ["anchor"])
 
 
+@pytest.mark.parametrize("name", ["t.jsonl", "t.tsv", "t.csv"])
+def test_an_empty_file_is_called_empty(tmp_path, name):
+    """Not a file without a header to name its columns."""
+    f = tmp_path / name
+    f.write_text("\n")
+    with pytest.raises(ValueError, match=rf"{name}: no rows \(the file is empty\)"):
+        read_tuples(f)
+    with pytest.raises(ValueError, match=rf"{name}: no rows \(the file is empty\)"):
+        read_groups(f)
+
+
 def test_reranker_groups_from_labelled_rows_tuples_and_qrels(tmp_path):
     rows = tmp_path / "r.tsv"
     rows.write_text("query\tpassage\tlabel\nq1\tp1\t1\nq2\tp2\t0\nq1\tp3\t0\n")

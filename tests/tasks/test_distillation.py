@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError
-from bert_kit.tasks.distillation import layer_map, masked_mse, soft_label_loss
+from bert_kit.tasks.distillation import Distiller, layer_map, masked_mse, soft_label_loss, soft_label_sets_loss
 from tests.tiny_runs import tiny_settings, tiny_setup
 
 
@@ -23,6 +23,44 @@ def test_the_soft_label_loss_is_the_temperature_scaled_kl():
     expected = 4 * (p * (p.log() - q)).sum(-1).mean()
     torch.testing.assert_close(soft_label_loss(student, teacher, 2.0), expected, atol=1e-6, rtol=0)
     assert float(soft_label_loss(teacher, teacher, 3.0)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_the_soft_loss_of_label_sets_is_each_labels_temperature_scaled_bernoulli_kl():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(5, 3), torch.randn(5, 3)
+    q, p = torch.sigmoid(teacher / 2), torch.sigmoid(student / 2)
+    expected = 4 * (q * (q.log() - p.log()) + (1 - q) * ((1 - q).log() - (1 - p).log())).mean()
+    torch.testing.assert_close(soft_label_sets_loss(student, teacher, 2.0), expected, atol=1e-6, rtol=0)
+    assert float(soft_label_sets_loss(teacher, teacher, 3.0)) == pytest.approx(0.0, abs=1e-6)
+
+
+class _Task:
+    """What the Distiller asks of a classification task: its loss on the labels."""
+
+    def __init__(self, multi_label: bool, weights: list[float]):
+        self.multi_label, self.weights = multi_label, torch.tensor(weights)
+
+    def labels_loss(self, logits, labels):
+        if self.multi_label:
+            return F.binary_cross_entropy_with_logits(logits, labels, pos_weight=self.weights)
+        return F.cross_entropy(logits, labels, weight=self.weights)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_the_hard_loss_is_the_tasks_own_with_its_class_weights(multi_label):
+    """class_weights (and a label set's sigmoids) hold in a distillation run's loss on the labels."""
+    torch.manual_seed(0)
+    student, teacher = torch.randn(4, 2), torch.randn(4, 2)
+    labels = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]]) if multi_label else torch.tensor([0, 1, 1, 0])
+    task = _Task(multi_label, [1.0, 5.0])
+    distiller = Distiller.__new__(Distiller)
+    distiller.s = type("S", (), {"alpha": 0.25, "temperature": 2.0})()
+    distiller.task, distiller.teacher, distiller.hidden, distiller.bi_encoder = task, "teacher", None, False
+    distiller.outputs = lambda model, batch: teacher if model == "teacher" else student
+    loss, parts = distiller.loss("student", {"labels": labels})
+    soft = (soft_label_sets_loss if multi_label else soft_label_loss)(student, teacher, 2.0)
+    torch.testing.assert_close(parts["hard_loss"], task.labels_loss(student, labels), atol=1e-6, rtol=0)
+    torch.testing.assert_close(loss, 0.25 * soft + 0.75 * task.labels_loss(student, labels), atol=1e-6, rtol=0)
 
 
 def test_layers_map_last_onto_last_and_masked_mse_ignores_padding():

@@ -173,3 +173,12 @@ def test_the_command_line_trains_from_mined_negatives(tiny_encoder, tmp_path, ca
     assert rc == 0
     assert "hard.jsonl: 12 rows of 3 texts (anchor, positive, negative_1)" in capsys.readouterr().out
     assert (tmp_path / "run" / "best" / "modules.json").is_file()
+
+
+def test_max_train_examples_tokenizes_and_counts_only_the_tuples_that_train(tiny_encoder, nli, tmp_path, capsys):
+    """A quick check on a large file reads its first tuples only: the cut ones are counted among them."""
+    train, sts = nli
+    results = finetune(config(tiny_encoder, tmp_path / "run", train_file=str(train), validation_file=str(sts),
+                              max_length=8, max_train_examples=6, max_steps=1, batch_size=2))
+    assert results["num_train_examples"] == 6
+    assert "nli.jsonl: 6 of 6 tuples were longer than max_length 8" in capsys.readouterr().err

@@ -283,6 +283,16 @@ def test_similarity_cross_encoder(tiny_encoder, sts, tmp_path):
     assert model.num_labels == 1  # the regression head
 
 
+@pytest.mark.parametrize("mode", ["cross-encoder", "bi-encoder"])
+def test_similarity_max_train_examples_counts_the_cut_pairs_among_those_that_train(tiny_encoder, sts, tmp_path,
+                                                                                   capsys, mode):
+    train, dev = sts
+    cfg = tiny_config(tiny_encoder, tmp_path, task="similarity", train_file=str(train), validation_file=str(dev),
+                      max_steps=1, batch_size=2, max_length=4, max_train_examples=5, similarity={"mode": mode})
+    assert finetune(cfg)["num_train_examples"] == 5
+    assert "sts-train.csv: 5 of 5 pairs were longer than max_length 4" in capsys.readouterr().err
+
+
 def test_classification_regression_on_sentence_pairs(tiny_encoder, sts, tmp_path):
     """Float labels make a regression head (num_labels=1, MSE) scored by Pearson; pairs via text_pair_column."""
     from bert_kit.data.sts import read_sts

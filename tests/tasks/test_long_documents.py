@@ -137,3 +137,18 @@ def test_a_stride_must_leave_room_in_a_window():
 
     with pytest.raises(ConfigError, match=r"chunk_stride=40 is out of range: .* expected an integer < 29"):
         FinetuneConfig(max_length=32, classification={"long_text": "chunks", "chunk_stride": 40})
+
+
+def test_a_pairs_first_text_too_long_for_its_windows_is_named_by_its_line(tiny_encoder, tmp_path):
+    """Windows of pairs run over the second text: a first text that fills the window is an error
+    naming its file and line (the tokenizer alone fails naming no row)."""
+    rows = [("a short premise .", "a hypothesis", "yes"), ("word " * 40, "another hypothesis", "no"),
+            ("fine", "fine too", "yes")]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("premise\thypothesis\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    config = run_config(tiny_encoder, tmp_path / "run", path, path, label_names=["no", "yes"],
+                        text_column="premise", text_pair_column="hypothesis",
+                        classification={"long_text": "chunks", "chunk_stride": 4})
+    with pytest.raises(ValueError, match=r"pairs\.tsv:3: its first text holds 40 tokens, which leaves 0 of a window "
+                                         r"of max_length 32 to the second; .* chunk_stride 4"):
+        finetune(config)

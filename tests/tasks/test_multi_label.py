@@ -275,6 +275,18 @@ def test_a_single_label_model_refuses_a_file_of_label_sets(tiny_encoder, tmp_pat
            "predicts one label per text" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("threshold", [0.3, "tune"])
+def test_a_threshold_for_a_file_of_one_label_per_row_is_refused(tiny_encoder, tmp_path, threshold):
+    """A softmax classifier predicts its most probable class: a threshold would be silently unused."""
+    rows = "".join(f"{'good' if i % 2 else 'bad'} film {i}\t{'pos' if i % 2 else 'neg'}\n" for i in range(24))
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + rows)
+    with pytest.raises(ValueError, match=rf"classification.threshold={threshold} applies to several labels per "
+                                         r"text .* but \S*train.tsv holds one label per row"):
+        finetune(FinetuneConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), batch_size=8,
+                                precision="fp32", device="cpu", train_file=str(tmp_path / "train.tsv"), max_steps=1,
+                                classification={"threshold": threshold}))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_a_weighted_multi_label_run_in_cuda_graphs_and_windows(tiny_encoder, goemotions, tmp_path):
     """The GPU path: bf16, each step replayed as a CUDA graph (cuda_graphs: auto), class weights

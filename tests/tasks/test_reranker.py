@@ -74,6 +74,20 @@ def test_a_beir_folder_trains_with_random_negatives(tiny_encoder, tmp_path):
     assert results["num_train_examples"] == 8 and results["history"][-1]["num_queries"] == 5
 
 
+@pytest.mark.parametrize("pairs", [True, False])
+def test_listwise_lists_of_one_candidate_are_refused(tiny_encoder, tmp_path, pairs):
+    """A list of one candidate gives ListNet a loss of 0 whatever the scores: a run that trains nothing
+    (a file of (query, positive) pairs, or max_candidates 1)."""
+    train = write_groups(tmp_path / "train.jsonl", 8)
+    if pairs:
+        rows = [json.loads(line) for line in train.read_text().splitlines()]
+        train.write_text("".join(json.dumps({"anchor": r["anchor"], "positive": r["positive"]}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"train.jsonl: every training list holds one candidate, from which "
+                                         r"reranker.loss=listnet learns nothing"):
+        finetune(config(tiny_encoder, tmp_path / "run", train_file=str(train), validation_file=str(train),
+                        max_steps=2, reranker={"loss": "listnet", **({} if pairs else {"max_candidates": 1})}))
+
+
 def test_the_validation_ranks_each_querys_candidates(tiny_encoder, tmp_path):
     cfg = config(tiny_encoder, tmp_path / "run")
     task = RerankerTask(cfg)
