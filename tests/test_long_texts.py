@@ -134,16 +134,17 @@ def test_qa_contexts_and_overflow_windows_are_never_cut(tokenizers):
     assert got["offset_mapping"][-1][-2][1] == len(context.rstrip())  # the last window ends with the context
 
 
-def test_a_50_mb_line_and_a_long_pair_cost_little_time_and_memory(tokenizers):
-    """The bound is in the work done: a text a million times longer than max_length is cut
-    before the Rust tokenizer sees it. Asserted on memory (tracemalloc) and on what the backend is
-    given, not on the clock."""
-    tok, _ = tokenizers
-    line = "the quick brown fox jumps over the lazy dog. " * 1_200_000  # 54 MB, one line
+@contextlib.contextmanager
+def backend_spy(tok):
+    """Wrap the tokenizer's Rust backend (its cutter's too) while the block runs; yields the list
+    of characters every backend call receives (a pair's: both texts together)."""
     seen: list[int] = []
     backend = tok.backend
 
-    class Spy:  # records the characters every backend call receives
+    def chars(x) -> int:
+        return sum(map(len, x)) if isinstance(x, tuple) else len(x)
+
+    class Spy:
         def __getattr__(self, name):
             return getattr(backend, name)
 
@@ -152,22 +153,34 @@ def test_a_50_mb_line_and_a_long_pair_cost_little_time_and_memory(tokenizers):
             return backend.encode(sequence, *args, **kwargs)
 
         def encode_batch(self, inputs, *args, **kwargs):
-            seen.extend(sum(map(len, x)) if isinstance(x, tuple) else len(x) for x in inputs)
+            seen.extend(map(chars, inputs))
             return backend.encode_batch(inputs, *args, **kwargs)
 
         def encode_batch_fast(self, inputs, *args, **kwargs):  # the call for ids without offsets
-            seen.extend(sum(map(len, x)) if isinstance(x, tuple) else len(x) for x in inputs)
+            seen.extend(map(chars, inputs))
             return backend.encode_batch_fast(inputs, *args, **kwargs)
 
     tok.backend = tok._cutter.backend = Spy()
     try:
-        tracemalloc.start()
-        got = tok([line], max_length=32, return_tensors=None)
-        pair = tok(["word " * 5000], ["other word " * 5000], max_length=32, return_tensors=None)
-        _, peak = tracemalloc.get_traced_memory()
+        yield seen
     finally:
-        tracemalloc.stop()
         tok.backend = tok._cutter.backend = backend
+
+
+def test_a_50_mb_line_and_a_long_pair_cost_little_time_and_memory(tokenizers):
+    """The bound is in the work done: a text a million times longer than max_length is cut
+    before the Rust tokenizer sees it. Asserted on memory (tracemalloc) and on what the backend is
+    given, not on the clock."""
+    tok, _ = tokenizers
+    line = "the quick brown fox jumps over the lazy dog. " * 1_200_000  # 54 MB, one line
+    with backend_spy(tok) as seen:
+        tracemalloc.start()
+        try:
+            got = tok([line], max_length=32, return_tensors=None)
+            pair = tok(["word " * 5000], ["other word " * 5000], max_length=32, return_tensors=None)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
     assert len(got["input_ids"][0]) == 32 and len(pair["input_ids"][0]) == 32
     assert seen and max(seen) < 80_000  # characters the tokenizer got at once (of 54 million)
     assert peak < 200e6  # bytes: the slices, never copies of the whole line per token
@@ -232,33 +245,11 @@ def test_a_line_without_spaces_costs_what_max_length_costs(tokenizers, text, sam
     sees them: it gets a number of characters bounded by max_length, not by the text, and the
     ids (and offsets, back in the whole text) are those of the whole text."""
     tok, whole = tokenizers
-    seen: list[int] = []
-    backend = tok.backend
-
-    class Spy:  # records the characters every backend call receives
-        def __getattr__(self, name):
-            return getattr(backend, name)
-
-        def encode(self, sequence, *args, **kwargs):
-            seen.append(len(sequence))
-            return backend.encode(sequence, *args, **kwargs)
-
-        def encode_batch(self, inputs, *args, **kwargs):
-            seen.extend(len(x) for x in inputs)
-            return backend.encode_batch(inputs, *args, **kwargs)
-
-        def encode_batch_fast(self, inputs, *args, **kwargs):  # the call for ids without offsets
-            seen.extend(len(x) for x in inputs)
-            return backend.encode_batch_fast(inputs, *args, **kwargs)
-
-    tok.backend = tok._cutter.backend = Spy()
-    try:
+    with backend_spy(tok) as seen:
         got = tok([text], max_length=32, return_tensors=None, return_offsets_mapping=True)
         ids = tok.encode(text, max_length=32)
         only_ids = tok([text], max_length=32, padding=False, return_tensors=None, return_token_type_ids=False,
                        return_attention_mask=False)["input_ids"]  # what embedding asks for
-    finally:
-        tok.backend = tok._cutter.backend = backend
     want = whole([same_as], max_length=32, return_tensors=None)
     assert got["input_ids"] == want["input_ids"] == only_ids and ids == want["input_ids"][0]
     assert max(seen) < 20_000  # characters the tokenizer got at once
