@@ -33,7 +33,6 @@ The pooling functions are plain tensor functions, so the bi-encoder fine-tuning 
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import queue
 import threading
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_kit.checks import ConfigError, Range, positive, resolve_device
+from bert_kit.data.tables import no_garbage_collection
 from bert_kit.input_checks import unchecked_inputs
 from bert_kit.families import is_encoder, load_model
 from bert_kit.kernels import fast_path
@@ -399,7 +399,8 @@ class SentenceEncoder:
         rows, at = np.empty(n, dtype=np.int64), 0
         prefetched = _Prefetched(batches)  # the batching thread starts on entry
         try:
-            with torch.inference_mode(), self.autocast(checked_ids=True), _no_gc(), prefetched as ready:
+            with torch.inference_mode(), self.autocast(checked_ids=True), no_garbage_collection(), \
+                    prefetched as ready:
                 for batch in ready:
                     size = len(batch.rows)
                     done[at: at + size].copy_(self.run_batch(batch), non_blocking=cuda)
@@ -450,19 +451,6 @@ class SentenceEncoder:
         a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
         b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
         return np.einsum("nh,nh->n", a.astype(np.float64), b.astype(np.float64))
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: tokenizing allocates many small lists (no cycles), and
-    each collection walks every object of the process, all of torch's (as `data.tables` does)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _Prefetched:
