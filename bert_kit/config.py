@@ -255,17 +255,7 @@ class BertConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> "BertConfig":
         """Read a YAML or JSON file, or a folder holding `config.json`. HF configs are recognised."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        if path.suffix in (".yaml", ".yml"):  # as run configs are read: duplicate keys and alias bombs refused
-            d = resolve_plain(load_yaml(read_text(path), str(path))) or {}
-        else:
-            d = read_json(path)
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
+        path, d = read_config_mapping(path)
         try:
             if "preset" in d:  # YAML may start from a preset and override fields
                 preset = d.pop("preset")
@@ -432,9 +422,8 @@ def config_from_dict(d: dict[str, Any], source: str = "model") -> Any:
         raise ConfigError(e if source in str(e) else f"{source}: {e}") from None
 
 
-def read_config_file(path: str | Path) -> Any:
-    """A YAML or JSON config file, or a folder holding `config.json`, of either architecture
-    (`config_from_dict`); HF configs are recognised by their model_type."""
+def read_config_mapping(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(the file read, its mapping): a YAML or JSON config file, or a folder's `config.json`."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -446,4 +435,11 @@ def read_config_file(path: str | Path) -> Any:
         d = read_json(path)
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(d).__name__}")
+    return path, d
+
+
+def read_config_file(path: str | Path) -> Any:
+    """A YAML or JSON config file, or a folder holding `config.json`, of either architecture
+    (`config_from_dict`); HF configs are recognised by their model_type."""
+    path, d = read_config_mapping(path)
     return config_from_dict(d, source=str(path))
