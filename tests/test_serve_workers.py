@@ -180,3 +180,18 @@ def test_default_workers(folder, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert default_workers(ServeConfig(model=str(folder), device="cuda")) == 2
     assert default_workers(ServeConfig(model=str(folder), device="cpu")) == 1
+
+
+def test_a_stop_caught_before_uvicorn_starts_drains_at_once(folder):
+    """A SIGTERM that reached a worker between its "ready" and uvicorn's own handlers killed it
+    unreported ("exited with status -15 while serving", the command's exit 1): caught, it is
+    handed to the server, which starts, answers nothing and stops."""
+    pytest.importorskip("uvicorn", reason="bert-kit serve needs the [serve] extra")
+    from bert_kit.serving.server import build, listen, run_app
+
+    cfg = ServeConfig(model=str(folder), device="cpu")
+    _, _, app = build(cfg)
+    before = signal.getsignal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert run_app(app, listen("127.0.0.1", 0), cfg, [signal.SIGTERM]) == (0, 0)
+    assert time.monotonic() - t0 < 10 and signal.getsignal(signal.SIGTERM) is before

@@ -174,9 +174,10 @@ def build(cfg: ServeConfig, worker: tuple[int, int] = (0, 1)) -> tuple[dict, lis
     return info, operations, create_app(info, operations, batcher, limits, metrics)
 
 
-def run_app(app: Any, sock: socket.socket, cfg: ServeConfig) -> tuple[int, int]:
+def run_app(app: Any, sock: socket.socket, cfg: ServeConfig, pending: list[int] | None = None) -> tuple[int, int]:
     """Serve `app` on the listening `sock` under uvicorn (httptools and uvloop where installed)
-    until SIGTERM/SIGINT and the drain that follows; (answered, accepted) requests."""
+    until SIGTERM/SIGINT and the drain that follows; (answered, accepted) requests. `pending`: stop
+    signals caught before this was called (and any caught while it starts), which drain at once."""
     import uvicorn  # the [serve] extra, imported only here so the CLI's --help works without it
 
     config = uvicorn.Config(app, lifespan="on", access_log=cfg.access_log, log_level="info",
@@ -184,8 +185,11 @@ def run_app(app: Any, sock: socket.socket, cfg: ServeConfig) -> tuple[int, int]:
                             timeout_keep_alive=min(5, cfg.read_timeout))  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it is done; with these handlers in place
-    # that is a no-op, so a graceful stop ends with our exit status instead of "killed by SIGTERM"
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # that only asks a stopped server to stop, so a graceful stop ends with our exit status instead
+    # of "killed by SIGTERM"; before uvicorn installs its own, they stop it as uvicorn's would
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in pending or []:
+        server.handle_exit(sig, None)
     try:
         server.run(sockets=[sock])
     finally:

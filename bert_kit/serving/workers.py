@@ -138,9 +138,13 @@ def _worker(cfg: ServeConfig, index: int, count: int, port: int, outbox: Connect
     except BaseException as e:  # reported to the supervisor, which ends the command with it
         _report(outbox, ("failed", _portable(e)))
         return
+    # announced from "ready" on, so from then a stop drains: one arriving before uvicorn's own
+    # handlers are in place is kept and handed to it, not left to kill the worker unreported
+    pending: list[int] = []
+    signal.signal(signal.SIGTERM, lambda sig, _: pending.append(sig))
     if not _report(outbox, ("ready", info, [op.path for op in operations])):
         return  # the supervisor is gone: nobody announced this worker, nobody will stop it
-    answered, accepted = run_app(app, sock, cfg)
+    answered, accepted = run_app(app, sock, cfg, pending)
     _report(outbox, ("stopped", answered, accepted))
 
 
