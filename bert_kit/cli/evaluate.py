@@ -230,7 +230,7 @@ def run_retrieval(args: argparse.Namespace) -> int:
         print(format_table(metrics, metric_names(evaluator.cutoffs)))
     else:
         print(f"reranked each query's first {rerank_k} documents with {args.rerank} "
-              f"({reranking['rerank']['seconds']:.1f} s)")
+              f"({reranking['rerank']['seconds']:.1f} s); the others follow in the first stage's order")
         print(format_table(metrics, metric_names(evaluator.cutoffs), first_stage=first_stage, reranked=metrics))
     print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0

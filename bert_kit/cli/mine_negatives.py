@@ -16,6 +16,7 @@ sentence-transformers' `mine_hard_negatives(cross_encoder=...)` does.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -129,8 +130,14 @@ def run(args: argparse.Namespace) -> int:
     mined = mine_hard_negatives(encoder, anchors, positives, corpus, settings, args.query_prefix,
                                 args.passage_prefix, rescore=rescore, batch_size=args.batch_size, show_progress=True)
     rows = mined.rows(args.format, args.output_scores)
-    out = write_rows(args.output, rows)
     print(mined.summary())
+    if not rows:  # an empty file would only fail later, in the training run that reads it
+        print(f"mine-negatives: no {args.format} row to write: no pair kept a negative under these settings "
+              "(see the counts above); lower --margin/--relative-margin/--range-min, raise --range-max or "
+              f"--max-score{', or lower --num-negatives' if args.format == 'n-tuple' else ''}; {args.output} "
+              "not written", file=sys.stderr)
+        return 1
+    out = write_rows(args.output, rows)
     print(f"wrote {len(rows)} {args.format} row(s) -> {out} ({time.time() - t0:.1f} s on {encoder.device}, "
           f"{encoder.precision}{f'; rescored by {args.rescore}' if rescore else ''})")
     return 0

@@ -10,7 +10,9 @@ sigmoid of the logit, as `CrossEncoder.predict` returns it (`raw=True`: the logi
 "[CLS] query [SEP] passage [SEP]", cut longest-first to `max_length`; they are scored in
 length-sorted batches of a token budget (`embeddings.token_batches`), packed on the host, in bf16
 on a GPU that has it. `rerank` rescores the top_k documents of each query of a `Ranking` and orders
-them by the new scores (ties by document id, as trec_eval), the documents past top_k left out.
+them by the new scores (ties by document id, as trec_eval); the documents past top_k follow in the
+first stage's order, as a two-stage search returns them (so Recall@100 after reranking the top 5
+is the first stage's, not the Recall@5 of a list cut short).
 This is the reranker of `bert-kit evaluate --task retrieval --rerank`, of `bert-kit mine-negatives
 --rescore` (sentence-transformers' `mine_hard_negatives(cross_encoder=...)`), and of `/rerank` in
 `bert-kit serve`.
@@ -130,8 +132,9 @@ class Reranker:
 def rerank(ranking: Ranking, data: BeirData, reranker: Reranker, top_k: int = 100, query_prefix: str = "",
            progress: Callable[[int], None] | None = None) -> Ranking:
     """`ranking` with the top_k documents of each query rescored by `reranker` and reordered (ties
-    by document id, highest first, as trec_eval); the documents past top_k are left out. All pairs
-    are scored together (length-sorted batches); progress(n) counts the queries done."""
+    by document id, highest first, as trec_eval), then the documents past top_k in their first-stage
+    order, scored below the reranked ones (one less for each place). All pairs are scored together
+    (length-sorted batches); progress(n) counts the queries done."""
     texts = dict(zip(data.corpus_ids, data.corpus_texts))
     queries, passages, spans = [], [], []
     for q, docs in zip(ranking.query_ids, ranking.doc_ids):
@@ -141,12 +144,15 @@ def rerank(ranking: Ranking, data: BeirData, reranker: Reranker, top_k: int = 10
         passages += [texts[d] for d in kept]
     scores = reranker.score_pairs(queries, passages, raw=True)  # the logits: no ties from a saturated sigmoid
     doc_ids, kept_scores, at = [], [], 0
-    for docs in spans:
+    for docs, everything in zip(spans, ranking.doc_ids):
         found = dict(zip(docs, scores[at: at + len(docs)].tolist()))
         at += len(docs)
         order = ranked(list(found), list(found.values()))
-        doc_ids.append(order)
-        kept_scores.append([found[d] for d in order])
+        head = [found[d] for d in order]
+        tail = list(everything[len(docs):])
+        floor = min(head, default=0.0)
+        doc_ids.append(order + tail)
+        kept_scores.append(head + [floor - i for i in range(1, len(tail) + 1)])
         if progress is not None:
             progress(1)
     return Ranking(list(ranking.query_ids), doc_ids, kept_scores)

@@ -181,3 +181,10 @@ def test_mine_negatives_command_on_a_beir_folder_and_a_pairs_file(tmp_path, mini
     bad = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(pairs), "--output",
                     str(tmp_path / "x.jsonl"), "--range-min", "5", "--range-max", "6", "--num-negatives", "3"])
     assert bad == 2 and "fewer than num_negatives 3 places" in capsys.readouterr().err
+    # a margin no cosine can keep: every candidate skipped; it exited 0 after writing an empty file
+    none = tmp_path / "none.jsonl"
+    rc = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(pairs), "--output", str(none),
+                   "--margin", "2.5"])
+    captured = capsys.readouterr()
+    assert rc == 1 and not none.exists() and "skipped" in captured.out, captured.out + captured.err
+    assert "no triplet row to write" in captured.err and f"{none} not written" in captured.err
