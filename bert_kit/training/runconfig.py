@@ -457,12 +457,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls: type,
     data = move_old_keys(cls, data, note=False)
     hints, groups, moved = _hints(cls), settings_groups(cls), moved_keys(cls)
     valid = [f.name for f in dataclasses.fields(cls)]
-    old = []
+    old, spelled = [], {}  # spelled: {setting: the override that set it under another name}
     for text in overrides:
         key, _ = _split_override(text)
         if key in moved:
             old.append(key)
             key = moved[key]
+        # one name given twice: the last wins, as with any flag; two names of one setting that
+        # disagree are refused, as in a file (`metric_for_best=f1 metric=accuracy`)
+        earlier = spelled.get(key)
+        if earlier is not None and _split_override(earlier)[0] != _split_override(text)[0] \
+                and _parse_override(earlier)[1] != _parse_override(text)[1]:
+            raise ConfigError(f"overrides {_quoted(earlier)} and {_quoted(text)} set the same setting {key!r} "
+                              "to different values: give one")
+        spelled[key] = text
         head, _, rest = key.partition(".")
         if head not in valid:
             error = unknown_keys([head], valid, _settings_help(cls, settings_help), moved)

@@ -128,5 +128,10 @@ def test_metric_for_best_is_metric_under_another_name(tmp_path):
     (tmp_path / "both.yaml").write_text("metric_for_best: mcc\nmetric: f1\n")
     with pytest.raises(ConfigError, match="are the same setting: keep metric"):
         load_config(FinetuneConfig, tmp_path / "both.yaml")
+    # two names of it on one command line: refused too (the last one won); one name twice: the last
+    with pytest.raises(ConfigError, match="'metric_for_best=f1' and 'metric=mcc' set the same setting 'metric'"):
+        load_config(FinetuneConfig, None, ["metric_for_best=f1", "metric=mcc"])
+    assert load_config(FinetuneConfig, None, ["metric_for_best=f1", "metric=f1"]).metric == "f1"
+    assert load_config(FinetuneConfig, None, ["metric=f1", "metric=mcc"]).metric == "mcc"
     with pytest.raises(ConfigError, match="metric='f1_joy' is not a validation metric.*f1_LABEL"):
         FinetuneConfig(metric="f1_joy", label_names=["anger", "sadness"])
