@@ -32,7 +32,7 @@ from bert_kit.tasks import PER_LABEL_METRICS, metric_names
 from bert_kit.tasks.classification_config import ClassificationSettings, read_label_names_file
 from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.tasks.retrieval_config import EmbeddingSettings, RerankerSettings
-from bert_kit.training.runconfig import accepts_moved_keys, build_group
+from bert_kit.training.runconfig import accepts_moved_keys, build_group, note_once
 from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384, "embedding": 256, "reranker": 256}  # other tasks: 128
@@ -155,6 +155,20 @@ class DistillSettings:
 # the groups of task settings: field -> its dataclass
 GROUPS = {"qa": QASettings, "ner": NERSettings, "similarity": SimilaritySettings,
           "classification": ClassificationSettings, "embedding": EmbeddingSettings, "reranker": RerankerSettings}
+GROUP_TASKS = {"qa": "qa", "ner": "token-classification", "similarity": "similarity",
+               "classification": "classification", "embedding": "embedding", "reranker": "reranker"}
+
+
+def unread_settings(cfg: FinetuneConfig) -> list[str]:
+    """The settings set (away from their defaults) in the groups of tasks other than `cfg.task`:
+    read by no part of the run. `group.key=value` each."""
+    unread = []
+    for name, task in GROUP_TASKS.items():
+        given, default = getattr(cfg, name), GROUPS[name]()
+        if task != cfg.task:
+            unread += [f"{name}.{f.name}={getattr(given, f.name)!r}" for f in dataclasses.fields(default)
+                       if getattr(given, f.name) != getattr(default, f.name)]
+    return unread
 
 
 @accepts_moved_keys
@@ -259,6 +273,10 @@ class FinetuneConfig(RunSettings):
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
             setattr(self, name, build_group(group, getattr(self, name), name))
+        unread = unread_settings(self)
+        if unread:  # not an error: one set of overrides (a glue sweep's) serves runs of several tasks
+            note_once(f"note: task {self.task} does not read {', '.join(unread)} (settings of task "
+                      f"{' / '.join(dict.fromkeys(GROUP_TASKS[k.split('.')[0]] for k in unread))})")
         if self.lora is not None:  # optional groups: absent (None) is off
             self.lora = build_group(LoRASettings, self.lora, "lora")
         if self.distill is not None:

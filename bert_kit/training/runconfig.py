@@ -284,7 +284,11 @@ def note_moved(keys: list[str], moved: dict[str, str], source: str) -> None:
     keys = [k for k in keys if "." in moved[k]]
     if not keys:
         return
-    line = f"note: {source + ': ' if source else ''}{moved_message(keys, moved)}"
+    note_once(f"note: {source + ': ' if source else ''}{moved_message(keys, moved)}")
+
+
+def note_once(line: str) -> None:
+    """Print `line` on stderr, on rank 0, once per process."""
     if os.environ.get("RANK", "0") == "0" and line not in _noted:
         _noted.add(line)
         print(line, file=sys.stderr, flush=True)

@@ -135,3 +135,16 @@ def test_metric_for_best_is_metric_under_another_name(tmp_path):
     assert load_config(FinetuneConfig, None, ["metric=f1", "metric=mcc"]).metric == "mcc"
     with pytest.raises(ConfigError, match="metric='f1_joy' is not a validation metric.*f1_LABEL"):
         FinetuneConfig(metric="f1_joy", label_names=["anger", "sadness"])
+
+
+def test_another_tasks_settings_are_named_as_unread(capsys):
+    """`qa: {doc_stride: 64}` in a classification run was taken without a word; a refusal would
+    break one set of overrides serving a glue sweep's tasks, so it is a note naming each key."""
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    FinetuneConfig(task="classification", qa={"doc_stride": 64}, similarity={"mode": "bi-encoder"})
+    assert capsys.readouterr().err == ("note: task classification does not read qa.doc_stride=64, "
+                                       "similarity.mode='bi-encoder' (settings of task qa / similarity)\n")
+    FinetuneConfig(task="qa", qa={"doc_stride": 64}, classification={"long_text": "truncate"})  # defaults: quiet
+    FinetuneConfig(task="token-classification", ner={"tag_column": 2})
+    assert capsys.readouterr().err == ""
