@@ -24,6 +24,7 @@ every bert-kit command (`embed`, `evaluate --task retrieval`, `serve`).
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,7 +44,7 @@ from bert_kit.model_folder import write_sentence_transformers_files
 from bert_kit.tasks import RANK_METRICS, SCORE_METRICS
 from bert_kit.tasks.base import Task, build_model, drop_empty_texts, encode, freeze_pooler, shard_and_gather
 from bert_kit.tasks.retrieval_config import MAX_LEARNED_SCALE
-from bert_kit.training.contrastive import matryoshka_loss, multiple_negatives_ranking_loss
+from bert_kit.training.contrastive import known_positives, matryoshka_loss, multiple_negatives_ranking_loss, pair_codes
 from bert_kit.training.distributed import unwrap_model, world_size
 from bert_kit.training.grad_cache import cached_loss
 
@@ -146,8 +147,11 @@ class EmbeddingTask(Task):
         columns, lines = tuples.columns, tuples.lines
         drop_empty_texts(path, self.tokenizer, lines, columns, [lines])  # a text without tokens teaches nothing
         print(tuples.source, flush=True)
+        every = text_keys(columns)  # equal texts, equal ids: for the no-duplicates batches, and the known pairs
+        if self.e.exclude_known_positives and every:  # the pairs of every row, those past the limit too
+            self.known_pairs, self.num_texts = pair_codes(every)
         columns = [column[:limit] for column in columns]  # tokenize (and count cut) only what trains
-        keys = text_keys(columns)  # for the no-duplicates batches: equal texts, equal ids
+        keys = every[:len(columns[0])]
         prefixes = [self.e.query_prefix] + [self.e.passage_prefix] * (len(columns) - 1)
         ids, found = [], Truncated(len(keys), s.max_length)
         for prefix, texts in zip(prefixes, columns):
@@ -201,6 +205,7 @@ class EmbeddingTask(Task):
         out["attention_mask"] = (torch.arange(T)[None, :] < lengths[:, None]).long()
         out["token_type_ids"] = torch.zeros_like(out["input_ids"])
         out["columns"] = k
+        out["keys"] = torch.tensor([item["keys"] for item in items], dtype=torch.int64).T  # (k, B) text ids
         if self.e.cached:
             size, multiple = self.e.mini_batch_size, self.pad_multiple
             spans = [(start, min(start + size, len(rows))) for start in range(0, len(rows), size)]
@@ -227,14 +232,21 @@ class EmbeddingTask(Task):
     def load(self, folder: str | Path) -> nn.Module:
         return EmbeddingModel(super().load(folder), self.e.pooling)
 
-    def loss_of_vectors(self, columns: int, vectors: torch.Tensor, log_scale: torch.Tensor | None) -> torch.Tensor:
-        """The contrastive loss of a batch's vectors (k B, H), column after column."""
+    def loss_of_vectors(self, columns: int, vectors: torch.Tensor, log_scale: torch.Tensor | None,
+                        keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The contrastive loss of a batch's vectors (k B, H), column after column; keys (k, B):
+        the texts' ids, for embedding.exclude_known_positives."""
         cols = vectors.view(columns, -1, vectors.shape[-1])  # (k, B, H)
         scale = self.e.scale if log_scale is None else log_scale.exp().clamp(max=MAX_LEARNED_SCALE)
         gather = self.e.gather_across_ranks and world_size() > 1
+        exclude = None
+        if self.e.exclude_known_positives and keys is not None and hasattr(self, "known_pairs"):
+            pairs = self.known_pairs = self.known_pairs.to(vectors.device)
+            exclude = functools.partial(known_positives, pairs=pairs, texts=self.num_texts)
+            keys = keys.to(vectors.device)
 
         def mnrl(c: torch.Tensor) -> torch.Tensor:
-            return multiple_negatives_ranking_loss(c, scale, self.e.loss == "symmetric", gather)
+            return multiple_negatives_ranking_loss(c, scale, self.e.loss == "symmetric", gather, exclude, keys)
 
         dims = self.e.matryoshka_dims
         return matryoshka_loss(mnrl, cols, dims, self.e.matryoshka_weights) if dims else mnrl(cols)
@@ -242,8 +254,9 @@ class EmbeddingTask(Task):
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         core = unwrap_model(model)
         log_scale, k = core.logit_scale, batch["columns"]
+        keys = batch.get("keys")
         if not self.e.cached:  # one forward pass over every text of the batch
-            return self.loss_of_vectors(k, encode(model, batch, self.unpadded), log_scale), {}
+            return self.loss_of_vectors(k, encode(model, batch, self.unpadded), log_scale, keys), {}
         size = self.e.mini_batch_size
 
         def embed(i: int) -> torch.Tensor:  # mini-batch i, cut to its own padded length
@@ -257,7 +270,7 @@ class EmbeddingTask(Task):
             return model(batch["input_ids"][rows, :length], mask, batch["token_type_ids"][rows, :length],
                          unpadded=layout)
 
-        loss = cached_loss(embed, len(batch["chunk_lengths"]), lambda v, s: self.loss_of_vectors(k, v, s),
+        loss = cached_loss(embed, len(batch["chunk_lengths"]), lambda v, s: self.loss_of_vectors(k, v, s, keys),
                            batch["input_ids"].device, log_scale, model)
         return loss, {}
 

@@ -51,6 +51,9 @@ class EmbeddingSettings:
     mini_batch_size: int = 32  # rows (texts) a forward pass with cached: true
     gather_across_ranks: bool = True  # under torchrun, every rank's texts are every anchor's candidates
     no_duplicates: bool = True  # no text twice in a batch (an in-batch negative that is a copy of a positive)
+    exclude_known_positives: bool = False
+    """leave out of an anchor's negatives every candidate the training data pairs with it (another
+    row's positive, or a "negative", that a row of the same anchor holds as its positive)"""
     matryoshka_dims: list[int] | None = None  # also train (and score) the first d components, e.g. [384, 256, 128, 64]
     matryoshka_weights: list[float] | None = None  # the loss of each of matryoshka_dims (default 1 each)
     query_prefix: str = ""  # before every anchor (query), e.g. "query: " (E5)

@@ -15,8 +15,10 @@ candidates of every anchor are all the positives and negatives of the batch (C =
 
 The other rows' positives are the anchor's in-batch negatives, so a batch of B pairs gives
 B - 1 negatives each for free; a text repeated in a batch would be a false negative
-(`data.no_duplicates` keeps them out). `scale` is 1 / temperature: 20 (sentence-transformers'
-default), or exp of a learned parameter (CLIP's logit_scale).
+(`data.no_duplicates` keeps them out), and so is another row's positive that the training data
+also pairs with the anchor (on NFCorpus a document is relevant to 30 queries on average): with
+`exclude`, such candidates are left out of the anchor's softmax (`known_positives`). `scale` is
+1 / temperature: 20 (sentence-transformers' default), or exp of a learned parameter (CLIP's logit_scale).
 
 Under torchrun (`gather=True`) each rank's candidates are all ranks' ((k - 1) B W): the rows are
 gathered with `gather_with_grad`, whose backward sums every rank's gradient of this rank's rows,
@@ -63,13 +65,43 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     return _GatherWithGrad.apply(x)
 
 
+def gather_keys(x: torch.Tensor) -> torch.Tensor:
+    """x (n, ...) of every rank, concatenated in rank order, without gradients (text ids)."""
+    if world_size() <= 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def known_positives(anchor_keys: torch.Tensor, candidate_keys: torch.Tensor, pairs: torch.Tensor,
+                    texts: int) -> torch.Tensor:
+    """(B, C) bool: True where candidate j is a known positive of anchor i, by the text ids of
+    anchors (B,) and candidates (C,) and `pairs`, the sorted (anchor id * texts + positive id) of
+    every training pair (`pair_codes`)."""
+    codes = anchor_keys[:, None] * texts + candidate_keys[None, :]
+    at = torch.searchsorted(pairs, codes).clamp(max=len(pairs) - 1)  # a lookup with no host sync
+    return pairs[at] == codes
+
+
+def pair_codes(keys: list[tuple[int, ...]]) -> tuple[torch.Tensor, int]:
+    """The sorted codes (anchor id * texts + positive id) of the examples' (anchor, positive) text
+    ids, and `texts` (one more than the largest id)."""
+    texts = 1 + max(max(k) for k in keys)
+    return torch.tensor(sorted({k[0] * texts + k[1] for k in keys}), dtype=torch.int64), texts
+
+
 def multiple_negatives_ranking_loss(columns: torch.Tensor, scale: float | torch.Tensor = DEFAULT_SCALE,
-                                    symmetric: bool = False, gather: bool = False) -> torch.Tensor:
+                                    symmetric: bool = False, gather: bool = False,
+                                    exclude: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                                    keys: torch.Tensor | None = None) -> torch.Tensor:
     """MNRL (InfoNCE with in-batch negatives) of `columns` (k >= 2, B, H): anchors, positives, then
     hard negatives (see the module docstring). scale: a number or a 0-d tensor (a learned one's
     exp). symmetric: also each positive against all anchors, averaged with the forward term.
-    gather: the candidates (and, symmetric, the anchors) of every rank. Returns the mean loss over
-    this rank's anchors (float32)."""
+    gather: the candidates (and, symmetric, the anchors) of every rank. exclude(anchor ids (B,),
+    candidate ids (C,)) -> (B, C) bool: candidates left out of an anchor's negatives (never its own
+    positive), given the texts' ids `keys` (k, B). Returns the mean loss over this rank's anchors
+    (float32)."""
     if columns.dim() != 3 or columns.shape[0] < 2:
         raise ValueError(f"columns must be (k >= 2, B, H): anchors, positives, negatives; got {tuple(columns.shape)}")
     k, B, _ = columns.shape
@@ -81,11 +113,25 @@ def multiple_negatives_ranking_loss(columns: torch.Tensor, scale: float | torch.
         offset = rank() * B
     labels = torch.arange(offset, offset + B, device=columns.device)  # p_i is candidate offset + i
     scores = anchors @ candidates.reshape(-1, candidates.shape[-1]).T * scale  # (B, (k - 1) W B)
+    left_out = None
+    if exclude is not None:
+        if keys is None:
+            raise ValueError("exclude needs the texts' ids (keys)")
+        candidate_keys = keys[1:] if not (gather and world_size() > 1) else \
+            torch.stack([gather_keys(column) for column in keys[1:]])  # (k - 1, W B)
+        left_out = exclude(keys[0], candidate_keys.reshape(-1))  # (B, (k - 1) W B)
+        left_out[torch.arange(B, device=left_out.device), labels] = False  # the anchor's own positive stays
+        scores = scores.masked_fill(left_out, float("-inf"))
     loss = F.cross_entropy(scores, labels)
     if not symmetric:
         return loss
     all_anchors = gather_with_grad(anchors) if gather else anchors  # (W B, H)
     backward = unit[1] @ all_anchors.T * scale  # (B, W B): p_i against every anchor
+    if left_out is not None:  # p_i against anchor l: left out where p_i is one of l's known positives
+        all_anchor_keys = gather_keys(keys[0]) if gather else keys[0]
+        back_out = exclude(all_anchor_keys, keys[1]).T  # (B, W B)
+        back_out[torch.arange(B, device=back_out.device), labels] = False
+        backward = backward.masked_fill(back_out, float("-inf"))
     return (loss + F.cross_entropy(backward, labels)) / 2
 
 

@@ -136,6 +136,42 @@ def test_beir_qrels_train_and_a_beir_split_scores(tiny_encoder, tmp_path, monkey
         assert len(keys) == len(set(keys))
 
 
+def test_known_positives_of_a_beir_folder_are_no_negatives(tiny_encoder, tmp_path, monkeypatch):
+    """embedding.exclude_known_positives: a document relevant to two queries of a batch is left out
+    of each one's negatives, and only such documents (whatever the batch), by every pair of the
+    training data, those past max_train_examples too."""
+    import bert_kit.tasks.embedding as embedding
+
+    shared = {"q1": {"d1": 1, "d3": 1}, "q3": {"d1": 1, "d11": 1}, "q2": {"d4": 1, "d6": 1}, "q4": {"d5": 1, "d3": 1}}
+    folder = write_beir(tmp_path / "beir", DOCS, QUERIES, shared, split="train")
+    seen = []
+    original = embedding.known_positives
+
+    def spy(anchor_keys, candidate_keys, pairs, texts):
+        out = original(anchor_keys, candidate_keys, pairs, texts)
+        seen.append((anchor_keys.tolist(), candidate_keys.tolist(), out.tolist()))
+        return out
+
+    monkeypatch.setattr(embedding, "known_positives", spy)
+    cfg = config(tiny_encoder, tmp_path / "run", train_file=str(folder), batch_size=4, max_steps=6,
+                 max_train_examples=7, embedding={"exclude_known_positives": True})  # the 8th pair is known too
+    finetune(cfg)
+    assert len(seen) == 6  # one mask a step
+    from bert_kit.retrieval.beir import read_beir
+    from bert_kit.retrieval.mining import pairs_from_beir
+
+    anchors, positives = pairs_from_beir(read_beir(folder, "train"))
+    text = list(dict.fromkeys([*anchors, *positives]))  # text ids: in order of first appearance, column by column
+    relevant = set(zip(anchors, positives))
+    left_out = 0
+    for anchor_keys, candidate_keys, mask in seen:
+        for i, a in enumerate(anchor_keys):
+            for j, c in enumerate(candidate_keys):
+                assert mask[i][j] == ((text[a], text[c]) in relevant), (text[a], text[c])
+                left_out += mask[i][j] and j != i
+    assert left_out > 0  # the shared documents met another of their queries at least once
+
+
 def test_the_settings_are_checked(tiny_encoder, nli):
     train, _ = nli
     ok = dict(model=str(tiny_encoder), task="embedding", train_file=str(train))

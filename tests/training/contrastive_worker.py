@@ -15,10 +15,12 @@ The one-process side computes the same on the whole batch inside pytest.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -29,7 +31,7 @@ from bert_kit.config import BertConfig  # noqa: E402
 from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks.base import freeze_pooler  # noqa: E402
 from bert_kit.tasks.embedding import EmbeddingModel  # noqa: E402
-from bert_kit.training.contrastive import multiple_negatives_ranking_loss  # noqa: E402
+from bert_kit.training.contrastive import known_positives, multiple_negatives_ranking_loss, pair_codes  # noqa: E402
 from bert_kit.training.distributed import (all_gather_object, all_reduce_mean, init_distributed, rank,  # noqa: E402
                                            world_size, wrap_model)
 from bert_kit.training.grad_cache import cached_loss  # noqa: E402
@@ -61,9 +63,26 @@ def tiny_model() -> EmbeddingModel:
     return freeze_pooler(EmbeddingModel(BERTModel(config), learned_scale=True)).train()
 
 
-def loss_of(vectors_: torch.Tensor, log_scale: torch.Tensor, symmetric: bool, gather: bool) -> torch.Tensor:
+def keys() -> torch.Tensor:
+    """(K, ROWS) text ids: anchors 0.., positives 100.., negatives 200.."""
+    return torch.arange(ROWS)[None, :] + torch.tensor([0, 100, 200])[:, None]
+
+
+def known() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`exclude` for the training pairs: each anchor with its positive, with the positive of the row
+    3 further (on the other rank when there are two) and with the negative of the row 5 further."""
+    rows = range(ROWS)
+    pairs = [(i, 100 + i) for i in rows] + [(i, 100 + (i + 3) % ROWS) for i in rows] + \
+        [(i, 200 + (i + 5) % ROWS) for i in rows]
+    codes, texts = pair_codes(pairs)
+    return functools.partial(known_positives, pairs=codes, texts=texts)
+
+
+def loss_of(vectors_: torch.Tensor, log_scale: torch.Tensor, symmetric: bool, gather: bool,
+            excluded: bool = False, rows: slice = slice(None)) -> torch.Tensor:
     cols = vectors_.view(K, -1, vectors_.shape[-1])
-    return multiple_negatives_ranking_loss(cols, log_scale.exp(), symmetric, gather)
+    exclude, ids = (known(), keys()[:, rows]) if excluded else (None, None)
+    return multiple_negatives_ranking_loss(cols, log_scale.exp(), symmetric, gather, exclude, ids)
 
 
 def model_run(model, ids, mask, symmetric: bool, gather: bool, chunk: int | None):
@@ -88,12 +107,12 @@ def main(out: Path) -> None:
     n = ROWS // world_size()
     rows = slice(rank() * n, (rank() + 1) * n)
     results = {}
-    for symmetric in (False, True):
+    for symmetric, excluded in ((False, False), (True, False), (False, True), (True, True)):
         local = vectors()[:, rows].clone().requires_grad_()
         scale = torch.tensor(math.log(20.0), requires_grad=True)
-        loss = loss_of(local.reshape(-1, H), scale, symmetric, gather=True)
+        loss = loss_of(local.reshape(-1, H), scale, symmetric, gather=True, excluded=excluded, rows=rows)
         loss.backward()
-        results[f"symmetric={symmetric}"] = {"loss": float(all_reduce_mean(loss.detach())),
+        results[f"symmetric={symmetric}" + ",excluded" * excluded] = {"loss": float(all_reduce_mean(loss.detach())),
                                              "grads": all_gather_object(local.grad.tolist()),
                                              "scale_grad": float(all_reduce_mean(scale.grad))}
     if rank() == 0:

@@ -11,6 +11,7 @@ Run: .venv/bin/python -m pytest tests/training/test_contrastive.py -q
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -62,6 +63,52 @@ def test_mnrl_equals_sentence_transformers(k, symmetric):
     cols = columns(k, B=7, H=16, seed=k)
     want = reference.compute_loss_from_embeddings(list(cols), None)
     assert_close(multiple_negatives_ranking_loss(cols, 13.0, symmetric), want, rtol=1e-6, atol=1e-6)
+
+
+def by_hand_excluding(cols: torch.Tensor, scale: float, out: set, symmetric: bool) -> torch.Tensor:
+    """by_hand with the candidates (i, j) in `out` (anchor row, flat candidate index) left out of the
+    softmax; symmetric: positive i against anchor l left out where (l, i) is."""
+    u = F.normalize(cols.double(), dim=-1)
+    k, B, _ = u.shape
+    candidates = u[1:].reshape(-1, u.shape[-1])
+    forward = []
+    for i in range(B):
+        kept = [j for j in range(len(candidates)) if (i, j) not in out or j == i]
+        forward.append(-(scale * u[0, i] @ u[1, i]) + torch.logsumexp(scale * candidates[kept] @ u[0, i], 0))
+    loss = torch.stack(forward).mean()
+    if symmetric:
+        back = []
+        for i in range(B):
+            kept = [l for l in range(B) if (l, i) not in out or l == i]
+            back.append(-(scale * u[0, i] @ u[1, i]) + torch.logsumexp(scale * u[0, kept] @ u[1, i], 0))
+        loss = (loss + torch.stack(back).mean()) / 2
+    return loss
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_known_positives_are_left_out_of_the_negatives(symmetric):
+    """A document relevant to two queries of a batch was a negative of each for the other
+    (NFCorpus: a document is relevant to 30 queries on average); the pairs of the training data
+    leave it out of both softmaxes, never an anchor's own positive."""
+    from bert_kit.training.contrastive import known_positives, pair_codes
+
+    k, B = 3, 5
+    cols = columns(k, B)
+    keys = torch.tensor([[0, 1, 2, 3, 4], [10, 11, 12, 13, 14], [20, 21, 22, 23, 24]])  # anchors, positives, negatives
+    training = [(a, 10 + a) for a in range(B)] + [(0, 12), (3, 11), (1, 24), (4, 10)]  # (anchor id, its positive id)
+    codes, texts = pair_codes(training)
+    exclude = functools.partial(known_positives, pairs=codes, texts=texts)
+    flat = {int(t): j for j, t in enumerate(keys[1:].reshape(-1))}  # text id -> candidate index
+    out = {(a, flat[p]) for a, p in training}
+    got = multiple_negatives_ranking_loss(cols, 2.0, symmetric, exclude=exclude, keys=keys)
+    assert_close(got.double(), by_hand_excluding(cols, 2.0, out, symmetric), rtol=1e-5, atol=1e-6)
+    assert abs(got - multiple_negatives_ranking_loss(cols, 2.0, symmetric)) > 0.02  # it left some out
+    only_own = pair_codes([(a, 10 + a) for a in range(B)])
+    same = multiple_negatives_ranking_loss(cols, 2.0, symmetric, exclude=functools.partial(
+        known_positives, pairs=only_own[0], texts=only_own[1]), keys=keys)
+    assert_close(same, multiple_negatives_ranking_loss(cols, 2.0, symmetric))  # no pair beyond its own: MNRL
+    with pytest.raises(ValueError, match="exclude needs the texts' ids"):
+        multiple_negatives_ranking_loss(cols, 2.0, symmetric, exclude=exclude)
 
 
 def test_a_learned_scale_gets_its_gradient():

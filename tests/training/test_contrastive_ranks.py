@@ -43,12 +43,14 @@ def two_ranks(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("excluded", [False, True])
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_the_loss_and_gradients_of_the_vectors_are_those_of_the_whole_batch(two_ranks, symmetric):
-    got = json.loads((two_ranks / "vectors.json").read_text())[f"symmetric={symmetric}"]
+def test_the_loss_and_gradients_of_the_vectors_are_those_of_the_whole_batch(two_ranks, symmetric, excluded):
+    """excluded: known positives of an anchor on the other rank are left out as on one process."""
+    got = json.loads((two_ranks / "vectors.json").read_text())[f"symmetric={symmetric}" + ",excluded" * excluded]
     whole = worker.vectors().requires_grad_()
     scale = torch.tensor(math.log(20.0), requires_grad=True)
-    loss = worker.loss_of(whole.reshape(-1, worker.H), scale, symmetric, gather=False)
+    loss = worker.loss_of(whole.reshape(-1, worker.H), scale, symmetric, gather=False, excluded=excluded)
     loss.backward()
     assert got["loss"] == pytest.approx(loss.item(), rel=1e-6)
     ranks = torch.cat([torch.tensor(g) for g in got["grads"]], dim=1)  # (K, ROWS, H): rank 0's rows, then rank 1's
