@@ -26,7 +26,7 @@ from bert_kit.data.corpus import read_documents  # noqa: E402
 from bert_kit.data.ner import read_conll  # noqa: E402
 from bert_kit.data.squad import read_squad  # noqa: E402
 from bert_kit.data.sts import read_sts  # noqa: E402
-from bert_kit.tokenizer import DEFAULT_SPECIAL_TOKENS  # noqa: E402
+from bert_kit.tokenizer_files import DEFAULT_SPECIAL_TOKENS  # noqa: E402
 from bert_kit.tokenizer_training import train_tokenizer  # noqa: E402
 
 

@@ -5,9 +5,11 @@ DistilBERT), byte-level BPE (RoBERTa, ModernBERT) or Unigram/SentencePiece (XLM-
 the ids `transformers.AutoTokenizer` gives, special tokens and pairs included ([CLS] a [SEP] b
 [SEP]; RoBERTa's <s> a </s></s> b </s>), as the file's post-processor writes them. Families
 that take no segment ids (`model_input_names` without token_type_ids: RoBERTa, XLM-R,
-DistilBERT, ModernBERT) get token_type_ids of zeros. `WordPieceTokenizer` adds BERT's own
-pipeline around a `vocab.txt` (`bert_kit.tokenizer_training.train_tokenizer` learns one). Its
-pipeline is the one BERT uses, and the one `transformers.BertTokenizerFast` builds:
+DistilBERT, ModernBERT) get token_type_ids of zeros. A folder's `vocab.txt` and
+`tokenizer_config.json` (the special tokens' roles, model_max_length, segment ids) are read and
+written by `bert_kit.tokenizer_files`. `WordPieceTokenizer` adds BERT's own pipeline around a
+`vocab.txt` (`bert_kit.tokenizer_training.train_tokenizer` learns one). Its pipeline is the one
+BERT uses, and the one `transformers.BertTokenizerFast` builds:
 
     BertNormalizer (clean control chars, space around CJK, lowercase, strip accents)
     -> BertPreTokenizer (split on whitespace and punctuation)
@@ -31,7 +33,6 @@ text, with or without spaces. A text that is not valid Unicode (a lone surrogate
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import re
@@ -43,35 +44,15 @@ from typing import Any
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from bert_kit.checks import read_json, read_text, writing
+from bert_kit.checks import writing
 from bert_kit.long_texts import Cutter, original_offsets
+from bert_kit.tokenizer_files import (DEFAULT_MODEL_MAX_LENGTH, DEFAULT_SPECIAL_TOKENS, max_length_from_config,
+                                      read_tokenizer_config, read_vocab, special_tokens_from_config,
+                                      uses_token_types, write_tokenizer_config, write_vocab)
 
-# role -> default token string; ids always come from the vocabulary
-DEFAULT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
-# the same roles in RoBERTa's and XLM-R's vocabularies (a tokenizer.json without tokenizer_config.json)
-ROBERTA_SPECIAL_TOKENS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
-# HF tokenizer classes whose model_input_names leave out token_type_ids
-NO_TOKEN_TYPES = ("RobertaTokenizer", "XLMRobertaTokenizer", "DistilBertTokenizer", "CamembertTokenizer")
-# BERT's learned position table has 512 rows, so that is the cap when a folder does not say
-DEFAULT_MODEL_MAX_LENGTH = 512
 _TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a pair of them is a character, and Python holds it as one
 MAX_WORD = 100  # WordPiece's max_input_chars_per_word, as BERT's: a longer word is one [UNK]
-
-
-def _read_vocab(path: Path) -> dict[str, int]:
-    """vocab.txt -> {token: line index}, exactly as BERT reads it (one token per line)."""
-    vocab: dict[str, int] = {}
-    lines = read_text(path).split("\n")  # a decode error names the file and line
-    if lines[-1] == "":
-        lines.pop()  # the newline that ends the last token
-    for index, token in enumerate(lines):
-        if token in vocab:
-            raise ValueError(f"{path}:{index + 1}: token {token!r} already appears on line {vocab[token] + 1}")
-        vocab[token] = index
-    if not vocab:
-        raise ValueError(f"vocab file {path} is empty")
-    return vocab
 
 
 def _bert_pipeline(
@@ -98,45 +79,6 @@ def _template(backend: Tokenizer, cls: str, sep: str) -> processors.TemplateProc
         pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
         special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
     )
-
-
-def _special_tokens_from_config(config: dict[str, Any], vocab: dict[str, int] | None = None) -> dict[str, str]:
-    """Token strings from tokenizer_config.json (plain strings or AddedToken dicts), else BERT's,
-    else (when `vocab` lacks BERT's) RoBERTa's <s>, </s>, <pad>, <unk>, <mask>."""
-    out = {}
-    for role, default in DEFAULT_SPECIAL_TOKENS.items():
-        if vocab is not None and default not in vocab and ROBERTA_SPECIAL_TOKENS[role] in vocab:
-            default = ROBERTA_SPECIAL_TOKENS[role]
-        value = config.get(f"{role}_token", default)
-        out[role] = value.get("content", default) if isinstance(value, dict) else str(value or default)
-    return out
-
-
-def _read_tokenizer_config(folder: Path) -> dict[str, Any]:
-    config_file = folder / "tokenizer_config.json"
-    if not config_file.is_file():
-        return {}
-    config = read_json(config_file)  # errors name the file and line
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_file}: expected a mapping of settings, got {type(config).__name__}")
-    return config
-
-
-def _model_max_length(config: dict[str, Any]) -> int:
-    max_len = config.get("model_max_length")
-    # HF writes a huge sentinel when unknown; keep BERT's 512 then
-    if not (isinstance(max_len, (int, float)) and 0 < max_len < 1e9):
-        return DEFAULT_MODEL_MAX_LENGTH
-    return int(max_len)
-
-
-def _uses_token_types(config: dict[str, Any]) -> bool:
-    """Whether the family takes segment ids: tokenizer_config's model_input_names, else its class
-    (RoBERTa's, XLM-R's and DistilBERT's tokenizers return none)."""
-    names = config.get("model_input_names")
-    if isinstance(names, list):
-        return "token_type_ids" in names
-    return config.get("tokenizer_class", "BertTokenizer").removesuffix("Fast") not in NO_TOKEN_TYPES
 
 
 class FastTokenizer:
@@ -193,8 +135,8 @@ class FastTokenizer:
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder not found: {folder}")
-        config = _read_tokenizer_config(folder)
-        max_len = _model_max_length(config)
+        config = read_tokenizer_config(folder)
+        max_len = max_length_from_config(config)
         tokenizer_json, vocab_txt = folder / "tokenizer.json", folder / "vocab.txt"
         if tokenizer_json.is_file():
             try:
@@ -206,9 +148,9 @@ class FastTokenizer:
                 raise ValueError(f"{tokenizer_json} holds a {kind} model; bert-kit reads WordPiece, BPE and Unigram")
             if cls is WordPieceTokenizer and kind != "WordPiece":
                 raise ValueError(f"{tokenizer_json} holds a {kind} model, expected WordPiece")
-            specials = _special_tokens_from_config(config, backend.get_vocab(with_added_tokens=True))
+            specials = special_tokens_from_config(config, backend.get_vocab(with_added_tokens=True))
             made = WordPieceTokenizer if kind == "WordPiece" else FastTokenizer
-            return made(backend, max_len, specials, source=str(tokenizer_json), token_types=_uses_token_types(config),
+            return made(backend, max_len, specials, source=str(tokenizer_json), token_types=uses_token_types(config),
                         hf_config=config)
         if vocab_txt.is_file():
             return WordPieceTokenizer.from_vocab_file(
@@ -217,7 +159,7 @@ class FastTokenizer:
                 strip_accents=config.get("strip_accents"),
                 tokenize_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
                 model_max_length=max_len,
-                special_tokens=_special_tokens_from_config(config),
+                special_tokens=special_tokens_from_config(config),
             )
         raise FileNotFoundError(f"no tokenizer.json or vocab.txt in tokenizer folder {folder}")
 
@@ -231,9 +173,7 @@ class FastTokenizer:
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.hf_config,
                   "model_max_length": self.model_max_length,
                   **{f"{role}_token": token for role, token in self.special_tokens.items()}}
-        if not self.token_types:
-            config["model_input_names"] = ["input_ids", "attention_mask"]
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_tokenizer_config(folder, config, self.token_types)
 
     # pickling goes through the JSON form so DataLoader workers get an independent backend
     def __getstate__(self) -> dict[str, Any]:
@@ -504,7 +444,7 @@ class WordPieceTokenizer(FastTokenizer):
         if not path.is_file():
             raise FileNotFoundError(f"vocab file not found: {path}")
         specials = dict(special_tokens or DEFAULT_SPECIAL_TOKENS)
-        vocab = _read_vocab(path)
+        vocab = read_vocab(path)
         for role, token in specials.items():  # check here so the error names the file
             if token not in vocab:
                 raise ValueError(f"vocab file {path} has no {token!r} token ({role})")
@@ -519,10 +459,7 @@ class WordPieceTokenizer(FastTokenizer):
         folder.mkdir(parents=True, exist_ok=True)
         with writing(folder / "tokenizer.json"):  # the Rust writer reports a full disk without the file
             self.backend.save(str(folder / "tokenizer.json"))
-        by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
-        if [i for _, i in by_id] != list(range(len(by_id))):
-            raise ValueError(f"vocabulary ids of {self.source} are not contiguous 0..{len(by_id) - 1}")
-        (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+        write_vocab(folder, self.get_vocab(), self.source)
         config = {
             **self.hf_config,
             "tokenizer_class": self.hf_config.get("tokenizer_class", "BertTokenizer"),
@@ -532,9 +469,7 @@ class WordPieceTokenizer(FastTokenizer):
             "model_max_length": self.model_max_length,
             **{f"{role}_token": token for role, token in self.special_tokens.items()},
         }
-        if not self.token_types:
-            config["model_input_names"] = ["input_ids", "attention_mask"]
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_tokenizer_config(folder, config, self.token_types)
 
 
 class _BackendSettings:
@@ -628,7 +563,7 @@ def get_tokenizer(name_or_path: str | os.PathLike) -> FastTokenizer:
         if path.suffix == ".json":
             backend = Tokenizer.from_file(str(path))
             made = WordPieceTokenizer if type(backend.model).__name__ == "WordPiece" else FastTokenizer
-            return made(backend, special_tokens=_special_tokens_from_config({}, backend.get_vocab()), source=str(path))
+            return made(backend, special_tokens=special_tokens_from_config({}, backend.get_vocab()), source=str(path))
         return WordPieceTokenizer.from_vocab_file(path)
     name = str(name_or_path)
     if not is_hub_name(name):

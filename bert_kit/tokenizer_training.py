@@ -26,8 +26,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
 from bert_kit.checks import Range
-from bert_kit.tokenizer import (DEFAULT_MODEL_MAX_LENGTH, DEFAULT_SPECIAL_TOKENS, MAX_WORD, WordPieceTokenizer,
-                                _bert_pipeline, _template)
+from bert_kit.tokenizer import MAX_WORD, WordPieceTokenizer, _bert_pipeline, _template
+from bert_kit.tokenizer_files import DEFAULT_MODEL_MAX_LENGTH, DEFAULT_SPECIAL_TOKENS
 
 MAX_VOCAB_SIZE = 1 << 24  # ids past this are no vocabulary: the trainer would only run out of memory
 MAX_TRAIN_LINE = 1 << 20  # characters of one line the trainer reads (`_broken`)
