@@ -7,8 +7,8 @@ from and written to their own HF `config.json` layouts (`model_type`):
 - DistilBERT: no segment ids (type_vocab_size 0), no pooler, its own key names (dim, n_layers,
   n_heads, hidden_dim, activation, sinusoidal_pos_embds).
 ModernBERT is another architecture with its own config (`bert_kit.modernbert_config`);
-`load_hf_config` reads either. What both configs share is `bert_kit.config_base.ConfigBase`. This module imports without torch, so tools can read and
-validate configs cheaply.
+`load_hf_config` reads either; what both share is `bert_kit.config_base.ConfigBase`. This
+module imports without torch, so tools can read and validate configs cheaply.
 """
 
 from __future__ import annotations
