@@ -7,19 +7,20 @@ from and written to their own HF `config.json` layouts (`model_type`):
 - DistilBERT: no segment ids (type_vocab_size 0), no pooler, its own key names (dim, n_layers,
   n_heads, hidden_dim, activation, sinusoidal_pos_embds).
 ModernBERT is another architecture with its own config (`bert_kit.modernbert_config`);
-`load_hf_config` reads either. This module imports without torch, so tools can read and
-validate configs cheaply.
+`load_hf_config` reads either; what both share is `bert_kit.config_base.ConfigBase`. This
+module imports without torch, so tools can read and validate configs cheaply.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, check_settings, fraction, label_map,
-                             load_yaml, non_negative, positive, read_json, read_text, resolve_plain)
+from bert_kit.checks import (ConfigError, CorruptFileError, UnsupportedModelError, fraction, load_yaml, non_negative,
+                             positive, read_json, read_text, resolve_plain)
+from bert_kit.config_base import ConfigBase
 
 # HF `config.json` keys that carry no architecture information; accepted and dropped on import
 # (id2label is kept: a classifier's label names; label2id and num_labels follow from it).
@@ -96,7 +97,7 @@ def architecture_role(name: str) -> str:
 
 
 @dataclass
-class BertConfig:
+class BertConfig(ConfigBase):
     """Hyper-parameters of a BERT encoder; field names follow HF `BertConfig`."""
 
     vocab_size: int = 30522  # WordPiece vocabulary size
@@ -131,21 +132,13 @@ class BertConfig:
             self.position_offset = self.pad_token_id + 1 if roberta else 0
         if self.pooler is None:
             self.pooler = self.model_type == "bert"
-        if self.id2label is not None:
-            self.id2label = label_map(self.id2label)
-        check_settings(self, _RULES)
+        self._check_shared(_RULES)
         self._check_family(roberta)
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                              f"({self.num_attention_heads})")
         if self.hidden_act not in _ACTIVATIONS:
             raise ConfigError(f"hidden_act={self.hidden_act!r} is not a valid choice: expected one of {_ACTIVATIONS}")
         if self.position_embedding_type not in _POSITION_TYPES:
             raise ConfigError(f"position_embedding_type={self.position_embedding_type!r} is not a valid choice: "
                               f"expected one of {_POSITION_TYPES}")
-        if self.pad_token_id >= self.vocab_size:
-            raise ConfigError(f"pad_token_id={self.pad_token_id} is out of range: expected an integer in "
-                              f"[0, vocab_size={self.vocab_size})")
         n = self.num_parameters()  # a typo of a few digits would otherwise end in the kernel's OOM killer
         if n > MAX_PARAMETERS:
             raise ConfigError(f"these settings describe a {n:.3g}-parameter encoder (num_hidden_layers="
@@ -177,15 +170,6 @@ class BertConfig:
                               f"position_offset={self.position_offset}")
 
     @property
-    def label2id(self) -> dict[str, int]:
-        """The output of each label name (HF's label2id); empty without label names."""
-        return {name: i for i, name in (self.id2label or {}).items()}
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def max_length(self) -> int:
         """The longest input the position table covers (RoBERTa's 514 rows hold 512 tokens)."""
         return self.max_position_embeddings - (self.position_offset or 0)
@@ -203,17 +187,10 @@ class BertConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
         """Build from a plain dict; an unknown key is named together with the valid ones."""
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - valid)
-        if unknown:
-            raise ConfigError(f"{source}: unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
         # YAML reads 1e-5 (no dot) and nan as strings: numbers written as text become numbers
         numeric = {f.name: f.type for f in fields(cls) if f.type in ("int", "float")}
-        d = {k: _number_from_text(v, numeric[k]) if k in numeric and isinstance(v, str) else v for k, v in d.items()}
-        try:
-            return cls(**d)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        return cls._build({k: _number_from_text(v, numeric[k]) if k in numeric and isinstance(v, str) else v
+                           for k, v in d.items()}, source)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
@@ -268,22 +245,12 @@ class BertConfig:
 
     # ---- export -------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields; id2label only when there are label names."""
-        d = asdict(self)
-        if d["id2label"] is None:
-            del d["id2label"]
-        return d
-
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` dict that transformers' config class of `model_type` reads."""
-        d = self.to_dict()
+        d = self._hf_fields()
         for ours in ("model_type", "position_offset", "pooler"):  # implied by the family
             del d[ours]
         architecture = hf_architecture(self.model_type, "Model")
-        if "id2label" in d:  # JSON keys are text, as HF writes them
-            d["id2label"] = {str(i): name for i, name in d["id2label"].items()}
-            d["label2id"] = self.label2id
         if self.model_type == "distilbert":
             d["sinusoidal_pos_embds"] = d.pop("position_embedding_type") == "sinusoidal"
             for key in ("type_vocab_size", "layer_norm_eps"):
@@ -305,11 +272,7 @@ class BertConfig:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
             return path
-        if path.suffix != ".json":
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / "config.json"
-        path.write_text(json.dumps(self.to_hf_dict(), indent=2) + "\n")
-        return path
+        return super().save(path)
 
 
 def _number_from_text(text: str, kind: str) -> Any:

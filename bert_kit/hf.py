@@ -163,9 +163,11 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool,
     return out, unmapped
 
 
-def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+def read_state_dict(folder: str | Path, as_numpy: bool = False) -> dict[str, Any]:
     """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`, or of every
-    shard its index names (`weights_files`).
+    shard its index names (`weights_files`): torch tensors, or NumPy arrays with `as_numpy` (the
+    JAX engine's: safetensors are then read without torch, and a pytorch_model.bin's floating
+    point tensors become float32, as NumPy has no bfloat16).
 
     A truncated, empty or garbage file raises CorruptFileError naming it; a pickle that holds
     anything but tensors and plain data is refused (never unpickled); so is a tensor of integers
@@ -175,8 +177,11 @@ def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         if file.suffix == ".safetensors":
             from safetensors import SafetensorError
-            from safetensors.torch import load_file
 
+            if as_numpy:
+                from safetensors.numpy import load_file
+            else:
+                from safetensors.torch import load_file
             try:
                 part = load_file(str(file))
             except SafetensorError as e:  # a bad header, or a file shorter than its header says
@@ -184,8 +189,10 @@ def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
                                        "truncated or corrupt; copy or save the model again") from None
         else:
             part = load_torch_file(file)
-        if not isinstance(part, dict):
-            raise CorruptFileError(f"{file} holds a {type(part).__name__}, not a state dict of named tensors")
+            if not isinstance(part, dict):
+                raise CorruptFileError(f"{file} holds a {type(part).__name__}, not a state dict of named tensors")
+            if as_numpy:
+                part = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in part.items()}
         check_finite(part, str(file))
         check_float(part, str(file))
         tensors.update(part)

@@ -1,5 +1,6 @@
 """ModernBERT's configuration: one dataclass with HF `ModernBertConfig`'s field names, presets, and
-HF `config.json` in and out. Imports without torch, as `bert_kit.config`.
+HF `config.json` in and out (what it shares with `BertConfig` is `bert_kit.config_base.ConfigBase`).
+Imports without torch, as `bert_kit.config`.
 
 The hub holds two forms of the same settings, and both are read:
 - newer transformers: `layer_types` (one "full_attention" or "sliding_attention" per layer) and
@@ -13,12 +14,12 @@ every-n pattern, so transformers 4.x reads the folder too.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_kit.checks import (ConfigError, UnsupportedModelError, check_settings, fraction, label_map, non_negative,
-                             positive, read_json)
+from bert_kit.checks import ConfigError, UnsupportedModelError, fraction, non_negative, positive, read_json
+from bert_kit.config_base import ConfigBase
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "relu", "silu")  # HF ACT2FN names bert-kit implements
@@ -47,7 +48,7 @@ _RULES = {
 
 
 @dataclass
-class ModernBertConfig:
+class ModernBertConfig(ConfigBase):
     """Hyper-parameters of a ModernBERT encoder; field names follow HF `ModernBertConfig`."""
 
     vocab_size: int = 50368  # BPE vocabulary (50,280 tokens padded to a multiple of 64)
@@ -82,12 +83,7 @@ class ModernBertConfig:
     id2label: dict[int, str] | None = None  # a classifier's label name per output (HF's id2label); None: LABEL_i
 
     def __post_init__(self) -> None:
-        if self.id2label is not None:
-            self.id2label = label_map(self.id2label)
-        check_settings(self, _RULES)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                              f"({self.num_attention_heads})")
+        self._check_shared(_RULES)
         if self.head_dim % 2:
             raise ConfigError(f"head size {self.head_dim} (hidden_size / num_attention_heads) must be even: rotary "
                               "embeddings turn pairs of dimensions")
@@ -97,9 +93,6 @@ class ModernBertConfig:
         if self.classifier_pooling not in ("cls", "mean"):
             raise ConfigError(f"classifier_pooling={self.classifier_pooling!r} is not a valid choice: expected one of "
                               "('cls', 'mean')")
-        if self.pad_token_id >= self.vocab_size:
-            raise ConfigError(f"pad_token_id={self.pad_token_id} is out of range: expected an integer in "
-                              f"[0, vocab_size={self.vocab_size})")
         if self.layer_types is None:  # HF's default: every third layer global, from the first
             self.layer_types = layer_types_every(3, self.num_hidden_layers)
         self.layer_types = list(self.layer_types)
@@ -107,10 +100,6 @@ class ModernBertConfig:
             raise ConfigError(f"layer_types must name {self.num_hidden_layers} layers (num_hidden_layers), each one of "
                               f"{LAYER_TYPES}; got {self.layer_types}")
         self.rope_parameters = _rope_parameters(self.rope_parameters)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def sliding_window(self) -> int:
@@ -143,15 +132,7 @@ class ModernBertConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "ModernBertConfig":
         """Build from a plain dict with our field names (the older HF keys are read too)."""
-        d = _from_legacy(dict(d))
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - valid)
-        if unknown:
-            raise ConfigError(f"{source}: unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
-        try:
-            return cls(**d)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        return cls._build(_from_legacy(dict(d)), source)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "ModernBertConfig":
@@ -181,39 +162,15 @@ class ModernBertConfig:
 
     # ---- export -------------------------------------------------------------------------------
 
-    @property
-    def label2id(self) -> dict[str, int]:
-        """The output of each label name (HF's label2id); empty without label names."""
-        return {name: i for i, name in (self.id2label or {}).items()}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields; id2label only when there are label names."""
-        d = asdict(self)
-        if d["id2label"] is None:
-            del d["id2label"]
-        return d
-
     def to_hf_dict(self) -> dict[str, Any]:
         """A `config.json` dict that `transformers.ModernBertConfig` reads (4.x and 5.x)."""
-        d = self.to_dict()
-        if "id2label" in d:  # JSON keys are text, as HF writes them
-            d["id2label"] = {str(i): name for i, name in d["id2label"].items()}
-            d["label2id"] = self.label2id
+        d = self._hf_fields()
         n = next((n for n in range(1, self.num_hidden_layers + 1)
                   if layer_types_every(n, self.num_hidden_layers) == self.layer_types), None)
         if n is not None:  # the older keys, for transformers 4.x
             d.update(global_attn_every_n_layers=n, global_rope_theta=self.rope_theta("full_attention"),
                      local_rope_theta=self.rope_theta("sliding_attention"))
         return {"model_type": "modernbert", "architectures": ["ModernBertModel"], **d, "tie_word_embeddings": True}
-
-    def save(self, path: str | Path) -> Path:
-        """Write HF-style `config.json` (into `path` if it is a folder)."""
-        path = Path(path)
-        if path.suffix != ".json":
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / "config.json"
-        path.write_text(json.dumps(self.to_hf_dict(), indent=2) + "\n")
-        return path
 
 
 def layer_types_every(n: int, num_layers: int) -> list[str]:

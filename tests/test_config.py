@@ -94,6 +94,31 @@ def test_config_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("preset", ["bert-tiny", "modernbert-tiny"])
+def test_both_configs_write_and_check_label_names_and_keys_alike(tmp_path, preset):
+    """What BertConfig and ModernBertConfig share (`config_base.ConfigBase`): label names keyed by
+    text with label2id beside them in config.json and none without names, read back equal; an
+    unknown key named with the source; heads that do not divide the width, a pad id past the
+    vocabulary and bad label ids refused with the same messages."""
+    from bert_kit.config import config_from_name
+
+    c = config_from_name(preset, id2label=["neg", "pos"])
+    assert c.id2label == {0: "neg", 1: "pos"} and c.label2id == {"neg": 0, "pos": 1}
+    written = json.loads(c.save(tmp_path / "labels").read_text())
+    assert (written["id2label"], written["label2id"]) == ({"0": "neg", "1": "pos"}, {"neg": 0, "pos": 1})
+    assert load_hf_config(tmp_path / "labels") == c
+    plain = json.loads(config_from_name(preset).save(tmp_path / "plain").read_text())
+    assert "id2label" not in plain and "label2id" not in plain and "id2label" not in config_from_name(preset).to_dict()
+    with pytest.raises(ValueError, match=rf"preset '{preset}': unknown config key\(s\) \['hidden'\]; valid keys:"):
+        config_from_name(preset, hidden=64)
+    with pytest.raises(ValueError, match=r"hidden_size \(64\) must be divisible by num_attention_heads \(3\)"):
+        config_from_name(preset, hidden_size=64, num_attention_heads=3)
+    with pytest.raises(ValueError, match=r"pad_token_id=600 is out of range: expected an integer in \[0, vocab_size="):
+        config_from_name(preset, vocab_size=512, pad_token_id=600)
+    with pytest.raises(ValueError, match=r"id2label must number the outputs 0..1, got ids \[0, 2\]"):
+        config_from_name(preset, id2label={0: "a", 2: "b"})
+
+
 def test_preset_aliases_point_to_same_sizes():
     assert PRESETS["bert-base"] == PRESETS["bert-base-uncased (110M)"]
 

@@ -91,6 +91,42 @@ def test_pytorch_model_bin_and_legacy_names(tmp_path):
         assert_close(loaded(ids), model(ids), rtol=0, atol=0)
 
 
+def test_read_state_dict_as_numpy_gives_the_same_weights_without_torch_for_safetensors(tmp_path):
+    """The JAX engine's reading (`as_numpy`): the same names and values as torch tensors, a
+    bfloat16 pytorch_model.bin as float32, the same errors; safetensors read without importing torch."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    torch.manual_seed(5)
+    BERTModel(TINY).save_pretrained(tmp_path / "st")
+    (tmp_path / "bin").mkdir()
+    TINY.save(tmp_path / "bin")
+    state = {k: v.to(torch.bfloat16) for k, v in read_state_dict(tmp_path / "st").items()}
+    state["embeddings.position_ids"] = torch.arange(40)[None]
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin")
+    for folder, dtype in (("st", torch.float32), ("bin", torch.bfloat16)):
+        tensors, arrays = read_state_dict(tmp_path / folder), read_state_dict(tmp_path / folder, as_numpy=True)
+        assert tensors.keys() == arrays.keys() and all(isinstance(a, np.ndarray) for a in arrays.values())
+        assert tensors["embeddings.word_embeddings.weight"].dtype == dtype
+        for name, tensor in tensors.items():
+            expected = tensor.float() if tensor.is_floating_point() else tensor
+            assert_close(torch.from_numpy(arrays[name]), expected, rtol=0, atol=0)
+
+    code = ("import sys; from bert_kit.hf import read_state_dict; "
+            f"arrays = read_state_dict({str(tmp_path / 'st')!r}, as_numpy=True); "
+            "assert arrays and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+    file = tmp_path / "st" / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:100])
+    for as_numpy in (False, True):
+        with pytest.raises(CorruptFileError, match=rf"^{file} is not a readable safetensors file \(.*\): it is "
+                                                   "truncated or corrupt; copy or save the model again$"):
+            read_state_dict(tmp_path / "st", as_numpy=as_numpy)
+
+
 def test_fine_tuning_head_on_pretrained_encoder(minilm_path):
     with pytest.warns(NewWeightsWarning, match="classifier.bias, classifier.weight are newly initialised"):
         model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)

@@ -4,8 +4,8 @@ The NNX modules carry the torch model's parameter names, so a parameter's path i
 (`encoder.layers.0.ffn.up.kernel`) becomes the torch name (`encoder.layers.0.ffn.up.weight`) by one
 rule, and `hf.py` maps that to HF's name. The one non-renaming step on this side: `nnx.Linear`
 keeps its kernel as (in, out) where torch and HF keep (out, in), so kernels are transposed here,
-and only here. Arrays are read and written as NumPy (safetensors), without torch; a legacy
-`pytorch_model.bin` is read through torch.
+and only here. Arrays are read (`bert_kit.hf.read_state_dict(as_numpy=True)`) and written as NumPy
+(safetensors), without torch; a legacy `pytorch_model.bin` is read through torch.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from bert_kit.checks import CorruptFileError, read_json
+from bert_kit.checks import read_json
 from bert_kit.config import load_hf_config
-from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _first_line, _infer_head_args, check_decoder_tied,
-                         check_finite, check_float, check_shards, fit_label_names, from_hf_state_dict,
-                         load_torch_file, to_hf_state_dict, weights_files)
+from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _infer_head_args, check_decoder_tied, fit_label_names,
+                         from_hf_state_dict, read_state_dict, to_hf_state_dict)
 from bert_kit.hf import save_pretrained as save_hf_folder
 
 log = logging.getLogger(__name__)
@@ -98,35 +97,6 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
     return new_heads
 
 
-def read_arrays(folder: str | Path) -> dict[str, np.ndarray]:
-    """HF-named arrays of `model.safetensors` (read as NumPy) or of a legacy `pytorch_model.bin`
-    (or of the shards an index names), with the checks of `bert_kit.hf.read_state_dict`: a corrupt
-    file, NaN / inf weights or integer weights are named."""
-    arrays: dict[str, np.ndarray] = {}
-    files = weights_files(folder)
-    for file in files:
-        if file.suffix == ".safetensors":
-            from safetensors import SafetensorError
-            from safetensors.numpy import load_file
-
-            try:
-                part = load_file(str(file))
-            except SafetensorError as e:
-                raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
-                                       "truncated or corrupt; copy or save the model again") from None
-        else:
-            tensors = load_torch_file(file)
-            if not isinstance(tensors, dict):
-                raise CorruptFileError(f"{file} holds a {type(tensors).__name__}, not a state dict of named tensors")
-            part = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in tensors.items()}
-        check_finite(part, str(file))
-        check_float(part, str(file))
-        arrays.update(part)
-    if len(files) > 1:
-        check_shards(Path(folder), arrays)
-    return arrays
-
-
 def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: int = 0, **head_args) -> nnx.Module:
     """Build `cls` (a `bert_kit.jax` model class) from an HF or bert-kit folder, or from the local
     copy of a hub name such as "sentence-transformers/all-MiniLM-L6-v2". Parameters are float32.
@@ -140,7 +110,7 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     if config.model_type != "bert":  # the JAX engine builds BERT's details only (positions, segments, pooler)
         raise ValueError(f"{folder} holds a {config.model_type} model: the JAX engine builds BERT models only; "
                          "use the PyTorch engine")
-    hf_state = read_arrays(folder)
+    hf_state = read_state_dict(folder, as_numpy=True)  # safetensors read as NumPy, without torch
     head_args = {**_infer_head_args(cls, hf_state, read_json(folder / "config.json")), **head_args}
     def build() -> nnx.Module:
         return cls(config, rngs=nnx.Rngs(seed), **head_args)
