@@ -166,8 +166,9 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], has_bert: bool,
 def read_state_dict(folder: str | Path, as_numpy: bool = False) -> dict[str, Any]:
     """Tensors of `model.safetensors` (preferred) or `pytorch_model.bin` in `folder`, or of every
     shard its index names (`weights_files`): torch tensors, or NumPy arrays with `as_numpy` (the
-    JAX engine's: safetensors are then read without torch, and a pytorch_model.bin's floating
-    point tensors become float32, as NumPy has no bfloat16).
+    JAX engine's: safetensors are then read without torch, unless they hold bfloat16, and the
+    floating point tensors of those and of a pytorch_model.bin become float32, as NumPy has no
+    bfloat16).
 
     A truncated, empty or garbage file raises CorruptFileError naming it; a pickle that holds
     anything but tensors and plain data is refused (never unpickled); so is a tensor of integers
@@ -187,6 +188,13 @@ def read_state_dict(folder: str | Path, as_numpy: bool = False) -> dict[str, Any
             except SafetensorError as e:  # a bad header, or a file shorter than its header says
                 raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
                                        "truncated or corrupt; copy or save the model again") from None
+            except TypeError as e:  # NumPy has no bfloat16: through torch, as float32 (a .bin's way)
+                if "bfloat16" not in str(e):
+                    raise
+                from safetensors.torch import load_file as load_torch_tensors
+
+                part = {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+                        for k, v in load_torch_tensors(str(file)).items()}
         else:
             part = load_torch_file(file)
             if not isinstance(part, dict):
