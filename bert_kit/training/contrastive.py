@@ -16,7 +16,7 @@ candidates of every anchor are all the positives and negatives of the batch (C =
 The other rows' positives are the anchor's in-batch negatives, so a batch of B pairs gives
 B - 1 negatives each for free; a text repeated in a batch would be a false negative
 (`data.no_duplicates` keeps them out), and so is another row's positive that the training data
-also pairs with the anchor (on NFCorpus a document is relevant to 30 queries on average): with
+also pairs with the anchor (on NFCorpus 11% of the in-batch negatives at batch 64): with
 `exclude`, such candidates are left out of the anchor's softmax (`known_positives`). `scale` is
 1 / temperature: 20 (sentence-transformers' default), or exp of a learned parameter (CLIP's logit_scale).
 
