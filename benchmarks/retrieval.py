@@ -198,11 +198,11 @@ def timed(command: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def ndcg_of(folder: str | Path, evaluator, device: str) -> dict:
+def ndcg_of(folder: str | Path, evaluator, device: str, max_length: int | None = None) -> dict:
     from bert_kit.embeddings import SentenceEncoder
 
-    encoder = SentenceEncoder.from_pretrained(folder, max_length=RECIPE["max_length"], device=device or None,
-                                              precision="fp32")
+    encoder = SentenceEncoder.from_pretrained(folder, max_length=max_length or RECIPE["max_length"],
+                                              device=device or None, precision="fp32")
     return evaluator(encoder)
 
 
@@ -216,6 +216,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=RECIPE["batch_size"], help="pairs a batch, both sides")
     parser.add_argument("--max-length", type=int, default=RECIPE["max_length"], help="tokens a text, both sides")
     parser.add_argument("--max-steps", type=int, default=None, help="stop both sides after N steps")
+    parser.add_argument("--eval-max-length", type=int, default=None,
+                        help="tokens a text when scoring (default: --max-length), e.g. 256 after training at 128")
     parser.add_argument("--eval-queries", type=int, default=None, help="score N test queries drawn at random")
     parser.add_argument("--eval-docs", type=int, default=None, help="... against their documents and others, N in all")
     parser.add_argument("--bk-args", default="", help='more `bert-kit finetune` settings, e.g. "embedding.cached=true"')
@@ -260,12 +262,13 @@ def main() -> None:
         if args.eval_queries or args.eval_docs:
             test = subsample(test, args.eval_queries, args.eval_docs, seed=0)
         evaluator = RetrievalEvaluator(test)
-        scores = {"zero-shot": ndcg_of(args.model, evaluator, args.device),
-                  "bert-kit": ndcg_of(work / "bertkit" / "best", evaluator, args.device)}
+        scores = {"zero-shot": ndcg_of(args.model, evaluator, args.device, args.eval_max_length),
+                  "bert-kit": ndcg_of(work / "bertkit" / "best", evaluator, args.device, args.eval_max_length)}
         if args.exclude_known_positives:
-            scores[EXCLUDING] = ndcg_of(work / "excluding" / "best", evaluator, args.device)
+            scores[EXCLUDING] = ndcg_of(work / "excluding" / "best", evaluator, args.device, args.eval_max_length)
         if not args.skip_st:
-            scores["sentence-transformers"] = ndcg_of(work / "sentence-transformers", evaluator, args.device)
+            scores["sentence-transformers"] = ndcg_of(work / "sentence-transformers", evaluator, args.device,
+                                                      args.eval_max_length)
             how = (work / "sentence-transformers.how").read_text()
     print(f"\n{args.data.name} test: {len(test.qrels)} queries, {len(test.corpus_ids)} documents; "
           f"model {args.model}; {n} training pairs")
