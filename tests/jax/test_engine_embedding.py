@@ -118,31 +118,32 @@ def assert_same_evaluations(jax_run: Path, torch_run: Path, keys: tuple[str, ...
 
 def test_mnrl_with_a_hard_negative_takes_torchs_steps_and_scores_sts_as_it_does(encoder, nli, tmp_path):
     """Triplets (anchor, positive, hard negative), 44 of them in batches of 12: the fourth holds 8,
-    padded to 12 rows; Spearman on STS-B dev pairs as the torch engine's."""
+    padded to 12 rows; Spearman on STS-B dev pairs as the torch engine's, at the full width and
+    at a Matryoshka width."""
     train, dev = nli
     # (no_duplicates deals whole batches only: the plain sampler keeps the short last one)
     settings = dict(train_file=str(train), validation_file=str(dev), max_train_examples=44,
-                    embedding={"no_duplicates": False})
+                    embedding={"no_duplicates": False, "matryoshka_dims": [32, 16]})
     finetune(embedding(encoder, tmp_path / "torch", "torch", **settings))
     results = finetune(embedding(encoder, tmp_path / "jax", "jax", **settings))
     assert_same_steps(tmp_path / "jax", tmp_path / "torch")
     assert records(tmp_path / "jax", "train")[4]["examples"] == 8  # the padded batch counts its real rows
-    assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("spearman", "pearson"), 1e-3)
+    assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("spearman", "pearson", "spearman_dim16"), 1e-3)
     assert results["metric"] == "spearman" and (tmp_path / "jax" / "best" / "modules.json").is_file()
 
 
-def test_symmetric_without_known_positives_takes_torchs_steps_and_scores_beir_as_it_does(encoder, tmp_path,
-                                                                                         monkeypatch):
+def test_symmetric_leaving_out_known_positives_takes_torchs_steps_and_scores_beir_as_it_does(encoder, tmp_path,
+                                                                                              monkeypatch):
     """A BEIR folder's qrels train (documents relevant to two queries: known positives left out of
-    their negatives), its dev split scores nDCG@10 as the torch engine's. The programs of the run
-    are compiled ahead, as on a GPU."""
+    their negatives), [CLS] pooling, its dev split scores nDCG@10 as the torch engine's. The
+    programs of the run are compiled ahead, as on a GPU."""
     import bert_kit.jax.engine as engine_module
 
     shared = {"q1": {"d1": 1, "d3": 1}, "q3": {"d1": 1, "d11": 1}, "q2": {"d4": 1, "d6": 1}, "q4": {"d5": 1, "d3": 1}}
     folder = write_beir(tmp_path / "beir", DOCS, QUERIES, shared, split="train")
     write_beir(folder, DOCS, QUERIES, {q: QRELS[q] for q in ("q1", "q3", "q5")}, split="dev")
     settings = dict(train_file=str(folder), validation_file=str(folder), batch_size=4, max_train_examples=7,
-                    lr=3e-3, embedding={"loss": "symmetric", "exclude_known_positives": True})
+                    lr=3e-3, embedding={"loss": "symmetric", "exclude_known_positives": True, "pooling": "cls"})
     finetune(embedding(encoder, tmp_path / "torch", "torch", **settings))
     monkeypatch.setattr(engine_module, "COMPILE_AHEAD_ON_CPU", True)
     left_out = []  # known positives of another row, by step (the diagonal is each anchor's own)
@@ -160,6 +161,25 @@ def test_symmetric_without_known_positives_takes_torchs_steps_and_scores_beir_as
     assert_same_steps(tmp_path / "jax", tmp_path / "torch")
     assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("ndcg@10", "recall@100", "mrr@10"), 1e-4)
     assert results["metric"] == "ndcg@10" and records(tmp_path / "jax", "eval")[4]["num_queries"] == 3
+
+
+@pytest.mark.slow
+def test_an_embedding_run_resumes_bit_for_bit(nli, tmp_path, minilm_path):
+    """4 steps at once, and 2 steps then 2 more from the checkpoint (written from the whole
+    `EmbeddingModel`, read back into it): the same losses, dropout on."""
+    from bert_kit.training.checkpoint import latest_checkpoint
+
+    encoder = encoder_folder(tmp_path / "encoder", minilm_path, 0.1)
+    train, _ = nli
+    settings = dict(train_file=str(train), schedule="constant", warmup_steps=0, eval_every=0,
+                    embedding={"loss": "symmetric"})
+    finetune(embedding(encoder, tmp_path / "whole", "jax", **settings))
+    finetune(embedding(encoder, tmp_path / "parts", "jax", **{**settings, "max_steps": 2}))
+    assert latest_checkpoint(tmp_path / "parts").name == "step-0000002"
+    finetune(embedding(encoder, tmp_path / "parts", "jax", **settings), resume="latest")
+    whole, parts = records(tmp_path / "whole", "train"), records(tmp_path / "parts", "train")
+    assert sorted(parts) == [1, 2, 3, 4]
+    assert [parts[s]["loss"] for s in parts] == [whole[s]["loss"] for s in parts]
 
 
 @pytest.mark.parametrize("group, named", [
