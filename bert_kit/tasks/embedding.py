@@ -20,6 +20,9 @@ documents for a quick subsample), or an STS file (Spearman of the cosines). Unde
 rank embeds its share of the texts. best/ holds the encoder as a sentence-transformers folder
 (modules.json, pooling, normalisation): `SentenceTransformer("run/best")` loads it, and so does
 every bert-kit command (`embed`, `evaluate --task retrieval`, `serve`).
+
+With engine=jax the loss is `bert_kit/jax/tasks.py`'s `ContrastiveHead` and the evaluation scores
+the JAX model's vectors by this task's code (`score_outputs`).
 """
 
 from __future__ import annotations

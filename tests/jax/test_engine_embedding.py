@@ -46,25 +46,24 @@ def nli(data_dir, tmp_path_factory):
     return folder / "nli.jsonl", folder / "sts-dev.csv"
 
 
-def torch_loss(columns: np.ndarray, keys: np.ndarray | None, pairs, texts: int, symmetric: bool,
-               dims: tuple[int, ...] = ()) -> float:
+def torch_loss(columns: torch.Tensor, keys: np.ndarray | None, pairs: torch.Tensor, texts: int, symmetric: bool,
+               dims: tuple[int, ...] = ()) -> torch.Tensor:
+    """The torch engine's loss of (k, B, H) columns (`EmbeddingTask.loss_of_vectors`'s pieces)."""
     exclude = None if keys is None else (lambda a, c: known_positives(a, c, pairs, texts))
     keys_t = None if keys is None else torch.from_numpy(keys)
 
-    def mnrl(c):
+    def mnrl(c: torch.Tensor) -> torch.Tensor:
         return multiple_negatives_ranking_loss(c, 20.0, symmetric, False, exclude, keys_t)
 
-    c = torch.from_numpy(columns)
-    if not dims:
-        return float(mnrl(c))
-    return float(sum(mnrl(torch.nn.functional.normalize(c[..., :d], dim=-1)) for d in dims))
+    return sum(mnrl(torch.nn.functional.normalize(columns[..., :d], dim=-1)) for d in dims) if dims else mnrl(columns)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("dims", [(), (8, 4)])
 def test_the_loss_of_a_padded_batch_is_torchs_of_its_real_rows(symmetric, dims):
     """5 real tuples of 3 texts padded to 8 rows (copies of row 0, keys -1): the loss and its
-    gradient are those of the 5 rows alone; texts 3 and 7 are positives of two anchors each."""
+    gradient are those of the 5 rows alone. Texts 13, 11 and 20 (a hard negative) are known
+    positives of anchors 0, 2 and 4 too, and close to them: leaving them out changes the loss."""
     rng = np.random.default_rng(0)
     k, B, real_rows, H = 3, 8, 5, 8
     keys = np.array([[0, 1, 2, 3, 4], [10, 11, 12, 13, 14], [20, 21, 22, 23, 24]])  # (k, real B) text ids
@@ -87,21 +86,16 @@ def test_the_loss_of_a_padded_batch_is_torchs_of_its_real_rows(symmetric, dims):
             return contrastive_loss(x, is_real, 20.0, symmetric, m)
 
         got, grad = jax.value_and_grad(loss)(jax.numpy.asarray(padded))
-        expected = torch_loss(real, keys if exclude else None, pairs, texts, symmetric, dims)
-        assert abs(float(got) - expected) <= 1e-5, (exclude, float(got), expected)
         c = torch.from_numpy(real).requires_grad_()
-        exclude_fn = (lambda a, b: known_positives(a, b, pairs, texts)) if exclude else None
-        t = multiple_negatives_ranking_loss(c, 20.0, symmetric, False, exclude_fn,
-                                            torch.from_numpy(keys) if exclude else None) if not dims else \
-            sum(multiple_negatives_ranking_loss(torch.nn.functional.normalize(c[..., :d], dim=-1), 20.0, symmetric,
-                                                False, exclude_fn, torch.from_numpy(keys) if exclude else None)
-                for d in dims)
-        t.backward()
+        expected = torch_loss(c, keys if exclude else None, pairs, texts, symmetric, dims)
+        expected.backward()
+        assert abs(float(got) - expected.item()) <= 1e-5, (exclude, float(got), expected.item())
         grad = np.array(grad)
         assert np.isfinite(grad).all() and not grad[:, real_rows:].any()  # padding rows take no part
         assert_close(torch.from_numpy(grad[:, :real_rows]), c.grad, rtol=1e-4, atol=1e-6)
-    excluded = torch_loss(real, keys, pairs, texts, symmetric, dims)
-    assert abs(excluded - torch_loss(real, None, pairs, texts, symmetric, dims)) > 1e-3  # the exclusion matters
+    c = torch.from_numpy(real)
+    excluded, plain = (float(torch_loss(c, ids, pairs, texts, symmetric, dims)) for ids in (keys, None))
+    assert abs(excluded - plain) > 1e-3  # the exclusion matters
 
 
 def embedding(encoder: Path, out: Path, engine: str, **overrides) -> FinetuneConfig:
