@@ -75,11 +75,12 @@ STATE_FILE = "optimizer.safetensors"
 IN_FLIGHT = 2
 # what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
-          "next_sentence_label", "start_positions", "end_positions")
+          "next_sentence_label", "start_positions", "end_positions", "keys")
 TOKENS = ("input_ids", "attention_mask", "token_type_ids")  # (rows, T): padded to the length bucket
 PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
            "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX,
-           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX}
+           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1}  # keys: a contrastive
+# batch's text ids, (B, k) on the device: a padding row's -1 marks it as no example
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
 LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
@@ -188,7 +189,10 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def item_tokens(item: dict) -> int:
-    """Tokens of an example's longest sentence (a bi-encoder pair has two): the length it pads to."""
+    """Tokens of an example's longest sentence (a bi-encoder pair has two, an embedding tuple k
+    `texts`): the length it pads to."""
+    if "texts" in item:
+        return max(len(ids) for ids in item["texts"])
     return max(len(v) for k, v in item.items() if k.startswith("input_ids"))
 
 
@@ -315,9 +319,13 @@ class JaxEngine(Engine):
         return lambda: resolve_precision("fp32", "cpu", verbose=False)
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
-        # the job's PyTorch model: what to train, and where the weights go back to be saved (the engine
-        # keeps no other part of the job: a run's loaders end with it)
-        self.model, self.cfg = job.model, cfg
+        # the job's PyTorch model: what to train (an embedding model's encoder: `TaskHead.trained`), and
+        # where the weights go back to be saved (the engine keeps no other part of the job: a run's
+        # loaders end with it)
+        task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
+        self.head = task_head(task) if task is not None else None
+        self.whole, self.cfg = job.model, cfg
+        self.model = self.head.trained(job.model) if self.head is not None else job.model
         devices = resolve_devices(cfg.device)
         self.precision = resolve_jax_precision(cfg.precision, devices)
         self.dtype = DTYPES[self.precision.name]
@@ -340,8 +348,6 @@ class JaxEngine(Engine):
             print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
-        task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
-        self.head = task_head(task) if task is not None else None
         self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
                               optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
                               optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
@@ -393,7 +399,7 @@ class JaxEngine(Engine):
             batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
             self._step.ahead(abstract(self.state), abstract(self.frozen), spec(batch, stacked), lr)
         evaluated = getattr(job, "eval_items", None)
-        if evaluated:
+        if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
             buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)
                        for chunk in eval_chunks(evaluated, task.s.eval_batch_size)}
@@ -409,8 +415,13 @@ class JaxEngine(Engine):
         tokens padded to a length bucket (`length_bucket`; or to `length`), examples to the run's
         batch size (`use` "train", else the evaluation's) and to a multiple of the local devices.
         Padding examples repeat example 0's inputs (a real sequence: no all-masked attention row)
-        and carry no label; the rows of a bi-encoder's two sentences are padded side by side."""
+        and carry no label; the rows of a bi-encoder's two sentences (an embedding batch's k texts)
+        are padded side by side, and an embedding batch's text ids `keys` become (A, B, k), -1 on
+        padding rows. A training batch gets the head's host inputs too (`TaskHead.host_inputs`)."""
         arrays = [{k: np.asarray(b[k]) for k in INPUTS if k in b} for b in batches]
+        for a in arrays:
+            if "keys" in a:  # (k, B) -> (B, k): split over the devices by example, as every input
+                a["keys"] = a["keys"].T
         longest = max(a["input_ids"].shape[1] for a in arrays)
         if length is None:
             length = length_bucket(longest, self.cfg.max_length)
@@ -421,6 +432,8 @@ class JaxEngine(Engine):
             for a in arrays:
                 a.pop("labels", None)
         sides = self.head.sides if self.head is not None else 1
+        if "keys" in arrays[0]:  # a contrastive batch: k texts an example (evaluation: 1)
+            sides = arrays[0]["keys"].shape[1]
         examples = max(len(a["input_ids"]) // sides for a in arrays)
         base = self.cfg.batch_size if use == "train" else getattr(self.cfg, "eval_batch_size", self.cfg.batch_size)
         rows = self.rows[use, length] = round_up(max(examples, base, self.rows.get((use, length), 0)),
@@ -433,7 +446,7 @@ class JaxEngine(Engine):
                 pad = self.pad_id if key == "input_ids" else PADDING[key]
                 if x.dtype.kind == "f":  # regression targets: NaN marks a row without one
                     x, pad = x.astype(np.float32), np.nan
-                if x.ndim == 2 and key not in ("masked_positions", "masked_labels"):  # one value per token
+                if x.ndim == 2 and key not in ("masked_positions", "masked_labels", "keys"):  # one value per token
                     x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
                 if key in TOKENS:
                     # (sides, examples, T): each side's rows padded with copies of its first
@@ -443,6 +456,8 @@ class JaxEngine(Engine):
                     x = np.concatenate([x, np.full((rows - len(x), *x.shape[1:]), pad, x.dtype)])
                 padded.append(x.astype(np.int32) if x.dtype.kind in "iu" else x)
             out[key] = np.stack(padded)
+        if use == "train" and self.head is not None:
+            out.update(self.head.host_inputs(out))
         return out
 
     def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, jax.Array]:
@@ -511,7 +526,7 @@ class JaxEngine(Engine):
         if saved != self.name or not (checkpoint / STATE_FILE).is_file():
             raise ValueError(f"{checkpoint} was written by engine={saved}: resume it with engine={saved}, or start "
                              f"a new run from its weights (model={checkpoint})")
-        load_checkpoint(checkpoint, self.model, restore_rng=False)  # the weights, read by the torch side
+        load_checkpoint(checkpoint, self.whole, restore_rng=False)  # the weights, read by the torch side
         _, frozen, params = self.twin()
         self.frozen = jax.device_put(frozen, self.replicated)
         try:

@@ -14,21 +14,23 @@ per example) to the torch task's `score`, so both engines report the same metric
 | qa                        | BERTForQuestionAnswering       | mean of start and end CE       | (2, T): start, end   |
 | similarity, cross-encoder | BERTForSequenceClassification  | MSE on the score               | (1,)                 |
 | similarity, bi-encoder    | BERTModel                      | cosine MSE, or CoSENT          | (2, H): u, v pooled  |
+| embedding                 | BERTModel (the `EmbeddingModel`'s encoder) | MNRL, or symmetric | (H,): one text pooled |
 
 A bi-encoder's batch holds two sentences per example, all first sentences then all second ones
 (`SimilarityTask.collate`): `sides` = 2 tells the engine to pad each side's rows apart. An
-embedding (contrastive) task is one more `PooledHead` loss: a function of the pooled vectors of
-its `sides` (anchor, positive, negatives) and the labels, in-batch negatives over the rows whose
-label is not NaN (padding rows carry NaN).
+embedding (contrastive) batch holds k texts per example, column after column
+(`EmbeddingTask.collate`), and their text ids `keys`, which the engine lays out (B, k), padding
+rows -1: in-batch negatives are the real rows only (`ContrastiveHead`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from bert_kit.jax.train import _mean_cross_entropy, task_loss
@@ -54,6 +56,14 @@ class TaskHead:
     def outputs(self, model: nnx.Module, batch: Batch) -> jax.Array:
         """The head's logits, float32, no dropout: (B, C) or (B, T, C)."""
         return model(*inputs_of(batch)).astype(jnp.float32)
+
+    def trained(self, torch_model: Any) -> Any:
+        """The part of the job's PyTorch model the engine trains (its twin is built from it)."""
+        return torch_model
+
+    def host_inputs(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs the host computes from a padded training batch (A, B, ...); none by default."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,106 @@ class PooledHead(TaskHead):
         return jnp.swapaxes(self.vectors(model, batch, None), 0, 1)  # (B, sides, H)
 
 
+def normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """x / max(|x|, eps) along the last axis, as torch's F.normalize."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def cross_entropy_at_diagonal(scores: jax.Array, real: jax.Array) -> jax.Array:
+    """The mean over the real rows i of -scores[i, i] + logsumexp_j scores[i, j]; scores (B, C >= B)."""
+    B = scores.shape[0]
+    ce = jax.nn.logsumexp(scores, axis=-1) - scores[jnp.arange(B), jnp.arange(B)]
+    return jnp.where(real, ce, 0.0).sum() / jnp.maximum(real.sum(), 1)
+
+
+def contrastive_loss(columns: jax.Array, real: jax.Array, scale: float, symmetric: bool = False,
+                     known: jax.Array | None = None) -> jax.Array:
+    """MNRL (or its symmetric form) of `columns` (k >= 2, B, H), the twin of
+    `training.contrastive.multiple_negatives_ranking_loss` on a padded batch: real (B,) bool marks
+    the rows that are examples; the others are neither anchors nor candidates. known (B, (k - 1) B)
+    bool: candidates left out of an anchor's negatives (embedding.exclude_known_positives)."""
+    k, B, H = columns.shape
+    unit = normalize(columns.astype(jnp.float32))
+    anchors, candidates = unit[0], unit[1:].reshape(-1, H)  # (B, H), ((k - 1) B, H)
+    diagonal = jnp.eye(B, (k - 1) * B, dtype=bool)  # p_i is candidate i
+    # only the real anchors' rows are masked: a padding row of all -inf would give NaN gradients
+    out = real[:, None] & ~jnp.tile(real, k - 1)[None, :]
+    if known is not None:
+        out = out | (known & real[:, None] & ~diagonal)
+    scores = jnp.where(out, -jnp.inf, anchors @ candidates.T * scale)  # (B, (k - 1) B)
+    loss = cross_entropy_at_diagonal(scores, real)
+    if not symmetric:
+        return loss
+    back_out = real[:, None] & ~real[None, :]  # p_i against anchor l: l must be real
+    if known is not None:  # ... and p_i no known positive of l
+        back_out = back_out | (known[:, :B].T & real[:, None] & ~jnp.eye(B, dtype=bool))
+    backward = jnp.where(back_out, -jnp.inf, unit[1] @ anchors.T * scale)  # (B, B)
+    return (loss + cross_entropy_at_diagonal(backward, real)) / 2
+
+
+@dataclass(frozen=True)
+class ContrastiveHead(TaskHead):
+    """An embedding model (task: embedding): the encoder's pooled vectors of a batch's k columns
+    (anchors, positives, hard negatives) and their contrastive loss, at the full width and at
+    each Matryoshka width; evaluation outputs one pooled vector per text."""
+
+    pooling: str = "mean"
+    scale: float = 20.0
+    symmetric: bool = False
+    dims: tuple[int, ...] = ()  # embedding.matryoshka_dims (empty: the full width only)
+    weights: tuple[float, ...] = ()
+    # embedding.exclude_known_positives: the sorted codes anchor id * texts + positive id of every
+    # training pair (`training.contrastive.pair_codes`); host data, not part of the jitted programs
+    pairs: np.ndarray | None = field(default=None, compare=False, repr=False)
+    texts: int = 0
+
+    def trained(self, torch_model: Any) -> Any:
+        return torch_model.bert  # an `EmbeddingModel` without a learned scale: its encoder is all it trains
+
+    def host_inputs(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """known (A, B, (k - 1) B) bool: candidate j is a known positive of anchor i, by the text ids
+        `keys` (A, B, k) (padding rows -1, known to no one)."""
+        if self.pairs is None:
+            return {}
+        keys = batch["keys"].astype(np.int64)
+        anchors, candidates = keys[..., 0], np.swapaxes(keys[..., 1:], 1, 2).reshape(len(keys), -1)
+        codes = anchors[:, :, None] * self.texts + candidates[:, None, :]
+        at = np.searchsorted(self.pairs, codes).clip(max=len(self.pairs) - 1)
+        return {"known": (self.pairs[at] == codes) & (anchors[:, :, None] >= 0) & (candidates[:, None, :] >= 0)}
+
+    def vectors(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> jax.Array:
+        """(k, B, H) pooled vectors, float32 (k: the columns of `keys` (B, k))."""
+        hidden = model(*inputs_of(batch), rngs=rngs)  # (k B, T, H)
+        vectors = pool(hidden, batch["attention_mask"], self.pooling)
+        return vectors.reshape(batch["keys"].shape[1], -1, vectors.shape[-1])
+
+    def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
+        columns = self.vectors(model, batch, rngs)
+        real, known = batch["keys"][:, 0] >= 0, batch.get("known")
+        if not self.dims:
+            return contrastive_loss(columns, real, self.scale, self.symmetric, known), {}
+        # sentence-transformers' MatryoshkaLoss: the first d components of every vector, renormalised
+        return sum(w * contrastive_loss(normalize(columns[..., :d]), real, self.scale, self.symmetric, known)
+                   for d, w in zip(self.dims, self.weights)), {}
+
+    def outputs(self, model: nnx.Module, batch: Batch) -> jax.Array:
+        """(B, H): each text's pooled vector (the task normalises it)."""
+        return pool(model(*inputs_of(batch)), batch["attention_mask"], self.pooling)
+
+
 def task_head(task: Any) -> TaskHead:
     """The JAX head of a `bert_kit.tasks` Task (by its name and settings)."""
+    if task.name == "embedding":
+        e = task.e
+        pairs = getattr(task, "known_pairs", None) if e.exclude_known_positives else None
+        if pairs is not None and jax.process_count() > 1:  # a host lays out the known pairs of its rows only
+            raise ValueError("engine=jax excludes known positives (embedding.exclude_known_positives) on one host: "
+                             "run on one host, or with engine=torch")
+        dims = tuple(e.matryoshka_dims or ())
+        return ContrastiveHead("embedding", pooling=e.pooling, scale=float(e.scale), symmetric=e.loss == "symmetric",
+                               dims=dims, weights=tuple(e.matryoshka_weights or (1.0,) * len(dims)),
+                               pairs=None if pairs is None else pairs.cpu().numpy(),
+                               texts=getattr(task, "num_texts", 0))
     if task.name == "qa":
         return SpanHead("qa")
     if task.name == "similarity" and task.bi_encoder:

@@ -20,6 +20,9 @@ documents for a quick subsample), or an STS file (Spearman of the cosines). Unde
 rank embeds its share of the texts. best/ holds the encoder as a sentence-transformers folder
 (modules.json, pooling, normalisation): `SentenceTransformer("run/best")` loads it, and so does
 every bert-kit command (`embed`, `evaluate --task retrieval`, `serve`).
+
+With engine=jax the loss is `bert_kit/jax/tasks.py`'s `ContrastiveHead` and the evaluation scores
+the JAX model's vectors by this task's code (`score_outputs`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -99,6 +102,29 @@ class Vectors:
         if progress is not None:
             progress(len(texts))
         return vectors if convert_to_tensor else vectors.cpu().numpy()
+
+
+class OutputsEncoder:
+    """`SentenceEncoder.encode` over another engine's forward: texts tokenized as it tokenizes them,
+    as one-text examples for `outputs_of` (examples -> a pooled vector (H,) each), normalised."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, task: "EmbeddingTask", outputs_of: Callable[[list], list]):
+        self.task, self.outputs_of = task, outputs_of
+
+    def encode(self, texts: Sequence[str], batch_size: int | None = None, convert_to_tensor: bool = False,
+               **_: Any) -> torch.Tensor | np.ndarray:
+        """(N, H) float32 unit vectors of the texts."""
+        ids = self.task.tokenizer(list(texts), max_length=self.task.s.max_length, padding=False, truncation=True,
+                                  return_tensors=None)["input_ids"] if texts else []
+        rows = self.outputs_of([{"texts": [row], "keys": (i,)} for i, row in enumerate(ids)])
+        vectors = torch.stack(rows).float() if rows else torch.zeros(0, 0)
+        if not torch.isfinite(vectors).all():
+            raise ValueError("the model's vectors of the validation texts are not finite (NaN or inf): the "
+                             "weights diverged; lower lr")
+        vectors = F.normalize(vectors, dim=-1)
+        return vectors if convert_to_tensor else vectors.numpy()
 
 
 class EmbeddingTask(Task):
@@ -301,14 +327,23 @@ class EmbeddingTask(Task):
         try:
             encoder = SentenceEncoder(encoder_model, self.tokenizer, self.e.pooling, True, self.s.max_length,
                                       precision.device, unpadded=True, precision=precision.name)
-            vectors = Vectors(encoder, None)
-            metrics = self.score(vectors)
-            names = RANK_METRICS if self.on_beir else STS_METRICS
-            for d in self.other_dims(encoder_model.config.hidden_size):
-                metrics.update({f"{n}_dim{d}": v for n, v in self.score(vectors.at(d)).items() if n in names})
-            return metrics
+            return self.metrics_of(Vectors(encoder, None))
         finally:
             encoder_model.train(was_training)
+
+    def score_outputs(self, items: Sequence[Any], outputs_of: Callable[[list], list]) -> dict[str, Any]:
+        """The metrics of another engine's vectors (the JAX engine's): `outputs_of(examples)` gives
+        the pooled vector (H,) of each example of one text (`collate`'s), scored as `evaluate` scores."""
+        return self.metrics_of(Vectors(OutputsEncoder(self, outputs_of), None))
+
+    def metrics_of(self, vectors: Vectors) -> dict[str, Any]:
+        """The metrics at the full width, then at each other Matryoshka width."""
+        metrics = self.score(vectors)
+        width = next((v.shape[-1] for v in vectors.memo.values()), None)  # the model's, as embedded
+        names = RANK_METRICS if self.on_beir else STS_METRICS
+        for d in self.other_dims(width):
+            metrics.update({f"{n}_dim{d}": v for n, v in self.score(vectors.at(d)).items() if n in names})
+        return metrics
 
     def score(self, vectors: Vectors) -> dict[str, Any]:
         if self.on_beir:

@@ -150,8 +150,8 @@ JAX_UNSUPPORTED = (
     ("precision", "fp16", "it computes in bf16 or fp32"),
     ("cuda_graphs", True, "XLA schedules its own kernels"),
     ("compile_tuning", True, "a torch.compile option"),
-    ("task", "embedding", "it fine-tunes classification, regression, token classification, QA and similarity"),
-    ("task", "reranker", "it fine-tunes classification, regression, token classification, QA and similarity"),
+    ("task", "reranker", "it fine-tunes classification, regression, token classification, QA, similarity and "
+                         "embedding models"),
 )
 
 

@@ -166,7 +166,7 @@ def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, t
 def test_settings_refused_together_and_every_task_accepted():
     with pytest.raises(ConfigError, match=r"engine=jax does not support optimizer=lamb, cuda_graphs=true \("):
         PretrainConfig(engine="jax", optimizer="lamb", compile=True, cuda_graphs=True)
-    for task in ("classification", "token-classification", "qa", "similarity"):
+    for task in ("classification", "token-classification", "qa", "similarity", "embedding"):
         assert FinetuneConfig(engine="jax", task=task, model="bert-tiny").task == task
     # what a JAX run does anyway is accepted: it compiles its step, and masks padding itself
     assert PretrainConfig(engine="jax", compile=True, cuda_graphs="auto", low_precision_residual=True).engine == "jax"
