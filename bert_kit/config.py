@@ -187,10 +187,7 @@ class BertConfig(ConfigBase):
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
         """Build from a plain dict; an unknown key is named together with the valid ones."""
-        # YAML reads 1e-5 (no dot) and nan as strings: numbers written as text become numbers
-        numeric = {f.name: f.type for f in fields(cls) if f.type in ("int", "float")}
-        return cls._build({k: _number_from_text(v, numeric[k]) if k in numeric and isinstance(v, str) else v
-                           for k, v in d.items()}, source)
+        return cls._build(d, source)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
@@ -273,15 +270,6 @@ class BertConfig(ConfigBase):
             path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
             return path
         return super().save(path)
-
-
-def _number_from_text(text: str, kind: str) -> Any:
-    """"1e-5" -> 1e-05 (float fields), "12" or "1.2e1" -> 12 (int fields); other text is left for the checks."""
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if kind == "int" and number.is_integer() else number if kind == "float" else text
 
 
 def _size(layers: int, hidden: int, heads: int | None = None) -> dict[str, int]:

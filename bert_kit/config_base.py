@@ -44,11 +44,14 @@ class ConfigBase:
 
     @classmethod
     def _build(cls, d: dict[str, Any], source: str) -> Any:
-        """`cls(**d)`; an unknown key is named together with the valid ones, and an error names `source`."""
+        """`cls(**d)`; an unknown key is named together with the valid ones, and an error names `source`.
+        YAML reads 1e-5 (no dot) and nan as text: numbers written as text become numbers."""
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - valid)
         if unknown:
             raise ConfigError(f"{source}: unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
+        numeric = {f.name: f.type for f in fields(cls) if f.type in ("int", "float")}
+        d = {k: _number_from_text(v, numeric[k]) if k in numeric and isinstance(v, str) else v for k, v in d.items()}
         try:
             return cls(**d)
         except ConfigError as e:
@@ -78,3 +81,12 @@ class ConfigBase:
             path = path / "config.json"
         path.write_text(json.dumps(self.to_hf_dict(), indent=2) + "\n")
         return path
+
+
+def _number_from_text(text: str, kind: str) -> Any:
+    """"1e-5" -> 1e-05 (float fields), "12" or "1.2e1" -> 12 (int fields); other text is left for the checks."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if kind == "int" and number.is_integer() else number if kind == "float" else text

@@ -117,6 +117,10 @@ def test_both_configs_write_and_check_label_names_and_keys_alike(tmp_path, prese
         config_from_name(preset, vocab_size=512, pad_token_id=600)
     with pytest.raises(ValueError, match=r"id2label must number the outputs 0..1, got ids \[0, 2\]"):
         config_from_name(preset, id2label={0: "a", 2: "b"})
+    # YAML reads 1e-5 (no dot) as text: a number in text is a number for both (ModernBERT refused it)
+    eps = "layer_norm_eps" if preset.startswith("bert") else "norm_eps"
+    texts = config_from_name(preset, **{eps: "1e-5", "num_hidden_layers": "2"})
+    assert getattr(texts, eps) == 1e-5 and texts.num_hidden_layers == 2 and isinstance(texts.num_hidden_layers, int)
 
 
 def test_preset_aliases_point_to_same_sizes():
