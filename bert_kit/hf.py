@@ -185,6 +185,8 @@ def read_state_dict(folder: str | Path, as_numpy: bool = False) -> dict[str, Any
                 from safetensors.torch import load_file
             try:
                 part = load_file(str(file))
+                if as_numpy:  # bfloat16 arrays where ml_dtypes is loaded (JAX loads it): float32, as below
+                    part = {k: v.astype("float32") if v.dtype.name == "bfloat16" else v for k, v in part.items()}
             except SafetensorError as e:  # a bad header, or a file shorter than its header says
                 raise CorruptFileError(f"{file} is not a readable safetensors file ({_first_line(e)}): it is "
                                        "truncated or corrupt; copy or save the model again") from None

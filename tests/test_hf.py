@@ -121,6 +121,12 @@ def test_read_state_dict_as_numpy_gives_the_same_weights_without_torch_for_safet
             f"arrays = read_state_dict({str(tmp_path / 'st')!r}, as_numpy=True); "
             "assert arrays and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
+    # with ml_dtypes loaded (JAX loads it) NumPy reads bfloat16 itself: float32 all the same
+    code = ("import ml_dtypes; from bert_kit.hf import read_state_dict; "
+            f"arrays = read_state_dict({str(tmp_path / 'bf16')!r}, as_numpy=True); "
+            "assert {str(a.dtype) for a in arrays.values()} == {'float32'}, {str(a.dtype) for a in arrays.values()}")
+    if __import__("importlib").util.find_spec("ml_dtypes"):
+        subprocess.run([sys.executable, "-c", code], check=True)
 
     file = tmp_path / "st" / "model.safetensors"
     file.write_bytes(file.read_bytes()[:100])

@@ -44,7 +44,7 @@ from bert_kit.model_folder import locate_model, write_model_metadata, write_sent
 from bert_kit.tasks import engine_class, make_task
 from bert_kit.tasks.base import Task
 from bert_kit.tasks.distillation import Distiller, describe, prune_layers
-from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, resolve_lr
+from bert_kit.tasks.finetuning_config import AUTO_LR, FinetuneConfig, auto_lr, check_metric, note_unread_settings, resolve_lr
 from bert_kit.tasks.pretraining_data import forever
 from bert_kit.training.checkpoint import resume_position
 from bert_kit.training.distributed import is_main, world_size
@@ -290,4 +290,5 @@ def finetune(cfg: FinetuneConfig, resume: str | None = None, started: float | No
     trackers: more trackers than `report_to` (a search trial's, bert_kit/tasks/search.py).
     Under torchrun every rank calls this (see `run_job`). lr: auto becomes a number first.
     """
+    note_unread_settings(cfg)
     return run_job(FinetuningJob, resolve_lr(cfg), resume, started, engine_class(cfg.engine), trackers)

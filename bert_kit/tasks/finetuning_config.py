@@ -159,6 +159,15 @@ GROUP_TASKS = {"qa": "qa", "ner": "token-classification", "similarity": "similar
                "classification": "classification", "embedding": "embedding", "reranker": "reranker"}
 
 
+def note_unread_settings(cfg: FinetuneConfig) -> None:
+    """One line naming the settings of other tasks' groups that `cfg` sets (`unread_settings`), as a
+    run starts; not an error: one set of overrides (a glue sweep's) serves runs of several tasks."""
+    unread = unread_settings(cfg)
+    if unread:
+        note_once(f"note: task {cfg.task} does not read {', '.join(unread)} (settings of task "
+                  f"{' / '.join(dict.fromkeys(GROUP_TASKS[k.split('.')[0]] for k in unread))})")
+
+
 def unread_settings(cfg: FinetuneConfig) -> list[str]:
     """The settings set (away from their defaults) in the groups of tasks other than `cfg.task`:
     read by no part of the run. `group.key=value` each."""
@@ -273,10 +282,6 @@ class FinetuneConfig(RunSettings):
     def __post_init__(self) -> None:
         for name, group in GROUPS.items():  # a mapping from Python or YAML becomes its group, checked
             setattr(self, name, build_group(group, getattr(self, name), name))
-        unread = unread_settings(self)
-        if unread:  # not an error: one set of overrides (a glue sweep's) serves runs of several tasks
-            note_once(f"note: task {self.task} does not read {', '.join(unread)} (settings of task "
-                      f"{' / '.join(dict.fromkeys(GROUP_TASKS[k.split('.')[0]] for k in unread))})")
         if self.lora is not None:  # optional groups: absent (None) is off
             self.lora = build_group(LoRASettings, self.lora, "lora")
         if self.distill is not None:

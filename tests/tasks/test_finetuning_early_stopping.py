@@ -139,12 +139,28 @@ def test_metric_for_best_is_metric_under_another_name(tmp_path):
 
 def test_another_tasks_settings_are_named_as_unread(capsys):
     """`qa: {doc_stride: 64}` in a classification run was taken without a word; a refusal would
-    break one set of overrides serving a glue sweep's tasks, so it is a note naming each key."""
-    from bert_kit.tasks.finetuning_config import FinetuneConfig
+    break one set of overrides serving a glue sweep's tasks, so it is a note naming each key, as
+    the run starts (not where configs are built for inference, which set every group)."""
+    from bert_kit.tasks.finetuning_config import FinetuneConfig, note_unread_settings
 
-    FinetuneConfig(task="classification", qa={"doc_stride": 64}, similarity={"mode": "bi-encoder"})
+    cfg = FinetuneConfig(task="classification", qa={"doc_stride": 64}, similarity={"mode": "bi-encoder"})
+    assert capsys.readouterr().err == ""
+    note_unread_settings(cfg)
     assert capsys.readouterr().err == ("note: task classification does not read qa.doc_stride=64, "
                                        "similarity.mode='bi-encoder' (settings of task qa / similarity)\n")
-    FinetuneConfig(task="qa", qa={"doc_stride": 64}, classification={"long_text": "truncate"})  # defaults: quiet
-    FinetuneConfig(task="token-classification", ner={"tag_column": 2})
-    assert capsys.readouterr().err == ""
+    note_unread_settings(FinetuneConfig(task="qa", qa={"doc_stride": 64}, classification={"long_text": "truncate"}))
+    note_unread_settings(FinetuneConfig(task="token-classification", ner={"tag_column": 2}))
+    assert capsys.readouterr().err == ""  # their own groups, and another's at its defaults: quiet
+
+
+def test_a_run_names_another_tasks_settings_as_it_starts(tiny_encoder, tmp_path, capsys):
+    """The note comes from `finetune` itself (the command line and Python alike)."""
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"text {i}\t{i % 2}\n" for i in range(8)))
+    cfg = FinetuneConfig(task="classification", model=str(tiny_encoder), train_file=str(tmp_path / "train.tsv"),
+                         output_dir=str(tmp_path / "run"), max_steps=1, batch_size=4, device="cpu",
+                         qa={"max_answer_length": 40})
+    assert finetune(cfg)["num_train_examples"] == 8
+    assert capsys.readouterr().err.count("note: task classification does not read qa.max_answer_length=40 ") == 1
