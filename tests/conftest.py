@@ -29,6 +29,44 @@ DATA_DIR = Path(os.environ.get("BERT_KIT_DATA") or (REPO / "data" if (REPO / "da
                                                      else REPO.parent / "shared" / "data"))
 
 
+# transformers' model loading replaces torch's initialisers process-wide while it runs (its
+# `no_init_weights`); left replaced, every model built afterwards holds uninitialised memory
+INITIALISERS = ("uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
+                "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_", "sparse_")
+_initialisers: dict = {}  # torch's own, taken the first time they are all torch's
+
+
+@pytest.fixture(autouse=True)
+def torch_initialisers_intact(request):
+    """After each test, torch's initialisers are torch's own again: a test that leaves them replaced
+    is named (a warning) and they are put back, so later tests build models as they should."""
+    import sys
+
+    def remember() -> None:
+        if not _initialisers and "torch.nn.init" in sys.modules:
+            init = sys.modules["torch.nn.init"]
+            own = {name: getattr(init, name) for name in INITIALISERS if hasattr(init, name)}
+            if all(getattr(f, "__module__", None) == "torch.nn.init" for f in own.values()):
+                _initialisers.update(own)
+
+    remember()  # torch is loaded when the test modules are collected
+    yield
+    if "torch.nn.init" not in sys.modules:  # a test without torch: nothing to check, nothing imported
+        return
+    remember()
+    replaced = []
+    for module in [m for n, m in list(sys.modules.items()) if n == "torch.nn.init" or n.startswith("torch.nn.modules.")]:
+        for name, own in _initialisers.items():
+            if hasattr(module, name) and getattr(module, name) is not own:
+                replaced.append(f"{module.__name__}.{name}")
+                setattr(module, name, own)
+    if replaced:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left torch's initialisers replaced ({', '.join(replaced[:4])}"
+                      f"{', ...' if len(replaced) > 4 else ''}); put back")
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA_DIR.is_dir():
