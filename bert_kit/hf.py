@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -473,21 +474,51 @@ INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "k
                   "xavier_normal_", "zeros_", "ones_", "constant_")
 
 
+_undrawn = threading.local()  # .depth: how many `undrawn_init` blocks this thread is inside
+_undrawn_lock = threading.Lock()
+_undrawn_users: list[int] = [0]  # the blocks open in every thread: the wrappers stay while any is
+_undrawn_saved: dict[str, Any] = {}
+
+
+def _undrawn_wrapper(original: Any) -> Any:
+    def init_unless_undrawn(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_undrawn, "depth", 0):
+            return tensor
+        return original(tensor, *args, **kwargs)
+
+    init_unless_undrawn.undrawn_original = original  # tests/conftest.py knows it by this
+    return init_unless_undrawn
+
+
 @contextmanager
 def undrawn_init() -> Iterator[None]:
-    """Modules built inside keep their parameters' memory as allocated: `torch.nn.init` draws
-    nothing (MiniLM's encoder: 0.5 s of random numbers on a CPU, overwritten at once by the
-    loaded weights). Values built without `torch.nn.init` (bert-kit's LayerNorm, buffers) stay."""
+    """Modules built inside, in this thread, keep their parameters' memory as allocated:
+    `torch.nn.init` draws nothing (MiniLM's encoder: 0.5 s of random numbers on a CPU, overwritten
+    at once by the loaded weights). Values built without `torch.nn.init` (bert-kit's LayerNorm,
+    buffers) stay. Other threads draw as ever: the functions are replaced by wrappers that skip only
+    in a thread inside a block (`bert-kit embed` loads its model in a thread; replacing them by
+    no-ops for every thread left models built elsewhere meanwhile undrawn, and two loads at once
+    could leave the no-ops in place for good). The last block to end puts torch's own back."""
     import torch.nn.init as init
 
-    saved = {name: getattr(init, name) for name in INIT_FUNCTIONS}
-    for name in INIT_FUNCTIONS:
-        setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+    with _undrawn_lock:
+        if _undrawn_users[0] == 0:
+            for name in INIT_FUNCTIONS:
+                _undrawn_saved[name] = getattr(init, name)
+                setattr(init, name, _undrawn_wrapper(_undrawn_saved[name]))
+        _undrawn_users[0] += 1
+    _undrawn.depth = getattr(_undrawn, "depth", 0) + 1
     try:
         yield
     finally:
-        for name, function in saved.items():
-            setattr(init, name, function)
+        _undrawn.depth -= 1
+        with _undrawn_lock:
+            _undrawn_users[0] -= 1
+            if _undrawn_users[0] == 0:
+                for name, function in _undrawn_saved.items():
+                    if getattr(getattr(init, name), "undrawn_original", None) is function:  # still ours
+                        setattr(init, name, function)
+                _undrawn_saved.clear()
 
 
 def initialise(model: nn.Module, names: list[str]) -> None:

@@ -441,3 +441,35 @@ def test_an_id2label_that_names_no_outputs_is_a_corrupt_config(tmp_path, id2labe
     for load in (read_model_metadata, BERTForSequenceClassification.from_pretrained):
         with pytest.raises(CorruptFileError, match=f"{tmp_path / 'config.json'}.*{needle}"):
             load(tmp_path)
+
+
+def test_undrawn_init_skips_the_draws_of_its_own_thread_only():
+    """`bert-kit embed` loads its model in a thread: the loader replaced torch's initialisers for
+    every thread, so a model built meanwhile elsewhere held uninitialised memory, and two loads at
+    once could leave the no-ops in place for good (a test run's later models all NaN)."""
+    import threading
+
+    import torch.nn.init as init
+
+    from bert_kit.hf import undrawn_init
+
+    own, inside, done = init.normal_, threading.Event(), threading.Event()
+
+    def loader() -> None:
+        with undrawn_init():
+            inside.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    inside.wait(30)
+    weight = torch.full((64, 64), float("nan"))
+    init.normal_(weight)  # another thread draws as ever
+    assert torch.isfinite(weight).all() and weight.std() > 0.5
+    with undrawn_init():  # overlapping blocks, ending in the other order
+        kept = torch.full((3,), 7.0)
+        init.normal_(kept)
+        assert kept.tolist() == [7.0, 7.0, 7.0]
+        done.set()
+        thread.join()
+    assert init.normal_ is own  # the last block to end put torch's own back
