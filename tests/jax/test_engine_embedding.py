@@ -26,24 +26,9 @@ from bert_kit.jax.tasks import ContrastiveHead, contrastive_loss, normalize  # n
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
 from bert_kit.training.contrastive import known_positives, multiple_negatives_ranking_loss, pair_codes  # noqa: E402
 from tests.jax.test_engine_finetune import assert_same_steps, config, records  # noqa: E402
-from tests.jax.test_engine_tasks import encoder_folder  # noqa: E402
+from tests.jax.test_engine_tasks import assert_same_evaluations, encoder, encoder_folder  # noqa: E402,F401  (encoder: a fixture)
 from tests.retrieval.beir_files import DOCS, QRELS, QUERIES, write_beir  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory, minilm_path):
-    return encoder_folder(tmp_path_factory.mktemp("encoder"), minilm_path, 0.0)
-
-
-@pytest.fixture(scope="module")
-def nli(data_dir, tmp_path_factory):
-    """SNLI dev's first 300 pairs (96 triplets: anchor, entailment, contradiction) and STS-B dev's first 40 pairs."""
-    folder = tmp_path_factory.mktemp("nli")
-    lines = (data_dir / "nli" / "snli-dev.jsonl").read_text().splitlines()[:300]
-    (folder / "nli.jsonl").write_text("\n".join(lines) + "\n")
-    sts = (data_dir / "stsb" / "sts-dev.csv").read_text().splitlines()[:40]
-    (folder / "sts-dev.csv").write_text("\n".join(sts) + "\n")
-    return folder / "nli.jsonl", folder / "sts-dev.csv"
+from tests.tasks.test_embedding import nli  # noqa: E402,F401  (fixture: SNLI triplets, STS-B dev pairs)
 
 
 def torch_loss(columns: torch.Tensor, keys: np.ndarray | None, pairs: torch.Tensor, texts: int, symmetric: bool,
@@ -100,14 +85,6 @@ def test_the_loss_of_a_padded_batch_is_torchs_of_its_real_rows(symmetric, dims):
 
 def embedding(encoder: Path, out: Path, engine: str, **overrides) -> FinetuneConfig:
     return config(encoder, out, engine, task="embedding", **overrides)
-
-
-def assert_same_evaluations(jax_run: Path, torch_run: Path, keys: tuple[str, ...], tolerance: float) -> None:
-    got, expected = records(jax_run, "eval"), records(torch_run, "eval")
-    assert sorted(got) == sorted(expected) == [2, 4]
-    for step in got:
-        for key in keys:
-            assert abs(got[step][key] - expected[step][key]) <= tolerance, (step, key, got[step], expected[step])
 
 
 def test_mnrl_with_a_hard_negative_takes_torchs_steps_and_scores_sts_as_it_does(encoder, nli, tmp_path):
