@@ -26,7 +26,7 @@ from bert_kit.jax.tasks import ContrastiveHead, contrastive_loss, normalize  # n
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
 from bert_kit.training.contrastive import known_positives, multiple_negatives_ranking_loss, pair_codes  # noqa: E402
 from tests.jax.test_engine_finetune import assert_same_steps, config, records  # noqa: E402
-from tests.jax.test_engine_tasks import assert_same_evaluations, encoder, encoder_folder  # noqa: E402,F401  (encoder: a fixture)
+from tests.jax.test_engine_tasks import assert_same_evaluations, encoder, encoder_folder  # noqa: E402,F401
 from tests.retrieval.beir_files import DOCS, QRELS, QUERIES, write_beir  # noqa: E402
 from tests.tasks.test_embedding import nli  # noqa: E402,F401  (fixture: SNLI triplets, STS-B dev pairs)
 
