@@ -91,6 +91,13 @@ def pair_codes(keys: list[tuple[int, ...]]) -> tuple[torch.Tensor, int]:
     return torch.tensor(sorted({k[0] * texts + k[1] for k in keys}), dtype=torch.int64), texts
 
 
+def own(labels: torch.Tensor, columns: int) -> torch.Tensor:
+    """(B, columns) bool: True at each row's own positive, column labels[i]. A comparison, not an
+    assignment of False into a mask: a scalar assigned is copied from the host, which a CUDA graph's
+    capture refuses."""
+    return torch.arange(columns, device=labels.device)[None, :] == labels[:, None]
+
+
 def multiple_negatives_ranking_loss(columns: torch.Tensor, scale: float | torch.Tensor = DEFAULT_SCALE,
                                     symmetric: bool = False, gather: bool = False,
                                     exclude: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
@@ -119,8 +126,7 @@ def multiple_negatives_ranking_loss(columns: torch.Tensor, scale: float | torch.
             raise ValueError("exclude needs the texts' ids (keys)")
         candidate_keys = keys[1:] if not (gather and world_size() > 1) else \
             torch.stack([gather_keys(column) for column in keys[1:]])  # (k - 1, W B)
-        left_out = exclude(keys[0], candidate_keys.reshape(-1))  # (B, (k - 1) W B)
-        left_out[torch.arange(B, device=left_out.device), labels] = False  # the anchor's own positive stays
+        left_out = exclude(keys[0], candidate_keys.reshape(-1)) & ~own(labels, scores.shape[1])  # (B, (k - 1) W B)
         scores = scores.masked_fill(left_out, float("-inf"))
     loss = F.cross_entropy(scores, labels)
     if not symmetric:
@@ -129,8 +135,7 @@ def multiple_negatives_ranking_loss(columns: torch.Tensor, scale: float | torch.
     backward = unit[1] @ all_anchors.T * scale  # (B, W B): p_i against every anchor
     if left_out is not None:  # p_i against anchor l: left out where p_i is one of l's known positives
         all_anchor_keys = gather_keys(keys[0]) if gather else keys[0]
-        back_out = exclude(all_anchor_keys, keys[1]).T  # (B, W B)
-        back_out[torch.arange(B, device=back_out.device), labels] = False
+        back_out = exclude(all_anchor_keys, keys[1]).T & ~own(labels, backward.shape[1])  # (B, W B)
         backward = backward.masked_fill(back_out, float("-inf"))
     return (loss + F.cross_entropy(backward, labels)) / 2
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bert_kit.config import BertConfig
 from bert_kit.embeddings import mean_pool
@@ -109,6 +110,51 @@ def test_known_positives_are_left_out_of_the_negatives(symmetric):
     assert_close(same, multiple_negatives_ranking_loss(cols, 2.0, symmetric))  # no pair beyond its own: MNRL
     with pytest.raises(ValueError, match="exclude needs the texts' ids"):
         multiple_negatives_ranking_loss(cols, 2.0, symmetric, exclude=exclude)
+
+
+class Assignments(TorchDispatchMode):
+    """Records the in-place index assignments (`x[i] = value`) that reach the dispatcher."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "index_put" in str(func):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_known_positives_assign_nothing_from_the_host(symmetric):
+    """`mask[rows, cols] = False` on a CUDA tensor copies the scalar from the host, which a CUDA
+    graph's capture refuses (a `cuda_graphs` run with `embedding.exclude_known_positives` stopped at
+    its first captured step): the loss's masks are comparisons, nothing is assigned."""
+    from bert_kit.training.contrastive import known_positives, pair_codes
+
+    codes, texts = pair_codes([(0, 10), (0, 11), (1, 11), (2, 12)])
+    keys = torch.tensor([[0, 1, 2], [10, 11, 12]])
+    exclude = functools.partial(known_positives, pairs=codes, texts=texts)
+    cols = columns(2, 3).requires_grad_()
+    with Assignments() as seen:
+        multiple_negatives_ranking_loss(cols, 2.0, symmetric, exclude=exclude, keys=keys).backward()
+    assert seen.seen == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_known_positives_loss_is_captured_in_a_cuda_graph():
+    from bert_kit.training.contrastive import known_positives, pair_codes
+
+    codes, texts = pair_codes([(0, 10), (0, 11), (1, 11), (2, 12)])
+    keys = torch.tensor([[0, 1, 2], [10, 11, 12]], device="cuda")
+    exclude = functools.partial(known_positives, pairs=codes.cuda(), texts=texts)
+    cols = columns(2, 3).cuda()
+    want = multiple_negatives_ranking_loss(cols, 2.0, True, exclude=exclude, keys=keys)  # eager, warms up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = multiple_negatives_ranking_loss(cols, 2.0, True, exclude=exclude, keys=keys)
+    graph.replay()
+    assert_close(got, want)
 
 
 def test_a_learned_scale_gets_its_gradient():
