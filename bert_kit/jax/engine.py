@@ -384,15 +384,15 @@ class JaxEngine(Engine):
         """Start compiling, in threads, the programs a fine-tuning run will need: the train step of
         each length bucket its batches are likely to have, then the evaluation's of each bucket
         its (length-sorted) batches have. Each is compiled for the shapes `host_batches` makes of
-        the job's own examples; a step that meets another shape compiles it then."""
+        the job's shortest example (padded to each bucket); a step that meets another shape compiles it then."""
         task, cfg = getattr(job, "task", None), self.cfg
         if task is None or jax.process_count() > 1 or not getattr(job, "train_items", None):
             return
         spec = lambda batch, sharding: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)  # noqa: E731
                                         for k, v in batch.items()}
         items = job.train_items
-        sample = task.collate(items[:1])
         lengths = np.array([item_tokens(item) for item in items])
+        sample = task.collate([items[int(lengths.argmin())]])  # the shortest: it pads to every bucket
         stacked = NamedSharding(self.mesh, P(None, "data"))
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
         for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
@@ -403,7 +403,7 @@ class JaxEngine(Engine):
             sharded = NamedSharding(self.mesh, P("data"))
             buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)
                        for chunk in eval_chunks(evaluated, task.s.eval_batch_size)}
-            sample = task.collate(evaluated[:1])
+            sample = task.collate([min(evaluated, key=item_tokens)])
             for bucket in sorted(buckets, reverse=True):
                 batch = {k: v[0] for k, v in self.host_batches([sample], "eval", bucket).items()}
                 self._outputs.ahead(abstract(self.frozen), abstract(self.state.params), spec(batch, sharded))

@@ -126,3 +126,19 @@ def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_pat
     assert len(set(programs)) == len(programs)  # each program once, in whichever thread
     assert steps and evals and all(thread.startswith("compile") for _, thread, _ in evals)
     assert {shape for _, _, shapes in evals for shape in shapes[:1]} == {(2 * 64, 32)}  # both sides of 64 pairs
+
+
+def test_compiling_ahead_takes_examples_in_any_order_of_length(encoder, tmp_path, monkeypatch):
+    """The programs compiled ahead are shaped from an example padded to each likely bucket: the
+    first example of the files was longer than the likeliest bucket (RTE on a GPU: "index can't
+    contain negative values" before the first step)."""
+    import bert_kit.jax.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "COMPILE_AHEAD_ON_CPU", True)
+    long = " ".join(["word"] * 40)
+    rows = [f"{long}\t1"] + [f"short text {i}\t{i % 2}" for i in range(30)]
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    results = finetune(config(encoder, tmp_path / "run", "jax", train_file=str(tmp_path / "train.tsv"),
+                              validation_file=str(tmp_path / "dev.tsv"), max_length=64, max_steps=2))
+    assert results["steps"] == 2 and 0.0 <= results["best_value"] <= 1.0
