@@ -182,10 +182,13 @@ def test_default_workers(folder, monkeypatch):
     assert default_workers(ServeConfig(model=str(folder), device="cpu")) == 1
 
 
-def test_a_stop_caught_before_uvicorn_starts_drains_at_once(folder):
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_stop_caught_before_uvicorn_starts_drains_at_once(folder, quiet):
     """A SIGTERM that reached a worker between its "ready" and uvicorn's own handlers killed it
     unreported ("exited with status -15 while serving", the command's exit 1): caught, it is
-    handed to the server, which starts, answers nothing and stops."""
+    handed to the server, which starts, answers nothing and stops. A worker's server (quiet) says
+    nothing of its start and stop: a supervisor stopped while another worker still loads says only
+    that it was terminated."""
     pytest.importorskip("uvicorn", reason="bert-kit serve needs the [serve] extra")
     code = f"""
 import signal, time
@@ -194,9 +197,10 @@ cfg = ServeConfig(model={str(folder)!r}, device="cpu")
 _, _, app = build(cfg)
 before = signal.getsignal(signal.SIGTERM)
 t0 = time.monotonic()
-print(run_app(app, listen("127.0.0.1", 0), cfg, [signal.SIGTERM]), time.monotonic() - t0 < 10,
+print(run_app(app, listen("127.0.0.1", 0), cfg, [signal.SIGTERM], quiet={quiet}), time.monotonic() - t0 < 10,
       signal.getsignal(signal.SIGTERM) is before)
 """  # in a process of its own, as a worker runs it (and no event loop is left in this one)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "(0, 0) True True", done.stdout + done.stderr
+    assert ("Started server process" in done.stderr) is not quiet, done.stderr

@@ -16,6 +16,7 @@ keep-alive connection closes after 5 s at most.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -174,15 +175,19 @@ def build(cfg: ServeConfig, worker: tuple[int, int] = (0, 1)) -> tuple[dict, lis
     return info, operations, create_app(info, operations, batcher, limits, metrics)
 
 
-def run_app(app: Any, sock: socket.socket, cfg: ServeConfig, pending: list[int] | None = None) -> tuple[int, int]:
+def run_app(app: Any, sock: socket.socket, cfg: ServeConfig, pending: list[int] | None = None,
+            quiet: bool = False) -> tuple[int, int]:
     """Serve `app` on the listening `sock` under uvicorn (httptools and uvloop where installed)
     until SIGTERM/SIGINT and the drain that follows; (answered, accepted) requests. `pending`: stop
-    signals caught before this was called (and any caught while it starts), which drain at once."""
+    signals caught before this was called (and any caught while it starts), which drain at once.
+    quiet: without uvicorn's lines about starting and stopping (a worker's: the supervisor speaks)."""
     import uvicorn  # the [serve] extra, imported only here so the CLI's --help works without it
 
     config = uvicorn.Config(app, lifespan="on", access_log=cfg.access_log, log_level="info",
                             timeout_graceful_shutdown=cfg.grace_period, http=http_protocol(cfg.read_timeout),
                             timeout_keep_alive=min(5, cfg.read_timeout))  # type: ignore[arg-type]
+    if quiet:  # its warnings and errors still show; the access log is another logger
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it is done; with these handlers in place
     # that only asks a stopped server to stop, so a graceful stop ends with our exit status instead

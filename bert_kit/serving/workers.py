@@ -144,7 +144,7 @@ def _worker(cfg: ServeConfig, index: int, count: int, port: int, outbox: Connect
     signal.signal(signal.SIGTERM, lambda sig, _: pending.append(sig))
     if not _report(outbox, ("ready", info, [op.path for op in operations])):
         return  # the supervisor is gone: nobody announced this worker, nobody will stop it
-    answered, accepted = run_app(app, sock, cfg, pending)
+    answered, accepted = run_app(app, sock, cfg, pending, quiet=True)
     _report(outbox, ("stopped", answered, accepted))
 
 
