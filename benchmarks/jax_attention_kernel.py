@@ -52,7 +52,9 @@ def errors(dtype: jnp.dtype, rate: float, blocks: Blocks, T: int, hd: int, B: in
         out, pull = jax.vjp(fn, *inputs)
         return (out, *pull(w.astype(out.dtype)))
 
-    fused = lambda q, k, v: flash_attention(q, k, v, mask.astype(jnp.int32), seed, rate, blocks, INTERPRET)  # noqa: E731
+    def fused(q, k, v):
+        return flash_attention(q, k, v, mask.astype(jnp.int32), seed, rate, blocks, INTERPRET)
+
     got = jax.jit(lambda *x: output_and_grads(fused, *x))(q, k, v)
     with jax.default_matmul_precision("highest"):
         exact = lambda q, k, v: attention(q, k, v, mask, rate, seed)  # noqa: E731
@@ -68,7 +70,8 @@ def main() -> None:
     T, hd = args.seq, args.head_dim
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}{' (interpreted)' if INTERPRET else ''}")
     differ, kernel_share, reference_share = dropout_decisions(T, 0.1)
-    print(f"dropout: {differ} of {T * T} decisions differ; kept {kernel_share:.4f} (kernel), {reference_share:.4f} (reference)")
+    print(f"dropout: {differ} of {T * T} decisions differ; "
+          f"kept {kernel_share:.4f} (kernel), {reference_share:.4f} (reference)")
     tiles = {"default": Blocks(), "num_stages=1": Blocks(num_stages=1), "num_warps=8": Blocks(num_warps=8),
              "q=32,k=32": Blocks(q=32, k=32)}
     print(f"{'inputs':9s} {'dropout':>7s} {'tiles':13s} {'output':>8s} {'dq':>8s} {'dk':>8s} {'dv':>8s}")

@@ -119,8 +119,12 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
         out, pull = jax.vjp(fn, q, k, v)
         return (out, *pull(w.astype(out.dtype)))
 
-    fused = lambda q, k, v: flash_attention(q, k, v, mask.astype(jnp.int32), seed, rate, blocks, interpret)  # noqa: E731
-    plain = lambda q, k, v: attention(q, k, v, mask, rate, seed)  # noqa: E731
+    def fused(q, k, v):
+        return flash_attention(q, k, v, mask.astype(jnp.int32), seed, rate, blocks, interpret)
+
+    def plain(q, k, v):
+        return attention(q, k, v, mask, rate, seed)
+
     try:
         got = jax.jit(lambda: output_and_grads(fused))()
         want = jax.jit(lambda: output_and_grads(plain))()
