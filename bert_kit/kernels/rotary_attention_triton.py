@@ -14,12 +14,14 @@ computes them (the two halves of a row are equal; the kernels read the first).
 - `attention_fwd` / `attention_bwd`: attention within each packed sequence of at most 128 tokens,
   as BERT's short attention (`short_attention_triton.py`, whose layout and settings these follow):
   all of a head's keys fit one tile, so the softmax needs no running maximum and the backward no
-  atomics and no dot(dO, O) pre-pass. q and k are read from the QKV output and turned in registers
-  (scores are the sum of the two halves' products), a query sees the keys of its own sequence
-  within WINDOW positions (-1: all of them), and dq, dk, dv are written straight into the QKV
-  projection's gradient, dq and dk turned back (the transpose of the rotation). What this spares
-  against flash varlen: the rotations' forward and backward passes over q and k, the assembly of
-  the QKV gradient, flash's dot(dO, O) pre-pass and float32 dq accumulator.
+  atomics and no dot(dO, O) pre-pass. q and k are read from the QKV output and turned in registers,
+  their turned halves joined back into whole heads, so that every dot spans a head's full width
+  (scores are one dot over all of it; dots over the 32-wide halves read shared memory out of bounds
+  on an H200). A query sees the keys of its own sequence within WINDOW positions (-1: all of
+  them), and dq, dk, dv are written straight into the QKV projection's gradient, dq and dk split
+  into halves and turned back (the transpose of the rotation). What this spares against flash
+  varlen: the rotations' forward and backward passes over q and k, the assembly of the QKV
+  gradient, flash's dot(dO, O) pre-pass and float32 dq accumulator.
 
 The forward runs one program per (sequence, head, block of 64 queries), the backward one per
 (sequence, head) in two passes over its query blocks (dv; then dq and dk), or one where the queries
@@ -43,21 +45,24 @@ ROTATE_ROWS = 64  # tokens per program of `rotate_qk`
 @triton.jit
 def _turned(x_ptr, cos_ptr, sin_ptr, tok, ok, d, ROW: tl.constexpr, CS: tl.constexpr, HALF: tl.constexpr):
     """Rows `tok` (int64) of one head's vectors (x_ptr: its first column; ROW: the row stride), turned:
-    the halves (x1 c - x2 s, x2 c + x1 s), each (BLOCK, HALF), in x's dtype; rows not `ok` are 0."""
+    (BLOCK, 2 * HALF) in x's dtype, the halves (x1 c - x2 s, x2 c + x1 s) side by side; rows not `ok`
+    are 0."""
     m = ok[:, None]
     x1 = tl.load(x_ptr + tok[:, None] * ROW + d[None, :], mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + tok[:, None] * ROW + HALF + d[None, :], mask=m, other=0.0).to(tl.float32)
     c = tl.load(cos_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
     s = tl.load(sin_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
     ty = x_ptr.dtype.element_ty
-    return (x1 * c - x2 * s).to(ty), (x2 * c + x1 * s).to(ty)
+    halves = tl.join((x1 * c - x2 * s).to(ty), (x2 * c + x1 * s).to(ty))  # (BLOCK, HALF, 2)
+    return tl.reshape(tl.permute(halves, (0, 2, 1)), (x1.shape[0], 2 * HALF))
 
 
 @triton.jit
-def _store_turned_back(out_ptr, g1, g2, cos_ptr, sin_ptr, tok, ok, d, ROW: tl.constexpr, CS: tl.constexpr,
+def _store_turned_back(out_ptr, g, cos_ptr, sin_ptr, tok, ok, d, ROW: tl.constexpr, CS: tl.constexpr,
                        HALF: tl.constexpr):
-    """The gradient (g1, g2) of turned halves, turned back (the rotation's transpose: g1 c + g2 s,
-    g2 c - g1 s), stored at rows `tok` of out_ptr (row stride ROW) where `ok`."""
+    """The gradient g (BLOCK, 2 * HALF), float32, of turned rows, turned back (the rotation's transpose:
+    halves g1 c + g2 s, g2 c - g1 s), stored at rows `tok` of out_ptr (row stride ROW) where `ok`."""
+    g1, g2 = tl.split(tl.permute(tl.reshape(g, (g.shape[0], 2, HALF)), (0, 2, 1)))  # g's column halves
     m = ok[:, None]
     c = tl.load(cos_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
     s = tl.load(sin_ptr + tok[:, None] * CS + d[None, :], mask=m, other=0.0)
@@ -73,15 +78,12 @@ def _rotate_qk(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, N, H: tl.constexpr, CS: 
     HALF: tl.constexpr = HEAD_DIM // 2
     h = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok, tok, d = rows < N, rows.to(tl.int64), tl.arange(0, HALF)
-    m = ok[:, None]
-    out = tok[:, None] * H + h * HEAD_DIM + d[None, :]
-    q1, q2 = _turned(qkv_ptr + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF)
-    tl.store(q_ptr + out, q1, mask=m)
-    tl.store(q_ptr + out + HALF, q2, mask=m)
-    k1, k2 = _turned(qkv_ptr + H + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF)
-    tl.store(k_ptr + out, k1, mask=m)
-    tl.store(k_ptr + out + HALF, k2, mask=m)
+    ok, tok, d, e = rows < N, rows.to(tl.int64), tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
+    out = tok[:, None] * H + h * HEAD_DIM + e[None, :]
+    tl.store(q_ptr + out, _turned(qkv_ptr + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF),
+             mask=ok[:, None])
+    tl.store(k_ptr + out, _turned(qkv_ptr + H + h * HEAD_DIM, cos_ptr, sin_ptr, tok, ok, d, 3 * H, CS, HALF),
+             mask=ok[:, None])
 
 
 @triton.jit
@@ -115,11 +117,10 @@ def _attention_fwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, lse_ptr, scale: tl.
     r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     tk, tq = (start + t).to(tl.int64), (start + r).to(tl.int64)
     head = qkv_ptr + h * HEAD_DIM
-    k1, k2 = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
-    q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+    k = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+    q = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
     v = tl.load(head + 2 * H + tk[:, None] * (3 * H) + e[None, :], mask=(t < L)[:, None], other=0.0)
-    s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
-    s = tl.where(_visible(r, t, L, WINDOW), s, float("-inf"))
+    s = tl.where(_visible(r, t, L, WINDOW), tl.dot(q, tl.trans(k)) * scale, float("-inf"))
     rows = r < L
     m = tl.where(rows, tl.max(s, 1), 0.0)  # a row past the end sees no key: kept finite, never stored
     p = tl.exp(s - m[:, None])
@@ -130,23 +131,21 @@ def _attention_fwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, lse_ptr, scale: tl.
 
 
 @triton.jit
-def _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr):
+def _probs(q, k, lse_ptr, tq, r, t, L, h, scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr):
     """A query block's softmax probabilities (BLOCK_Q, BLOCK_T), float32, rebuilt from the forward's
     logsumexp; 0 where the query does not see the key."""
-    s = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * scale
     lse = tl.load(lse_ptr + tq * nh + h, mask=r < L, other=0.0)
-    return tl.where(_visible(r, t, L, WINDOW), tl.exp(s - lse[:, None]), 0.0)
+    return tl.where(_visible(r, t, L, WINDOW), tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)
 
 
 @triton.jit
-def _dq_dk(p, do, v, k1, k2, q1, q2, scale: tl.constexpr):
-    """A query block's dq halves (BLOCK_Q, HALF) and its terms of the dk halves (BLOCK_T, HALF), float32,
-    with respect to the turned q and k: dS = P * (dP - rowsum(P * dP)), dP = dO V^T (every key of a
-    query is in the tile, so rowsum(P * dP) is dot(dO, O))."""
+def _dq_dk(p, do, v, k, q, scale: tl.constexpr):
+    """A query block's dq (BLOCK_Q, HEAD_DIM) and its term of dk (BLOCK_T, HEAD_DIM), float32, with
+    respect to the turned q and k: dS = P * (dP - rowsum(P * dP)), dP = dO V^T (every key of a query is
+    in the tile, so rowsum(P * dP) is dot(dO, O))."""
     dp = tl.dot(do, tl.trans(v))
-    ds = (p * (dp - tl.sum(p * dp, 1)[:, None]) * scale).to(q1.dtype)
-    dst = tl.trans(ds)
-    return tl.dot(ds, k1), tl.dot(ds, k2), tl.dot(dst, q1), tl.dot(dst, q2)
+    ds = (p * (dp - tl.sum(p * dp, 1)[:, None]) * scale).to(q.dtype)
+    return tl.dot(ds, k), tl.dot(tl.trans(ds), q)
 
 
 @triton.jit
@@ -163,25 +162,23 @@ def _attention_bwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, dqkv_ptr,
     t, d, e = tl.arange(0, BLOCK_T), tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
     tk = (start + t).to(tl.int64)
     head = qkv_ptr + h * HEAD_DIM
-    k1, k2 = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+    k = _turned(head + H, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
     v = tl.load(head + 2 * H + tk[:, None] * (3 * H) + e[None, :], mask=(t < L)[:, None], other=0.0)
     dhead = dqkv_ptr + h * HEAD_DIM
 
     dv = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
-    dk1 = tl.zeros((BLOCK_T, HALF), tl.float32)
-    dk2 = tl.zeros((BLOCK_T, HALF), tl.float32)
+    dk = tl.zeros((BLOCK_T, HEAD_DIM), tl.float32)
     for block in tl.range(0, BLOCK_T // BLOCK_Q, num_stages=1):  # pass 1: dv = P^T dO
         r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
         tq = (start + r).to(tl.int64)
-        q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+        q = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
         do = tl.load(do_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], mask=(r < L)[:, None], other=0.0)
-        p = _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
+        p = _probs(q, k, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)
         if BLOCK_Q == BLOCK_T:  # a single block: pass 2 here too, without computing P again
-            dq1, dq2, dk1_part, dk2_part = _dq_dk(p, do, v, k1, k2, q1, q2, scale)
-            dk1 += dk1_part
-            dk2 += dk2_part
-            _store_turned_back(dhead, dq1, dq2, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+            dq, dk_part = _dq_dk(p, do, v, k, q, scale)
+            dk += dk_part
+            _store_turned_back(dhead, dq, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
     tl.store(dhead + 2 * H + tk[:, None] * (3 * H) + e[None, :], dv.to(dqkv_ptr.dtype.element_ty),
              mask=(t < L)[:, None])
 
@@ -189,14 +186,13 @@ def _attention_bwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, dqkv_ptr,
         for block in tl.range(0, BLOCK_T // BLOCK_Q, num_stages=1):  # pass 2: dq and dk
             r = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
             tq = (start + r).to(tl.int64)
-            q1, q2 = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+            q = _turned(head, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
             do = tl.load(do_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], mask=(r < L)[:, None], other=0.0)
-            p = _probs(q1, q2, k1, k2, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
-            dq1, dq2, dk1_part, dk2_part = _dq_dk(p, do, v, k1, k2, q1, q2, scale)
-            dk1 += dk1_part
-            dk2 += dk2_part
-            _store_turned_back(dhead, dq1, dq2, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
-    _store_turned_back(dhead + H, dk1, dk2, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
+            p = _probs(q, k, lse_ptr, tq, r, t, L, h, scale, WINDOW, nh)
+            dq, dk_part = _dq_dk(p, do, v, k, q, scale)
+            dk += dk_part
+            _store_turned_back(dhead, dq, cos_ptr, sin_ptr, tq, r < L, d, 3 * H, CS, HALF)
+    _store_turned_back(dhead + H, dk, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

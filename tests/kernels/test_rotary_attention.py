@@ -3,16 +3,20 @@
 On a CPU (no Triton, no CUDA) the kernels' contracts are computed by the reference's own functions
 (`ReferenceOps`) in their place, which tests what calls them: the layout, the window and the
 rotations they are given, the gradient that comes back through the autograd Function, the
-fallbacks, and one graph when the training step is compiled. On a GPU (skipped elsewhere): the
+fallbacks, and one graph when the training step is compiled. Where Triton is installed, the
+kernels in Triton's interpreter on the CPU (float16; relative errors about 4e-4 against float64)
+with every masked-in address checked against its tensor. On a GPU (skipped elsewhere): the
 Triton kernels against float64 autograd, and eager inference of the whole encoder against the
-reference. (The kernels also ran in Triton's interpreter on a CPU, in float16, against float64:
-relative errors about 4e-4 for the output and each gradient.)
+reference.
 
 Run: .venv/bin/python -m pytest tests/kernels/test_rotary_attention.py -q
 """
 
 import copy
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -26,6 +30,7 @@ from bert_kit.kernels.rotary_attention import RotaryAttention
 from bert_kit.modernbert import ModernBertForMaskedLM, ModernBertModel, apply_rotary, rotary, sdpa_attention
 from bert_kit.modernbert_config import ModernBertConfig
 from bert_kit.training.losses import compute_mlm_loss
+from tests.kernels import rotary_interpreter_worker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or rotary_attention.triton_ops is None,
@@ -254,6 +259,32 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+@pytest.mark.skipif(rotary_attention.triton_ops is None, reason="needs Triton")
+def test_kernels_in_tritons_interpreter_stay_in_bounds_and_match_float64():
+    """The three Triton ops on a CPU in Triton's interpreter (float16, a process of its own:
+    `rotary_interpreter_worker.py`) over empty sequences, one-token ones, sequences shorter than a
+    query block and the last block past N, heads of 32, 64 and 128: no load or store touches an
+    address outside its tensor where its mask is true (on a GPU, an illegal memory access), and
+    the numbers are float64's within 1e-2."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, rotary_interpreter_worker.__file__], env=env, capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode == 77:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = len(rotary_interpreter_worker.CASES)
+    assert proc.stdout.count("; 0 accesses out of bounds") == cases, proc.stdout
+
+
+def synchronized(op: str, case: str) -> None:
+    """Waits for the GPU, so that a kernel's fault is raised here naming the op and the case (CUDA
+    reports it at a later call otherwise, and every later test of the process fails with it)."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:  # torch.AcceleratorError
+        raise AssertionError(f"{op} faulted on {case}: {e}") from e
+
+
 @cuda
 @pytest.mark.parametrize("lengths, nh, hd, window, theta", [
     ([128, 128, 0, 37, 1, 128], 12, 64, 64, 10_000.0), ([128] * 8, 12, 64, -1, 160_000.0),
@@ -269,15 +300,21 @@ def test_gpu_kernels_match_float64(lengths, nh, hd, window, theta):
     positions = torch.cat([torch.arange(L) for L in lengths]).cuda()
     cos, sin = (t[:, None] for t in rotary(positions, theta, hd))  # (N, 1, hd), as the model passes them
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    case = f"lengths {lengths}, heads {nh}x{hd}, window {window}"
+    synchronized("the inputs' preparation", case)
     o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
+    synchronized("attention_fwd", case)
     dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
+    synchronized("attention_bwd", case)
     want, want_grad = float64_reference(qkv, cos, sin, lengths, nh, window, do)
+    synchronized("the float64 reference", case)
     errors = {"out": rel(o, want), **{name: rel(dqkv[:, i * H:(i + 1) * H], want_grad[:, i * H:(i + 1) * H])
                                       for i, name in enumerate(("dq", "dk", "dv"))}}
-    print(f"\nrotary attention kernels, lengths {lengths}, heads {nh}x{hd}, window {window}, theta {theta:g}: "
+    print(f"\nrotary attention kernels, {case}, theta {theta:g}: "
           + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     assert all(math.isfinite(e) and e < 1e-2 for e in errors.values()), errors
     q, k = ops.rotate_qk(qkv, cos, sin, nh)
+    synchronized("rotate_qk", case)
     heads = qkv.view(N, 3, nh, hd)
     for got, x in ((q, heads[:, 0]), (k, heads[:, 1])):  # the reference's rotation, to bf16 rounding
         assert_close(got, apply_rotary(x, cos, sin), atol=1e-2, rtol=1e-2)
