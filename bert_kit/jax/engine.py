@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import threading
 import warnings
 import weakref
 from collections import deque
@@ -146,6 +147,25 @@ def join_processes() -> None:
     torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
     if initialize_distributed() and jax.process_count() > 1:
         use_processes(JaxProcesses())
+
+
+def start_backend(device: str) -> threading.Thread | None:
+    """Start JAX's backends in a background thread (a GPU's: its driver, context and memory pool,
+    seconds on an H200 host) while the job reads its data and builds its model, as the torch
+    engine starts CUDA. JAX's backend lock holds the engine's first device call until it is done.
+    Nothing for device=cpu. A failure is left for `resolve_devices` to report."""
+    if device == "cpu":
+        return None
+
+    def start() -> None:
+        try:
+            jax.devices()
+        except Exception:  # noqa: BLE001 (reported where the engine asks for its devices)
+            pass
+
+    thread = threading.Thread(target=start, name="jax-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def resolve_devices(device: str) -> list:
@@ -315,6 +335,7 @@ class JaxEngine(Engine):
     @classmethod
     def start_device(cls, cfg: Any) -> Callable[[], Precision]:
         use_compilation_cache(getattr(cfg, "jax_cache", None))  # before anything compiles
+        start_backend(cfg.device)
         # torch builds the batches and the first weights on the CPU, in fp32; JAX computes (`__init__`)
         return lambda: resolve_precision("fp32", "cpu", verbose=False)
 

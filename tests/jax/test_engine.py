@@ -239,3 +239,20 @@ def test_a_nan_loss_freezes_the_weights_and_is_raised_at_the_next_read():
     with pytest.raises(NonFiniteLossError, match="at step 3"):
         engine.check_finite()  # before a checkpoint: the same error, nothing saved
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(engine.state.params)))
+
+
+def test_the_backend_starts_in_a_thread_while_the_job_reads_its_data():
+    """`JaxEngine.start_device` starts JAX's backends (a GPU's context and memory: seconds) in a
+    thread, as the torch engine starts CUDA: none had started before, all have once it is done;
+    device=cpu starts nothing. In a process of its own: this one's backends started long ago."""
+    code = """
+from jax._src import xla_bridge
+from bert_kit.jax.engine import start_backend
+before = xla_bridge.backends_are_initialized()
+thread = start_backend("auto")
+thread.join(60)
+print(before, thread.name, xla_bridge.backends_are_initialized(), start_backend("cpu"))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["False", "jax-start", "True", "None"], done.stderr
