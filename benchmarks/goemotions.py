@@ -125,8 +125,9 @@ def main() -> None:
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
-    print(f"\nGoEmotions{f' (first {args.limit} rows)' if args.limit else ''}, {base['epochs']} epochs, lr {base['lr']}, "
-          f"batch {base['batch_size']}, threshold {base['threshold']}")
+    rows_used = f" (first {args.limit} rows)" if args.limit else ""
+    print(f"\nGoEmotions{rows_used}, {base['epochs']} epochs, lr {base['lr']}, batch {base['batch_size']}, "
+          f"threshold {base['threshold']}")
     print(f"{'impl':<9} {'seed':>5} {'wall s':>8} {'steps/s':>8} {'dev macro F1':>13} {'test macro F1':>14}")
     for row in rows:
         if "error" in row:
