@@ -251,7 +251,7 @@ def save_adapter(model: nn.Module, folder: str | Path, state: dict[str, torch.Te
 
 def is_adapter_folder(folder: str | Path) -> bool:
     """Whether `folder` holds a LoRA adapter without the base weights."""
-    from bert_kit.hf import weights_present
+    from bert_kit.weight_files import weights_present
 
     folder = Path(folder)
     return (folder / ADAPTER_CONFIG).is_file() and (folder / ADAPTER_WEIGHTS).is_file() and not weights_present(folder)
@@ -263,7 +263,7 @@ def read_adapter(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Te
     from safetensors.torch import load_file
 
     from bert_kit.checks import CorruptFileError, read_json
-    from bert_kit.hf import check_finite
+    from bert_kit.weight_files import check_finite
 
     folder = Path(folder)
     config = read_json(folder / ADAPTER_CONFIG)

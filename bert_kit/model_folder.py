@@ -1,10 +1,10 @@
 """Model folders: find the folder a name or path stands for, and the metadata bert-kit keeps in it.
 
 A model folder holds config.json, model.safetensors (or pytorch_model.bin, or the shards of
-either and their index, as HF writes a large model: `bert_kit.hf.weights_files`) and the tokenizer
-files. A run folder stands for its best/ (fine-tuning) or final/ (pretraining) model, or its
-newest checkpoint. A fine-tuned folder records its task in config.json (`bert_kit` key: task,
-max_length, similarity_mode, pooling) and its label names in `id2label`, so `evaluate`,
+either and their index, as HF writes a large model: `bert_kit.weight_files.weights_files`) and the
+tokenizer files. A run folder stands for its best/ (fine-tuning) or final/ (pretraining) model,
+or its newest checkpoint. A fine-tuned folder records its task in config.json (`bert_kit` key:
+task, max_length, similarity_mode, pooling) and its label names in `id2label`, so `evaluate`,
 `predict` and `embed` need only the folder.
 
 Hub names. Wherever a model is named, a Hugging Face hub name (`bert-base-uncased`,

@@ -16,7 +16,8 @@ from torch.testing import assert_close
 from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswering, BERTForSequenceClassification,
                       BERTForTokenClassification, BERTModel, BertConfig)
 from bert_kit.checks import ConfigError, CorruptFileError
-from bert_kit.hf import NewWeightsWarning, load_into, read_state_dict, to_hf_state_dict
+from bert_kit.hf import NewWeightsWarning, load_into, to_hf_state_dict
+from bert_kit.weight_files import read_state_dict
 
 transformers = pytest.importorskip("transformers")
 TINY = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -117,12 +118,12 @@ def test_read_state_dict_as_numpy_gives_the_same_weights_without_torch_for_safet
             expected = tensor.float() if tensor.is_floating_point() else tensor
             assert_close(torch.from_numpy(arrays[name]), expected, rtol=0, atol=0)
 
-    code = ("import sys; from bert_kit.hf import read_state_dict; "
+    code = ("import sys; from bert_kit.weight_files import read_state_dict; "
             f"arrays = read_state_dict({str(tmp_path / 'st')!r}, as_numpy=True); "
             "assert arrays and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
     # with ml_dtypes loaded (JAX loads it) NumPy reads bfloat16 itself: float32 all the same
-    code = ("import ml_dtypes; from bert_kit.hf import read_state_dict; "
+    code = ("import ml_dtypes; from bert_kit.weight_files import read_state_dict; "
             f"arrays = read_state_dict({str(tmp_path / 'bf16')!r}, as_numpy=True); "
             "assert {str(a.dtype) for a in arrays.values()} == {'float32'}, {str(a.dtype) for a in arrays.values()}")
     if __import__("importlib").util.find_spec("ml_dtypes"):
@@ -349,7 +350,7 @@ def test_a_sharded_checkpoint_loads_as_the_whole_one(tmp_path, capsys):
     """HF writes a large model as shards and model.safetensors.index.json: from_pretrained, convert
     and every command read it as the one file (it was 'no model.safetensors')."""
     from bert_kit.cli import main
-    from bert_kit.hf import read_state_dict
+    from bert_kit.weight_files import read_state_dict
 
     torch.manual_seed(2)
     model = BERTForPreTraining(TINY).eval()

@@ -19,7 +19,8 @@ from bert_kit import (BERTForMaskedLM, BERTForPreTraining, BERTForQuestionAnswer
                       BERTForTokenClassification, BERTModel, BertConfig)
 from bert_kit.checks import ConfigError
 from bert_kit.config import UnsupportedModelError, load_hf_config
-from bert_kit.hf import NewWeightsWarning, read_state_dict
+from bert_kit.hf import NewWeightsWarning
+from bert_kit.weight_files import read_state_dict
 
 transformers = pytest.importorskip("transformers")
 

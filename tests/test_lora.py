@@ -181,7 +181,7 @@ def test_a_lora_run_trains_adapters_alone_resumes_and_every_command_reads_its_fo
     assert main(["evaluate", "--model", str(tmp_path / "merged"), "--data", str(tiny.dev), "--output",
                  str(evaluated)]) == 0
     assert json.loads(evaluated.read_text())["accuracy"] == accuracy
-    from bert_kit.hf import read_state_dict
+    from bert_kit.weight_files import read_state_dict
     from bert_kit.tasks.inference import TextClassifier  # what `serve` and `predict` load
 
     with pytest.raises(FileNotFoundError, match=r"holds a LoRA adapter, not a model's weights.*bert-kit merge"):

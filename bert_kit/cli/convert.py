@@ -42,7 +42,8 @@ def detect_head(state: dict, model_type: str = "bert") -> str:
 def convert(input_folder: str | Path, output_folder: str | Path, head: str | None = None) -> tuple[str, list[str]]:
     """Load `input_folder` into the `head` class and save it; return (head, new head weights)."""
     from bert_kit.config import load_hf_config
-    from bert_kit.hf import load_into, read_state_dict
+    from bert_kit.hf import load_into
+    from bert_kit.weight_files import read_state_dict
     from bert_kit.model_folder import resolve_model
 
     src, dst = resolve_model(input_folder), Path(output_folder)  # a folder, or a hub name's local copy

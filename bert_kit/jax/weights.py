@@ -4,8 +4,8 @@ The NNX modules carry the torch model's parameter names, so a parameter's path i
 (`encoder.layers.0.ffn.up.kernel`) becomes the torch name (`encoder.layers.0.ffn.up.weight`) by one
 rule, and `hf.py` maps that to HF's name. The one non-renaming step on this side: `nnx.Linear`
 keeps its kernel as (in, out) where torch and HF keep (out, in), so kernels are transposed here,
-and only here. Arrays are read (`bert_kit.hf.read_state_dict(as_numpy=True)`) and written as NumPy
-(safetensors), without torch; a legacy `pytorch_model.bin` is read through torch.
+and only here. Arrays are read (`bert_kit.weight_files.read_state_dict(as_numpy=True)`) and
+written as NumPy (safetensors), without torch; a legacy `pytorch_model.bin` is read through torch.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from flax import nnx
 from bert_kit.checks import read_json
 from bert_kit.config import load_hf_config
 from bert_kit.hf import (HEAD_PREFIXES, NewWeightsWarning, _infer_head_args, check_decoder_tied, fit_label_names,
-                         from_hf_state_dict, read_state_dict, to_hf_state_dict)
+                         from_hf_state_dict, to_hf_state_dict)
 from bert_kit.hf import save_pretrained as save_hf_folder
+from bert_kit.weight_files import read_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -400,7 +400,7 @@ class FillMask(Operation):
 
 def _has_mlm_head(folder: Path) -> bool:
     """Whether the weights hold an MLM head (cls.predictions.*), without loading them from safetensors."""
-    from bert_kit.hf import weight_names
+    from bert_kit.weight_files import weight_names
 
     from bert_kit.config import load_hf_config
     from bert_kit.hf_names import holds_mlm_head

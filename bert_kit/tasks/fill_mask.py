@@ -116,7 +116,8 @@ def load_mlm_model(folder: str | Path, device: str | torch.device = "cpu") -> nn
     folders without MLM head weights."""
     from bert_kit.config import load_hf_config
     from bert_kit.families import model_class
-    from bert_kit.hf import load_into, read_state_dict
+    from bert_kit.hf import load_into
+    from bert_kit.weight_files import read_state_dict
 
     from bert_kit.hf_names import holds_mlm_head
 

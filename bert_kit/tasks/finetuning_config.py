@@ -32,7 +32,8 @@ from bert_kit.tasks import PER_LABEL_METRICS, metric_names
 from bert_kit.tasks.classification_config import ClassificationSettings, read_label_names_file
 from bert_kit.tasks.data_settings import check_data_settings
 from bert_kit.tasks.retrieval_config import EmbeddingSettings, RerankerSettings
-from bert_kit.training.runconfig import accepts_moved_keys, build_group, note_once
+from bert_kit.training.config_keys import accepts_moved_keys, note_once
+from bert_kit.training.runconfig import build_group
 from bert_kit.training.settings import RunSettings
 
 DEFAULT_MAX_LENGTH = {"qa": 384, "embedding": 256, "reranker": 256}  # other tasks: 128

@@ -202,7 +202,7 @@ def same_spec(saved: Any, planned: dict[str, Any]) -> bool:
     """Whether a finished run's spec is the planned one; a spec saved with the flat keys of earlier
     versions (similarity_mode: ...) is read as it is written now."""
     from bert_kit.tasks.finetuning_config import FinetuneConfig
-    from bert_kit.training.runconfig import move_old_keys
+    from bert_kit.training.config_keys import move_old_keys
 
     if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
         return False

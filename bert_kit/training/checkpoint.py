@@ -390,7 +390,7 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
     Cheap: trainer_state.pt is memory-mapped rather than read, and only the header of
     model.safetensors is read (it must cover the whole file, so truncation shows)."""
-    from bert_kit.hf import check_weights_file
+    from bert_kit.weight_files import check_weights_file
 
     try:
         load_trainer_state(path, mmap=True)
@@ -427,7 +427,7 @@ def load_trainer_state(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
     mmap: map the tensors instead of reading them (to check a file cheaply).
     An empty, truncated, unsafe or foreign file raises CorruptFileError naming it."""
-    from bert_kit.hf import load_torch_file
+    from bert_kit.weight_files import load_torch_file
 
     file = Path(path) / STATE_FILE
     if not file.is_file():
@@ -449,7 +449,8 @@ def load_checkpoint(path: str | Path, model: nn.Module | None = None, *,
     An FSDP2 model (and its optimizer) gets its shards of the full saved state; every rank
     calls this. RNG states are restored last, so call this right before training continues.
     """
-    from bert_kit.hf import load_into, read_state_dict
+    from bert_kit.hf import load_into
+    from bert_kit.weight_files import read_state_dict
     from bert_kit.lora import is_lora, load_adapter_into
 
     path = Path(path)
@@ -491,7 +492,8 @@ def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     """Full saved model (and optimizer) state -> this rank's FSDP2 shards (`set_state_dict`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
-    from bert_kit.hf import from_hf_state_dict, names_for, read_state_dict
+    from bert_kit.hf import from_hf_state_dict, names_for
+    from bert_kit.weight_files import read_state_dict
 
     weights, unmapped = from_hf_state_dict(read_state_dict(path), hasattr(model, "bert"), names_for(model))
     own = model.state_dict()  # sharded DTensors; only the names and global shapes are used

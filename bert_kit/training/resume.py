@@ -29,8 +29,9 @@ from bert_kit.checks import ConfigError
 from bert_kit.outputs import remove_entry
 from bert_kit.training.checkpoint import (checkpoint_step, list_checkpoints, load_trainer_state, remove_checkpoints,
                                           resolve_checkpoint)
+from bert_kit.training.config_keys import flat_settings
 from bert_kit.training.results import EARLY_STOPPING, RESULTS_FILE, interrupted, read_results
-from bert_kit.training.runconfig import config_to_dict, flat_settings
+from bert_kit.training.runconfig import config_to_dict
 from bert_kit.training.settings import RunSettings
 
 

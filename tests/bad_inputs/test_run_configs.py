@@ -550,10 +550,10 @@ def test_old_flat_keys_work_in_files_overrides_and_python_with_one_note(tmp_path
 
     import yaml
 
-    from bert_kit.training import runconfig
+    from bert_kit.training import config_keys
     from bert_kit.training.runconfig import save_config
 
-    monkeypatch.setattr(runconfig, "_noted", set())  # each note is printed once per process
+    monkeypatch.setattr(config_keys, "_noted", set())  # each note is printed once per process
 
     flat = tmp_path / "flat.yaml"
     flat.write_text(yaml.safe_dump({"task": "qa", "max_length": 64, **FLAT}))
