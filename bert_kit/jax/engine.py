@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import threading
 import warnings
 import weakref
 from collections import deque
@@ -61,7 +60,7 @@ from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
-                                task_loss)
+                                resolve_devices, start_backend, task_loss)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.distributed import use_processes
@@ -147,45 +146,6 @@ def join_processes() -> None:
     torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
     if initialize_distributed() and jax.process_count() > 1:
         use_processes(JaxProcesses())
-
-
-def start_backend(device: str) -> threading.Thread | None:
-    """Start JAX's backends in a background thread (a GPU's: its driver, context and memory pool,
-    seconds on an H200 host) while the job reads its data and builds its model, as the torch
-    engine starts CUDA. JAX's backend lock holds the engine's first device call until it is done.
-    Nothing for device=cpu. A failure is left for `resolve_devices` to report."""
-    if device == "cpu":
-        return None
-
-    def start() -> None:
-        try:
-            jax.devices()
-        except Exception:  # noqa: BLE001 (reported where the engine asks for its devices)
-            pass
-
-    thread = threading.Thread(target=start, name="jax-start", daemon=True)
-    thread.start()
-    return thread
-
-
-def resolve_devices(device: str) -> list:
-    """The devices `device` names: auto (every device of the default backend, on every host), cpu,
-    cuda (every GPU) or cuda:N (GPU N of this host)."""
-    if device == "auto":
-        return jax.devices()
-    if device == "cpu":
-        return jax.devices("cpu")
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        raise ValueError(f"device={device}, but JAX sees no GPU: install jax with CUDA (pip install "
-                         "\"jax[cuda12]\"), or set device=auto") from None
-    if ":" not in device:
-        return gpus
-    index = int(device.split(":")[1])
-    if index >= len(gpus):
-        raise ValueError(f"device={device}, but JAX sees {len(gpus)} GPU(s)")
-    return [gpus[index]]
 
 
 def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:

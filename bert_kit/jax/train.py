@@ -1,5 +1,6 @@
 """Training the JAX engine: losses as plain functions, AdamW with BERT's schedule, and one jitted
-train step, data parallel over every device of every host through `jax.sharding`.
+train step, data parallel over every device of every host through `jax.sharding`; the devices a
+run's `device` setting names (`resolve_devices`), started early (`start_backend`), and its hosts.
 
     mesh = make_mesh()                                   # every device, one "data" axis
     tx = create_optimizer(lr_schedule(1e-4, warmup_steps=100, total_steps=1000), weight_decay=0.01)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -300,3 +302,42 @@ def initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
         return False
     jax.distributed.initialize(**settings)
     return True
+
+
+def start_backend(device: str) -> threading.Thread | None:
+    """Start JAX's backends in a background thread (a GPU's: its driver, context and memory pool,
+    seconds on an H200 host) while the job reads its data and builds its model, as the torch
+    engine starts CUDA. JAX's backend lock holds the engine's first device call until it is done.
+    Nothing for device=cpu. A failure is left for `resolve_devices` to report."""
+    if device == "cpu":
+        return None
+
+    def start() -> None:
+        try:
+            jax.devices()
+        except Exception:  # noqa: BLE001 (reported where the engine asks for its devices)
+            pass
+
+    thread = threading.Thread(target=start, name="jax-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def resolve_devices(device: str) -> list:
+    """The devices `device` names: auto (every device of the default backend, on every host), cpu,
+    cuda (every GPU) or cuda:N (GPU N of this host)."""
+    if device == "auto":
+        return jax.devices()
+    if device == "cpu":
+        return jax.devices("cpu")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        raise ValueError(f"device={device}, but JAX sees no GPU: install jax with CUDA (pip install "
+                         "\"jax[cuda12]\"), or set device=auto") from None
+    if ":" not in device:
+        return gpus
+    index = int(device.split(":")[1])
+    if index >= len(gpus):
+        raise ValueError(f"device={device}, but JAX sees {len(gpus)} GPU(s)")
+    return [gpus[index]]

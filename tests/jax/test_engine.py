@@ -247,7 +247,7 @@ def test_the_backend_starts_in_a_thread_while_the_job_reads_its_data():
     device=cpu starts nothing. In a process of its own: this one's backends started long ago."""
     code = """
 from jax._src import xla_bridge
-from bert_kit.jax.engine import start_backend
+from bert_kit.jax.train import start_backend
 before = xla_bridge.backends_are_initialized()
 thread = start_backend("auto")
 thread.join(60)
