@@ -26,7 +26,8 @@ from bert_kit.jax.tasks import ContrastiveHead, contrastive_loss, normalize  # n
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
 from bert_kit.training.contrastive import known_positives, multiple_negatives_ranking_loss, pair_codes  # noqa: E402
 from tests.jax.test_engine_finetune import assert_same_steps, config, records  # noqa: E402
-from tests.jax.test_engine_tasks import assert_same_evaluations, encoder, encoder_folder  # noqa: E402,F401
+from tests.jax.test_engine_tasks import (  # noqa: E402,F401  (encoder: a fixture)
+    assert_resumes_bit_for_bit, assert_same_evaluations, encoder, encoder_folder)
 from tests.retrieval.beir_files import DOCS, QRELS, QUERIES, write_beir  # noqa: E402
 from tests.tasks.test_embedding import nli  # noqa: E402,F401  (fixture: SNLI triplets, STS-B dev pairs)
 
@@ -138,19 +139,11 @@ def test_symmetric_leaving_out_known_positives_takes_torchs_steps_and_scores_bei
 def test_an_embedding_run_resumes_bit_for_bit(nli, tmp_path, minilm_path):
     """4 steps at once, and 2 steps then 2 more from the checkpoint (written from the whole
     `EmbeddingModel`, read back into it): the same losses, dropout on."""
-    from bert_kit.training.checkpoint import latest_checkpoint
-
     encoder = encoder_folder(tmp_path / "encoder", minilm_path, 0.1)
     train, _ = nli
-    settings = dict(train_file=str(train), schedule="constant", warmup_steps=0, eval_every=0,
-                    embedding={"loss": "symmetric"})
-    finetune(embedding(encoder, tmp_path / "whole", "jax", **settings))
-    finetune(embedding(encoder, tmp_path / "parts", "jax", **{**settings, "max_steps": 2}))
-    assert latest_checkpoint(tmp_path / "parts").name == "step-0000002"
-    finetune(embedding(encoder, tmp_path / "parts", "jax", **settings), resume="latest")
-    whole, parts = records(tmp_path / "whole", "train"), records(tmp_path / "parts", "train")
-    assert sorted(parts) == [1, 2, 3, 4]
-    assert [parts[s]["loss"] for s in parts] == [whole[s]["loss"] for s in parts]
+    assert_resumes_bit_for_bit(lambda out, **kw: embedding(encoder, out, "jax", **kw), tmp_path,
+                               train_file=str(train), schedule="constant", warmup_steps=0, eval_every=0,
+                               embedding={"loss": "symmetric"})
 
 
 @pytest.mark.parametrize("group, named", [

@@ -82,20 +82,26 @@ def test_similarity_takes_torchs_steps_and_scores_as_it_does(encoder, sts, tmp_p
 
 
 @pytest.mark.slow
-def test_a_bi_encoder_run_resumes_bit_for_bit(sts, tmp_path, minilm_path):
-    """4 steps at once, and 2 steps then 2 more from the checkpoint: the same losses (dropout on)."""
-    encoder = encoder_folder(tmp_path / "encoder", minilm_path, 0.1)
-    train, dev = sts
-    settings = dict(task="similarity", train_file=str(train), validation_file=str(dev), schedule="constant",
-                    warmup_steps=0, similarity={"mode": "bi-encoder"}, eval_every=0)
-    finetune(config(encoder, tmp_path / "whole", "jax", **settings))
-    finetune(config(encoder, tmp_path / "parts", "jax", **{**settings, "max_steps": 2}))
+def assert_resumes_bit_for_bit(build, tmp_path: Path, **settings) -> None:
+    """A 4-step JAX run at once, and 2 steps then 2 more from the checkpoint: the same losses.
+    build(output_dir, **settings) -> the run's config."""
+    finetune(build(tmp_path / "whole", **settings))
+    finetune(build(tmp_path / "parts", **{**settings, "max_steps": 2}))
     assert latest_checkpoint(tmp_path / "parts").name == "step-0000002"
-    finetune(config(encoder, tmp_path / "parts", "jax", **settings), resume="latest")
+    finetune(build(tmp_path / "parts", **settings), resume="latest")
     whole, parts = records(tmp_path / "whole", "train"), records(tmp_path / "parts", "train")
     assert sorted(parts) == [1, 2, 3, 4]
     assert [parts[s]["loss"] for s in parts] == [whole[s]["loss"] for s in parts]
     assert json.loads((tmp_path / "parts" / "results.json").read_text())["steps"] == 4
+
+
+def test_a_bi_encoder_run_resumes_bit_for_bit(sts, tmp_path, minilm_path):
+    """4 steps at once, and 2 steps then 2 more from the checkpoint: the same losses (dropout on)."""
+    encoder = encoder_folder(tmp_path / "encoder", minilm_path, 0.1)
+    train, dev = sts
+    assert_resumes_bit_for_bit(lambda out, **kw: config(encoder, out, "jax", **kw), tmp_path, task="similarity",
+                               train_file=str(train), validation_file=str(dev), schedule="constant",
+                               warmup_steps=0, similarity={"mode": "bi-encoder"}, eval_every=0)
 
 
 def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
