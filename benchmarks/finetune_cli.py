@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,7 @@ def main() -> None:
     p.add_argument("--pycache", type=Path, default=None,
                    help="Python's bytecode caches here, for both sides (PYTHONPYCACHEPREFIX), where the "
                         "environment disables them (PYTHONDONTWRITEBYTECODE): an install by pip has them")
+    p.add_argument("--logs", type=Path, default=None, help="keep each run's log here (a JAX run's compilations)")
     args = p.parse_args()
     if args.pycache:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -191,6 +193,10 @@ def main() -> None:
                     done = run_bertkit_jax(case, args, tmp)
                 else:
                     done = [run_hf(case, impl[3:], args, tmp)]
+                if args.logs:
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    for log in tmp.glob("*.log"):
+                        shutil.copy(log, args.logs / log.name)
                 for row in done:
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -12,6 +12,8 @@ known, and kept between runs.
   runs take turns; and an entry that cannot be read is only a warning and a compilation.
 - `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
   run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths.
+- `compiler_options`: on GPUs XLA writes matrix products with cuBLAS, not as Triton kernels it
+  autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner.
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
   when a step needs them: that wait is shown as `compiling (first run of these shapes)`.
@@ -86,6 +88,17 @@ def length_bucket(longest: int, max_length: int) -> int:
     from 32, at most max_length (and never less than the batch)."""
     bucket = max(SHORTEST, 1 << max(0, longest - 1).bit_length())
     return max(longest, min(bucket, max_length))
+
+
+def compiler_options(platform: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """XLA options for the engine's programs on `platform`. On GPUs: matrix products by cuBLAS
+    (`xla_gpu_enable_triton_gemm` off): on an H200 the BERT-base step ran 555.9k tokens/s against
+    553.5k with Triton's, and compiled 12 s sooner; RTE's first run compiled for 32.8 s against 61.0 s.
+    XLA_FLAGS naming the option keeps the user's choice."""
+    env = os.environ if env is None else env
+    if platform != "gpu" or "xla_gpu_enable_triton_gemm" in env.get("XLA_FLAGS", ""):
+        return {}
+    return {"xla_gpu_enable_triton_gemm": False}
 
 
 def signature(batch: dict[str, Any]) -> tuple:

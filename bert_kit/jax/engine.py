@@ -55,7 +55,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
-from bert_kit.jax.compilation import AheadOfTime, abstract, length_bucket, use_compilation_cache
+from bert_kit.jax.compilation import AheadOfTime, abstract, compiler_options, length_bucket, use_compilation_cache
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.tasks import TaskHead, task_head
@@ -333,7 +333,9 @@ class JaxEngine(Engine):
                               optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
                               optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
         programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head)
-        self.init = jax.jit(programs.initial_state, out_shardings=self.replicated)  # one program, not one per leaf
+        options = compiler_options(devices[0].platform)
+        self.init = jax.jit(programs.initial_state, out_shardings=self.replicated,
+                            compiler_options=options)  # one program, not one per leaf
         self.state = self.init(params, jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32)))  # key(seed)
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
@@ -345,11 +347,13 @@ class JaxEngine(Engine):
         show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
         self._step = AheadOfTime(jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated,
                                                                             stacked, self.replicated),
-                                         out_shardings=self.replicated, donate_argnums=0), 2, self.pool, show)
+                                         out_shardings=self.replicated, donate_argnums=0, compiler_options=options),
+                                 2, self.pool, show)
         self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(self.replicated, self.replicated, batch),
-                                            out_shardings=batch), 2, self.pool, show)
+                                            out_shardings=batch, compiler_options=options), 2, self.pool, show)
         self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(self.replicated, self.replicated, batch),
-                                             out_shardings=self.replicated), 2, self.pool, show)
+                                             out_shardings=self.replicated, compiler_options=options),
+                                     2, self.pool, show)
         if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
             self.compile_ahead(job)
 

@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, _TiedMLM
 
 IGNORE_INDEX = -100
@@ -256,7 +257,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
         return TrainState(state.step + 1, params, opt_state, state.key), metrics
 
     return jax.jit(step, in_shardings=(replicated(mesh), data_sharding(mesh)),
-                   out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
+                   out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0,
+                   compiler_options=compiler_options(mesh.devices.flat[0].platform))
 
 
 def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh, precision: str = "fp32",
@@ -268,7 +270,8 @@ def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh, precision: str = "fp32",
         loss, parts = loss_fn(nnx.merge(graphdef, cast(params, compute_dtype)), batch, None)
         return {"loss": loss, **parts}
 
-    return jax.jit(evaluate, in_shardings=(replicated(mesh), data_sharding(mesh)), out_shardings=replicated(mesh))
+    return jax.jit(evaluate, in_shardings=(replicated(mesh), data_sharding(mesh)), out_shardings=replicated(mesh),
+                   compiler_options=compiler_options(mesh.devices.flat[0].platform))
 
 
 # ---- several hosts ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from bert_kit.jax.compilation import DEFAULT_CACHE, cache_folder, length_bucket  # noqa: E402
+from bert_kit.jax.compilation import DEFAULT_CACHE, cache_folder, compiler_options, length_bucket  # noqa: E402
 from bert_kit.jax.engine import likely_buckets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +36,16 @@ def test_the_cache_folder_by_setting_variable_jax_or_default(tmp_path):
     assert cache_folder(False, {"BERT_KIT_JAX_CACHE": "y"}) is None  # RunSettings(jax_cache=False)
     assert cache_folder(True, {"BERT_KIT_JAX_CACHE": "y"}) == Path("y")
     assert cache_folder("true", {}) == cache_folder("on", {}) == Path.home() / ".cache/bert-kit/jax"  # not ./true
+
+
+def test_gpu_programs_take_cublas_matrix_products_unless_xla_flags_say():
+    assert compiler_options("gpu", {}) == {"xla_gpu_enable_triton_gemm": False}
+    assert compiler_options("gpu", {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=true"}) == {}  # the user's choice
+    assert compiler_options("cpu", {}) == {} and compiler_options("tpu", {}) == {}
+    import jax
+    import jax.numpy as jnp
+    jitted = jax.jit(lambda x: x + 1, compiler_options=compiler_options("gpu", {}))
+    assert jitted.lower(jnp.ones(2)).compile()(jnp.ones(2)).tolist() == [2.0, 2.0]  # an option XLA knows
 
 
 def test_length_buckets_are_powers_of_two_up_to_max_length():

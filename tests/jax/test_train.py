@@ -133,6 +133,19 @@ def test_bf16_computes_in_bf16_and_keeps_float32_weights(optimizer):
     assert metrics["loss"].dtype == np.float32
 
 
+def test_the_step_is_compiled_with_the_devices_compiler_options(monkeypatch):
+    """make_train_step passes `compilation.compiler_options` (cuBLAS matrix products on GPUs) to XLA:
+    an option XLA does not know, put in their place, fails the compilation by its name."""
+    monkeypatch.setattr("bert_kit.jax.train.compiler_options", lambda platform: {"xla_no_such_option": True})
+    optimizer = bj.create_optimizer(1e-3, weight_decay=0.0)
+    model, batch = make_task("classification")
+    mesh = bj.make_mesh(jax.devices()[:1])
+    graphdef, state = bj.init_train_state(jax_twin(model, num_labels=3), optimizer, mesh)
+    step = bj.make_train_step(graphdef, optimizer, mesh)
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        step.lower(state, bj.shard_batch(batch, mesh)).compile()
+
+
 @pytest.mark.slow
 def test_two_devices_give_the_losses_of_one():
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
