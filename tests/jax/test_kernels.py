@@ -166,6 +166,15 @@ def test_the_check_judges_outputs_and_gradients_not_a_sum_whose_terms_cancel(mon
     assert capsys.readouterr().err == ""
 
 
+def test_the_check_compiles_its_two_programs_and_nothing_else():
+    """Every run checks the kernel at its start; each eager op it did besides (casts, the errors'
+    arithmetic) was a program of its own, compiled on every run (too quick to be cached)."""
+    events = []
+    jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **kw: events.append(event))
+    assert fast_path._check_kernel(32, 16, "bfloat16", 0.1, SMALL, True)
+    assert events.count("/jax/core/compile/backend_compile_duration") == 2  # the kernel's, the reference's
+
+
 @pytest.mark.skipif(not GPU, reason="the Triton kernel needs a GPU")
 def test_triton_kernel_on_the_gpu_in_bf16():
     for T, hd in ((128, 64), (512, 64), (64, 32)):
