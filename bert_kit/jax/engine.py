@@ -429,9 +429,9 @@ class JaxEngine(Engine):
             for a in arrays:
                 x = a[key]
                 pad = self.pad_id if key == "input_ids" else PADDING[key]
-                if x.dtype.kind == "f":  # regression targets: NaN marks a row without one
+                if x.dtype.kind == "f":  # regression targets, label sets (B, C): NaN marks a row without one
                     x, pad = x.astype(np.float32), np.nan
-                if x.ndim == 2 and key not in ("masked_positions", "masked_labels", "keys"):  # one value per token
+                elif x.ndim == 2 and key not in ("masked_positions", "masked_labels", "keys"):  # one value per token
                     x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
                 if key in TOKENS:
                     # (sides, examples, T): each side's rows padded with copies of its first

@@ -10,6 +10,7 @@ per example) to the torch task's `score`, so both engines report the same metric
 | task (settings)           | model                          | loss                          | outputs (per example) |
 | ------------------------- | ------------------------------ | ----------------------------- | --------------------- |
 | classification            | BERTForSequenceClassification  | cross-entropy, MSE for 1 label | logits (C,)          |
+| ..., label sets or class weights | BERTForSequenceClassification | BCE per label, weighted CE | logits (C,)         |
 | token-classification      | BERTForTokenClassification     | cross-entropy per tag          | logits (T, C)        |
 | qa                        | BERTForQuestionAnswering       | mean of start and end CE       | (2, T): start, end   |
 | similarity, cross-encoder | BERTForSequenceClassification  | MSE on the score               | (1,)                 |
@@ -31,9 +32,10 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
-from bert_kit.jax.train import _mean_cross_entropy, task_loss
+from bert_kit.jax.train import IGNORE_INDEX, _mean_cross_entropy, task_loss
 
 Batch = Mapping[str, jax.Array]
 
@@ -84,6 +86,44 @@ class SpanHead(TaskHead):
 
     def outputs(self, model: nnx.Module, batch: Batch) -> jax.Array:
         return self.logits(model, batch, None)
+
+
+def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+    """Cross-entropy of (B, C) logits and (B,) class ids weighted per class, as
+    `torch.nn.CrossEntropyLoss(weight=weights)`: sum_i w[y_i] nll_i / sum_i w[y_i] over the labelled rows."""
+    valid = labels != IGNORE_INDEX
+    safe = jnp.where(valid, labels, 0)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), safe)
+    w = jnp.where(valid, weights[safe], 0.0)
+    return (w * nll).sum() / jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
+
+
+def multi_label_loss(logits: jax.Array, targets: jax.Array, pos_weight: jax.Array | None = None) -> jax.Array:
+    """Binary cross-entropy of (B, C) logits against (B, C) 0/1 targets, the mean over every (text,
+    label) of the rows that are examples (a padding row's targets are NaN), as
+    `torch.nn.BCEWithLogitsLoss(pos_weight=...)`: -(pw y log sigmoid(x) + (1 - y) log(1 - sigmoid(x)))."""
+    x = logits.astype(jnp.float32)
+    valid = ~jnp.isnan(targets[:, :1])  # (B, 1)
+    y = jnp.where(valid, targets, 0.0)
+    positive = y * jax.nn.softplus(-x) * (1.0 if pos_weight is None else pos_weight)
+    terms = jnp.where(valid, positive + (1.0 - y) * jax.nn.softplus(x), 0.0)
+    return terms.sum() / jnp.maximum(valid.sum() * x.shape[-1], 1)
+
+
+@dataclass(frozen=True)
+class LabelsHead(TaskHead):
+    """Classification with several labels per text (one sigmoid each) or with class weights
+    (`classification.multi_label`, `class_weights`: single-label, per class; label sets, BCE's pos_weight)."""
+
+    multi_label: bool = False
+    weights: tuple[float, ...] | None = None
+
+    def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
+        logits = model(*inputs_of(batch), rngs=rngs)  # (B, C)
+        weights = None if self.weights is None else jnp.asarray(self.weights, jnp.float32)
+        if self.multi_label:
+            return multi_label_loss(logits, batch["labels"], weights), {}
+        return weighted_cross_entropy(logits, batch["labels"], weights), {}
 
 
 def pool(hidden: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
@@ -248,6 +288,9 @@ def task_head(task: Any) -> TaskHead:
     if task.name == "similarity" and task.bi_encoder:
         sim = task.s.similarity
         return PooledHead("similarity", sides=2, pooling=sim.pooling, loss_name=sim.loss)
+    if task.name == "classification" and (task.multi_label or task.class_weights is not None):
+        weights = None if task.class_weights is None else tuple(float(w) for w in task.class_weights)
+        return LabelsHead("classification", multi_label=task.multi_label, weights=weights)
     if task.name in ("classification", "token-classification", "similarity"):
         return TaskHead(task.name)
     raise ValueError(f"engine=jax does not fine-tune task {task.name!r}; train it with engine=torch")

@@ -115,9 +115,6 @@ class FinetuningJob(Job):
             sets = getattr(task, "multi_label", False)
             kind = " on scores (one output)" if scores else " with several labels per text" if sets else ""
             check_metric(cfg.metric, f"task {task.name}{kind}", task.metric_names)
-        if getattr(task, "multi_label", False) and cfg.engine == "jax":
-            raise ValueError(f"{cfg.train_file} holds several labels per text: engine=jax trains single-label "
-                             "classification; train multi-label classifiers with engine=torch (docs/jax.md)")
         if getattr(task, "tune", False) and self.eval_items is None:
             raise ValueError("classification.threshold=tune chooses each label's threshold on the validation set: "
                              "set validation_file (or a threshold such as 0.5)")

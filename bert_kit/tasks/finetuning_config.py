@@ -396,9 +396,6 @@ class FinetuneConfig(RunSettings):
             raise ConfigError(f"classification.chunk_stride={c.chunk_stride} is out of range: windows of max_length "
                               f"{self.max_length} tokens hold {self.max_length - 3} text tokens besides [CLS] and "
                               f"[SEP]s: expected an integer < {self.max_length - 3}")
-        if self.engine == "jax" and (c.multi_label or c.label_columns or c.class_weights is not None):
-            raise ConfigError("engine=jax trains single-label classification without class weights: "
-                              "train multi-label or weighted classifiers with engine=torch (docs/jax.md)")
 
 
 def check_metric(metric: str, what: str, names: tuple[str, ...], labels: list[str] | None = None,

@@ -115,23 +115,39 @@ def test_long_texts_in_windows_take_torchs_steps_and_pool_alike(encoder, sst2, t
         assert evals[step]["num_examples"] == 24  # texts, not windows
         assert abs(evals[step]["loss"] - expected[step]["loss"]) <= 1e-4
         assert evals[step]["accuracy"] == expected[step]["accuracy"]
-    # several labels per text and class weights are the torch engine's
-    with pytest.raises(ConfigError, match="engine=jax trains single-label classification without class weights"):
-        config(encoder, tmp_path / "x", "jax", classification={"class_weights": "balanced"}, **{
-            k: v for k, v in files.items() if k != "classification"})
 
 
-def test_label_sets_found_in_the_data_stop_a_jax_run_before_training(encoder, tmp_path):
-    """JSON lists are read as several labels per text without being asked; the JAX engine trains
-    one label per text, so the run stops on reading them, naming the file, before any step."""
-    rows = [{"text": f"text number {i}", "labels": [["joy"], ["anger", "joy"], []][i % 3]} for i in range(12)]
-    train = tmp_path / "sets.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match=r"sets\.jsonl holds several labels per text: engine=jax trains single"):
-        finetune(config(encoder, tmp_path / "run", "jax", train_file=str(train), text_column="text",
-                         label_column="labels"))
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    assert not metrics.exists() or not records(tmp_path / "run", "train")
+def test_class_weights_take_torchs_steps(encoder, sst2, tmp_path):
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"],
+                 classification={"class_weights": [0.3, 2.0]})
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+
+
+def test_label_sets_take_torchs_steps_and_score_as_it_does(encoder, sst2, tmp_path):
+    """Several labels per text (JSON lists, rows with none among them), balanced pos_weight and
+    thresholds tuned on the validation set: the JAX engine's steps and scores are the torch engine's."""
+    texts = [line.split("\t")[0] for line in sst2[0].read_text().splitlines()[1:]]
+    sets = [["joy"], ["anger", "joy"], [], ["fear"], ["joy", "fear"]]
+    for name, rows in (("train", texts[:44]), ("dev", texts[20:44])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t, "labels": sets[i % 5]}) + "\n"
+                                                        for i, t in enumerate(rows)))
+    files = dict(train_file=str(tmp_path / "train.jsonl"), validation_file=str(tmp_path / "dev.jsonl"),
+                 text_column="text", label_column="labels",
+                 classification={"class_weights": "balanced", "threshold": "tune"})
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    results = finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    evals, expected = records(tmp_path / "jax", "eval"), records(tmp_path / "torch", "eval")
+    assert sorted(evals) == [2, 4]
+    for step in evals:
+        assert abs(evals[step]["loss"] - expected[step]["loss"]) <= 1e-4
+        for key in ("f1", "f1_micro", "f1_samples", "subset_accuracy"):
+            assert abs(evals[step][key] - expected[step][key]) <= 1e-6, (step, key)
+    best = json.loads((tmp_path / "jax" / "best" / "config.json").read_text())
+    assert best["problem_type"] == "multi_label_classification" and results["metric"] == "f1"
 
 
 def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tmp_path):

@@ -16,11 +16,13 @@ torch = pytest.importorskip("torch")
 nnx = pytest.importorskip("flax.nnx")
 
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.tasks import PooledHead, SpanHead, TaskHead, cosent_loss, cosine_mse_loss, task_head  # noqa: E402
+from bert_kit.jax.tasks import (LabelsHead, PooledHead, SpanHead, TaskHead, cosent_loss, cosine_mse_loss,  # noqa: E402
+                                multi_label_loss, task_head, weighted_cross_entropy)
 from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks import make_task  # noqa: E402
 from bert_kit.tasks.finetuning_config import FinetuneConfig  # noqa: E402
-from bert_kit.training.losses import compute_cosent_loss, compute_cosine_similarity_loss  # noqa: E402
+from bert_kit.training.losses import (compute_classification_loss, compute_cosent_loss,  # noqa: E402
+                                     compute_cosine_similarity_loss, compute_multi_label_loss)
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
 
 
@@ -109,6 +111,53 @@ def test_pair_losses_equal_torchs_and_leave_out_padding_rows():
     for loss in (cosine_mse_loss, cosent_loss):
         assert abs(float(loss(pu, pv, padded)) - float(loss(u, v, scores))) <= 1e-6
         assert np.isfinite(np.asarray(jax.grad(lambda x: loss(x, pv, padded))(pu))).all()
+
+
+
+def test_label_set_and_class_weighted_losses_equal_torchs_and_leave_out_padding_rows():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 4)).astype(np.float32)
+    sets = (rng.random((6, 4)) < 0.3).astype(np.float32)
+    sets[2] = 0.0  # a text with none of the labels
+    weights = np.array([0.5, 2.0, 1.0, 3.0], np.float32)
+    classes = np.array([0, 3, 1, 1, 2, -100])  # the last row carries no label
+    t = torch.as_tensor
+    for pos_weight in (None, weights):
+        want = compute_multi_label_loss(t(logits), t(sets), None if pos_weight is None else t(pos_weight))
+        assert abs(float(multi_label_loss(logits, sets, pos_weight)) - float(want)) <= 1e-6
+    want = compute_classification_loss(t(logits), t(classes), weight=t(weights))
+    assert abs(float(weighted_cross_entropy(logits, classes, weights)) - float(want)) <= 1e-6
+    # rows padding a batch: NaN label sets, -100 classes; neither loss moves, gradients stay finite
+    pad_logits = np.concatenate([logits, logits[:2]])
+    pad_sets = np.concatenate([sets, np.full((2, 4), np.nan, np.float32)])
+    assert abs(float(multi_label_loss(pad_logits, pad_sets, weights)) - float(multi_label_loss(logits, sets, weights))) \
+        <= 1e-6
+    assert np.isfinite(np.asarray(jax.grad(lambda x: multi_label_loss(x, pad_sets, weights))(pad_logits))).all()
+    pad_classes = np.concatenate([classes, [-100, -100]])
+    assert abs(float(weighted_cross_entropy(pad_logits, pad_classes, weights)) - float(want)) <= 1e-6
+
+
+def test_label_sets_and_class_weights_take_the_labels_head():
+    task = make_task("classification", FinetuneConfig(model="x"))
+    assert task_head(task) == TaskHead("classification")
+    task.multi_label, task.class_weights = True, [1.0, 4.0]
+    assert task_head(task) == LabelsHead("classification", multi_label=True, weights=(1.0, 4.0))
+
+
+def test_the_engine_pads_label_sets_by_rows_with_nan_targets():
+    from types import SimpleNamespace
+
+    from bert_kit.jax.engine import JaxEngine
+
+    engine = JaxEngine.__new__(JaxEngine)
+    engine.cfg, engine.pad_id, engine.local_devices = SimpleNamespace(max_length=64, batch_size=3), 0, 1
+    engine.rows, engine.head = {}, LabelsHead("classification", multi_label=True)
+    ids = torch.tensor([[2, 5, 3], [2, 6, 3]])
+    sets = torch.tensor([[1.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])  # 5 labels; a row with none
+    batch = engine.host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
+                                  "token_type_ids": torch.zeros_like(ids), "labels": sets}], "train")
+    assert batch["input_ids"].shape == (1, 3, 32) and batch["labels"].shape == (1, 3, 5)  # labels not padded to T
+    assert batch["labels"][0, :2].tolist() == sets.tolist() and np.isnan(batch["labels"][0, 2]).all()
 
 
 def test_the_engine_pads_a_bi_encoders_sides_apart():
