@@ -186,7 +186,11 @@ def run_retrieval(args: argparse.Namespace) -> int:
     from bert_kit.onnx_export import onnx_folder
     from bert_kit.retrieval.evaluator import RetrievalEvaluator, format_table
     from bert_kit.retrieval.metrics import metric_names
+    from bert_kit.retrieval.rerank import Reranker, check_reranker_folder, rerank
     from bert_kit.training.precision import resolve_precision
+
+    if reranker_folder is not None:  # not a reranker: said before the first stage embeds the corpus
+        check_reranker_folder(reranker_folder)
 
     exported = onnx_folder(model, args.backend)
     precision = resolve_precision("fp32" if exported else args.precision, "cpu" if exported else args.device or "auto",
@@ -205,8 +209,6 @@ def run_retrieval(args: argparse.Namespace) -> int:
     metrics = {**evaluator.score(ranking), **counts}
     first_stage, reranking = None, {}
     if reranker_folder is not None:  # the second stage: each query's first rerank_k documents, rescored
-        from bert_kit.retrieval.rerank import Reranker, rerank
-
         t1 = time.time()
         reranker = Reranker.from_pretrained(reranker_folder, args.rerank_max_length, precision.device, precision.name,
                                             args.max_tokens_per_batch)

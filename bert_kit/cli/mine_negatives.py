@@ -116,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     reranker_folder = resolve_model(args.rescore) if args.rescore else None  # a bad name fails before any work
     from bert_kit.embeddings import SentenceEncoder  # torch: after the input was read
+    from bert_kit.retrieval.rerank import Reranker, check_reranker_folder
+
+    if reranker_folder is not None:  # not a reranker: said before the model loads and the corpus is embedded
+        check_reranker_folder(reranker_folder)
 
     pooling = (args.pooling or read_model_metadata(model).get("pooling")
                or sentence_transformers_settings(model).get("pooling") or "mean")
@@ -123,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
                                               precision=args.precision, max_tokens_per_batch=args.max_tokens_per_batch)
     rescore = None
     if reranker_folder is not None:
-        from bert_kit.retrieval.rerank import Reranker
-
         rescore = Reranker.from_pretrained(reranker_folder, args.rescore_max_length, encoder.device, args.precision,
                                            args.max_tokens_per_batch).score
     mined = mine_hard_negatives(encoder, anchors, positives, corpus, settings, args.query_prefix,

@@ -66,6 +66,10 @@ def test_a_folder_with_several_outputs_is_no_reranker(minilm_path, tmp_path):
         model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
     with pytest.raises(ValueError, match="its head has 3 outputs"):
         Reranker(model, get_tokenizer(minilm_path))
+    model.save_pretrained(tmp_path)
+    get_tokenizer(minilm_path).save(tmp_path)
+    with pytest.raises(ValueError, match="holds a classifier with 3 outputs, not a reranker"):
+        Reranker.from_pretrained(tmp_path)
 
 
 class ByLength:
@@ -105,6 +109,27 @@ def test_evaluate_reports_both_stages(minilm_path, reranker_folder, tmp_path, ca
     # the reranked four are followed by the first stage's others: the same top 100, the same recall
     # (it was Recall@4 printed as Recall@100 beside the first stage's)
     assert result["recall@100"] == result["first_stage"]["recall@100"]
+
+
+def test_a_folder_that_is_no_reranker_is_refused_before_the_first_stage(minilm_path, tmp_path, capsys,
+                                                                        monkeypatch):
+    """--rerank / --rescore given the embedding model: one line naming the folder, before the corpus
+    is embedded (it failed on missing classifier weights after the whole first stage)."""
+    from bert_kit.embeddings import SentenceEncoder
+
+    def never(*args, **kwargs):
+        raise AssertionError("the corpus was embedded before the reranker was checked")
+
+    monkeypatch.setattr(SentenceEncoder, "encode", never)
+    folder = write_beir(tmp_path / "beir", split="train")
+    rc = main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(folder), "--split",
+               "train", "--rerank", str(minilm_path), "--output", str(tmp_path / "eval.json"), "--device", "cpu"])
+    rc_mine = main(["mine-negatives", "--model", str(minilm_path), "--data", str(folder), "--device", "cpu",
+                    "--rescore", str(minilm_path), "--output", str(tmp_path / "hard.jsonl")])
+    err = capsys.readouterr().err.splitlines()
+    assert (rc, rc_mine) == (2, 2) and not list(tmp_path.glob("*.json*"))
+    for line in err:
+        assert f"{minilm_path} holds a BertModel, not a reranker (a cross-encoder with one output)" in line
 
 
 def test_mine_negatives_takes_the_rerankers_scores(minilm_path, reranker_folder, tmp_path, capsys):
