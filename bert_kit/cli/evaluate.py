@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         return run_retrieval(args)
     if args.rerank:
         raise ConfigError("--rerank reranks a first stage's documents: it goes with --task retrieval")
+    if Path(args.data).is_dir() and (args.task or recorded_task(args.model)) == "reranker":
+        raise ConfigError(reranker_on_beir(args))
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
     check_input_file(args.data, "--data")  # before torch and the model load
@@ -166,6 +168,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     t0 = time.time()
     folder = Path(args.data)
     model = resolve_model(args.model)
+    if recorded_task(args.model) == "reranker":  # its encoder alone would embed, and score, as noise
+        raise ConfigError(reranker_on_beir(args))
     out = Path(args.output) if args.output else default_output(
         "retrieval", f"{folder.resolve().name}_{args.split}", args.model, model.resolve())
     check_output_file(out, "--output" if args.output else "the default --output")
@@ -236,6 +240,14 @@ def run_retrieval(args: argparse.Namespace) -> int:
         print(format_table(metrics, metric_names(evaluator.cutoffs), first_stage=first_stage, reranked=metrics))
     print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0
+
+
+def reranker_on_beir(args: argparse.Namespace) -> str:
+    """What to run instead when a reranker is to score a BEIR folder as an embedding model would."""
+    return (f"{args.model}: a reranker scores (query, document) pairs and embeds no corpus; on a BEIR folder it "
+            f"reranks a first stage: bert-kit evaluate --task retrieval --model EMBEDDING_MODEL --data {args.data} "
+            f"--rerank {args.model} (--task reranker scores a file of (query, passage, label) rows or "
+            "mine-negatives tuples)")
 
 
 def recorded_task(model: str) -> str | None:

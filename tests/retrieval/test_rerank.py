@@ -132,6 +132,19 @@ def test_a_folder_that_is_no_reranker_is_refused_before_the_first_stage(minilm_p
         assert f"{minilm_path} holds a BertModel, not a reranker (a cross-encoder with one output)" in line
 
 
+@pytest.mark.parametrize("task", [[], ["--task", "reranker"], ["--task", "retrieval"]])
+def test_a_reranker_as_the_model_on_a_beir_folder_says_to_rerank(reranker_folder, tmp_path, capsys, task):
+    """It failed with "input file is a folder" (no --task, --task reranker), or embedded the corpus
+    with the cross-encoder's encoder and scored that as a first stage (--task retrieval)."""
+    folder = write_beir(tmp_path / "beir")
+    rc = main(["evaluate", *task, "--model", str(reranker_folder), "--data", str(folder),
+               "--output", str(tmp_path / "eval.json"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not (tmp_path / "eval.json").exists() and len(err.splitlines()) == 1
+    assert "a reranker scores (query, document) pairs and embeds no corpus" in err
+    assert f"--task retrieval --model EMBEDDING_MODEL --data {folder} --rerank {reranker_folder}" in err
+
+
 def test_mine_negatives_takes_the_rerankers_scores(minilm_path, reranker_folder, tmp_path, capsys):
     folder = write_beir(tmp_path / "beir", split="train")
     out = tmp_path / "hard.jsonl"
