@@ -190,6 +190,21 @@ def test_serve_rerank_answers_through_the_batcher(reranker_folder):
         assert spec["requestBody"]["content"]["application/json"]["example"]["query"]
 
 
+def test_serve_an_embedding_model_names_its_endpoints_to_a_rerank_request(minilm_path):
+    """POST /rerank to a server of a model that is no reranker: the 404 says what it answers."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from bert_kit.serving.server import ServeConfig, build
+
+    _, _, app = build(ServeConfig(model=str(minilm_path), device="cpu"))
+    with TestClient(app) as client:
+        answer = client.post("/rerank", json={"query": "q", "documents": ["d"]})
+    assert answer.status_code == 404
+    assert answer.json()["error"] == "POST /rerank: Not Found (this server's model answers POST /embed)"
+
+
 def test_predict_names_what_runs_a_reranker(reranker_folder, tmp_path, capsys):
     pairs = tmp_path / "in.txt"
     pairs.write_text("a\tb\n")
