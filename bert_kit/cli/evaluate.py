@@ -165,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_retrieval(args: argparse.Namespace) -> int:
     """--task retrieval: embed a BEIR split's queries and corpus, search, score, write the JSON."""
+    from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
+    from bert_kit.retrieval.beir import beir_files, read_beir
+
     t0 = time.time()
     folder = Path(args.data)
     model = resolve_model(args.model)
@@ -172,16 +175,13 @@ def run_retrieval(args: argparse.Namespace) -> int:
         raise ConfigError(reranker_on_beir(args))
     out = Path(args.output) if args.output else default_output(
         "retrieval", f"{folder.resolve().name}_{args.split}", args.model, model.resolve())
-    check_output_file(out, "--output" if args.output else "the default --output")
-    check_output_file(args.save_run, "--save-run")
+    check_output_file(out, "--output" if args.output else "the default --output", inputs=beir_files(folder))
+    check_output_file(args.save_run, "--save-run", inputs=beir_files(folder))
     cutoffs = {name: getattr(args, f"{name}_at") for name in ("ndcg", "mrr", "recall", "map", "precision")}
     if not any(cutoffs.values()):
         raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
     reranker_folder = resolve_model(args.rerank) if args.rerank else None  # a bad name fails before any work
     rerank_k = (args.top_k or 100) if args.rerank else None
-    from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
-    from bert_kit.retrieval.beir import read_beir
-
     data = read_beir(folder, args.split)  # before torch and the model load
     if args.max_examples:  # the first N judged queries
         data.qrels = dict(list(data.qrels.items())[:args.max_examples])

@@ -104,8 +104,10 @@ def read_input(args: argparse.Namespace) -> tuple[list[str], list[str], list[str
 
 @flag_messages
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.retrieval.beir import beir_files
+
     t0 = time.time()
-    check_output_file(args.output, "--output", inputs=[args.data, args.corpus])
+    check_output_file(args.output, "--output", inputs=[args.data, args.corpus, *beir_files(args.data)])
     anchors, positives, corpus = read_input(args)  # before torch and the model load
     from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
     from bert_kit.retrieval.mining import MiningSettings, mine_hard_negatives, write_rows

@@ -136,3 +136,18 @@ def test_evaluate_command_errors_are_one_line(folder, minilm_path, tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
 
+
+
+@pytest.mark.parametrize("flag, name", [("--output", "qrels/test.tsv"), ("--save-run", "corpus.jsonl"),
+                                        ("--save-run", "queries.jsonl")])
+def test_evaluate_never_writes_over_a_file_of_its_beir_folder(minilm_path, tmp_path, capsys, flag, name):
+    """--data is the folder, so its files were not among the inputs an output may not replace: the
+    JSON or the TREC run overwrote the qrels or the corpus."""
+    data = write_beir(tmp_path / "med")
+    before = (data / name).read_bytes()
+    outputs = {"--output": str(tmp_path / "e.json"), flag: str(data / name)}
+    rc = cli_main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(data),
+                   *[a for pair in outputs.items() for a in pair]])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag} {data / name} is the input file {data / name}" in err
+    assert (data / name).read_bytes() == before

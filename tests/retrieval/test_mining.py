@@ -188,3 +188,12 @@ def test_mine_negatives_command_on_a_beir_folder_and_a_pairs_file(tmp_path, mini
     captured = capsys.readouterr()
     assert rc == 1 and not none.exists() and "skipped" in captured.out, captured.out + captured.err
     assert "no triplet row to write" in captured.err and f"{none} not written" in captured.err
+
+
+def test_mine_negatives_never_writes_over_a_file_of_its_beir_folder(tmp_path, minilm_path, capsys):
+    folder = write_beir(tmp_path / "med", split="train")
+    before = (folder / "corpus.jsonl").read_bytes()
+    rc = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(folder), "--output",
+                   str(folder / "corpus.jsonl")])
+    assert rc == 2 and "is the input file" in capsys.readouterr().err
+    assert (folder / "corpus.jsonl").read_bytes() == before
