@@ -197,3 +197,26 @@ def test_mine_negatives_never_writes_over_a_file_of_its_beir_folder(tmp_path, mi
                    str(folder / "corpus.jsonl")])
     assert rc == 2 and "is the input file" in capsys.readouterr().err
     assert (folder / "corpus.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("name, text", [
+    ("pairs.tsv", "query\tanswer\n{}\t{}\n{}\t{}\n{}\t{}\n"),
+    ("pairs.jsonl", '{{"query": "{}", "answer": "{}"}}\n' * 3),
+])
+def test_mine_negatives_reads_a_pairs_file_by_its_header_by_default(tmp_path, minilm_path, capsys, name, text):
+    """The default columns are the first two of the header line or JSON keys: read by index, the
+    header line was mined as a pair and a JSON record was refused."""
+    pairs = [(f"{title}?", body) for title, body in list(DOCS.values())[:3]]
+    source = tmp_path / name
+    source.write_text(text.format(*[t for pair in pairs for t in pair]))
+    out = tmp_path / "hard.jsonl"
+    rc = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(source), "--output", str(out),
+                   "--num-negatives", "1"])
+    assert rc == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["anchor"], r["positive"]) for r in rows) == sorted(pairs)
+    header_only = tmp_path / "header.tsv"
+    header_only.write_text("query\tanswer\n")
+    assert cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(header_only), "--output",
+                     str(out)]) == 2
+    assert f"{header_only}: only a header line, no data rows" in capsys.readouterr().err
