@@ -132,6 +132,8 @@ def test_settings_are_checked():
         MiningSettings(sampling="best")
     with pytest.raises(ValueError, match="margin must be >= 0"):
         MiningSettings(margin=-0.1)
+    with pytest.raises(ValueError, match="min_score 0.9 is above max_score 0.1"):  # it mined nothing, after the search
+        MiningSettings(min_score=0.9, max_score=0.1)
     assert MiningSettings(num_negatives=3, range_min=2).window(2) == 2 + 3 + 2
     assert MiningSettings(num_negatives=3, relative_margin=0.05).window(1) == 3 * 10 + 1  # room for the margin
 
