@@ -98,6 +98,10 @@ def read_tuples(path: str | Path, columns: Sequence[Column] | None = None, heade
     """The (anchor, positive, negatives...) tuples of a table, an NLI file or a BEIR folder (see
     the module docstring); errors name the file and line."""
     path = Path(path)
+    if path.is_dir() and (columns is not None or where):  # else silently ignored
+        given = f"columns {list(columns)}" if columns is not None else f"where {dict(where or {})}"
+        raise ValueError(f"{path} is a BEIR folder, read as the (query, relevant document) pairs of "
+                         f"qrels/{split}.tsv: the setting {given} is for a table file; leave it out")
     if path.is_dir():
         from bert_kit.retrieval.beir import read_beir
         from bert_kit.retrieval.mining import pairs_from_beir
