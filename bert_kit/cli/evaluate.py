@@ -182,6 +182,10 @@ def run_retrieval(args: argparse.Namespace) -> int:
         raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
     reranker_folder = resolve_model(args.rerank) if args.rerank else None  # a bad name fails before any work
     rerank_k = (args.top_k or 100) if args.rerank else None
+    short = [f"{name}@{k}" for name, ks in cutoffs.items() for k in ks if args.top_k and k > args.top_k]
+    if short and not args.rerank:  # the metrics of a run cut short, as trec_eval scores one: lower than the search's
+        print(f"warning: --top-k {args.top_k} keeps fewer documents than {', '.join(short)} count: they score "
+              f"the first {args.top_k} of each query (raise --top-k, or lower the cutoffs)", file=sys.stderr)
     data = read_beir(folder, args.split)  # before torch and the model load
     if args.max_examples:  # the first N judged queries
         data.qrels = dict(list(data.qrels.items())[:args.max_examples])

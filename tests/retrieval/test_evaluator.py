@@ -108,8 +108,10 @@ def test_evaluate_command_writes_json_and_a_trec_run(folder, tmp_path, minilm_pa
     rc = cli_main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(folder),
                    "--output", str(out), "--save-run", str(run_file), "--recall-at", "1", "5", "--top-k", "6",
                    "--query-prefix", ""])
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert rc == 0 and "retrieval: med test, 5 queries, 12 documents" in printed and "recall@5" in printed
+    # scored silently as a run of 6 documents, below the cutoffs of 10 and 100
+    assert "warning: --top-k 6 keeps fewer documents than ndcg@10, mrr@10, map@100 count" in err
     result = json.loads(out.read_text())
     assert result["task"] == "retrieval" and result["split"] == "test" and result["top_k"] == 6
     assert {"ndcg@10", "mrr@10", "recall@1", "recall@5", "map@100"} <= set(result)
