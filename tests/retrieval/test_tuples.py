@@ -71,11 +71,13 @@ def test_a_beir_folder_gives_its_query_document_pairs(tmp_path):
 def test_columns_or_where_given_for_a_beir_folder_are_refused(tmp_path):
     """They were ignored: the run trained on the qrels' pairs as if they had not been set."""
     folder = write_beir(tmp_path / "med", split="train")
-    with pytest.raises(ValueError, match=r"med is a BEIR folder, read as the \(query, relevant document\) pairs of "
-                                         r"qrels/train.tsv: the setting columns \['q', 'p'\] is for a table file"):
+    with pytest.raises(ValueError, match=r"med is a BEIR folder, read by its qrels/train.tsv: the setting columns "
+                                         r"\['q', 'p'\] is for a table file"):
         read_tuples(folder, ["q", "p"])
     with pytest.raises(ValueError, match=r"the setting where \{'split': 'a'\} is for a table file"):
         read_tuples(folder, where={"split": "a"})
+    with pytest.raises(ValueError, match=r"the setting columns \['q', 'p', 'l'\] is for a table file"):
+        read_groups(folder, ["q", "p", "l"])  # a reranker's
 
 
 def test_values_that_are_no_text_name_their_line(tmp_path):
