@@ -4,9 +4,9 @@
         --num-negatives 5 --range-min 10 --range-max 100 --relative-margin 0.05 --output hard.jsonl
 
 --data is a BEIR folder (its split's queries with each relevant document) or a pairs file
-(TSV/CSV/JSONL; --anchor-column / --positive-column, by default the first two columns of its header
-line or JSON keys; --corpus adds candidate passages). The rules are sentence-transformers' `mine_hard_negatives`
-(`bert_kit.retrieval.mining`). Output by extension: .jsonl, .csv, else TSV, with the columns
+(TSV/CSV/JSONL; --anchor-column / --positive-column, by default the first two columns of its
+header line or JSON keys; --corpus adds candidate passages). The rules are sentence-transformers'
+`mine_hard_negatives` (`bert_kit.retrieval.mining`). Output by extension: .jsonl, .csv, else TSV, with the columns
 anchor, positive, negative (--format triplet) or negative_1..N (--format n-tuple). With --rescore
 RERANKER a cross-encoder (`bert-kit finetune --task reranker`) rescores each query's candidates and
 positives, and its scores (sigmoid, in [0, 1]) decide the margin and the order, as

@@ -71,7 +71,7 @@ def find_file(folder: Path, name: str) -> Path:
 
 def beir_files(folder: str | Path) -> list[Path]:
     """The data files of a BEIR folder (corpus, queries, every split's qrels) that exist: the inputs
-    a command's output must not replace. None for a path that is not a folder."""
+    a command's output must not replace; none for a path that is not a folder."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
