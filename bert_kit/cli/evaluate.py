@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         return run_retrieval(args)
     if args.rerank:
         raise ConfigError("--rerank reranks a first stage's documents: it goes with --task retrieval")
+    if Path(args.data).is_dir() and (args.task or recorded_task(args.model)) == "reranker":
+        raise ConfigError(reranker_on_beir(args))
     t0 = time.time()
     check_output_file(args.output, "--output", inputs=[args.data])
     check_input_file(args.data, "--data")  # before torch and the model load
@@ -163,21 +165,27 @@ def run(args: argparse.Namespace) -> int:
 
 def run_retrieval(args: argparse.Namespace) -> int:
     """--task retrieval: embed a BEIR split's queries and corpus, search, score, write the JSON."""
+    from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
+    from bert_kit.retrieval.beir import beir_files, read_beir
+
     t0 = time.time()
     folder = Path(args.data)
     model = resolve_model(args.model)
+    if recorded_task(args.model) == "reranker":  # its encoder alone would embed, and score, as noise
+        raise ConfigError(reranker_on_beir(args))
     out = Path(args.output) if args.output else default_output(
         "retrieval", f"{folder.resolve().name}_{args.split}", args.model, model.resolve())
-    check_output_file(out, "--output" if args.output else "the default --output")
-    check_output_file(args.save_run, "--save-run")
+    check_output_file(out, "--output" if args.output else "the default --output", inputs=beir_files(folder))
+    check_output_file(args.save_run, "--save-run", inputs=beir_files(folder))
     cutoffs = {name: getattr(args, f"{name}_at") for name in ("ndcg", "mrr", "recall", "map", "precision")}
     if not any(cutoffs.values()):
         raise ConfigError("no metric to compute: give --ndcg-at, --mrr-at, --recall-at, --map-at or --precision-at")
     reranker_folder = resolve_model(args.rerank) if args.rerank else None  # a bad name fails before any work
     rerank_k = (args.top_k or 100) if args.rerank else None
-    from bert_kit.model_folder import read_model_metadata, sentence_transformers_settings
-    from bert_kit.retrieval.beir import read_beir
-
+    short = [f"{name}@{k}" for name, ks in cutoffs.items() for k in ks if args.top_k and k > args.top_k]
+    if short and not args.rerank:  # the metrics of a run cut short, as trec_eval scores one: lower than the search's
+        print(f"warning: --top-k {args.top_k} keeps fewer documents than {', '.join(short)} count: they score "
+              f"the first {args.top_k} of each query (raise --top-k, or lower the cutoffs)", file=sys.stderr)
     data = read_beir(folder, args.split)  # before torch and the model load
     if args.max_examples:  # the first N judged queries
         data.qrels = dict(list(data.qrels.items())[:args.max_examples])
@@ -186,7 +194,11 @@ def run_retrieval(args: argparse.Namespace) -> int:
     from bert_kit.onnx_export import onnx_folder
     from bert_kit.retrieval.evaluator import RetrievalEvaluator, format_table
     from bert_kit.retrieval.metrics import metric_names
+    from bert_kit.retrieval.rerank import Reranker, check_reranker_folder, rerank
     from bert_kit.training.precision import resolve_precision
+
+    if reranker_folder is not None:  # not a reranker: said before the first stage embeds the corpus
+        check_reranker_folder(reranker_folder)
 
     exported = onnx_folder(model, args.backend)
     precision = resolve_precision("fp32" if exported else args.precision, "cpu" if exported else args.device or "auto",
@@ -205,8 +217,6 @@ def run_retrieval(args: argparse.Namespace) -> int:
     metrics = {**evaluator.score(ranking), **counts}
     first_stage, reranking = None, {}
     if reranker_folder is not None:  # the second stage: each query's first rerank_k documents, rescored
-        from bert_kit.retrieval.rerank import Reranker, rerank
-
         t1 = time.time()
         reranker = Reranker.from_pretrained(reranker_folder, args.rerank_max_length, precision.device, precision.name,
                                             args.max_tokens_per_batch)
@@ -234,6 +244,14 @@ def run_retrieval(args: argparse.Namespace) -> int:
         print(format_table(metrics, metric_names(evaluator.cutoffs), first_stage=first_stage, reranked=metrics))
     print(f"wrote {out}" + (f" and {args.save_run}" if args.save_run else ""))
     return 0
+
+
+def reranker_on_beir(args: argparse.Namespace) -> str:
+    """What to run instead when a reranker is to score a BEIR folder as an embedding model would."""
+    return (f"{args.model}: a reranker scores (query, document) pairs and embeds no corpus; on a BEIR folder it "
+            f"reranks a first stage: bert-kit evaluate --task retrieval --model EMBEDDING_MODEL --data {args.data} "
+            f"--rerank {args.model} (--task reranker scores a file of (query, passage, label) rows or "
+            "mine-negatives tuples)")
 
 
 def recorded_task(model: str) -> str | None:

@@ -4,9 +4,9 @@
         --num-negatives 5 --range-min 10 --range-max 100 --relative-margin 0.05 --output hard.jsonl
 
 --data is a BEIR folder (its split's queries with each relevant document) or a pairs file
-(TSV/CSV/JSONL; --anchor-column / --positive-column, the first two columns by default; --corpus
-adds candidate passages). The rules are sentence-transformers' `mine_hard_negatives`
-(`bert_kit.retrieval.mining`). Output by extension: .jsonl, .csv, else TSV, with the columns
+(TSV/CSV/JSONL; --anchor-column / --positive-column, by default the first two columns of its
+header line or JSON keys; --corpus adds candidate passages). The rules are sentence-transformers'
+`mine_hard_negatives` (`bert_kit.retrieval.mining`). Output by extension: .jsonl, .csv, else TSV, with the columns
 anchor, positive, negative (--format triplet) or negative_1..N (--format n-tuple). With --rescore
 RERANKER a cross-encoder (`bert-kit finetune --task reranker`) rescores each query's candidates and
 positives, and its scores (sigmoid, in [0, 1]) decide the margin and the order, as
@@ -33,8 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="a BEIR folder, or a file of (query, positive) pairs")
     parser.add_argument("--output", required=True, help="triplets to write: .jsonl, .csv, else TSV")
     parser.add_argument("--split", default="train", help="BEIR folder: the qrels/SPLIT.tsv whose pairs to mine for")
-    parser.add_argument("--anchor-column", default="0", help="pairs file: the query column, name or 0-based index")
-    parser.add_argument("--positive-column", default="1", help="pairs file: the positive column, name or index")
+    parser.add_argument("--anchor-column", default=None,
+                        help="pairs file: the query column, name or 0-based index (default: the first column of its "
+                             "header line or JSON keys; with --no-header, column 0)")
+    parser.add_argument("--positive-column", default=None,
+                        help="pairs file: the positive column, name or index (default: the second)")
     add_table_options(parser, rows="pairs file: mine only for rows with this value")
     parser.add_argument("--corpus", default=None,
                         help="more candidate passages: a BEIR corpus.jsonl(.gz), or a text file of one a line")
@@ -75,9 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_input(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
     """(anchors, positives, extra corpus passages) from --data and --corpus."""
+    from bert_kit.data import read_text
     from bert_kit.data.tables import parse_where, read_table, read_texts
     from bert_kit.retrieval.beir import read_beir, read_corpus
     from bert_kit.retrieval.mining import pairs_from_beir
+    from bert_kit.retrieval.tuples import header_names
 
     corpus: list[str] = []
     data = Path(args.data)
@@ -87,8 +92,15 @@ def read_input(args: argparse.Namespace) -> tuple[list[str], list[str], list[str
         corpus = split.corpus_texts
     else:
         anchors, positives = [], []
-        rows = read_table(data, [args.anchor_column, args.positive_column], args.header, args.delimiter,
-                          parse_where(args.where), "pairs file", args.encoding)
+        text = read_text(data, "pairs file", args.encoding)
+        # by default the first two columns of the header line or JSON keys, as the embedding task reads
+        # a table (read by index, a header line was mined as a pair and a JSON record was refused)
+        names = header_names(data, text, args.delimiter, args.header) or []
+        defaults = names[:2] if len(names) >= 2 else ["0", "1"]
+        columns = [given if given is not None else default
+                   for given, default in zip([args.anchor_column, args.positive_column], defaults)]
+        rows = read_table(data, columns, args.header, args.delimiter, parse_where(args.where), "pairs file",
+                          args.encoding, text)
         for at, (anchor, positive) in rows:
             if not (isinstance(anchor, str) and isinstance(positive, str)):
                 raise ValueError(f"{at}: the anchor and positive must be texts")
@@ -104,8 +116,10 @@ def read_input(args: argparse.Namespace) -> tuple[list[str], list[str], list[str
 
 @flag_messages
 def run(args: argparse.Namespace) -> int:
+    from bert_kit.retrieval.beir import beir_files
+
     t0 = time.time()
-    check_output_file(args.output, "--output", inputs=[args.data, args.corpus])
+    check_output_file(args.output, "--output", inputs=[args.data, args.corpus, *beir_files(args.data)])
     anchors, positives, corpus = read_input(args)  # before torch and the model load
     from bert_kit.model_folder import read_model_metadata, resolve_model, sentence_transformers_settings
     from bert_kit.retrieval.mining import MiningSettings, mine_hard_negatives, write_rows
@@ -116,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     reranker_folder = resolve_model(args.rescore) if args.rescore else None  # a bad name fails before any work
     from bert_kit.embeddings import SentenceEncoder  # torch: after the input was read
+    from bert_kit.retrieval.rerank import Reranker, check_reranker_folder
+
+    if reranker_folder is not None:  # not a reranker: said before the model loads and the corpus is embedded
+        check_reranker_folder(reranker_folder)
 
     pooling = (args.pooling or read_model_metadata(model).get("pooling")
                or sentence_transformers_settings(model).get("pooling") or "mean")
@@ -123,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
                                               precision=args.precision, max_tokens_per_batch=args.max_tokens_per_batch)
     rescore = None
     if reranker_folder is not None:
-        from bert_kit.retrieval.rerank import Reranker
-
         rescore = Reranker.from_pretrained(reranker_folder, args.rescore_max_length, encoder.device, args.precision,
                                            args.max_tokens_per_batch).score
     mined = mine_hard_negatives(encoder, anchors, positives, corpus, settings, args.query_prefix,

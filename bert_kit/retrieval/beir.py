@@ -69,6 +69,16 @@ def find_file(folder: Path, name: str) -> Path:
                             "queries.jsonl and qrels/SPLIT.tsv")
 
 
+def beir_files(folder: str | Path) -> list[Path]:
+    """The data files of a BEIR folder (corpus, queries, every split's qrels) that exist: the inputs
+    a command's output must not replace; none for a path that is not a folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [folder / f"{name}{gz}" for name in ("corpus.jsonl", "queries.jsonl") for gz in ("", ".gz")]
+    return [p for p in found if p.is_file()] + sorted((folder / "qrels").glob("*.tsv*"))
+
+
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, text) of each non-blank line of a UTF-8 file, gzipped or not, read as a stream."""
     opener = gzip.open if path.suffix == ".gz" else open

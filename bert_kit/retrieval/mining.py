@@ -69,6 +69,9 @@ class MiningSettings:
         for name in ("margin", "relative_margin"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise ValueError(f"min_score {self.min_score} is above max_score {self.max_score}: no candidate "
+                             "scores between them")
 
     def window(self, most_positives: int) -> int:
         """range_max, checked: at least num_negatives places after range_min."""

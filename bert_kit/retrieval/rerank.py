@@ -65,12 +65,13 @@ class Reranker:
                         max_tokens_per_batch: int | None = None) -> "Reranker":
         """A reranker folder (or a hub name's local copy); max_length: default its fine-tuning length, else 512."""
         from bert_kit.families import load_model
-        from bert_kit.model_folder import read_model_metadata, resolve_model
+        from bert_kit.model_folder import resolve_model
         from bert_kit.tokenizer import get_tokenizer
 
         found = resolve_model(folder)
+        meta = check_reranker_folder(found)
         model = load_model("ForSequenceClassification", found, strict=True)
-        length = max_length or read_model_metadata(found).get("max_length") or 512
+        length = max_length or meta.get("max_length") or 512
         return cls(model, get_tokenizer(found), int(length), device, precision, max_tokens_per_batch)
 
     @property
@@ -127,6 +128,24 @@ class Reranker:
         scores = self.score(query, passages)
         order = sorted(range(len(passages)), key=lambda i: (-scores[i], i))
         return [(i, float(scores[i])) for i in order[:top_n]]
+
+
+def check_reranker_folder(folder: str | Path) -> dict[str, Any]:
+    """The metadata of a reranker folder (`read_model_metadata`), read without loading the model; a
+    ValueError naming the folder when its config.json holds another head than one classifier output
+    (an embedding model, a classifier), so a command refuses it before its first stage runs."""
+    from bert_kit.model_folder import read_model_metadata
+
+    meta = read_model_metadata(folder)
+    held, outputs = meta["architectures"], len(meta.get("label_names") or [None])
+    if held and not any(h.endswith("ForSequenceClassification") for h in held):
+        what = f"a {held[0]}"
+    elif outputs != 1:
+        what = f"a classifier with {outputs} outputs"
+    else:
+        return meta
+    raise ValueError(f"{folder} holds {what}, not a reranker (a cross-encoder with one output): fine-tune one with "
+                     "bert-kit finetune --task reranker")
 
 
 def rerank(ranking: Ranking, data: BeirData, reranker: Reranker, top_k: int = 100, query_prefix: str = "",

@@ -85,6 +85,16 @@ def header_names(path: str | Path, text: str, delimiter: str | None, header: boo
     return [f.strip() for f in fields]
 
 
+def check_no_table_settings(folder: Path, split: str, columns: Sequence[Column] | None,
+                            where: Mapping[Any, Any] | None) -> None:
+    """Refuse columns or where given for a BEIR folder: they pick a table's columns and rows, and
+    were ignored (the qrels' pairs read as if they had not been set)."""
+    if columns is not None or where:
+        given = f"columns {list(columns)}" if columns is not None else f"where {dict(where or {})}"
+        raise ValueError(f"{folder} is a BEIR folder, read by its qrels/{split}.tsv: the setting {given} is for "
+                         "a table file; leave it out")
+
+
 def _texts(values: Sequence[Any], at: str, names: Sequence[Any]) -> list[str]:
     for value, name in zip(values, names):
         if not isinstance(value, str):
@@ -99,6 +109,7 @@ def read_tuples(path: str | Path, columns: Sequence[Column] | None = None, heade
     the module docstring); errors name the file and line."""
     path = Path(path)
     if path.is_dir():
+        check_no_table_settings(path, split, columns, where)
         from bert_kit.retrieval.beir import read_beir
         from bert_kit.retrieval.mining import pairs_from_beir
 
@@ -170,6 +181,7 @@ def read_groups(path: str | Path, columns: Sequence[Column] | None = None, heade
     relevant document (`beir_groups`)."""
     path = Path(path)
     if path.is_dir():
+        check_no_table_settings(path, split, columns, where)
         return beir_groups(path, split, negatives, seed, per_positive)
     text = read_text(path, "reranker data file", encoding)
     names = header_names(path, text, delimiter, header) or []

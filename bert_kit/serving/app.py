@@ -280,11 +280,13 @@ class Server:
         return json_response(openapi_description(self.info, self.operations, self.limits))
 
     async def http_error(self, request: Request, exc: Exception) -> Response:
-        """404 and 405 as JSON, like every other error (405 keeps its Allow header)."""
+        """404 and 405 as JSON, like every other error (405 keeps its Allow header); a 404 names the
+        endpoints this model has (POST /rerank to an embedding model's server: it has /embed)."""
         assert isinstance(exc, HTTPException)
         known = {op.path for op in self.operations}
         self.metrics.requests.inc(request.url.path if request.url.path in known else "other", str(exc.status_code))
-        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", headers=exc.headers)
+        served = f" (this server's model answers POST {', '.join(sorted(known))})" if exc.status_code == 404 else ""
+        return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}{served}", headers=exc.headers)
 
 
 def openapi_description(info: dict, operations: Sequence[Operation], limits: Limits) -> dict:

@@ -108,8 +108,10 @@ def test_evaluate_command_writes_json_and_a_trec_run(folder, tmp_path, minilm_pa
     rc = cli_main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(folder),
                    "--output", str(out), "--save-run", str(run_file), "--recall-at", "1", "5", "--top-k", "6",
                    "--query-prefix", ""])
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert rc == 0 and "retrieval: med test, 5 queries, 12 documents" in printed and "recall@5" in printed
+    # scored silently as a run of 6 documents, below the cutoffs of 10 and 100
+    assert "warning: --top-k 6 keeps fewer documents than ndcg@10, mrr@10, map@100 count" in err
     result = json.loads(out.read_text())
     assert result["task"] == "retrieval" and result["split"] == "test" and result["top_k"] == 6
     assert {"ndcg@10", "mrr@10", "recall@1", "recall@5", "map@100"} <= set(result)
@@ -136,3 +138,18 @@ def test_evaluate_command_errors_are_one_line(folder, minilm_path, tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
 
+
+
+@pytest.mark.parametrize("flag, name", [("--output", "qrels/test.tsv"), ("--save-run", "corpus.jsonl"),
+                                        ("--save-run", "queries.jsonl")])
+def test_evaluate_never_writes_over_a_file_of_its_beir_folder(minilm_path, tmp_path, capsys, flag, name):
+    """--data is the folder, so its files were not among the inputs an output may not replace: the
+    JSON or the TREC run overwrote the qrels or the corpus."""
+    data = write_beir(tmp_path / "med")
+    before = (data / name).read_bytes()
+    outputs = {"--output": str(tmp_path / "e.json"), flag: str(data / name)}
+    rc = cli_main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(data),
+                   *[a for pair in outputs.items() for a in pair]])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag} {data / name} is the input file {data / name}" in err
+    assert (data / name).read_bytes() == before

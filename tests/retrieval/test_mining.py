@@ -132,6 +132,8 @@ def test_settings_are_checked():
         MiningSettings(sampling="best")
     with pytest.raises(ValueError, match="margin must be >= 0"):
         MiningSettings(margin=-0.1)
+    with pytest.raises(ValueError, match="min_score 0.9 is above max_score 0.1"):  # it mined nothing, after the search
+        MiningSettings(min_score=0.9, max_score=0.1)
     assert MiningSettings(num_negatives=3, range_min=2).window(2) == 2 + 3 + 2
     assert MiningSettings(num_negatives=3, relative_margin=0.05).window(1) == 3 * 10 + 1  # room for the margin
 
@@ -188,3 +190,35 @@ def test_mine_negatives_command_on_a_beir_folder_and_a_pairs_file(tmp_path, mini
     captured = capsys.readouterr()
     assert rc == 1 and not none.exists() and "skipped" in captured.out, captured.out + captured.err
     assert "no triplet row to write" in captured.err and f"{none} not written" in captured.err
+
+
+def test_mine_negatives_never_writes_over_a_file_of_its_beir_folder(tmp_path, minilm_path, capsys):
+    folder = write_beir(tmp_path / "med", split="train")
+    before = (folder / "corpus.jsonl").read_bytes()
+    rc = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(folder), "--output",
+                   str(folder / "corpus.jsonl")])
+    assert rc == 2 and "is the input file" in capsys.readouterr().err
+    assert (folder / "corpus.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("name, text", [
+    ("pairs.tsv", "query\tanswer\n{}\t{}\n{}\t{}\n{}\t{}\n"),
+    ("pairs.jsonl", '{{"query": "{}", "answer": "{}"}}\n' * 3),
+])
+def test_mine_negatives_reads_a_pairs_file_by_its_header_by_default(tmp_path, minilm_path, capsys, name, text):
+    """The default columns are the first two of the header line or JSON keys: read by index, the
+    header line was mined as a pair and a JSON record was refused."""
+    pairs = [(f"{title}?", body) for title, body in list(DOCS.values())[:3]]
+    source = tmp_path / name
+    source.write_text(text.format(*[t for pair in pairs for t in pair]))
+    out = tmp_path / "hard.jsonl"
+    rc = cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(source), "--output", str(out),
+                   "--num-negatives", "1"])
+    assert rc == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["anchor"], r["positive"]) for r in rows) == sorted(pairs)
+    header_only = tmp_path / "header.tsv"
+    header_only.write_text("query\tanswer\n")
+    assert cli_main(["mine-negatives", "--model", str(minilm_path), "--data", str(header_only), "--output",
+                     str(out)]) == 2
+    assert f"{header_only}: only a header line, no data rows" in capsys.readouterr().err

@@ -66,6 +66,10 @@ def test_a_folder_with_several_outputs_is_no_reranker(minilm_path, tmp_path):
         model = BERTForSequenceClassification.from_pretrained(minilm_path, num_labels=3)
     with pytest.raises(ValueError, match="its head has 3 outputs"):
         Reranker(model, get_tokenizer(minilm_path))
+    model.save_pretrained(tmp_path)
+    get_tokenizer(minilm_path).save(tmp_path)
+    with pytest.raises(ValueError, match="holds a classifier with 3 outputs, not a reranker"):
+        Reranker.from_pretrained(tmp_path)
 
 
 class ByLength:
@@ -105,6 +109,40 @@ def test_evaluate_reports_both_stages(minilm_path, reranker_folder, tmp_path, ca
     # the reranked four are followed by the first stage's others: the same top 100, the same recall
     # (it was Recall@4 printed as Recall@100 beside the first stage's)
     assert result["recall@100"] == result["first_stage"]["recall@100"]
+
+
+def test_a_folder_that_is_no_reranker_is_refused_before_the_first_stage(minilm_path, tmp_path, capsys,
+                                                                        monkeypatch):
+    """--rerank / --rescore given the embedding model: one line naming the folder, before the corpus
+    is embedded (it failed on missing classifier weights after the whole first stage)."""
+    from bert_kit.embeddings import SentenceEncoder
+
+    def never(*args, **kwargs):
+        raise AssertionError("the corpus was embedded before the reranker was checked")
+
+    monkeypatch.setattr(SentenceEncoder, "encode", never)
+    folder = write_beir(tmp_path / "beir", split="train")
+    rc = main(["evaluate", "--task", "retrieval", "--model", str(minilm_path), "--data", str(folder), "--split",
+               "train", "--rerank", str(minilm_path), "--output", str(tmp_path / "eval.json"), "--device", "cpu"])
+    rc_mine = main(["mine-negatives", "--model", str(minilm_path), "--data", str(folder), "--device", "cpu",
+                    "--rescore", str(minilm_path), "--output", str(tmp_path / "hard.jsonl")])
+    err = capsys.readouterr().err.splitlines()
+    assert (rc, rc_mine) == (2, 2) and not list(tmp_path.glob("*.json*"))
+    for line in err:
+        assert f"{minilm_path} holds a BertModel, not a reranker (a cross-encoder with one output)" in line
+
+
+@pytest.mark.parametrize("task", [[], ["--task", "reranker"], ["--task", "retrieval"]])
+def test_a_reranker_as_the_model_on_a_beir_folder_says_to_rerank(reranker_folder, tmp_path, capsys, task):
+    """It failed with "input file is a folder" (no --task, --task reranker), or embedded the corpus
+    with the cross-encoder's encoder and scored that as a first stage (--task retrieval)."""
+    folder = write_beir(tmp_path / "beir")
+    rc = main(["evaluate", *task, "--model", str(reranker_folder), "--data", str(folder),
+               "--output", str(tmp_path / "eval.json"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not (tmp_path / "eval.json").exists() and len(err.splitlines()) == 1
+    assert "a reranker scores (query, document) pairs and embeds no corpus" in err
+    assert f"--task retrieval --model EMBEDDING_MODEL --data {folder} --rerank {reranker_folder}" in err
 
 
 def test_mine_negatives_takes_the_rerankers_scores(minilm_path, reranker_folder, tmp_path, capsys):
@@ -150,6 +188,21 @@ def test_serve_rerank_answers_through_the_batcher(reranker_folder):
         assert empty.status_code == 422 and empty.json()["field"] == "documents"
         spec = client.get("/openapi.json").json()["paths"]["/rerank"]["post"]
         assert spec["requestBody"]["content"]["application/json"]["example"]["query"]
+
+
+def test_serve_an_embedding_model_names_its_endpoints_to_a_rerank_request(minilm_path):
+    """POST /rerank to a server of a model that is no reranker: the 404 says what it answers."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from bert_kit.serving.server import ServeConfig, build
+
+    _, _, app = build(ServeConfig(model=str(minilm_path), device="cpu"))
+    with TestClient(app) as client:
+        answer = client.post("/rerank", json={"query": "q", "documents": ["d"]})
+    assert answer.status_code == 404
+    assert answer.json()["error"] == "POST /rerank: Not Found (this server's model answers POST /embed)"
 
 
 def test_predict_names_what_runs_a_reranker(reranker_folder, tmp_path, capsys):

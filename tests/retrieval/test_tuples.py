@@ -68,6 +68,18 @@ def test_a_beir_folder_gives_its_query_document_pairs(tmp_path):
         read_tuples(folder, split="dev")
 
 
+def test_columns_or_where_given_for_a_beir_folder_are_refused(tmp_path):
+    """They were ignored: the run trained on the qrels' pairs as if they had not been set."""
+    folder = write_beir(tmp_path / "med", split="train")
+    with pytest.raises(ValueError, match=r"med is a BEIR folder, read by its qrels/train.tsv: the setting columns "
+                                         r"\['q', 'p'\] is for a table file"):
+        read_tuples(folder, ["q", "p"])
+    with pytest.raises(ValueError, match=r"the setting where \{'split': 'a'\} is for a table file"):
+        read_tuples(folder, where={"split": "a"})
+    with pytest.raises(ValueError, match=r"the setting columns \['q', 'p', 'l'\] is for a table file"):
+        read_groups(folder, ["q", "p", "l"])  # a reranker's
+
+
 def test_values_that_are_no_text_name_their_line(tmp_path):
     f = tmp_path / "t.jsonl"
     rows = [{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": 3}]
