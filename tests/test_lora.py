@@ -212,6 +212,17 @@ def test_lora_settings_are_checked_and_need_a_model_folder(tiny, tmp_path):
                                                 tokenizer=str(tiny.encoder), lora={})))
 
 
+def test_a_lora_run_with_a_metric_for_best_trains(tiny, tmp_path):
+    """`metric:` beside `lora:` (as a tune config holds both) adapts the model folder it names."""
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    results = finetune(FinetuneConfig(**tiny_settings(tiny, tmp_path / "run", lora={"r": 2}, metric="f1",
+                                                      max_steps=2, eval_every=2)))
+    assert results["metric"] == "f1" and results["steps"] == 2
+    assert (tmp_path / "run" / "best" / "adapter_model.safetensors").is_file()
+
+
 def lora_defaults():
     from bert_kit.tasks.finetuning_config import LoRASettings
 

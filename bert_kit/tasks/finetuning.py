@@ -113,8 +113,8 @@ class FinetuningJob(Job):
         if cfg.metric is not None:  # a classifier's labels say whether it predicts classes, label sets or scores
             scores = task.name == "classification" and task.regression
             sets = getattr(task, "multi_label", False)
-            kind = " on scores (one output)" if scores else " with several labels per text" if sets else ""
-            check_metric(cfg.metric, f"task {task.name}{kind}", task.metric_names)
+            reads = " on scores (one output)" if scores else " with several labels per text" if sets else ""
+            check_metric(cfg.metric, f"task {task.name}{reads}", task.metric_names)
         if getattr(task, "tune", False) and self.eval_items is None:
             raise ValueError("classification.threshold=tune chooses each label's threshold on the validation set: "
                              "set validation_file (or a threshold such as 0.5)")
