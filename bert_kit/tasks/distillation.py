@@ -133,6 +133,11 @@ class Distiller:
         if not self.bi_encoder and getattr(self.teacher, "num_labels", None) != getattr(student, "num_labels", None):
             raise ValueError(f"distill.teacher {folder} has {getattr(self.teacher, 'num_labels', None)} outputs, the "
                              f"student {getattr(student, 'num_labels', None)}: train the student on the teacher's labels")
+        names, taught = getattr(task, "label_names", None), getattr(self.teacher, "id2label", None)
+        taught = [taught[i] for i in range(len(taught))] if taught else None
+        if names and taught and set(names) == set(taught) and list(names) != taught:  # soft labels on the wrong classes
+            raise ValueError(f"distill.teacher {folder} predicts its labels in the order {taught}, the student's are "
+                             f"{list(names)}: give label_names in the teacher's order")
         self.hidden = None
         if settings.hidden_weight > 0:
             if t_config.hidden_size != s_config.hidden_size:

@@ -140,6 +140,20 @@ def test_a_preset_student_reads_the_teachers_tokenizer(teacher, tmp_path):
                                                 distill={"teacher": str(folder), "hidden_weight": 1.0})))
 
 
+def test_a_student_whose_label_names_reorder_the_teachers_is_refused(teacher, tmp_path):
+    """The soft labels are the teacher's outputs in id order: the student's classes must be in that order."""
+    from bert_kit.tasks.finetuning import finetune
+    from bert_kit.tasks.finetuning_config import FinetuneConfig
+
+    tiny, folder = teacher
+    names = json.loads((folder / "best" / "config.json").read_text())["id2label"]
+    reordered = [names[str(i)] for i in reversed(range(len(names)))]
+    with pytest.raises(ValueError, match=r"distill.teacher .* predicts its labels in the order .*label_names"):
+        finetune(FinetuneConfig(**tiny_settings(tiny, tmp_path / "student", model="", max_steps=1,
+                                                label_names=reordered,
+                                                distill={"teacher": str(folder), "student_layers": [1]})))
+
+
 def test_a_bi_encoder_student_regresses_onto_the_teachers_vectors(tmp_path):
     """sentence-transformers' distillation: the student's pooled, normalised vectors approach the
     teacher's (MSE), here a student of the teacher's first layer."""
