@@ -220,7 +220,8 @@ def check_single_labels(raw: Sequence[Any], where: Sequence[str], column: Column
     """Refuse a column of label lists where one label per row is asked for (`multi_label=False`):
     a JSON list, or labels that hold a list delimiter (`,` `;` `|`) in most rows ("price,quality").
     Read as classes, every combination of labels would become a class of its own, trained without
-    a word. A label that is one of `label_names` is a class, whatever it holds."""
+    a word. A label that is one of `label_names` is a class, whatever it holds; a blank label
+    beside rows of lists is a row of none of the labels, which only label sets read."""
     what = (f"several labels per row, but {setting('classification.multi_label', False)} reads one label per row "
             "and each combination would become a class of its own: leave out multi_label to read them as label "
             "sets (multi-label classification), or give each row one label")
@@ -236,6 +237,12 @@ def check_single_labels(raw: Sequence[Any], where: Sequence[str], column: Column
             text, at = listed[0]
             raise ValueError(f"{at}: column {column!r} holds lists of labels ({text!r}, separated by {delimiter!r}, "
                              f"in {len(listed):,} of {len(raw):,} rows): {what}")
+        blank = next((at for text, at in labels if not text), None)
+        if listed and blank is not None:  # a row with no label is one of a file of label sets
+            raise ValueError(f"{blank}: empty label, and other rows hold lists of labels ({listed[0][0]!r}, in "
+                             f"{len(listed):,} of {len(raw):,} rows): "
+                             f"to read them as label sets, a blank one meaning none of the labels, set "
+                             f"{setting('classification.multi_label', True)}")
 
 
 def _json_text(value: Any, width: int = 60) -> str:

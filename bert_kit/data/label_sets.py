@@ -9,9 +9,9 @@
 A row with no label at all is valid: none of the labels applies. Items are label names, or label
 ids 0..K-1 when they are integers (named by `label_names`, or a label-names file such as
 GoEmotions' emotions.txt); duplicates within a row count once. `detect` says whether a label
-column holds sets: JSON lists, delimited lists in most rows, or lists whose every item is also
-found alone as a row's label (`8,20` where `8` and `20` are labels of other rows). Errors name
-the file and line.
+column holds sets: JSON lists, delimited lists in most rows with a label, or lists whose every
+item is also found alone as a row's label (`8,20` where `8` and `20` are labels of other rows).
+Errors name the file and line.
 """
 
 from __future__ import annotations
@@ -35,18 +35,19 @@ def detect(raw: Sequence[Any], delimiter: str | None = None, label_names: Sequen
            ) -> tuple[str | None, str]:
     """(the delimiter of the label sets, why they are sets) where the raw labels of a column are
     label sets; (None, "") where they are single labels. JSON lists are sets whatever the
-    delimiter; delimited texts are sets in most rows (numbers such as "0,5" aside), or in fewer
-    where every part of every list is a label found alone in another row."""
+    delimiter; delimited texts are sets in most rows that hold a label (numbers such as "0,5"
+    aside), or in fewer where every part of every list is a label found alone in another row."""
     names = {str(n) for n in label_names or ()}
     if any(isinstance(value, list) for value in raw):
         return delimiter or ",", "the labels are JSON lists"
     alone = {value.strip() for value in raw if isinstance(value, str)} | {str(v) for v in raw if type(v) is int}
+    labelled = sum(not (isinstance(value, str) and not value.strip()) for value in raw)  # a blank field: no label
     for d in [delimiter] if delimiter else LIST_DELIMITERS:
         listed = _listed(raw, d, names)
         if not listed:
             continue
         plain = [i for i in listed if not (d == "," and _DECIMAL_COMMA.fullmatch(raw[i].strip()))]
-        if 2 * len(plain) > len(raw):
+        if 2 * len(plain) > labelled:
             return d, f"{len(listed):,} of {len(raw):,} rows hold lists separated by {d!r}"
         if all(part.strip() in alone for i in listed for part in raw[i].split(d)):
             return d, (f"{len(listed):,} of {len(raw):,} rows hold lists separated by {d!r} of labels that other "

@@ -32,6 +32,15 @@ def test_delimited_texts_with_a_delimiter_setting(tmp_path):
     path = write(tmp_path, "f.tsv", "sentence\tlabel\na\tjoy|anger\nb\tjoy\nc\t\nd\tfear|joy\ne\tanger|fear\n")
     data = read_classification_file(path)  # lists in most rows: sets; a blank field: none of the labels
     assert data.labels == [[0, 2], [2], [], [1, 2], [0, 1]] and data.label_names == ["anger", "fear", "joy"]
+    # rows with no label are no evidence of single labels: lists in most of the labelled rows
+    path = write(tmp_path, "h.csv", 'text,labels\na,"joy;love"\nb,anger\nc,""\nd,"joy;thanks"\n')
+    data = read_classification_file(path, "text", "labels")
+    assert data.multi_label and data.labels == [[1, 2], [0], [], [1, 3]]
+    assert data.detected == "2 of 4 rows hold lists separated by ';'"
+    path = write(tmp_path, "i.csv", 'text,labels\na,"joy;love"\nb,anger\nc,""\nd,fear\n')
+    with pytest.raises(ValueError, match=r"i\.csv:4: empty label, and other rows hold lists of labels \('joy;love', "
+                                         r"in 1 of 4 rows\): .*set classification\.multi_label=true"):
+        read_classification_file(path, "text", "labels")
     path = write(tmp_path, "g.tsv", "sentence\tlabel\na\tjoy / anger\nb\tjoy\n")
     data = read_classification_file(path, label_delimiter=" / ", multi_label=True)
     assert data.labels == [[0, 1], [1]] and data.detected == ""  # asked for: nothing to say
