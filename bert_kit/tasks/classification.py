@@ -122,7 +122,8 @@ class ClassificationTask(Task):
             self.label_names = _label_names(data.label_names, self.num_labels)
         if not self.regression:
             counts = self.class_counts(data.labels[:limit])
-            warn_rare_classes(path, self.label_names, counts, len(data.labels[:limit]), self.multi_label)
+            warn_rare_classes(path, self.label_names, counts, len(data.labels[:limit]), self.multi_label,
+                              weighted=self.c.class_weights is not None, metric=self.metric)
             self.class_weights = self.weights_of(counts, len(data.labels[:limit]))
         elif self.c.class_weights is not None:
             raise ValueError(f"classification.class_weights weighs classes, but {path} holds scores (regression)")
@@ -307,17 +308,23 @@ def pool_windows(logits: torch.Tensor, documents: Sequence[int], how: str = "mea
     return sums / torch.bincount(index, minlength=n).clamp(min=1)[:, None].to(logits.dtype)
 
 
-def warn_rare_classes(path: str | Path, names: Sequence[str], counts: np.ndarray, rows: int, multi_label: bool) -> None:
-    """One warning naming the classes (labels) on fewer than 1% of the training rows, with their counts."""
+def warn_rare_classes(path: str | Path, names: Sequence[str], counts: np.ndarray, rows: int, multi_label: bool,
+                      weighted: bool = False, metric: str = "accuracy") -> None:
+    """One warning naming the classes (labels) on fewer than 1% of the training rows, with their counts,
+    and what to set about them, of what is not set yet: class weights (`weighted`: some are), and a
+    `metric` for best/ that sees every class (a macro average, or one label's F1)."""
     rare = [(name, int(n)) for name, n in zip(names, counts) if n < RARE * rows]
     if not rare or not rows:
         return
     shown = ", ".join(f"{name} {n:,} ({100 * n / rows:.2g}%)" for name, n in sorted(rare, key=lambda r: r[1])[:10])
     what = "labels are" if multi_label else "classes are"
+    advice = [] if weighted else ["classification.class_weights=balanced"]
+    sees_them = metric in ("f1", "precision", "recall", "mcc") or metric in {f"f1_{name}" for name in names}
+    if not sees_them:
+        advice.append(f"choose best/ by a metric that sees them (metric=f1 for the macro F1, or f1_{rare[0][0]})")
     print(f"warning: {path}: {len(rare)} of {len(names)} {what} on fewer than 1% of the {rows:,} training rows: "
-          f"{shown}{', ...' if len(rare) > 10 else ''}; to weigh them in: classification.class_weights=balanced, and "
-          f"choose best/ by a metric that sees them (metric=f1 for the macro F1, or f1_{rare[0][0]})",
-          file=sys.stderr, flush=True)
+          f"{shown}{', ...' if len(rare) > 10 else ''}" + (f"; to weigh them in: {', and '.join(advice)}" if advice
+                                                           else ""), file=sys.stderr, flush=True)
 
 
 def report_windows(path: str | Path, windows: Sequence[int], max_length: int, stride: int) -> None:

@@ -225,6 +225,20 @@ def test_class_weights_balanced_as_scikit_learn_and_rare_classes_named(tiny_enco
                  reference(logits, targets), rtol=1e-6, atol=1e-6)
 
 
+def test_the_rare_classes_warning_advises_only_what_is_not_set(capsys):
+    from bert_kit.tasks.classification import warn_rare_classes
+
+    counts = np.array([500, 2])
+    warn_rare_classes("t.tsv", ["common", "grief"], counts, 502, multi_label=False)
+    err = capsys.readouterr().err
+    assert "grief 2 (0.4%); to weigh them in: classification.class_weights=balanced, and choose best/" in err
+    warn_rare_classes("t.tsv", ["common", "grief"], counts, 502, multi_label=False, weighted=True)
+    err = capsys.readouterr().err
+    assert "to weigh them in: choose best/ by a metric that sees them (metric=f1" in err and "class_weights" not in err
+    warn_rare_classes("t.tsv", ["common", "grief"], counts, 502, multi_label=True, weighted=True, metric="f1_grief")
+    assert capsys.readouterr().err.rstrip().endswith("grief 2 (0.4%)")
+
+
 def test_a_weighted_multi_label_run_trains_and_a_list_must_match_the_labels(tiny_encoder, goemotions, tmp_path):
     from bert_kit.checks import ConfigError
 
