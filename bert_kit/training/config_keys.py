@@ -158,10 +158,14 @@ _SYNONYMS = {"learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": 
              "adam_epsilon": "eps", "fp16": "precision", "bf16": "precision", "metric_for_best_model": "metric",
              "train_data": "train_file", "eval_file": "validation_file", "dev_file": "validation_file"}
 
+_OTHER_COMMANDS = {"search": "a search: block is read by `bert-kit tune --config FILE --trials N`"}  # not a setting
+
 
 def _key_hint(key: str, valid: list[str], moved: dict[str, str] | None = None) -> str:
     """ "did you mean epochs?" for a key close to a setting (or to another tool's name for one, or to
-    the old name of a setting that moved into a group)."""
+    the old name of a setting that moved into a group); which command reads a block of another's."""
+    if key in _OTHER_COMMANDS:
+        return _OTHER_COMMANDS[key]
     aliases = {**{a: t for a, t in _SYNONYMS.items() if t in valid}, **(moved or {})}
     close = difflib.get_close_matches(str(key), valid + list(aliases), n=1, cutoff=0.6)
     return f"did you mean {aliases.get(close[0], close[0])}?" if close else ""

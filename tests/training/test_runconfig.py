@@ -62,6 +62,9 @@ def test_unknown_key_is_named_with_the_nearest_valid_one(tmp_path):
         config_from_dict(Settings, {"step": 1, "zzz": 2}, "overrides")
     with pytest.raises(ValueError, match=r"schedule='cosin' is not a valid choice: .*; did you mean 'cosine'\?$"):
         load_config(Settings, None, ["schedule=cosin"])
+    path.write_text("lr: 1.0e-3\nsearch:\n  lr: loguniform(1e-5, 3e-4)\n")  # a tune config given to finetune
+    with pytest.raises(ValueError, match=r":2: unknown key 'search' \(a search: block is read by `bert-kit tune "):
+        load_config(Settings, path)
 
 
 def test_missing_file_is_named(tmp_path):
