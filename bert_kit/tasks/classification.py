@@ -184,15 +184,15 @@ class ClassificationTask(Task):
             if len(asked) != self.num_labels:
                 raise ValueError(f"classification.class_weights holds {len(asked)} weights for the {self.num_labels} "
                                  f"{'labels' if self.multi_label else 'classes'} {self.label_names[:8]}")
-            return [float(w) for w in asked]
-        if self.multi_label:
+            weights = np.asarray(asked, dtype=float)
+        elif self.multi_label:
             weights = np.where(counts > 0, (rows - counts) / np.maximum(counts, 1), 1.0)
         else:
             weights = np.where(counts > 0, rows / (self.num_labels * np.maximum(counts, 1)), 1.0)
         shown = ", ".join(f"{n} {w:.3g}" for n, w in list(zip(self.label_names, weights))[:10])
         what = "pos_weight" if self.multi_label else "class weights"
-        print(f"class_weights balanced: {what} {shown}{', ...' if len(weights) > 10 else ''}", file=sys.stderr,
-              flush=True)
+        print(f"class_weights{' balanced' if asked == 'balanced' else ''}: {what} {shown}"
+              f"{', ...' if len(weights) > 10 else ''}", file=sys.stderr, flush=True)
         return weights.tolist()
 
     def build(self, source: str | Path) -> nn.Module:

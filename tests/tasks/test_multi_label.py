@@ -239,7 +239,8 @@ def test_the_rare_classes_warning_advises_only_what_is_not_set(capsys):
     assert capsys.readouterr().err.rstrip().endswith("grief 2 (0.4%)")
 
 
-def test_a_weighted_multi_label_run_trains_and_a_list_must_match_the_labels(tiny_encoder, goemotions, tmp_path):
+def test_a_weighted_multi_label_run_trains_and_a_list_must_match_the_labels(tiny_encoder, goemotions, tmp_path,
+                                                                           capsys):
     from bert_kit.checks import ConfigError
 
     train, dev, names = goemotions
@@ -248,6 +249,7 @@ def test_a_weighted_multi_label_run_trains_and_a_list_must_match_the_labels(tiny
                                               "multi_label": True},
                               metric="f1_joy", early_stopping_patience=3))
     assert results["metric"] == "f1_joy" and "f1_joy" in results["best_metrics"]
+    assert "class_weights: pos_weight admiration 2, amusement 2, anger 2," in capsys.readouterr().err  # as given
     with pytest.raises(ConfigError, match="class_weights holds 3 weights for 28 classes"):
         config(tiny_encoder, tmp_path / "r2", train, dev, names,
                classification={"label_names_file": str(names), "class_weights": [1, 2, 3]})
