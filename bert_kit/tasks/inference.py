@@ -109,7 +109,7 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     qa = {"doc_stride": meta.get("doc_stride", 128), "max_query_length": meta.get("max_query_length", 64),
           "train_articles": getattr(args, "split_articles", None),
           "skip_bad_answers": getattr(args, "skip_bad_answers", False)}
-    classification = {**{k: reading.pop(k) for k in LABEL_SETS}, **long_text_settings(args, meta)}
+    classification = {**{k: reading.pop(k) for k in LABEL_SETS}, **long_text_settings(args, meta, task)}
     settings = FinetuneConfig(
         task=task, model=str(folder), max_length=int(max_length), similarity=similarity, qa=qa,
         ner={k: reading.pop(k) for k in NER_COLUMNS}, classification=classification, validation_where=where,
@@ -117,12 +117,18 @@ def task_settings(args: argparse.Namespace, folder: Path) -> tuple[str, Any, dic
     return task, settings, meta
 
 
-def long_text_settings(args: argparse.Namespace, meta: dict) -> dict[str, Any]:
+def long_text_settings(args: argparse.Namespace, meta: dict, task: str) -> dict[str, Any]:
     """How long texts are read: the flags (--long-text, --chunk-stride, --chunk-pooling), else as
-    the folder was fine-tuned (its `long_text` record), else truncated."""
+    the folder was fine-tuned (its `long_text` record), else truncated; a window's flag for a
+    classifier reading truncated is an error."""
     recorded = meta.get("long_text") if isinstance(meta.get("long_text"), dict) else {}
     mode = getattr(args, "long_text", None) or recorded.get("mode") or "truncate"
     stride = getattr(args, "chunk_stride", None)
+    flag = "--chunk-stride" if stride is not None else "--chunk-pooling" if getattr(args, "chunk_pooling", None) else ""
+    if mode == "truncate" and flag and task == "classification":  # else silently unused
+        asked = "--long-text truncate asks" if getattr(args, "long_text", None) else "the model was fine-tuned"
+        raise ValueError(f"{flag} sets how long texts are read in windows, but {asked} to cut them to max_length: "
+                         "add --long-text chunks to read them in windows")
     return {"long_text": mode, "chunk_stride": stride if stride is not None else recorded.get("stride"),
             "chunk_pooling": getattr(args, "chunk_pooling", None) or recorded.get("pooling") or "mean"}
 

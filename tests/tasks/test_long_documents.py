@@ -121,6 +121,15 @@ def test_evaluate_pools_as_the_folder_says_or_as_asked(chunked, documents, tmp_p
         assert metrics["accuracy"] == pytest.approx(float((pooled.argmax(-1) == gold).float().mean()), abs=1e-9)
 
 
+def test_window_flags_for_a_truncated_reading_are_refused(chunked, documents, tmp_path, capsys):
+    _, out = chunked
+    assert cli_main(["evaluate", "--model", str(out / "best"), "--data", str(documents[1]), "--output",
+                     str(tmp_path / "e.json"), "--long-text", "truncate", "--chunk-stride", "4"]) == 2
+    assert "--chunk-stride sets how long texts are read in windows, but --long-text truncate asks to cut them" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "e.json").exists()
+
+
 def test_chunks_of_short_texts_are_the_texts_themselves(tiny_encoder, documents, tmp_path):
     """Texts that fit one window: chunks trains and scores exactly as truncation does."""
     train, dev, _ = documents
