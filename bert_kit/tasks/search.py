@@ -16,8 +16,9 @@ hands each evaluation to the trial, and when Optuna's pruner says the trial is b
 at that step, the run ends there (`stop_reason` in its results.json; the trial is PRUNED).
 
 The study folder (`--study`, default the config's output_dir) holds Optuna's SQLite storage
-(study.db): rerunning the command continues the study up to N finished trials. Trials that
-report to MLflow share one store there (mlflow.db) and one experiment, named as the study folder.
+(study.db): rerunning the command continues the study up to N finished trials, with the settings
+its trials ran with (`check_same_settings`). Trials that report to MLflow share one store there
+(mlflow.db) and one experiment, named as the study folder.
 Ctrl-C stops the running trial as it stops any run (a checkpoint); the study records it as
 interrupted, and the next `bert-kit tune` resumes that trial's run from its checkpoint first.
 At the end (and when interrupted) the study folder gets best.yaml (the best trial's settings: a
@@ -187,6 +188,32 @@ def open_study(folder: Path, direction: str, pruner: str, seed: int) -> Any:
     return optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruners[pruner]())
 
 
+# settings a continued study may change: where and how its trials run and report, not what they train
+RUNS_ANYWHERE = frozenset({"output_dir", "overwrite", "force_resume", "device", "num_workers", "dist_timeout_s",
+                           "jax_cache", "compile_tuning", "log_every", "save_every", "save_minutes", "keep_last",
+                           "end_checkpoint", "eval_batch_size", "report_to", "tracking.project", "tracking.run_name",
+                           "tracking.mlflow_uri", "tracking.wandb_mode"})
+
+
+def check_same_settings(study: Any, spec: SearchSpec, base: FinetuneConfig, folder: Path) -> None:
+    """Record the settings the study's trials share; a continued study must keep them (but the
+    searched ones and those of `RUNS_ANYWHERE`) once a trial has trained, else its trials and
+    best.yaml would mix two searches."""
+    from bert_kit.training.resume import settings_changes
+    from bert_kit.training.runconfig import config_to_dict
+
+    saved = study.user_attrs.get("settings")
+    if saved is None or not any(counted(t) or "steps" in t.user_attrs for t in study.trials):  # none trained yet
+        study.set_user_attr("settings", config_to_dict(base))
+        return
+    changed, _ = settings_changes(saved, base)
+    shaping = {k: c for k, c in changed.items() if k not in RUNS_ANYWHERE and k not in spec.ranges}
+    if shaping:
+        shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in shaping.items())
+        raise ConfigError(f"{folder / STORAGE}: the study's trials ran with other settings ({shown}): restore them "
+                          f"to continue it, or start another study folder (--study)")
+
+
 def counted(trial: Any) -> bool:
     """Whether a trial counts toward --trials: finished (complete, pruned, or failed on its own)."""
     from optuna.trial import TrialState
@@ -221,6 +248,7 @@ def tune(spec: SearchSpec, base: FinetuneConfig, trials: int, folder: Path, prun
     metric = base.metric
     direction = "maximize" if metric is None or higher_is_better(metric) else "minimize"
     study = open_study(folder, direction, pruner, base.seed)
+    check_same_settings(study, spec, base, folder)
     enqueue_interrupted(study, folder)
     distributions = {key: r.distribution() for key, r in spec.ranges.items()}
     stopped = None

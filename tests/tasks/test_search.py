@@ -106,6 +106,21 @@ def test_tune_runs_trials_in_a_study_folder_that_resumes(tiny, tmp_path, capsys)
     assert main(["tune", "--config", str(config), "--trials", "3", "--pruner", "none"]) == 0  # one more
     assert sorted(p.name for p in study_dir.glob("trial-*")) == ["trial-0000", "trial-0001", "trial-0002"]
     assert len(optuna.load_study(study_name="bert-kit", storage=f"sqlite:///{study_dir / 'study.db'}").trials) == 3
+    # continued with settings that change what the trials train: refused, as best.yaml would not be the best trial's
+    capsys.readouterr()
+    assert main(["tune", "--config", str(config), "--trials", "3", "max_steps=4"]) == 2
+    assert "study.db: the study's trials ran with other settings (max_steps: 6 -> 4): restore them" in (
+        capsys.readouterr().err)
+    assert main(["tune", "--config", str(config), "--trials", "3", "lr=1e-3", "device=cpu", "log_every=1"]) == 0
+
+
+def test_a_study_whose_first_trial_failed_on_its_settings_continues_with_fixed_ones(tiny, tmp_path, capsys):
+    from bert_kit.cli import main
+
+    config = write_config(tmp_path, tiny, "  lr: loguniform(1e-4, 3e-3)\n")
+    assert main(["tune", "--config", str(config), "--trials", "1", "metric=f1_zzz"]) == 2  # no such label
+    assert "metric='f1_zzz' is not a validation metric" in capsys.readouterr().err
+    assert main(["tune", "--config", str(config), "--trials", "1", "metric=f1"]) == 0
 
 
 @pytest.mark.slow
