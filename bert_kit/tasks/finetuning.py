@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,11 @@ class FinetuningJob(Job):
         if self.patience is not None and self.metric is None:
             raise ValueError("early_stopping_patience counts evaluations of the validation metric: set "
                              "validation_file")
+        evaluations = -(-self.total_steps // self.eval_every)  # every eval_every steps, and at the end
+        if self.patience is not None and evaluations <= self.patience and is_main():
+            print(f"warning: early_stopping_patience={self.patience} needs {self.patience + 1} evaluations or more "
+                  f"to stop a run early, and this one has {evaluations} ({self.total_steps} steps, an evaluation every "
+                  f"{self.eval_every}): set eval_every lower", file=sys.stderr, flush=True)
         self.global_micro_batch = cfg.batch_size * world_size()  # examples per loader batch over all ranks
         self.batches = None
         # a long run on a CPU says so after its first half minute, and how to check the setup sooner

@@ -113,6 +113,20 @@ def test_early_stopping_needs_a_validation_set(tiny_encoder, sst2_slice, tmp_pat
         finetune(cfg)
 
 
+def test_a_patience_the_runs_evaluations_cannot_spend_is_warned_of(tiny_encoder, sst2_slice, tmp_path, scripted,
+                                                                    capsys):
+    from bert_kit.tasks.finetuning import finetune
+
+    scripted["scores"] = [0.5, 0.5]
+    results = finetune(run_config(tiny_encoder, tmp_path, sst2_slice, early_stopping_patience=2, max_steps=4))
+    assert results["steps"] == 4 and results["stopped"] is None
+    assert ("warning: early_stopping_patience=2 needs 3 evaluations or more to stop a run early, and this one has 2 "
+            "(4 steps, an evaluation every 2): set eval_every lower") in capsys.readouterr().err
+    scripted["scores"] = [0.5, 0.5, 0.5]
+    finetune(run_config(tiny_encoder, tmp_path / "b", sst2_slice, early_stopping_patience=2, max_steps=6))
+    assert "early_stopping_patience" not in capsys.readouterr().err
+
+
 def test_metric_for_best_is_metric_under_another_name(tmp_path):
     """One setting picks best/ and what early stopping watches: `metric`; `metric_for_best` (and
     HF's `metric_for_best_model`) set it, silently; both set to different values is an error."""
