@@ -21,7 +21,7 @@ from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks.finetuning import finetune  # noqa: E402
 from bert_kit.tokenizer import get_tokenizer  # noqa: E402
 from bert_kit.training.checkpoint import latest_checkpoint  # noqa: E402
-from tests.jax.test_engine_finetune import assert_same_steps, config, records  # noqa: E402
+from tests.jax.test_engine_finetune import assert_same_evaluations, assert_same_steps, config, records  # noqa: E402
 
 
 def encoder_folder(folder: Path, minilm_path: Path, dropout: float) -> Path:
@@ -46,14 +46,6 @@ def sts(data_dir, tmp_path_factory):
         lines = (data_dir / "stsb" / name).read_text().splitlines()[:n]
         (folder / name).write_text("\n".join(lines) + "\n")
     return folder / "sts-train.csv", folder / "sts-dev.csv"
-
-
-def assert_same_evaluations(jax_run: Path, torch_run: Path, keys: tuple[str, ...], tolerance: float) -> None:
-    got, expected = records(jax_run, "eval"), records(torch_run, "eval")
-    assert sorted(got) == sorted(expected) == [2, 4]
-    for step in got:
-        for key in keys:
-            assert abs(got[step][key] - expected[step][key]) <= tolerance, (step, key, got[step], expected[step])
 
 
 def test_qa_takes_torchs_steps_and_scores_as_it_does(encoder, data_dir, tmp_path):
