@@ -108,10 +108,10 @@ def kernel_works(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks,
 
 
 def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks, interpret: bool) -> bool:
-    # inputs made on the host and errors measured there: the check compiles its two programs and
-    # nothing else (each small eager op would be a program of its own, compiled on every run)
+    # inputs put on the device as they are (`jnp.asarray` of a NumPy array is a program too) and errors
+    # measured on the host: the check compiles its two programs and nothing else, where each small
+    # eager op was a program of its own, compiled on every run
     rng = np.random.default_rng(0)
-    # (`jax.device_put`: `jnp.asarray` of a NumPy array is a program too)
     q, k, v, w = (jax.device_put(rng.normal(size=(1, T, 2, head_dim)).astype(jnp.dtype(dtype))) for _ in range(4))
     mask = jax.device_put(np.arange(T)[None] < T - T // 4)
     seed = jax.device_put(np.array([1, 2], np.uint32))
