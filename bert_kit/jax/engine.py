@@ -75,12 +75,15 @@ STATE_FILE = "optimizer.safetensors"
 IN_FLIGHT = 2
 # what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
-          "next_sentence_label", "start_positions", "end_positions", "keys")
+          "next_sentence_label", "start_positions", "end_positions", "keys", "group_labels", "group_mask")
+LAID_OUT = ("slots",)  # read by a head's `layout` (a reranker's pairs' places), not sent to the device
+PER_EXAMPLE = ("masked_positions", "masked_labels", "keys", "group_mask")  # 2-D, not one value per token
 TOKENS = ("input_ids", "attention_mask", "token_type_ids")  # (rows, T): padded to the length bucket
 PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
            "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX,
-           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1}  # keys: a contrastive
-# batch's text ids, (B, k) on the device: a padding row's -1 marks it as no example
+           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1,  # keys: a contrastive
+           "group_labels": np.nan, "group_mask": False}  # batch's text ids, (B, k) on the device: a padding
+# row's -1 marks it as no example; a reranker's padding queries have no candidate
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
 LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
@@ -173,6 +176,8 @@ def item_tokens(item: dict) -> int:
     `texts`): the length it pads to."""
     if "texts" in item:
         return max(len(ids) for ids in item["texts"])
+    if "pairs" in item:  # a reranker's group: its (query, candidate) pairs
+        return max(item_tokens(pair) for pair in item["pairs"])
     return max(len(v) for k, v in item.items() if k.startswith("input_ids"))
 
 
@@ -304,7 +309,7 @@ class JaxEngine(Engine):
         # where the weights go back to be saved (the engine keeps no other part of the job: a run's
         # loaders end with it)
         task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
-        self.head = task_head(task) if task is not None else None
+        self.head = task_head(task, getattr(job, "train_items", None)) if task is not None else None
         self.whole, self.cfg = job.model, cfg
         self.model = self.head.trained(job.model) if self.head is not None else job.model
         devices = resolve_devices(cfg.device)
@@ -384,6 +389,8 @@ class JaxEngine(Engine):
             batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
             self._step.ahead(abstract(self.state), abstract(self.frozen), spec(batch, stacked), lr)
         evaluated = getattr(job, "eval_items", None)
+        if evaluated and isinstance(evaluated[0], dict) and "pairs" in evaluated[0]:  # a reranker scores pairs
+            evaluated = [pair for group in evaluated for pair in group["pairs"]]
         if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
             buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)
@@ -403,7 +410,9 @@ class JaxEngine(Engine):
         and carry no label; the rows of a bi-encoder's two sentences (an embedding batch's k texts)
         are padded side by side, and an embedding batch's text ids `keys` become (A, B, k), -1 on
         padding rows. A training batch gets the head's host inputs too (`TaskHead.host_inputs`)."""
-        arrays = [{k: np.asarray(b[k]) for k in INPUTS if k in b} for b in batches]
+        arrays = [{k: np.asarray(b[k]) for k in INPUTS + LAID_OUT if k in b} for b in batches]
+        if self.head is not None:
+            arrays = [self.head.layout(a) for a in arrays]
         for a in arrays:
             if "keys" in a:  # (k, B) -> (B, k): split over the devices by example, as every input
                 a["keys"] = a["keys"].T
@@ -419,6 +428,8 @@ class JaxEngine(Engine):
         sides = self.head.sides if self.head is not None else 1
         if "keys" in arrays[0]:  # a contrastive batch: k texts an example (evaluation: 1)
             sides = arrays[0]["keys"].shape[1]
+        if "group_mask" in arrays[0]:  # a reranker's batch: n candidates a query
+            sides = arrays[0]["group_mask"].shape[1]
         examples = max(len(a["input_ids"]) // sides for a in arrays)
         base = self.cfg.batch_size if use == "train" else getattr(self.cfg, "eval_batch_size", self.cfg.batch_size)
         rows = self.rows[use, length] = round_up(max(examples, base, self.rows.get((use, length), 0)),
@@ -431,7 +442,7 @@ class JaxEngine(Engine):
                 pad = self.pad_id if key == "input_ids" else PADDING[key]
                 if x.dtype.kind == "f":  # regression targets, label sets (B, C): NaN marks a row without one
                     x, pad = x.astype(np.float32), np.nan
-                elif x.ndim == 2 and key not in ("masked_positions", "masked_labels", "keys"):  # one value per token
+                elif x.ndim == 2 and key not in PER_EXAMPLE:  # one value per token
                     x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
                 if key in TOKENS:
                     # (sides, examples, T): each side's rows padded with copies of its first

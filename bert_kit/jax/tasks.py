@@ -16,12 +16,15 @@ per example) to the torch task's `score`, so both engines report the same metric
 | similarity, cross-encoder | BERTForSequenceClassification  | MSE on the score               | (1,)                 |
 | similarity, bi-encoder    | BERTModel                      | cosine MSE, or CoSENT          | (2, H): u, v pooled  |
 | embedding                 | BERTModel (the `EmbeddingModel`'s encoder) | MNRL, or symmetric | (H,): one text pooled |
+| reranker                  | BERTForSequenceClassification, 1 output | BCE, ListNet or LambdaLoss | (1,): a pair's logit |
 
 A bi-encoder's batch holds two sentences per example, all first sentences then all second ones
 (`SimilarityTask.collate`): `sides` = 2 tells the engine to pad each side's rows apart. An
 embedding (contrastive) batch holds k texts per example, column after column
 (`EmbeddingTask.collate`), and their text ids `keys`, which the engine lays out (B, k), padding
-rows -1: in-batch negatives are the real rows only (`ContrastiveHead`).
+rows -1: in-batch negatives are the real rows only (`ContrastiveHead`). A reranker's training
+batch holds its queries' (query, candidate) pairs; `RerankHead.layout` puts them in a grid of n
+candidates a query, candidate after candidate, so the engine pads it as n sides.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class TaskHead:
     def host_inputs(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs the host computes from a padded training batch (A, B, ...); none by default."""
         return {}
+
+    def layout(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One collated micro-batch as the engine pads it (as the task collates it, by default)."""
+        return batch
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,96 @@ class LabelsHead(TaskHead):
         if self.multi_label:
             return multi_label_loss(logits, batch["labels"], weights), {}
         return weighted_cross_entropy(logits, batch["labels"], weights), {}
+
+
+PADDED = -1e16  # a padded candidate's score (`training.ranking.PADDED`): softmax weight 0, sorted last
+
+
+def ranking_bce(scores: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """Pointwise BCE of (Q, n) logits and labels clamped to [0, 1], over the real candidates
+    (`training.ranking.binary_cross_entropy`)."""
+    y = jnp.clip(jnp.where(mask, labels, 0.0), 0.0, 1.0)
+    terms = y * jax.nn.softplus(-scores) + (1.0 - y) * jax.nn.softplus(scores)
+    return jnp.where(mask, terms, 0.0).sum() / jnp.maximum(mask.sum(), 1)
+
+
+def listnet_loss(scores: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """ListNet over the queries with a candidate (`training.ranking.listnet_loss`; rows that pad a
+    batch have none): -sum_j softmax(labels)_j log softmax(scores)_j, averaged."""
+    real = mask.any(axis=1)  # (Q,)
+    target = jax.nn.softmax(jnp.where(mask, labels, -jnp.inf), axis=1)
+    target = jnp.where(mask, target, 0.0)  # a row without candidates: 0, not NaN
+    per_query = -(target * jax.nn.log_softmax(jnp.where(mask, scores, PADDED), axis=1)).sum(axis=1)
+    return jnp.where(real, per_query, 0.0).sum() / jnp.maximum(real.sum(), 1)
+
+
+def lambda_loss(scores: jax.Array, labels: jax.Array, mask: jax.Array, sigma: float = 1.0, mu: float = 10.0,
+                eps: float = 1e-10) -> jax.Array:
+    """LambdaLoss with NDCG-Loss2++ weights (`training.ranking.lambda_loss`, every pair of a query's
+    candidates): (Q, n) scores, labels and mask."""
+    n = scores.shape[1]
+    scores = jnp.where(mask, scores, PADDED)
+    order = jnp.argsort(-scores, axis=1, stable=True)  # (Q, n): by score, descending
+    by_score = jnp.take_along_axis(scores, order, axis=1)
+    real = jnp.take_along_axis(mask, order, axis=1)
+    true = jnp.where(real, jnp.take_along_axis(jnp.where(mask, labels, 0.0), order, axis=1), 0.0)
+    ideal = jnp.clip(-jnp.sort(-jnp.where(mask, labels, -jnp.inf), axis=1), 0.0, None)
+    pairs = real[:, :, None] & real[:, None, :] & (true[:, :, None] > true[:, None, :])  # (Q, n, n)
+    discount = jnp.log2(jnp.arange(2, n + 2, dtype=jnp.float32))  # (n,)
+    max_dcg = jnp.maximum(((2.0 ** ideal - 1) / discount).sum(axis=1), eps)  # (Q,)
+    gain = (2.0 ** jnp.clip(true, 0.0, None) - 1) / max_dcg[:, None]  # (Q, n)
+    place = jnp.arange(1, n + 1)
+    gap = jnp.abs(place[:, None] - place[None, :])  # (n, n)
+    at = jnp.maximum(gap, 1)  # NDCG-Loss2's |1/D(|i-j|) - 1/D(|i-j|+1)|, 0 on the diagonal
+    delta = jnp.where(gap == 0, 0.0, jnp.abs(1 / discount[at - 1] - 1 / discount[at]))
+    gain_gap = jnp.abs(gain[:, :, None] - gain[:, None, :])
+    lambda_rank = jnp.abs(1 / discount[:, None] - 1 / discount[None, :])[None] * gain_gap
+    weights = mu * delta[None] * gain_gap + lambda_rank
+    score_gap = jnp.clip(by_score[:, :, None] - by_score[:, None, :], -1e8, 1e8)
+    terms = weights * jax.nn.log_sigmoid(sigma * score_gap) / np.log(2)
+    return -jnp.where(pairs, terms, 0.0).sum() / jnp.maximum(pairs.sum(), 1)
+
+
+RANKING_LOSSES: dict[str, Callable] = {"bce": ranking_bce, "listnet": listnet_loss, "lambdaloss": lambda_loss}
+
+
+@dataclass(frozen=True)
+class RerankHead(TaskHead):
+    """A reranker (task: reranker): a cross-encoder's logit for each (query, candidate) pair of a
+    batch's queries, a ranking loss over each query's candidates; evaluation: one logit a pair."""
+
+    loss_name: str = "bce"  # a key of RANKING_LOSSES
+    candidates: int = 1  # n: the candidates a query holds in a training batch (the most a training group has)
+
+    def layout(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The P pairs of Q queries (`RerankerTask.collate`: pairs in order, `slots` their places in
+        the (Q, n0) matrix) as a grid of `candidates` a query, candidate-major: row j Q + q is
+        candidate j of query q; a query with fewer repeats its first (masked out)."""
+        if "group_mask" not in batch:  # evaluation's pairs: one logit each
+            return batch
+        mask, labels, slots = batch["group_mask"], batch["group_labels"], batch["slots"]
+        Q, n0 = mask.shape
+        n = self.candidates
+        if n0 > n:
+            raise ValueError(f"a reranker batch holds {n0} candidates for a query; the engine laid out {n}")
+        query, place = np.divmod(slots, n0)  # (P,) each
+        pair_at = np.repeat(np.searchsorted(query, np.arange(Q))[:, None], n, axis=1)  # (Q, n): the first
+        pair_at[query, place] = np.arange(len(slots))
+        rows = pair_at.T.reshape(-1)  # candidate-major
+        out = {k: v[rows] for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        grid = np.zeros((Q, n), bool)
+        grid[:, :n0] = mask
+        out["group_mask"] = grid
+        out["group_labels"] = np.zeros((Q, n), np.float32)
+        out["group_labels"][:, :n0] = labels
+        return out
+
+    def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
+        mask = batch["group_mask"]  # (Q, n)
+        logits = model(*inputs_of(batch), rngs=rngs)[:, 0].astype(jnp.float32)  # (n Q,)
+        scores = logits.reshape(mask.shape[1], mask.shape[0]).T  # (Q, n)
+        labels = jnp.where(mask, batch["group_labels"], 0.0)  # a padding query's are NaN
+        return RANKING_LOSSES[self.loss_name](scores, labels, mask), {}
 
 
 def pool(hidden: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
@@ -270,8 +367,9 @@ class ContrastiveHead(TaskHead):
         return pool(model(*inputs_of(batch)), batch["attention_mask"], self.pooling)
 
 
-def task_head(task: Any) -> TaskHead:
-    """The JAX head of a `bert_kit.tasks` Task (by its name and settings)."""
+def task_head(task: Any, train_items: list | None = None) -> TaskHead:
+    """The JAX head of a `bert_kit.tasks` Task (by its name and settings; a reranker's by its
+    training groups too)."""
     if task.name == "embedding":
         e = task.e
         pairs = getattr(task, "known_pairs", None) if e.exclude_known_positives else None
@@ -285,6 +383,9 @@ def task_head(task: Any) -> TaskHead:
                                texts=getattr(task, "num_texts", 0))
     if task.name == "qa":
         return SpanHead("qa")
+    if task.name == "reranker":  # n: the most candidates a training group holds (pointwise: 1)
+        n = max((len(item["pairs"]) for item in train_items or ()), default=1)
+        return RerankHead("reranker", loss_name=task.r.loss, candidates=n)
     if task.name == "similarity" and task.bi_encoder:
         sim = task.s.similarity
         return PooledHead("similarity", sides=2, pooling=sim.pooling, loss_name=sim.loss)

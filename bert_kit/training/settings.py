@@ -150,8 +150,6 @@ JAX_UNSUPPORTED = (
     ("precision", "fp16", "it computes in bf16 or fp32"),
     ("cuda_graphs", True, "XLA schedules its own kernels"),
     ("compile_tuning", True, "a torch.compile option"),
-    ("task", "reranker", "it fine-tunes classification, regression, token classification, QA, similarity and "
-                         "embedding models"),
 )
 
 

@@ -73,6 +73,21 @@ def test_similarity_takes_torchs_steps_and_scores_as_it_does(encoder, sts, tmp_p
     assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("pearson", "spearman"), 1e-3)
 
 
+@pytest.mark.parametrize("loss", ["bce", "listnet", "lambdaloss"])
+def test_a_reranker_takes_torchs_steps_and_ranks_as_it_does(encoder, tmp_path, loss):
+    """Pointwise (pairs: the last batch of 8 padded to 12) and listwise (8 queries of 4 candidates,
+    a batch of queries): the JAX engine's losses and validation rankings are the torch engine's."""
+    from tests.tasks.test_reranker import write_groups
+
+    settings = dict(task="reranker", train_file=str(write_groups(tmp_path / "train.jsonl", 8)),
+                    validation_file=str(write_groups(tmp_path / "dev.jsonl", 4)), reranker={"loss": loss},
+                    batch_size=12 if loss == "bce" else 3)
+    finetune(config(encoder, tmp_path / "torch", "torch", **settings))
+    finetune(config(encoder, tmp_path / "jax", "jax", **settings))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    assert_same_evaluations(tmp_path / "jax", tmp_path / "torch", ("ndcg@10", "mrr@10", "map@100"), 1e-6)
+
+
 @pytest.mark.slow
 def assert_resumes_bit_for_bit(build, tmp_path: Path, **settings) -> None:
     """A 4-step JAX run at once, and 2 steps then 2 more from the checkpoint: the same losses.

@@ -16,11 +16,12 @@ torch = pytest.importorskip("torch")
 nnx = pytest.importorskip("flax.nnx")
 
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.tasks import (LabelsHead, PooledHead, SpanHead, TaskHead, cosent_loss, cosine_mse_loss,  # noqa: E402
-                                multi_label_loss, task_head, weighted_cross_entropy)
+from bert_kit.jax.tasks import (RANKING_LOSSES, LabelsHead, PooledHead, RerankHead, SpanHead, TaskHead,  # noqa: E402
+                                cosent_loss, cosine_mse_loss, multi_label_loss, task_head, weighted_cross_entropy)
 from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks import make_task  # noqa: E402
 from bert_kit.tasks.finetuning_config import FinetuneConfig  # noqa: E402
+from bert_kit.training import ranking  # noqa: E402
 from bert_kit.training.losses import (compute_classification_loss, compute_cosent_loss,  # noqa: E402
                                      compute_cosine_similarity_loss, compute_multi_label_loss)
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
@@ -158,6 +159,45 @@ def test_the_engine_pads_label_sets_by_rows_with_nan_targets():
                                   "token_type_ids": torch.zeros_like(ids), "labels": sets}], "train")
     assert batch["input_ids"].shape == (1, 3, 32) and batch["labels"].shape == (1, 3, 5)  # labels not padded to T
     assert batch["labels"][0, :2].tolist() == sets.tolist() and np.isnan(batch["labels"][0, 2]).all()
+
+
+
+@pytest.mark.parametrize("name", ["bce", "listnet", "lambdaloss"])
+def test_ranking_losses_equal_torchs_and_leave_out_padding(name):
+    """(Q, n) scores of queries with 2 to 5 candidates (graded labels, a tie among them), then with
+    two queries padding the batch (no candidate, NaN labels): the same loss, finite gradients."""
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(4, 5)).astype(np.float32)
+    labels = rng.integers(0, 3, size=(4, 5)).astype(np.float32)
+    mask = np.arange(5)[None] < np.array([5, 3, 2, 4])[:, None]
+    labels[~mask] = 0.0
+    torch_loss = {"bce": ranking.binary_cross_entropy, "listnet": ranking.listnet_loss,
+                  "lambdaloss": ranking.lambda_loss}[name]
+    want = float(torch_loss(torch.as_tensor(scores), torch.as_tensor(labels), torch.as_tensor(mask)))
+    loss = RANKING_LOSSES[name]
+    assert abs(float(loss(scores, labels, mask)) - want) <= 1e-5 * max(1.0, abs(want))
+    padded = (np.concatenate([scores, scores[:2]]), np.concatenate([labels, np.full((2, 5), np.nan, np.float32)]),
+              np.concatenate([mask, np.zeros((2, 5), bool)]))
+    labels_in = np.where(padded[2], padded[1], 0.0)  # as RerankHead.loss hands them on
+    assert abs(float(loss(padded[0], labels_in, padded[2])) - want) <= 1e-5 * max(1.0, abs(want))
+    grads = jax.grad(lambda x: loss(x, labels_in, padded[2]))(padded[0])
+    assert np.isfinite(np.asarray(grads)).all() and float(np.abs(grads).sum()) > 0
+
+
+def test_a_reranker_batch_is_laid_out_candidate_after_candidate():
+    """Queries of 3, 1 and 2 candidates (`RerankerTask.collate`'s pairs and slots) in a grid of 3:
+    row j Q + q is candidate j of query q; a missing candidate repeats the query's first, masked."""
+    ids = np.arange(6)[:, None] * np.ones((1, 4), np.int64)  # pair p's tokens are all p
+    mask = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 0]], bool)
+    batch = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids),
+             "group_labels": np.where(mask, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0]], 0.0),
+             "group_mask": mask, "slots": np.flatnonzero(mask)}
+    out = RerankHead("reranker", candidates=4).layout(batch)
+    assert out["input_ids"][:, 0].tolist() == [0, 3, 4, 1, 3, 5, 2, 3, 4, 0, 3, 4]
+    assert out["group_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]]
+    assert out["group_labels"][2, :2].tolist() == [0.0, 2.0] and "slots" not in out
+    with pytest.raises(ValueError, match="holds 3 candidates for a query; the engine laid out 2"):
+        RerankHead("reranker", candidates=2).layout(batch)
 
 
 def test_the_engine_pads_a_bi_encoders_sides_apart():
