@@ -111,16 +111,14 @@ def test_a_bi_encoder_run_resumes_bit_for_bit(sts, tmp_path, minilm_path):
                                warmup_steps=0, similarity={"mode": "bi-encoder"}, eval_every=0)
 
 
-def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
-    """As on a GPU: the run compiles, in its threads, the training step of its likely length buckets
-    and the evaluation of every bucket its validation batches have; each program once; the
-    evaluations (at steps 2 and 4) find theirs compiled ahead, none compiled while the run waits."""
+def compiled_ahead(monkeypatch) -> list[tuple[str, str, tuple]]:
+    """Compile ahead as on a GPU, recording each compilation: (program, thread, batch shapes)."""
     import threading
 
     import bert_kit.jax.engine as engine_module
     from bert_kit.jax.compilation import AheadOfTime
 
-    compiled: list[tuple[str, str, tuple]] = []  # (program, thread, batch shapes)
+    compiled: list[tuple[str, str, tuple]] = []
     original = AheadOfTime.compile
 
     def compile(self, args):
@@ -130,6 +128,14 @@ def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_pat
 
     monkeypatch.setattr(engine_module, "COMPILE_AHEAD_ON_CPU", True)
     monkeypatch.setattr(AheadOfTime, "compile", compile)
+    return compiled
+
+
+def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
+    """As on a GPU: the run compiles, in its threads, the training step of its likely length buckets
+    and the evaluation of every bucket its validation batches have; each program once; the
+    evaluations (at steps 2 and 4) find theirs compiled ahead, none compiled while the run waits."""
+    compiled = compiled_ahead(monkeypatch)
     train, dev = sts
     finetune(config(encoder, tmp_path / "run", "jax", task="similarity", train_file=str(train),
                     validation_file=str(dev), similarity={"mode": "bi-encoder"}))
@@ -139,6 +145,22 @@ def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_pat
     assert len(set(programs)) == len(programs)  # each program once, in whichever thread
     assert steps and evals and all(thread.startswith("compile") for _, thread, _ in evals)
     assert {shape for _, _, shapes in evals for shape in shapes[:1]} == {(2 * 64, 32)}  # both sides of 64 pairs
+
+
+def test_a_rerankers_programs_are_compiled_ahead_for_its_grid_and_its_pairs(encoder, tmp_path, monkeypatch):
+    """A listwise reranker: the step compiled ahead takes its lists' grid (3 queries x 4 candidates
+    a batch), the evaluation its pairs; nothing is compiled while the run waits."""
+    from tests.tasks.test_reranker import write_groups
+
+    compiled = compiled_ahead(monkeypatch)
+    finetune(config(encoder, tmp_path / "run", "jax", task="reranker", batch_size=3, reranker={"loss": "listnet"},
+                    train_file=str(write_groups(tmp_path / "train.jsonl", 8)),
+                    validation_file=str(write_groups(tmp_path / "dev.jsonl", 4))))
+    programs = [(name, shapes) for name, _, shapes in compiled]
+    assert len(set(programs)) == len(programs) and all(thread.startswith("compile") for _, thread, _ in compiled)
+    (step,) = [shapes for name, _, shapes in compiled if name == "train_step"]  # one length bucket
+    Q = next(shape[1] for shape in step if shape[2] == 4)  # 3 lists, padded to a multiple of the devices
+    assert Q >= 3 and set(step) == {(1, 4 * Q, 32), (1, Q, 4)}  # tokens (A, n Q, T); labels and mask (A, Q, n)
 
 
 def test_compiling_ahead_takes_examples_in_any_order_of_length(encoder, tmp_path, monkeypatch):
