@@ -81,9 +81,10 @@ PER_EXAMPLE = ("masked_positions", "masked_labels", "keys", "group_mask")  # 2-D
 TOKENS = ("input_ids", "attention_mask", "token_type_ids")  # (rows, T): padded to the length bucket
 PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
            "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX,
-           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1,  # keys: a contrastive
-           "group_labels": np.nan, "group_mask": False}  # batch's text ids, (B, k) on the device: a padding
-# row's -1 marks it as no example; a reranker's padding queries have no candidate
+           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1,
+           "group_labels": np.nan, "group_mask": False}
+# keys: a contrastive batch's text ids, (B, k) on the device, a padding row's -1 marking it as no
+# example; group_labels and group_mask: a reranker's (Q, n) lists, none in a padding query
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
 LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
@@ -409,7 +410,8 @@ class JaxEngine(Engine):
         Padding examples repeat example 0's inputs (a real sequence: no all-masked attention row)
         and carry no label; the rows of a bi-encoder's two sentences (an embedding batch's k texts)
         are padded side by side, and an embedding batch's text ids `keys` become (A, B, k), -1 on
-        padding rows. A training batch gets the head's host inputs too (`TaskHead.host_inputs`)."""
+        padding rows; a reranker's lists are laid out as a grid by its head (`TaskHead.layout`).
+        A training batch gets the head's host inputs too (`TaskHead.host_inputs`)."""
         arrays = [{k: np.asarray(b[k]) for k in INPUTS + LAID_OUT if k in b} for b in batches]
         if self.head is not None:
             arrays = [self.head.layout(a) for a in arrays]

@@ -10,13 +10,13 @@ per example) to the torch task's `score`, so both engines report the same metric
 | task (settings)           | model                          | loss                          | outputs (per example) |
 | ------------------------- | ------------------------------ | ----------------------------- | --------------------- |
 | classification            | BERTForSequenceClassification  | cross-entropy, MSE for 1 label | logits (C,)          |
-| ..., label sets or class weights | BERTForSequenceClassification | BCE per label, weighted CE | logits (C,)         |
+| ..., label sets or weights | BERTForSequenceClassification | BCE per label, weighted CE   | logits (C,)           |
 | token-classification      | BERTForTokenClassification     | cross-entropy per tag          | logits (T, C)        |
 | qa                        | BERTForQuestionAnswering       | mean of start and end CE       | (2, T): start, end   |
 | similarity, cross-encoder | BERTForSequenceClassification  | MSE on the score               | (1,)                 |
 | similarity, bi-encoder    | BERTModel                      | cosine MSE, or CoSENT          | (2, H): u, v pooled  |
 | embedding                 | BERTModel (the `EmbeddingModel`'s encoder) | MNRL, or symmetric | (H,): one text pooled |
-| reranker                  | BERTForSequenceClassification, 1 output | BCE, ListNet or LambdaLoss | (1,): a pair's logit |
+| reranker                  | BERTForSequenceClassification  | BCE, ListNet or LambdaLoss     | (1,): a pair's logit |
 
 A bi-encoder's batch holds two sentences per example, all first sentences then all second ones
 (`SimilarityTask.collate`): `sides` = 2 tells the engine to pad each side's rows apart. An
@@ -45,6 +45,14 @@ Batch = Mapping[str, jax.Array]
 
 def inputs_of(batch: Batch) -> tuple:
     return batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids")
+
+
+def by_side(rows: jax.Array, sides: int) -> jax.Array:
+    """(sides, B, ...) of a batch's (sides B, ...) rows: each host lays out its examples side after
+    side (all first sentences, then all second ones), and the batch's rows are the hosts' in turn."""
+    hosts = jax.process_count()
+    per_host = rows.reshape(hosts, sides, -1, *rows.shape[1:])  # (hosts, sides, B / hosts, ...)
+    return jnp.swapaxes(per_host, 0, 1).reshape(sides, -1, *rows.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -218,7 +226,7 @@ class RerankHead(TaskHead):
     def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         mask = batch["group_mask"]  # (Q, n)
         logits = model(*inputs_of(batch), rngs=rngs)[:, 0].astype(jnp.float32)  # (n Q,)
-        scores = logits.reshape(mask.shape[1], mask.shape[0]).T  # (Q, n)
+        scores = by_side(logits, mask.shape[1]).T  # (Q, n)
         labels = jnp.where(mask, batch["group_labels"], 0.0)  # a padding query's are NaN
         return RANKING_LOSSES[self.loss_name](scores, labels, mask), {}
 
@@ -270,7 +278,7 @@ class PooledHead(TaskHead):
         """(sides, B, H) pooled vectors, float32."""
         hidden = model(*inputs_of(batch), rngs=rngs)  # (sides * B, T, H)
         vectors = pool(hidden, batch["attention_mask"], self.pooling)
-        return vectors.reshape(self.sides, -1, vectors.shape[-1])
+        return by_side(vectors, self.sides)
 
     def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         u, v = self.vectors(model, batch, rngs)
@@ -351,7 +359,7 @@ class ContrastiveHead(TaskHead):
         """(k, B, H) pooled vectors, float32 (k: the columns of `keys` (B, k))."""
         hidden = model(*inputs_of(batch), rngs=rngs)  # (k B, T, H)
         vectors = pool(hidden, batch["attention_mask"], self.pooling)
-        return vectors.reshape(batch["keys"].shape[1], -1, vectors.shape[-1])
+        return by_side(vectors, batch["keys"].shape[1])
 
     def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         columns = self.vectors(model, batch, rngs)

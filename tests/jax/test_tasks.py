@@ -17,7 +17,8 @@ nnx = pytest.importorskip("flax.nnx")
 
 from bert_kit import heads as torch_heads  # noqa: E402
 from bert_kit.jax.tasks import (RANKING_LOSSES, LabelsHead, PooledHead, RerankHead, SpanHead, TaskHead,  # noqa: E402
-                                cosent_loss, cosine_mse_loss, multi_label_loss, task_head, weighted_cross_entropy)
+                                by_side, cosent_loss, cosine_mse_loss, multi_label_loss, task_head,
+                                weighted_cross_entropy)
 from bert_kit.model import BERTModel  # noqa: E402
 from bert_kit.tasks import make_task  # noqa: E402
 from bert_kit.tasks.finetuning_config import FinetuneConfig  # noqa: E402
@@ -131,8 +132,8 @@ def test_label_set_and_class_weighted_losses_equal_torchs_and_leave_out_padding_
     # rows padding a batch: NaN label sets, -100 classes; neither loss moves, gradients stay finite
     pad_logits = np.concatenate([logits, logits[:2]])
     pad_sets = np.concatenate([sets, np.full((2, 4), np.nan, np.float32)])
-    assert abs(float(multi_label_loss(pad_logits, pad_sets, weights)) - float(multi_label_loss(logits, sets, weights))) \
-        <= 1e-6
+    unpadded = float(multi_label_loss(logits, sets, weights))
+    assert abs(float(multi_label_loss(pad_logits, pad_sets, weights)) - unpadded) <= 1e-6
     assert np.isfinite(np.asarray(jax.grad(lambda x: multi_label_loss(x, pad_sets, weights))(pad_logits))).all()
     pad_classes = np.concatenate([classes, [-100, -100]])
     assert abs(float(weighted_cross_entropy(pad_logits, pad_classes, weights)) - float(want)) <= 1e-6
@@ -198,6 +199,18 @@ def test_a_reranker_batch_is_laid_out_candidate_after_candidate():
     assert out["group_labels"][2, :2].tolist() == [0.0, 2.0] and "slots" not in out
     with pytest.raises(ValueError, match="holds 3 candidates for a query; the engine laid out 2"):
         RerankHead("reranker", candidates=2).layout(batch)
+
+
+
+def test_the_sides_of_a_batch_are_each_hosts_in_turn(monkeypatch):
+    """One host: its rows side after side. Two: each host's rows side after side, the hosts in turn
+    (as a batch's global rows hold them), so side 0 gathers both hosts' first sentences."""
+    rows = np.arange(8)  # (sides 2 x 4 examples)
+    assert by_side(rows, 2).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    # host A: a0 a1 (side 0) a0' a1' (side 1) = 0 1 2 3; host B: 4 5 6 7
+    assert by_side(rows, 2).tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert by_side(np.arange(16).reshape(8, 2), 2)[1, 2].tolist() == [12, 13]  # trailing axes kept
 
 
 def test_the_engine_pads_a_bi_encoders_sides_apart():
