@@ -1,0 +1,91 @@
+"""`bert-kit finetune ... engine=jax` over two processes (two hosts, each with one CPU device, joined
+by `jax.distributed` over Gloo): each step's loss equals one process's on the same global batch,
+for the tasks whose examples hold several rows (a bi-encoder's two sentences, an embedding pair's
+two texts, a reranker's candidates), which each host lays out side after side.
+
+Run: .venv/bin/python -m pytest tests/jax/test_engine_hosts.py -q -n 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+from bert_kit.config import BertConfig  # noqa: E402
+from bert_kit.model import BERTModel  # noqa: E402
+from bert_kit.tokenizer import get_tokenizer  # noqa: E402
+from tests.tasks.test_reranker import write_groups  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def train_losses(out: Path, settings: list[str], batch_size: int, processes: int) -> list[float]:
+    """The first two steps' losses of a run over `processes` processes, `batch_size` examples each."""
+    cmd = [sys.executable, "-m", "bert_kit", "finetune", *settings, "engine=jax", "device=cpu", "precision=fp32",
+           "lr=1e-3", "log_every=1", "max_steps=2", "eval_every=0", "max_length=32", "seed=3",
+           f"batch_size={batch_size}", f"output_dir={out}"]
+    env = {**os.environ, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    env.pop("XLA_FLAGS", None)  # one device a process
+    if processes == 1:
+        done = [subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)]
+    else:
+        hosts = {**env, "JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}", "JAX_NUM_PROCESSES": str(processes)}
+        runs = [subprocess.Popen(cmd, cwd=REPO, env={**hosts, "JAX_PROCESS_ID": str(i)}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for i in range(processes)]
+        done = []
+        for run in runs:
+            stdout, stderr = run.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr))
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in records if r["type"] == "train"]
+    assert [r["examples"] for r in train] == [batch_size * processes] * 2
+    return [r["loss"] for r in train]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, minilm_path):
+    folder = tmp_path_factory.mktemp("encoder")
+    torch.manual_seed(0)
+    BERTModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)).save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    return folder
+
+
+@pytest.mark.parametrize("task", ["bi-encoder", "embedding", "reranker"])
+def test_two_hosts_take_one_hosts_steps(encoder, data_dir, tmp_path, task):
+    rows = [line.split("\t") for line in (data_dir / "stsb" / "sts-train.csv").read_text().splitlines()[:48]]
+    if task == "bi-encoder":
+        train = tmp_path / "sts.csv"
+        train.write_text("\n".join("\t".join(r) for r in rows) + "\n")
+        settings = ["--task", "similarity", "similarity.mode=bi-encoder"]
+    elif task == "embedding":
+        train = tmp_path / "pairs.jsonl"
+        train.write_text("".join(json.dumps({"anchor": r[5], "positive": r[6]}) + "\n" for r in rows))
+        settings = ["--task", "embedding", "embedding.no_duplicates=false"]
+    else:
+        train = write_groups(tmp_path / "groups.jsonl", 16)
+        settings = ["--task", "reranker", "reranker.loss=listnet"]
+    settings = [*settings, f"model={encoder}", f"train_file={train}"]
+    one = train_losses(tmp_path / "one", settings, 8, 1)
+    two = train_losses(tmp_path / "two", settings, 4, 2)
+    assert max(abs(a - b) for a, b in zip(one, two)) <= 1e-5, (one, two)
