@@ -325,6 +325,30 @@ def contrastive_loss(columns: jax.Array, real: jax.Array, scale: float, symmetri
     return (loss + cross_entropy_at_diagonal(backward, real)) / 2
 
 
+def encode_in_pieces(model: nnx.Module, inputs: tuple, rngs: nnx.Rngs | None, rows: int, pooling: str) -> jax.Array:
+    """Pooled vectors (R, H) of a batch's R rows, `rows` at a time (GradCache, `embedding.cached`):
+    each piece's forward pass is run again in the backward (`jax.checkpoint` in a `lax.map`), so
+    one piece's activations are held at a time, and the gradients are the whole batch's. A piece's
+    dropout draws from the step's key folded with its index. inputs: (R, T) ids, mask, types."""
+    ids = inputs[0]
+    inputs = tuple(jnp.zeros_like(ids) if x is None else x for x in inputs)  # no token types: segment 0
+    R, T = ids.shape
+    pieces = -(-R // rows)
+    key = None if rngs is None else rngs.dropout()
+
+    def grid(x: jax.Array) -> jax.Array:  # (pieces, rows, T): the last piece filled with copies of row 0
+        return jnp.concatenate([x, jnp.repeat(x[:1], pieces * rows - R, axis=0)]).reshape(pieces, rows, T)
+
+    @jax.checkpoint
+    def piece(i: jax.Array, ids: jax.Array, mask: jax.Array, types: jax.Array) -> jax.Array:
+        piece_rngs = None if key is None else nnx.Rngs(dropout=jax.random.fold_in(key, i))
+        return pool(model(ids, mask, types, rngs=piece_rngs), mask, pooling)
+
+    grids = tuple(grid(x) for x in inputs)
+    vectors = jax.lax.map(lambda args: piece(*args), (jnp.arange(pieces), *grids))  # (pieces, rows, H)
+    return vectors.reshape(pieces * rows, -1)[:R]
+
+
 @dataclass(frozen=True)
 class ContrastiveHead(TaskHead):
     """An embedding model (task: embedding): the encoder's pooled vectors of a batch's k columns
@@ -340,6 +364,7 @@ class ContrastiveHead(TaskHead):
     # training pair (`training.contrastive.pair_codes`); host data, not part of the jitted programs
     pairs: np.ndarray | None = field(default=None, compare=False, repr=False)
     texts: int = 0
+    piece_rows: int = 0  # embedding.cached: the rows a forward pass takes (mini_batch_size); 0: all at once
 
     def trained(self, torch_model: Any) -> Any:
         return torch_model.bert  # an `EmbeddingModel` without a learned scale: its encoder is all it trains
@@ -357,8 +382,10 @@ class ContrastiveHead(TaskHead):
 
     def vectors(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> jax.Array:
         """(k, B, H) pooled vectors, float32 (k: the columns of `keys` (B, k))."""
-        hidden = model(*inputs_of(batch), rngs=rngs)  # (k B, T, H)
-        vectors = pool(hidden, batch["attention_mask"], self.pooling)
+        if self.piece_rows:
+            vectors = encode_in_pieces(model, inputs_of(batch), rngs, self.piece_rows, self.pooling)
+        else:
+            vectors = pool(model(*inputs_of(batch), rngs=rngs), batch["attention_mask"], self.pooling)  # (k B, H)
         return by_side(vectors, batch["keys"].shape[1])
 
     def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
@@ -388,7 +415,7 @@ def task_head(task: Any, train_items: list | None = None) -> TaskHead:
         return ContrastiveHead("embedding", pooling=e.pooling, scale=float(e.scale), symmetric=e.loss == "symmetric",
                                dims=dims, weights=tuple(e.matryoshka_weights or (1.0,) * len(dims)),
                                pairs=None if pairs is None else pairs.cpu().numpy(),
-                               texts=getattr(task, "num_texts", 0))
+                               texts=getattr(task, "num_texts", 0), piece_rows=e.mini_batch_size if e.cached else 0)
     if task.name == "qa":
         return SpanHead("qa")
     if task.name == "reranker":  # n: the most candidates a training group holds (pointwise: 1)

@@ -359,8 +359,7 @@ class FinetuneConfig(RunSettings):
         if self.engine != "jax" or self.task != "embedding":  # (task=reranker: `check_jax_settings`)
             return
         e = self.embedding
-        refused = [name for name, on in (("embedding.cached: true (GradCache)", e.cached),
-                                         ("embedding.scale: learned", e.scale == "learned"),
+        refused = [name for name, on in (("embedding.scale: learned", e.scale == "learned"),
                                          ("embedding.gather_across_ranks: false (its loss always sees every "
                                           "device's rows)", not e.gather_across_ranks)) if on]
         if refused:

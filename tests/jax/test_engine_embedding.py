@@ -146,8 +146,74 @@ def test_an_embedding_run_resumes_bit_for_bit(nli, tmp_path, minilm_path):
                                embedding={"loss": "symmetric"})
 
 
+def test_gradcache_takes_torchs_cached_steps_and_its_own_uncached_ones(encoder, nli, tmp_path):
+    """embedding.cached: pieces of 10 rows (the batches' 36 and 24 rows do not divide into them), the
+    whole batch's gradients: the torch engine's cached steps, and the JAX engine's uncached ones."""
+    train, dev = nli
+    settings = dict(train_file=str(train), validation_file=str(dev), max_train_examples=44, eval_every=0,
+                    embedding={"no_duplicates": False, "cached": True, "mini_batch_size": 10})
+    finetune(embedding(encoder, tmp_path / "torch", "torch", **settings))
+    finetune(embedding(encoder, tmp_path / "jax", "jax", **settings))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    settings["embedding"] = {"no_duplicates": False}
+    finetune(embedding(encoder, tmp_path / "whole", "jax", **settings))
+    assert_same_steps(tmp_path / "jax", tmp_path / "whole", 1e-5)
+
+
+def test_pieces_of_a_batch_give_its_vectors_and_gradients(encoder):
+    """encode_in_pieces, 7 rows in pieces of 3: the vectors and the gradients of every row at once,
+    within float rounding."""
+    from flax import nnx
+
+    from bert_kit.jax.model import BERTModel as JaxBERT
+    from bert_kit.jax.tasks import encode_in_pieces, pool
+    from bert_kit.jax.weights import from_torch
+    from bert_kit.model import BERTModel
+
+    model = from_torch(BERTModel.from_pretrained(encoder), JaxBERT)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, size=(7, 12)).astype(np.int32)
+    mask = (np.arange(12)[None] < rng.integers(4, 13, size=(7, 1))).astype(np.int32)
+    inputs = (ids, mask, np.zeros_like(ids))
+
+    def loss(m, pieces):
+        v = encode_in_pieces(m, inputs, None, 3, "mean") if pieces else pool(m(*inputs), mask, "mean")
+        return (v * np.linspace(-1, 1, v.size).reshape(v.shape)).sum(), v
+
+    (whole, v1), g1 = nnx.value_and_grad(lambda m: loss(m, False), has_aux=True)(model)
+    (piece, v2), g2 = nnx.value_and_grad(lambda m: loss(m, True), has_aux=True)(model)
+    assert np.abs(np.asarray(v1) - np.asarray(v2)).max() <= 1e-5 and abs(float(whole) - float(piece)) <= 1e-4
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-5 * max(1.0, float(np.abs(np.asarray(a)).max()))
+
+
+def test_pieces_hold_a_pieces_activations_not_the_batchs():
+    """What GradCache is for: XLA's own count of the gradient's scratch memory, 128 rows of 64
+    tokens through a 2-layer encoder, at once and in pieces of 16."""
+    from flax import nnx
+
+    from bert_kit.config import BertConfig
+    from bert_kit.jax.model import BERTModel as JaxBERT
+    from bert_kit.jax.tasks import encode_in_pieces, pool
+
+    model = JaxBERT(BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=128, max_position_embeddings=64), rngs=nnx.Rngs(0))
+    graph, state = nnx.split(model)
+    ids = np.random.default_rng(0).integers(5, 900, size=(128, 64)).astype(np.int32)
+    inputs = (ids, np.ones_like(ids), np.zeros_like(ids))
+
+    def scratch(pieces: bool) -> int:
+        def loss(state):
+            m = nnx.merge(graph, state)
+            v = encode_in_pieces(m, inputs, None, 16, "mean") if pieces else pool(m(*inputs), inputs[1], "mean")
+            return (v ** 2).sum()
+        return jax.jit(jax.grad(loss)).lower(state).compile().memory_analysis().temp_size_in_bytes
+
+    whole, pieces = scratch(False), scratch(True)
+    assert pieces * 4 < whole, (pieces, whole)
+
+
 @pytest.mark.parametrize("group, named", [
-    ({"cached": True}, "embedding.cached: true"),
     ({"scale": "learned"}, "embedding.scale: learned"),
     ({"gather_across_ranks": False}, "embedding.gather_across_ranks: false"),
 ])
@@ -159,7 +225,7 @@ def test_what_the_engine_does_not_train_is_refused_by_the_settings(group, named)
 
 def test_the_command_line_refuses_in_one_line_before_reading_anything(tmp_path, capsys):
     missing = tmp_path / "missing.jsonl"  # never read: the settings stop the run first
-    for extra, named in ((["embedding.cached=true"], "embedding.cached"), (["optimizer=lamb"], "optimizer=lamb")):
+    for extra, named in ((["embedding.scale=learned"], "embedding.scale"), (["optimizer=lamb"], "optimizer=lamb")):
         rc = cli(["finetune", "--task", "embedding", "model=no-such-model", f"train_file={missing}", "engine=jax",
                   f"output_dir={tmp_path / 'run'}", *extra])
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
