@@ -18,11 +18,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("jax")
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from bert_kit.config import BertConfig  # noqa: E402
-from bert_kit.model import BERTModel  # noqa: E402
-from bert_kit.tokenizer import get_tokenizer  # noqa: E402
+from tests.jax.test_engine_tasks import encoder  # noqa: E402,F401  (a fixture: a tiny encoder, dropout off)
 from tests.tasks.test_reranker import write_groups  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,17 +56,6 @@ def train_losses(out: Path, settings: list[str], batch_size: int, processes: int
     train = [r for r in records if r["type"] == "train"]
     assert [r["examples"] for r in train] == [batch_size * processes] * 2
     return [r["loss"] for r in train]
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory, minilm_path):
-    folder = tmp_path_factory.mktemp("encoder")
-    torch.manual_seed(0)
-    BERTModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)).save_pretrained(folder)
-    get_tokenizer(minilm_path).save(folder)
-    return folder
 
 
 @pytest.mark.parametrize("task", ["bi-encoder", "embedding", "reranker"])
