@@ -113,6 +113,12 @@ def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Ar
     return (w * nll).sum() / jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
 
 
+def binary_cross_entropy(x: jax.Array, y: jax.Array, pos_weight: jax.Array | float = 1.0) -> jax.Array:
+    """Elementwise -(pw y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))) of logits x and targets y,
+    as torch's `binary_cross_entropy_with_logits`."""
+    return pos_weight * y * jax.nn.softplus(-x) + (1.0 - y) * jax.nn.softplus(x)
+
+
 def multi_label_loss(logits: jax.Array, targets: jax.Array, pos_weight: jax.Array | None = None) -> jax.Array:
     """Binary cross-entropy of (B, C) logits against (B, C) 0/1 targets, the mean over every (text,
     label) of the rows that are examples (a padding row's targets are NaN), as
@@ -120,8 +126,7 @@ def multi_label_loss(logits: jax.Array, targets: jax.Array, pos_weight: jax.Arra
     x = logits.astype(jnp.float32)
     valid = ~jnp.isnan(targets[:, :1])  # (B, 1)
     y = jnp.where(valid, targets, 0.0)
-    positive = y * jax.nn.softplus(-x) * (1.0 if pos_weight is None else pos_weight)
-    terms = jnp.where(valid, positive + (1.0 - y) * jax.nn.softplus(x), 0.0)
+    terms = jnp.where(valid, binary_cross_entropy(x, y, 1.0 if pos_weight is None else pos_weight), 0.0)
     return terms.sum() / jnp.maximum(valid.sum() * x.shape[-1], 1)
 
 
@@ -148,8 +153,7 @@ def ranking_bce(scores: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Ar
     """Pointwise BCE of (Q, n) logits and labels clamped to [0, 1], over the real candidates
     (`training.ranking.binary_cross_entropy`)."""
     y = jnp.clip(jnp.where(mask, labels, 0.0), 0.0, 1.0)
-    terms = y * jax.nn.softplus(-scores) + (1.0 - y) * jax.nn.softplus(scores)
-    return jnp.where(mask, terms, 0.0).sum() / jnp.maximum(mask.sum(), 1)
+    return jnp.where(mask, binary_cross_entropy(scores, y), 0.0).sum() / jnp.maximum(mask.sum(), 1)
 
 
 def listnet_loss(scores: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
