@@ -389,9 +389,7 @@ class JaxEngine(Engine):
         for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
             batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
             self._step.ahead(abstract(self.state), abstract(self.frozen), spec(batch, stacked), lr)
-        evaluated = getattr(job, "eval_items", None)
-        if evaluated and isinstance(evaluated[0], dict) and "pairs" in evaluated[0]:  # a reranker scores pairs
-            evaluated = [pair for group in evaluated for pair in group["pairs"]]
+        evaluated = task.scored_items(getattr(job, "eval_items", None) or [])  # (a reranker's: its pairs)
         if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
             buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)

@@ -319,11 +319,16 @@ class Task:
         what `evaluate` computes from this engine's forward passes, and the JAX engine from its own."""
         raise NotImplementedError
 
+    def scored_items(self, items: Sequence[Any]) -> list:
+        """What the model runs on to score `items`, in order (`score` takes one output for each):
+        the items themselves, but where an item holds several (a reranker's query and its candidates)."""
+        return list(items)
+
     def score_outputs(self, items: Sequence[dict], outputs_of: Callable[[list], list]) -> dict[str, Any]:
         """Validation metrics of another engine's outputs (the JAX engine's): `outputs_of(share)` gives
-        one CPU tensor per item of this rank's share; every rank gets all rows (`shard_and_gather`),
-        which must be finite, then `score`."""
-        outputs = shard_and_gather(items, outputs_of)
+        one CPU tensor per scored item of this rank's share (`scored_items`); every rank gets all rows
+        (`shard_and_gather`), which must be finite, then `score`."""
+        outputs = shard_and_gather(self.scored_items(items), outputs_of)
         check_finite([torch.stack(outputs)] if outputs and outputs[0].ndim == 1 else outputs, None)
         return self.score(outputs, items)
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
 
 from bert_kit.data.classification import ClassificationDataset, pad_collate
 from bert_kit.retrieval.metrics import DEFAULT_CUTOFFS, mean_metrics, query_metrics, ranked
-from bert_kit.tasks.base import Task, build_model, check_finite, drop_empty_texts, encode, shard_and_gather
+from bert_kit.tasks.base import Task, build_model, drop_empty_texts, encode
 from bert_kit.training.ranking import binary_cross_entropy, lambda_loss, listnet_loss
 
 
@@ -139,21 +139,16 @@ class RerankerTask(Task):
         """One logit per pair of `items` (pair items), in their order (under torchrun, shared out)."""
         return torch.stack(self.outputs(model, items, precision, lambda m, b: encode(m, b, self.unpadded)))[:, 0]
 
-    def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
-        pairs = [pair for item in items for pair in item["pairs"]]
-        return self.score(list(self.logits(model, pairs, precision)), items)
+    def scored_items(self, items: Sequence[dict]) -> list:
+        """The pairs of every group, in order: one logit each."""
+        return [pair for item in items for pair in item["pairs"]]
 
-    def score_outputs(self, items: Sequence[dict], outputs_of: Callable[[list], list]) -> dict[str, Any]:
-        """The metrics of another engine's outputs (the JAX engine's): `outputs_of` gives one (1,)
-        logit per pair of the groups, as `logits` does."""
-        pairs = [pair for item in items for pair in item["pairs"]]
-        outputs = shard_and_gather(pairs, outputs_of)
-        check_finite([torch.stack(outputs)], None)
-        return self.score([row[0] for row in outputs], items)
+    def evaluate(self, model: nn.Module, items: Sequence[dict], precision: Any) -> dict[str, Any]:
+        return self.score(list(self.logits(model, self.scored_items(items), precision)), items)
 
     def score(self, outputs: Sequence[torch.Tensor], items: Sequence[dict]) -> dict[str, Any]:
-        """Each query's candidates ranked by their logits (`outputs`, one per pair in order), scored
-        against their labels: MTEB's ranking metrics, averaged over the queries."""
+        """Each query's candidates ranked by their logits (`outputs`, one per pair in order, a scalar
+        or (1,) each), scored against their labels: MTEB's ranking metrics, averaged over the queries."""
         per_query, at = {}, 0
         for q, item in enumerate(items):
             n = len(item["pairs"])
