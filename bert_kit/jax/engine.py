@@ -59,8 +59,8 @@ from bert_kit.jax.compilation import AheadOfTime, abstract, compiler_options, le
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.tasks import TaskHead, task_head
-from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
-                                resolve_devices, start_backend, task_loss)
+from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, initialize_distributed,
+                                resolve_devices, start_backend, task_loss, update_rule)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.distributed import use_processes
@@ -335,9 +335,8 @@ class JaxEngine(Engine):
             print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
-        self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
-                              optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
-                              optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
+        # AdamW's or LAMB's update without the lr: the step scales it by the schedule's
+        self.tx = update_rule(cfg.optimizer, tuple(cfg.betas), cfg.eps, cfg.weight_decay, cfg.clip_grad)
         programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head)
         options = compiler_options(devices[0].platform)
         self.init = jax.jit(programs.initial_state, out_shardings=self.replicated,

@@ -165,6 +165,21 @@ def decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def update_rule(optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                weight_decay: float = 0.01, clip_grad: float | None = 1.0) -> optax.GradientTransformation:
+    """The update the engine's step scales by -lr: global-norm clipping (0 or None: none), Adam's
+    bias-corrected direction plus decoupled weight decay on matrices (AdamW); for "lamb", each
+    matrix's update then scaled by ||p|| / ||update|| (1 where either is 0), as `bert_kit.training.optim.LAMB`
+    does (biases and LayerNorm take the plain step, as in its no-decay group)."""
+    if optimizer not in ("adamw", "lamb"):
+        raise ValueError(f"optimizer must be adamw or lamb, got {optimizer!r}")
+    rule = [optax.clip_by_global_norm(clip_grad) if clip_grad else optax.identity(),
+            optax.scale_by_adam(*betas, eps=eps), optax.add_decayed_weights(weight_decay, mask=decay_mask)]
+    if optimizer == "lamb":
+        rule.append(optax.masked(optax.scale_by_trust_ratio(), decay_mask))
+    return optax.chain(*rule)
+
+
 def create_optimizer(learning_rate: float | optax.Schedule, weight_decay: float = 0.01,
                      betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                      clip_grad: float | None = 1.0) -> optax.GradientTransformation:

@@ -93,7 +93,7 @@ class RunSettings:
     engine: Literal["torch", "jax"] = "torch"
     """torch: PyTorch (DDP/FSDP2 under torchrun). jax: the same model in JAX (`pip install
     "bert-kit[jax]"`), one jitted step data parallel over every local device, each batch split
-    over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true or
+    over them; not with parallel=fsdp, precision=fp16, cuda_graphs=true or
     compile_tuning=true (docs/jax.md)"""
     jax_cache: str | bool | None = None
     """engine=jax: the folder that keeps compiled programs between runs (default $BERT_KIT_JAX_CACHE,
@@ -146,7 +146,6 @@ class RunSettings:
 # `low_precision_residual` are accepted: JAX always compiles its step, and masks padding itself
 JAX_UNSUPPORTED = (
     ("parallel", "fsdp", "the JAX engine replicates the model over its devices"),
-    ("optimizer", "lamb", "it trains with AdamW"),
     ("precision", "fp16", "it computes in bf16 or fp32"),
     ("cuda_graphs", True, "XLA schedules its own kernels"),
     ("compile_tuning", True, "a torch.compile option"),

@@ -17,6 +17,8 @@ import pytest
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 
+from safetensors.torch import load_file  # noqa: E402
+
 from bert_kit.checks import ConfigError  # noqa: E402
 from bert_kit.cli import main as cli  # noqa: E402
 from bert_kit.config import BertConfig  # noqa: E402
@@ -104,6 +106,25 @@ def test_classification_takes_torchs_steps_and_evaluate_agrees(encoder, sst2, tm
         finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, **files), resume="latest")
     with pytest.raises(ValueError, match=r"step-0000004 was written by engine=torch: resume it with engine=torch"):
         finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, force_resume=True, **files), resume="latest")
+
+
+def test_lamb_takes_torchs_steps(encoder, sst2, tmp_path):
+    """optimizer=lamb: each matrix's update scaled by its trust ratio, biases and LayerNorm not
+    (`bert_kit.training.optim.LAMB`); decay on, so the decoupled term enters the ratio."""
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), optimizer="lamb", weight_decay=0.1, lr=1e-2)
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    end = "checkpoints/step-0000004/model.safetensors"
+    got, expected = (load_file(tmp_path / run / end) for run in ("jax", "torch"))
+    assert sorted(got) == sorted(expected)
+    for name in expected:  # (Adam's m / sqrt(v) on rare tokens' rows amplifies float noise to ~6e-5)
+        torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4, msg=name)
+    # AdamW's steps are not these: the ratio moves the weights
+    finetune(config(encoder, tmp_path / "adamw", "jax", **{**files, "optimizer": "adamw"}))
+    adamw = load_file(tmp_path / "adamw" / end)
+    assert max((adamw[n] - expected[n]).abs().max().item() for n in expected) > 1e-3
 
 
 def test_long_texts_in_windows_take_torchs_steps_and_pool_alike(encoder, sst2, tmp_path):
