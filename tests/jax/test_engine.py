@@ -150,7 +150,7 @@ def test_a_time_budget_ends_a_jax_run_and_drives_its_schedule(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("setting, named", [
-    ("optimizer=lamb", "optimizer=lamb"), ("precision=fp16", "precision=fp16"), ("parallel=fsdp", "parallel=fsdp"),
+    ("optimizer=lamb", "optimizer=lamb"), ("precision=fp16", "precision=fp16"),
     ("compile_tuning=true", "compile_tuning=true"),
 ])
 def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, tmp_path, capsys):
@@ -170,6 +170,7 @@ def test_settings_refused_together_and_every_task_accepted():
         assert FinetuneConfig(engine="jax", task=task, model="bert-tiny").task == task
     # what a JAX run does anyway is accepted: it compiles its step, and masks padding itself
     assert PretrainConfig(engine="jax", compile=True, cuda_graphs="auto", low_precision_residual=True).engine == "jax"
+    assert PretrainConfig(engine="jax", parallel="fsdp").parallel == "fsdp"  # tests/jax/test_engine_fsdp.py
     assert FinetuneConfig(engine="jax", model="bert-tiny", unpadded=True, cuda_graphs="auto").unpadded
 
 
