@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import threading
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
@@ -320,6 +322,42 @@ def initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
         return False
     jax.distributed.initialize(**settings)
     return True
+
+
+class JaxProcesses:
+    """bert-kit's rank helpers (`bert_kit.training.distributed`) over the processes of a JAX run on
+    several hosts (`jax.distributed`): one process per host, rank = `jax.process_index()`."""
+
+    def rank(self) -> int:
+        return jax.process_index()
+
+    def world_size(self) -> int:
+        return jax.process_count()
+
+    def barrier(self) -> None:
+        multihost_utils.sync_global_devices("bert-kit")
+
+    def gather(self, values: list[float]) -> np.ndarray:
+        """(processes, len(values)) float64: each process's values, exactly (sent as uint32 pairs)."""
+        local = np.asarray(values, np.float64).view(np.uint32)
+        return np.asarray(multihost_utils.process_allgather(local)).view(np.float64)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int32)))[:, 0]
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[:len(data)] = data
+        everything = np.asarray(multihost_utils.process_allgather(padded))
+        return [pickle.loads(everything[i, :n].tobytes()) for i, n in enumerate(sizes)]
+
+
+def join_processes() -> None:
+    """A run on several hosts: join the other processes (`initialize_distributed`: JAX_* or
+    torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
+    from bert_kit.training.distributed import use_processes
+
+    if initialize_distributed() and jax.process_count() > 1:
+        use_processes(JaxProcesses())
 
 
 def start_backend(device: str) -> threading.Thread | None:
