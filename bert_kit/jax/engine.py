@@ -60,8 +60,8 @@ from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
-from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, join_processes, resolve_devices,
-                                start_backend, task_loss, update_rule)
+from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
+                                resolve_devices, start_backend, task_loss, update_rule)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.engine import Engine
@@ -93,14 +93,15 @@ LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects 
 class JaxPrecision:
     """What the engine computes in, and where (results.json's "precision")."""
 
-    name: str  # "bf16" or "fp32": the compute dtype (master weights and optimizer are float32)
+    name: str  # "bf16", "fp16" or "fp32": the compute dtype (master weights and optimizer are float32)
     devices: list
     reason: str
 
     def __str__(self) -> str:
         kinds = sorted({d.device_kind for d in self.devices})
         where = f"{len(self.devices)} {self.devices[0].platform} device(s) ({', '.join(kinds)})"
-        return f"JAX {self.name} compute, fp32 weights, on {where} ({self.reason})"
+        scaling = " + dynamic loss scaling" if self.name == "fp16" else ""
+        return f"JAX {self.name} compute{scaling}, fp32 weights, on {where} ({self.reason})"
 
 
 class StepState(NamedTuple):
@@ -117,6 +118,7 @@ class StepState(NamedTuple):
     in_a_row: jax.Array  # ... of which the latest came in a row
     first_bad: jax.Array  # the first step (1-based) that must stop the run; 0 while none
     bad: dict[str, jax.Array]  # its losses and gradient norm
+    loss_scale: LossScale  # fp16's; 1 otherwise
 
 
 def write_state(folder: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -193,7 +195,7 @@ class Programs:
 
         return StepState(zero(jnp.int32), params, self.tx.init(params), key, {k: zero() for k in self.names},
                          zero(), zero(jnp.int32), zero(jnp.int32), zero(jnp.int32),
-                         {k: zero() for k in (*self.names, "grad_norm")})
+                         {k: zero() for k in (*self.names, "grad_norm")}, LossScale.initial(self.dtype))
 
     def model_at(self, frozen: nnx.State, params: nnx.State) -> nnx.Module:
         """The model of these weights, in the compute dtype (a float32 copy gets float32 gradients).
@@ -209,13 +211,15 @@ class Programs:
         """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`;
         returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
         key = jax.random.fold_in(state.key, state.step)
+        scaling = LossScale.dynamic(self.dtype)  # fp16: the gradients of loss * scale, then / scale
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
-            def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
+            def loss_of(params: nnx.State) -> tuple[jax.Array, tuple]:
                 rngs = nnx.Rngs(dropout=jax.random.fold_in(key, index))
-                return self.loss(self.model_at(frozen, params), micro, rngs)
+                loss, parts = self.loss(self.model_at(frozen, params), micro, rngs)
+                return (loss * state.loss_scale.scale if scaling else loss), (loss, parts)
 
-            (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+            (_, (loss, parts)), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
             return {"loss": loss, **parts}, grads
 
         accum = batch["input_ids"].shape[0]
@@ -228,26 +232,32 @@ class Programs:
             zeros = (dict.fromkeys(self.names, jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, state.params))
             total, _ = jax.lax.scan(add, zeros, (batch, jnp.arange(accum)))
             losses, grads = jax.tree.map(lambda x: x / accum, total)
+        if scaling:
+            grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
 
-        # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`)
+        # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`); under
+        # fp16 an overflowed gradient is the scale's to handle, as torch's GradScaler does
         grad_norm = optax.global_norm(grads)
         loss_ok = jnp.all(jnp.stack([jnp.isfinite(v) for v in losses.values()]))
-        bad_grad = loss_ok & ~jnp.isfinite(grad_norm)
+        overflow = loss_ok & ~jnp.isfinite(grad_norm)
+        bad_grad = jnp.zeros((), bool) if scaling else overflow
         in_a_row = jnp.where(bad_grad, state.in_a_row + 1, 0)
         stop = ~loss_ok | (in_a_row >= MAX_SKIPPED_IN_A_ROW)
         first = stop & (state.first_bad == 0)
         first_bad = jnp.where(first, state.step + 1, state.first_bad)
         seen = {**losses, "grad_norm": grad_norm}
         bad = {k: jnp.where(first, seen[k], v) for k, v in state.bad.items()}
-        skip = (first_bad != 0) | bad_grad  # from the first bad step on, nothing moves
+        skip = (first_bad != 0) | overflow  # from the first bad step on, nothing moves
+        loss_scale = state.loss_scale.update(~overflow) if scaling else state.loss_scale
 
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, jax.tree.map(lambda u: -lr * u, updates))
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new),
                                          (params, opt_state), (state.params, state.opt_state))
         sums = {k: state.sums[k] + losses[k] for k in self.names}
-        return StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm,
-                         state.skipped + bad_grad.astype(jnp.int32), in_a_row, first_bad, bad), state.step + 1
+        skipped = state.skipped + bad_grad.astype(jnp.int32)
+        return (StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm, skipped, in_a_row, first_bad,
+                          bad, loss_scale), state.step + 1)
 
     def outputs(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
         """The task's outputs of a batch, one row per example, float32, no dropout."""
@@ -507,7 +517,8 @@ class JaxEngine(Engine):
         s = self.state
         leaves = jax.tree_util.tree_flatten_with_path(s.opt_state)[0]
         arrays = {f"opt_state{jax.tree_util.keystr(path)}": leaf for path, leaf in leaves}
-        arrays.update(step=s.step, key=jax.random.key_data(s.key), skipped=s.skipped, in_a_row=s.in_a_row)
+        arrays.update(step=s.step, key=jax.random.key_data(s.key), skipped=s.skipped, in_a_row=s.in_a_row,
+                      loss_scale=s.loss_scale.scale, good_steps=s.loss_scale.good_steps)
         return to_host(arrays)
 
     def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
@@ -536,6 +547,8 @@ class JaxEngine(Engine):
         opt_state = jax.tree_util.tree_unflatten(treedef, [arrays[n] for n in names])
         restored = fresh._replace(step=arrays["step"], opt_state=opt_state, skipped=arrays["skipped"],
                                   in_a_row=arrays["in_a_row"])
+        if "loss_scale" in arrays:  # (checkpoints before fp16 have none: their runs' scale is 1)
+            restored = restored._replace(loss_scale=LossScale(arrays["loss_scale"], arrays["good_steps"]))
         self.state = jax.device_put(restored, self.layout)  # host arrays, each sharded as the run's
         self.skipped_before = int(arrays["skipped"])
 

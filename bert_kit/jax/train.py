@@ -45,7 +45,7 @@ from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, _TiedMLM
 
 IGNORE_INDEX = -100
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 SCHEDULES = ("linear", "cosine", "constant")
 
 
@@ -190,6 +190,38 @@ def create_optimizer(learning_rate: float | optax.Schedule, weight_decay: float 
     return optax.chain(optax.clip_by_global_norm(clip_grad), tx) if clip_grad else tx
 
 
+# fp16's dynamic loss scaling, inside the step, with torch.amp.GradScaler's defaults: both engines
+# scale, skip and grow alike
+INIT_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000
+
+
+class LossScale(NamedTuple):
+    """fp16's 5-bit exponent flushes small gradients to zero: the loss is multiplied by `scale`
+    before the backward pass and the gradients divided by it after. A step whose gradients
+    overflowed (the loss finite) is skipped and the scale halved; after `GROWTH_INTERVAL` finite
+    steps in a row it doubles. bf16 and fp32 keep a scale of 1 that no step reads (`dynamic`)."""
+
+    scale: jax.Array  # () float32
+    good_steps: jax.Array  # () int32: finite steps since the scale last changed
+
+    @staticmethod
+    def dynamic(dtype: jnp.dtype) -> bool:
+        """Whether a step computing in `dtype` scales its loss: fp16 only."""
+        return jnp.dtype(dtype) == jnp.float16
+
+    @classmethod
+    def initial(cls, dtype: jnp.dtype) -> LossScale:
+        return cls(jnp.asarray(INIT_SCALE if cls.dynamic(dtype) else 1.0, jnp.float32), jnp.zeros((), jnp.int32))
+
+    def update(self, finite: jax.Array) -> LossScale:
+        """After a step: halve on overflow, double after `GROWTH_INTERVAL` finite steps in a row
+        (torch's `_amp_update_scale_`)."""
+        good = self.good_steps + 1
+        grow = finite & (good >= GROWTH_INTERVAL)
+        scale = jnp.where(finite, jnp.where(grow, self.scale * GROWTH_FACTOR, self.scale), self.scale * BACKOFF_FACTOR)
+        return LossScale(scale, jnp.where(finite & ~grow, good, 0).astype(jnp.int32))
+
+
 # ---- state, sharding and the step ----------------------------------------------------------------
 
 class TrainState(NamedTuple):
@@ -254,8 +286,12 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
 
     metrics: loss, its parts (mlm_loss, nsp_loss), grad_norm (before clipping), all device scalars;
     with return_grads, also "grads" (shaped as the parameters: for tests and debugging).
-    precision: "fp32", or "bf16" (bfloat16 forward and backward, float32 weights and updates).
+    precision: "fp32", or "bf16" (bfloat16 forward and backward, float32 weights and updates);
+    fp16 needs loss scaling: the engine's step has it (`engine=jax precision=fp16`).
     """
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"make_train_step computes in fp32 or bf16, not {precision!r} (fp16, with its loss "
+                         "scaling: the engine, engine=jax precision=fp16)")
     compute_dtype = DTYPES[precision]
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:

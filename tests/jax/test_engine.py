@@ -150,8 +150,7 @@ def test_a_time_budget_ends_a_jax_run_and_drives_its_schedule(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("setting, named", [
-    ("precision=fp16", "precision=fp16"),
-    ("compile_tuning=true", "compile_tuning=true"),
+    ("compile_tuning=true", "compile_tuning=true"), ("cuda_graphs=true", "cuda_graphs=true"),
 ])
 def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, tmp_path, capsys):
     cfg = jax_config(tmp_path, "refused")
@@ -164,8 +163,8 @@ def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, t
 
 
 def test_settings_refused_together_and_every_task_accepted():
-    with pytest.raises(ConfigError, match=r"engine=jax does not support precision=fp16, cuda_graphs=true \("):
-        PretrainConfig(engine="jax", precision="fp16", compile=True, cuda_graphs=True)
+    with pytest.raises(ConfigError, match=r"engine=jax does not support cuda_graphs=true, compile_tuning=true \("):
+        PretrainConfig(engine="jax", compile=True, cuda_graphs=True, compile_tuning=True)
     for task in ("classification", "token-classification", "qa", "similarity", "embedding"):
         assert FinetuneConfig(engine="jax", task=task, model="bert-tiny").task == task
     # what a JAX run does anyway is accepted: it compiles its step, and masks padding itself
