@@ -9,8 +9,9 @@ checkpoints, best/ and final/ are written by the same code as the torch engine's
 
 One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> state`:
 - the batch is the step's micro-batches stacked on a leading axis (A, B, ...), split over every
-  device on B (a `Mesh` with one "data" axis; the state is replicated and XLA adds the gradient
-  all-reduce); A > 1 is gradient accumulation, a `lax.scan` over the micro-batches;
+  device on B (a `Mesh` with one "data" axis); the state is replicated and XLA adds the gradient
+  all-reduce, or under `parallel: fsdp` the weights and optimizer state are sharded over the axis
+  (`bert_kit.jax.sharding`); A > 1 is gradient accumulation, a `lax.scan` over the micro-batches;
 - bf16 compute from float32 master weights (`train.cast`), AdamW with torch's decay mask, global
   norm clipping, and the lr an argument: no recompilation when it changes, and no host sync;
 - the model runs the kernels of its devices (`kernels.fast_path.apply`: on GPUs, attention fused
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import warnings
 import weakref
 from collections import deque
@@ -58,12 +58,12 @@ from bert_kit.checks import CorruptFileError
 from bert_kit.jax.compilation import AheadOfTime, abstract, compiler_options, length_bucket, use_compilation_cache
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, _TiedMLM
+from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
-from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, _cross_entropy_sum, cast, decay_mask, initialize_distributed,
-                                resolve_devices, start_backend, task_loss)
+from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
+                                resolve_devices, start_backend, task_loss, update_rule)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
-from bert_kit.training.distributed import use_processes
 from bert_kit.training.engine import Engine
 from bert_kit.training.losses import mlm_metrics
 from bert_kit.training.precision import Precision, resolve_precision
@@ -93,18 +93,20 @@ LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects 
 class JaxPrecision:
     """What the engine computes in, and where (results.json's "precision")."""
 
-    name: str  # "bf16" or "fp32": the compute dtype (master weights and optimizer are float32)
+    name: str  # "bf16", "fp16" or "fp32": the compute dtype (master weights and optimizer are float32)
     devices: list
     reason: str
 
     def __str__(self) -> str:
         kinds = sorted({d.device_kind for d in self.devices})
         where = f"{len(self.devices)} {self.devices[0].platform} device(s) ({', '.join(kinds)})"
-        return f"JAX {self.name} compute, fp32 weights, on {where} ({self.reason})"
+        scaling = " + dynamic loss scaling" if self.name == "fp16" else ""
+        return f"JAX {self.name} compute{scaling}, fp32 weights, on {where} ({self.reason})"
 
 
 class StepState(NamedTuple):
-    """Everything a step updates, one replicated pytree (donated to the step, saved with a checkpoint)."""
+    """Everything a step updates, one pytree (donated to the step, saved with a checkpoint); replicated
+    but for params and opt_state under fsdp."""
 
     step: jax.Array  # () int32: optimizer steps taken (skipped ones too)
     params: nnx.State  # the trained float32 master weights
@@ -116,40 +118,14 @@ class StepState(NamedTuple):
     in_a_row: jax.Array  # ... of which the latest came in a row
     first_bad: jax.Array  # the first step (1-based) that must stop the run; 0 while none
     bad: dict[str, jax.Array]  # its losses and gradient norm
+    loss_scale: LossScale  # fp16's; 1 otherwise
 
 
-class JaxProcesses:
-    """bert-kit's rank helpers (`bert_kit.training.distributed`) over the processes of a JAX run on
-    several hosts (`jax.distributed`): one process per host, rank = `jax.process_index()`."""
+def write_state(folder: Path, arrays: dict[str, np.ndarray]) -> None:
+    """optimizer.safetensors in a checkpoint folder (`JaxEngine.saved_state`)."""
+    from safetensors.numpy import save_file
 
-    def rank(self) -> int:
-        return jax.process_index()
-
-    def world_size(self) -> int:
-        return jax.process_count()
-
-    def barrier(self) -> None:
-        multihost_utils.sync_global_devices("bert-kit")
-
-    def gather(self, values: list[float]) -> np.ndarray:
-        """(processes, len(values)) float64: each process's values, exactly (sent as uint32 pairs)."""
-        local = np.asarray(values, np.float64).view(np.uint32)
-        return np.asarray(multihost_utils.process_allgather(local)).view(np.float64)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        data = np.frombuffer(pickle.dumps(obj), np.uint8)
-        sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int32)))[:, 0]
-        padded = np.zeros(int(sizes.max()), np.uint8)
-        padded[:len(data)] = data
-        everything = np.asarray(multihost_utils.process_allgather(padded))
-        return [pickle.loads(everything[i, :n].tobytes()) for i, n in enumerate(sizes)]
-
-
-def join_processes() -> None:
-    """A run on several hosts: join the other processes (`train.initialize_distributed`: JAX_* or
-    torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
-    if initialize_distributed() and jax.process_count() > 1:
-        use_processes(JaxProcesses())
+    save_file(arrays, str(folder / STATE_FILE))
 
 
 def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:
@@ -204,11 +180,13 @@ def likely_buckets(lengths: np.ndarray, batch: int, batches: int, max_length: in
 class Programs:
     """What the engine jits: pure functions of their arguments and of the model's graph, compute
     dtype, optimizer, loss names and task head (no reference to the run: JAX's caches may keep them).
-    head: a fine-tuning task's loss and outputs (`bert_kit.jax.tasks`); None for pretraining (MLM)."""
+    head: a fine-tuning task's loss and outputs (`bert_kit.jax.tasks`); None for pretraining (MLM).
+    gathered: under fsdp, the replicated sharding the weights are gathered to where the model reads them."""
 
     def __init__(self, graphdef: nnx.GraphDef, dtype: jnp.dtype, tx: optax.GradientTransformation,
-                 names: tuple[str, ...], head: TaskHead | None = None) -> None:
+                 names: tuple[str, ...], head: TaskHead | None = None, gathered: NamedSharding | None = None) -> None:
         self.graphdef, self.dtype, self.tx, self.names, self.head = graphdef, dtype, tx, names, head
+        self.gathered = gathered
         self.loss = head.loss if head is not None else task_loss
 
     def initial_state(self, params: nnx.State, key: jax.Array) -> StepState:
@@ -217,24 +195,31 @@ class Programs:
 
         return StepState(zero(jnp.int32), params, self.tx.init(params), key, {k: zero() for k in self.names},
                          zero(), zero(jnp.int32), zero(jnp.int32), zero(jnp.int32),
-                         {k: zero() for k in (*self.names, "grad_norm")})
+                         {k: zero() for k in (*self.names, "grad_norm")}, LossScale.initial(self.dtype))
 
     def model_at(self, frozen: nnx.State, params: nnx.State) -> nnx.Module:
-        """The model of these weights, in the compute dtype (a float32 copy gets float32 gradients)."""
-        return nnx.merge(self.graphdef, cast(frozen, self.dtype), cast(params, self.dtype))
+        """The model of these weights, in the compute dtype (a float32 copy gets float32 gradients).
+        Sharded weights are gathered whole after the cast (bf16: half the bytes to move), so the batch
+        stays split as under ddp; their gradients come back reduce-scattered into the shards."""
+        params = cast(params, self.dtype)
+        if self.gathered is not None:
+            params = jax.lax.with_sharding_constraint(params, self.gathered)
+        return nnx.merge(self.graphdef, cast(frozen, self.dtype), params)
 
     def train_step(self, state: StepState, frozen: nnx.State, batch: dict[str, jax.Array],
                    lr: jax.Array) -> tuple[StepState, jax.Array]:
         """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`;
         returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
         key = jax.random.fold_in(state.key, state.step)
+        scaling = LossScale.dynamic(self.dtype)  # fp16: the gradients of loss * scale, then / scale
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
-            def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
+            def loss_of(params: nnx.State) -> tuple[jax.Array, tuple]:
                 rngs = nnx.Rngs(dropout=jax.random.fold_in(key, index))
-                return self.loss(self.model_at(frozen, params), micro, rngs)
+                loss, parts = self.loss(self.model_at(frozen, params), micro, rngs)
+                return (loss * state.loss_scale.scale if scaling else loss), (loss, parts)
 
-            (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+            (_, (loss, parts)), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
             return {"loss": loss, **parts}, grads
 
         accum = batch["input_ids"].shape[0]
@@ -247,26 +232,32 @@ class Programs:
             zeros = (dict.fromkeys(self.names, jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, state.params))
             total, _ = jax.lax.scan(add, zeros, (batch, jnp.arange(accum)))
             losses, grads = jax.tree.map(lambda x: x / accum, total)
+        if scaling:
+            grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
 
-        # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`)
+        # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`); under
+        # fp16 an overflowed gradient is the scale's to handle, as torch's GradScaler does
         grad_norm = optax.global_norm(grads)
         loss_ok = jnp.all(jnp.stack([jnp.isfinite(v) for v in losses.values()]))
-        bad_grad = loss_ok & ~jnp.isfinite(grad_norm)
+        overflow = loss_ok & ~jnp.isfinite(grad_norm)
+        bad_grad = jnp.zeros((), bool) if scaling else overflow
         in_a_row = jnp.where(bad_grad, state.in_a_row + 1, 0)
         stop = ~loss_ok | (in_a_row >= MAX_SKIPPED_IN_A_ROW)
         first = stop & (state.first_bad == 0)
         first_bad = jnp.where(first, state.step + 1, state.first_bad)
         seen = {**losses, "grad_norm": grad_norm}
         bad = {k: jnp.where(first, seen[k], v) for k, v in state.bad.items()}
-        skip = (first_bad != 0) | bad_grad  # from the first bad step on, nothing moves
+        skip = (first_bad != 0) | overflow  # from the first bad step on, nothing moves
+        loss_scale = state.loss_scale.update(~overflow) if scaling else state.loss_scale
 
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, jax.tree.map(lambda u: -lr * u, updates))
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(skip, old, new),
                                          (params, opt_state), (state.params, state.opt_state))
         sums = {k: state.sums[k] + losses[k] for k in self.names}
-        return StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm,
-                         state.skipped + bad_grad.astype(jnp.int32), in_a_row, first_bad, bad), state.step + 1
+        skipped = state.skipped + bad_grad.astype(jnp.int32)
+        return (StepState(state.step + 1, params, opt_state, state.key, sums, grad_norm, skipped, in_a_row, first_bad,
+                          bad, loss_scale), state.step + 1)
 
     def outputs(self, frozen: nnx.State, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
         """The task's outputs of a batch, one row per example, float32, no dropout."""
@@ -335,14 +326,20 @@ class JaxEngine(Engine):
             print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
-        self.tx = optax.chain(optax.clip_by_global_norm(cfg.clip_grad) if cfg.clip_grad else optax.identity(),
-                              optax.scale_by_adam(*cfg.betas, eps=cfg.eps),
-                              optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))  # the lr: in the step
-        programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head)
+        # AdamW's or LAMB's update without the lr: the step scales it by the schedule's
+        self.tx = update_rule(cfg.optimizer, tuple(cfg.betas), cfg.eps, cfg.weight_decay, cfg.clip_grad)
+        fsdp = getattr(cfg, "parallel", "ddp") == "fsdp"
+        programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head,
+                            self.replicated if fsdp else None)
         options = compiler_options(devices[0].platform)
-        self.init = jax.jit(programs.initial_state, out_shardings=self.replicated,
+        key = jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32))  # key(seed)
+        self.layout = self.state_layout(jax.eval_shape(programs.initial_state, params, key), fsdp)
+        self.init = jax.jit(programs.initial_state, out_shardings=self.layout,
                             compiler_options=options)  # one program, not one per leaf
-        self.state = self.init(params, jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32)))  # key(seed)
+        self.state = self.init(params, key)
+        if fsdp and jax.process_index() == 0:
+            print(describe_fsdp(self.state.params, self.state.opt_state, (self.layout.params, self.layout.opt_state),
+                                len(devices)), flush=True)
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
         self.in_flight: deque[jax.Array] = deque()
@@ -351,17 +348,25 @@ class JaxEngine(Engine):
         self.pool = ThreadPoolExecutor(max(1, min(4, (os.cpu_count() or 2) // 2)), thread_name_prefix="compile")
         weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)  # a run's end drops the rest
         show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
-        self._step = AheadOfTime(jax.jit(programs.train_step, in_shardings=(self.replicated, self.replicated,
-                                                                            stacked, self.replicated),
-                                         out_shardings=self.replicated, donate_argnums=0, compiler_options=options),
+        rep, weights = self.replicated, self.layout.params
+        self._step = AheadOfTime(jax.jit(programs.train_step, in_shardings=(self.layout, rep, stacked, rep),
+                                         out_shardings=(self.layout, rep), donate_argnums=0, compiler_options=options),
                                  2, self.pool, show)
-        self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(self.replicated, self.replicated, batch),
+        self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(rep, weights, batch),
                                             out_shardings=batch, compiler_options=options), 2, self.pool, show)
-        self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(self.replicated, self.replicated, batch),
-                                             out_shardings=self.replicated, compiler_options=options),
-                                     2, self.pool, show)
+        self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(rep, weights, batch),
+                                             out_shardings=rep, compiler_options=options), 2, self.pool, show)
         if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
             self.compile_ahead(job)
+
+    def state_layout(self, state: StepState, fsdp: bool) -> StepState:
+        """The sharding of each leaf of the (abstract) state: replicated, but for the trained weights
+        and the optimizer state under fsdp (`bert_kit.jax.sharding`)."""
+        layout = replicated_shardings(state, self.mesh)
+        if not fsdp:
+            return layout
+        return layout._replace(params=fsdp_shardings(state.params, self.mesh),
+                               opt_state=fsdp_shardings(state.opt_state, self.mesh))
 
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
@@ -492,27 +497,29 @@ class JaxEngine(Engine):
             raise NonFiniteLossError(first_bad, {k: float(bad[k]) for k in (*self.names, "grad_norm")})
 
     def weights_to_torch(self) -> None:
-        """The current weights into the job's PyTorch model (which the run's folders are written from)."""
-        model = nnx.merge(self.graphdef, self.frozen, self.state.params)
+        """The current weights into the job's PyTorch model (which the run's folders are written from);
+        every process calls it (sharded weights are gathered)."""
+        model = nnx.merge(self.graphdef, *to_host((self.frozen, self.state.params)))
         copy_into_torch(torch_state_dict(model), self.model)
 
     def checkpoint_state(self) -> dict[str, Any]:
         self.weights_to_torch()
-        return {"engine": self.name, "files": self.write_state}
+        arrays = self.saved_state()  # now, on every process: the next steps donate the state's buffers
+        return {"engine": self.name, "files": lambda folder: write_state(folder, arrays)}
 
     def model_state(self) -> dict | None:
         self.weights_to_torch()
         return None
 
-    def write_state(self, folder: Path) -> None:
-        """optimizer.safetensors: the optax state (by its paths), step, dropout key and counters."""
-        from safetensors.numpy import save_file
-
+    def saved_state(self) -> dict[str, np.ndarray]:
+        """What optimizer.safetensors holds: the optax state (by its paths, gathered whole), step,
+        dropout key and counters. Every process calls it."""
         s = self.state
         leaves = jax.tree_util.tree_flatten_with_path(s.opt_state)[0]
         arrays = {f"opt_state{jax.tree_util.keystr(path)}": leaf for path, leaf in leaves}
-        arrays.update(step=s.step, key=jax.random.key_data(s.key), skipped=s.skipped, in_a_row=s.in_a_row)
-        save_file({k: np.array(v) for k, v in jax.device_get(arrays).items()}, str(folder / STATE_FILE))
+        arrays.update(step=s.step, key=jax.random.key_data(s.key), skipped=s.skipped, in_a_row=s.in_a_row,
+                      loss_scale=s.loss_scale.scale, good_steps=s.loss_scale.good_steps)
+        return to_host(arrays)
 
     def load_checkpoint(self, checkpoint: Path, state: dict) -> None:
         from safetensors import SafetensorError
@@ -537,10 +544,12 @@ class JaxEngine(Engine):
         if wrong:
             raise ValueError(f"{checkpoint / STATE_FILE} does not match this run's model and optimizer "
                              f"({len(wrong)} state arrays missing or of another shape, e.g. {wrong[0]})")
-        opt_state = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[n]) for n in names])
-        restored = fresh._replace(step=jnp.asarray(arrays["step"]), opt_state=opt_state,
-                                  skipped=jnp.asarray(arrays["skipped"]), in_a_row=jnp.asarray(arrays["in_a_row"]))
-        self.state = jax.device_put(restored, self.replicated)
+        opt_state = jax.tree_util.tree_unflatten(treedef, [arrays[n] for n in names])
+        restored = fresh._replace(step=arrays["step"], opt_state=opt_state, skipped=arrays["skipped"],
+                                  in_a_row=arrays["in_a_row"])
+        if "loss_scale" in arrays:  # (checkpoints before fp16 have none: their runs' scale is 1)
+            restored = restored._replace(loss_scale=LossScale(arrays["loss_scale"], arrays["good_steps"]))
+        self.state = jax.device_put(restored, self.layout)  # host arrays, each sharded as the run's
         self.skipped_before = int(arrays["skipped"])
 
     def evaluate_mlm(self, loader: Any, limit: int | None, slots: float | None) -> dict[str, float]:

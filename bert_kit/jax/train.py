@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import threading
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -37,13 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, _TiedMLM
 
 IGNORE_INDEX = -100
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 SCHEDULES = ("linear", "cosine", "constant")
 
 
@@ -165,12 +167,59 @@ def decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def update_rule(optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                weight_decay: float = 0.01, clip_grad: float | None = 1.0) -> optax.GradientTransformation:
+    """The update the engine's step scales by -lr: global-norm clipping (0 or None: none), Adam's
+    bias-corrected direction plus decoupled weight decay on matrices (AdamW); for "lamb", each
+    matrix's update then scaled by ||p|| / ||update|| (1 where either is 0), as `bert_kit.training.optim.LAMB`
+    does (biases and LayerNorm take the plain step, as in its no-decay group)."""
+    if optimizer not in ("adamw", "lamb"):
+        raise ValueError(f"optimizer must be adamw or lamb, got {optimizer!r}")
+    rule = [optax.clip_by_global_norm(clip_grad) if clip_grad else optax.identity(),
+            optax.scale_by_adam(*betas, eps=eps), optax.add_decayed_weights(weight_decay, mask=decay_mask)]
+    if optimizer == "lamb":
+        rule.append(optax.masked(optax.scale_by_trust_ratio(), decay_mask))
+    return optax.chain(*rule)
+
+
 def create_optimizer(learning_rate: float | optax.Schedule, weight_decay: float = 0.01,
                      betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                      clip_grad: float | None = 1.0) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay on matrices only) after global-norm clipping (0 or None: none)."""
     tx = optax.adamw(learning_rate, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay, mask=decay_mask)
     return optax.chain(optax.clip_by_global_norm(clip_grad), tx) if clip_grad else tx
+
+
+# fp16's dynamic loss scaling, inside the step, with torch.amp.GradScaler's defaults: both engines
+# scale, skip and grow alike
+INIT_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000
+
+
+class LossScale(NamedTuple):
+    """fp16's 5-bit exponent flushes small gradients to zero: the loss is multiplied by `scale`
+    before the backward pass and the gradients divided by it after. A step whose gradients
+    overflowed (the loss finite) is skipped and the scale halved; after `GROWTH_INTERVAL` finite
+    steps in a row it doubles. bf16 and fp32 keep a scale of 1 that no step reads (`dynamic`)."""
+
+    scale: jax.Array  # () float32
+    good_steps: jax.Array  # () int32: finite steps since the scale last changed
+
+    @staticmethod
+    def dynamic(dtype: jnp.dtype) -> bool:
+        """Whether a step computing in `dtype` scales its loss: fp16 only."""
+        return jnp.dtype(dtype) == jnp.float16
+
+    @classmethod
+    def initial(cls, dtype: jnp.dtype) -> LossScale:
+        return cls(jnp.asarray(INIT_SCALE if cls.dynamic(dtype) else 1.0, jnp.float32), jnp.zeros((), jnp.int32))
+
+    def update(self, finite: jax.Array) -> LossScale:
+        """After a step: halve on overflow, double after `GROWTH_INTERVAL` finite steps in a row
+        (torch's `_amp_update_scale_`)."""
+        good = self.good_steps + 1
+        grow = finite & (good >= GROWTH_INTERVAL)
+        scale = jnp.where(finite, jnp.where(grow, self.scale * GROWTH_FACTOR, self.scale), self.scale * BACKOFF_FACTOR)
+        return LossScale(scale, jnp.where(finite & ~grow, good, 0).astype(jnp.int32))
 
 
 # ---- state, sharding and the step ----------------------------------------------------------------
@@ -237,8 +286,12 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
 
     metrics: loss, its parts (mlm_loss, nsp_loss), grad_norm (before clipping), all device scalars;
     with return_grads, also "grads" (shaped as the parameters: for tests and debugging).
-    precision: "fp32", or "bf16" (bfloat16 forward and backward, float32 weights and updates).
+    precision: "fp32", or "bf16" (bfloat16 forward and backward, float32 weights and updates);
+    fp16 needs loss scaling: the engine's step has it (`engine=jax precision=fp16`).
     """
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"make_train_step computes in fp32 or bf16, not {precision!r} (fp16, with its loss "
+                         "scaling: the engine, engine=jax precision=fp16)")
     compute_dtype = DTYPES[precision]
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -305,6 +358,42 @@ def initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
         return False
     jax.distributed.initialize(**settings)
     return True
+
+
+class JaxProcesses:
+    """bert-kit's rank helpers (`bert_kit.training.distributed`) over the processes of a JAX run on
+    several hosts (`jax.distributed`): one process per host, rank = `jax.process_index()`."""
+
+    def rank(self) -> int:
+        return jax.process_index()
+
+    def world_size(self) -> int:
+        return jax.process_count()
+
+    def barrier(self) -> None:
+        multihost_utils.sync_global_devices("bert-kit")
+
+    def gather(self, values: list[float]) -> np.ndarray:
+        """(processes, len(values)) float64: each process's values, exactly (sent as uint32 pairs)."""
+        local = np.asarray(values, np.float64).view(np.uint32)
+        return np.asarray(multihost_utils.process_allgather(local)).view(np.float64)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = np.asarray(multihost_utils.process_allgather(np.array([len(data)], np.int32)))[:, 0]
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[:len(data)] = data
+        everything = np.asarray(multihost_utils.process_allgather(padded))
+        return [pickle.loads(everything[i, :n].tobytes()) for i, n in enumerate(sizes)]
+
+
+def join_processes() -> None:
+    """A run on several hosts: join the other processes (`initialize_distributed`: JAX_* or
+    torchrun's variables) and let them answer bert-kit's rank helpers. One host: nothing to do."""
+    from bert_kit.training.distributed import use_processes
+
+    if initialize_distributed() and jax.process_count() > 1:
+        use_processes(JaxProcesses())
 
 
 def start_backend(device: str) -> threading.Thread | None:

@@ -21,7 +21,7 @@ A plain `python`/`bert-kit` run is a world of size 1: every helper then works wi
 Only rank 0 logs, plots and writes files (`is_main()`); all ranks call `barrier()` around them.
 
 The JAX engine (engine=jax) runs one process per host, joined by `jax.distributed` instead of
-torchrun; `use_processes` hands these helpers to its processes (`bert_kit.jax.engine.JaxProcesses`),
+torchrun; `use_processes` hands these helpers to its processes (`bert_kit.jax.train.JaxProcesses`),
 so the loop, the jobs and the data loaders shard, reduce and write as they do for torch ranks.
 """
 

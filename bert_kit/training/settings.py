@@ -93,8 +93,7 @@ class RunSettings:
     engine: Literal["torch", "jax"] = "torch"
     """torch: PyTorch (DDP/FSDP2 under torchrun). jax: the same model in JAX (`pip install
     "bert-kit[jax]"`), one jitted step data parallel over every local device, each batch split
-    over them; not with parallel=fsdp, optimizer=lamb, precision=fp16, cuda_graphs=true or
-    compile_tuning=true (docs/jax.md)"""
+    over them; not with cuda_graphs=true or compile_tuning=true (docs/jax.md)"""
     jax_cache: str | bool | None = None
     """engine=jax: the folder that keeps compiled programs between runs (default $BERT_KIT_JAX_CACHE,
     else ~/.cache/bert-kit/jax); off (false): none"""
@@ -103,7 +102,8 @@ class RunSettings:
     num_workers: int = 0  # DataLoader worker processes
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """with several processes (torchrun): ddp replicates the model on every rank; fsdp shards
-    weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU"""
+    weights, gradients and optimizer state over the ranks (FSDP2), for models too big for one GPU;
+    engine=jax: the same over the devices of its mesh"""
     dist_timeout_s: float = DEFAULT_TIMEOUT_S  # seconds a rank waits for the others before failing
     # bookkeeping
     output_dir: str = "runs/run"  # run folder
@@ -145,9 +145,6 @@ class RunSettings:
 # what the JAX engine does not do: (setting, its value there, why); `compile`, `unpadded` and
 # `low_precision_residual` are accepted: JAX always compiles its step, and masks padding itself
 JAX_UNSUPPORTED = (
-    ("parallel", "fsdp", "the JAX engine replicates the model over its devices"),
-    ("optimizer", "lamb", "it trains with AdamW"),
-    ("precision", "fp16", "it computes in bf16 or fp32"),
     ("cuda_graphs", True, "XLA schedules its own kernels"),
     ("compile_tuning", True, "a torch.compile option"),
 )

@@ -150,8 +150,7 @@ def test_a_time_budget_ends_a_jax_run_and_drives_its_schedule(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("setting, named", [
-    ("optimizer=lamb", "optimizer=lamb"), ("precision=fp16", "precision=fp16"), ("parallel=fsdp", "parallel=fsdp"),
-    ("compile_tuning=true", "compile_tuning=true"),
+    ("compile_tuning=true", "compile_tuning=true"), ("cuda_graphs=true", "cuda_graphs=true"),
 ])
 def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, tmp_path, capsys):
     cfg = jax_config(tmp_path, "refused")
@@ -164,12 +163,13 @@ def test_settings_the_engine_does_not_support_stop_in_one_line(setting, named, t
 
 
 def test_settings_refused_together_and_every_task_accepted():
-    with pytest.raises(ConfigError, match=r"engine=jax does not support optimizer=lamb, cuda_graphs=true \("):
-        PretrainConfig(engine="jax", optimizer="lamb", compile=True, cuda_graphs=True)
+    with pytest.raises(ConfigError, match=r"engine=jax does not support cuda_graphs=true, compile_tuning=true \("):
+        PretrainConfig(engine="jax", compile=True, cuda_graphs=True, compile_tuning=True)
     for task in ("classification", "token-classification", "qa", "similarity", "embedding"):
         assert FinetuneConfig(engine="jax", task=task, model="bert-tiny").task == task
     # what a JAX run does anyway is accepted: it compiles its step, and masks padding itself
     assert PretrainConfig(engine="jax", compile=True, cuda_graphs="auto", low_precision_residual=True).engine == "jax"
+    assert PretrainConfig(engine="jax", parallel="fsdp").parallel == "fsdp"  # tests/jax/test_engine_fsdp.py
     assert FinetuneConfig(engine="jax", model="bert-tiny", unpadded=True, cuda_graphs="auto").unpadded
 
 
@@ -218,8 +218,8 @@ def test_a_nan_loss_freezes_the_weights_and_is_raised_at_the_next_read():
                         intermediate_size=32, max_position_embeddings=16)
     job = SimpleNamespace(model=BERTForSequenceClassification(config, num_labels=1),
                           tokenizer=SimpleNamespace(pad_token_id=0))
-    cfg = SimpleNamespace(device="cpu", precision="fp32", clip_grad=1.0, betas=[0.9, 0.999], eps=1e-6,
-                          weight_decay=0.01, seed=0, max_length=16, batch_size=4)
+    cfg = SimpleNamespace(device="cpu", precision="fp32", optimizer="adamw", clip_grad=1.0, betas=[0.9, 0.999],
+                          eps=1e-6, weight_decay=0.01, seed=0, max_length=16, batch_size=4)
     engine = JaxEngine(job, cfg, None)
 
     def batch(label: float) -> dict:

@@ -225,7 +225,8 @@ def test_what_the_engine_does_not_train_is_refused_by_the_settings(group, named)
 
 def test_the_command_line_refuses_in_one_line_before_reading_anything(tmp_path, capsys):
     missing = tmp_path / "missing.jsonl"  # never read: the settings stop the run first
-    for extra, named in ((["embedding.scale=learned"], "embedding.scale"), (["optimizer=lamb"], "optimizer=lamb")):
+    for extra, named in ((["embedding.scale=learned"], "embedding.scale"),
+                         (["compile=true", "cuda_graphs=true"], "cuda_graphs=true")):
         rc = cli(["finetune", "--task", "embedding", "model=no-such-model", f"train_file={missing}", "engine=jax",
                   f"output_dir={tmp_path / 'run'}", *extra])
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

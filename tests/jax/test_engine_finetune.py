@@ -10,12 +10,15 @@ Run: .venv/bin/python -m pytest tests/jax/test_engine_finetune.py -q
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
+
+from safetensors.torch import load_file  # noqa: E402
 
 from bert_kit.checks import ConfigError  # noqa: E402
 from bert_kit.cli import main as cli  # noqa: E402
@@ -104,6 +107,73 @@ def test_classification_takes_torchs_steps_and_evaluate_agrees(encoder, sst2, tm
         finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, **files), resume="latest")
     with pytest.raises(ValueError, match=r"step-0000004 was written by engine=torch: resume it with engine=torch"):
         finetune(config(encoder, tmp_path / "torch", "jax", max_steps=6, force_resume=True, **files), resume="latest")
+
+
+def test_lamb_takes_torchs_steps(encoder, sst2, tmp_path):
+    """optimizer=lamb: each matrix's update scaled by its trust ratio, biases and LayerNorm not
+    (`bert_kit.training.optim.LAMB`); decay on, so the decoupled term enters the ratio."""
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), optimizer="lamb", weight_decay=0.1, lr=1e-2)
+    finetune(config(encoder, tmp_path / "torch", "torch", **files))
+    finetune(config(encoder, tmp_path / "jax", "jax", **files))
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    end = "checkpoints/step-0000004/model.safetensors"
+    got, expected = (load_file(tmp_path / run / end) for run in ("jax", "torch"))
+    assert sorted(got) == sorted(expected)
+    for name in expected:  # (Adam's m / sqrt(v) on rare tokens' rows amplifies float noise to ~6e-5)
+        torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4, msg=name)
+    # AdamW's steps are not these: the ratio moves the weights
+    finetune(config(encoder, tmp_path / "adamw", "jax", **{**files, "optimizer": "adamw"}))
+    adamw = load_file(tmp_path / "adamw" / end)
+    assert max((adamw[n] - expected[n]).abs().max().item() for n in expected) > 1e-3
+
+
+def scale_of(run: Path, step: int) -> tuple[float, int]:
+    """(loss scale, finite steps since it changed) in a checkpoint's optimizer.safetensors."""
+    saved = load_file(run / "checkpoints" / f"step-{step:07d}" / STATE_FILE)
+    return float(saved["loss_scale"]), int(saved["good_steps"])
+
+
+def test_fp16_scales_the_loss_as_torchs_grad_scaler_and_resumes_with_its_scale(encoder, sst2, tmp_path,
+                                                                               monkeypatch):
+    """precision=fp16: float16 compute with a dynamic loss scale (GradScaler's rules). Its losses are
+    the fp32 run's; from a scale that overflows this model's fp16 gradients, the first steps are
+    skipped, each halving it, and training goes on (not counted as non-finite skips); a resumed run
+    carries the scale on as the straight one."""
+    import bert_kit.jax.train as jax_train
+
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), max_steps=8, eval_every=0, save_every=4,
+                 schedule="constant", warmup_steps=0)
+    finetune(config(encoder, tmp_path / "fp32", "jax", **files))
+    results = finetune(config(encoder, tmp_path / "fp16", "jax", precision="fp16", **files))
+    assert "fp16 compute + dynamic loss scaling" in results["precision"]
+    got, expected = records(tmp_path / "fp16", "train"), records(tmp_path / "fp32", "train")
+    for step, r in expected.items():
+        assert abs(got[step]["loss"] - r["loss"]) <= 2e-3 and got[step]["grad_norm"] == pytest.approx(
+            r["grad_norm"], rel=5e-3), step
+    assert scale_of(tmp_path / "fp16", 8) == (2.0 ** 16, 8)  # no overflow: the scale never moved
+
+    monkeypatch.setattr(jax_train, "INIT_SCALE", 2.0 ** 26)
+    results = finetune(config(encoder, tmp_path / "high", "jax", precision="fp16", **files))
+    norms = [records(tmp_path / "high", "train")[step]["grad_norm"] for step in range(1, 9)]
+    overflowed = sum(not math.isfinite(n) for n in norms)
+    assert 1 <= overflowed < 8 and all(math.isfinite(n) for n in norms[overflowed:]), norms
+    assert scale_of(tmp_path / "high", 8) == (2.0 ** (26 - overflowed), 8 - overflowed)
+    assert results["skipped_steps"] == 0 and results["stopped"] is None
+
+    # growth after GROWTH_INTERVAL finite steps, and a resume that carries the scale on
+    monkeypatch.setattr(jax_train, "INIT_SCALE", 2.0 ** 16)
+    monkeypatch.setattr(jax_train, "GROWTH_INTERVAL", 3)
+    finetune(config(encoder, tmp_path / "straight", "jax", precision="fp16", **files))
+    assert scale_of(tmp_path / "straight", 4) == (2.0 ** 17, 1) and scale_of(tmp_path / "straight", 8) == (2.0 ** 18, 2)
+    finetune(config(encoder, tmp_path / "resumed", "jax", precision="fp16", **{**files, "max_steps": 4}))
+    finetune(config(encoder, tmp_path / "resumed", "jax", precision="fp16", **files), resume="latest")
+    assert scale_of(tmp_path / "resumed", 8) == scale_of(tmp_path / "straight", 8)
+    end = "checkpoints/step-0000008/model.safetensors"
+    resumed, straight = (load_file(tmp_path / run / end) for run in ("resumed", "straight"))
+    for name in straight:
+        torch.testing.assert_close(resumed[name], straight[name], atol=0, rtol=0, msg=name)
 
 
 def test_long_texts_in_windows_take_torchs_steps_and_pool_alike(encoder, sst2, tmp_path):

@@ -1,7 +1,8 @@
 """`bert-kit finetune ... engine=jax` over two processes (two hosts, each with one CPU device, joined
 by `jax.distributed` over Gloo): each step's loss equals one process's on the same global batch,
 for the tasks whose examples hold several rows (a bi-encoder's two sentences, an embedding pair's
-two texts, a reranker's candidates), which each host lays out side after side.
+two texts, a reranker's candidates), which each host lays out side after side; with parallel=fsdp
+too (the weights and optimizer state split over the hosts' devices, gathered to save the folders).
 
 Run: .venv/bin/python -m pytest tests/jax/test_engine_hosts.py -q -n 0
 """
@@ -58,8 +59,9 @@ def train_losses(out: Path, settings: list[str], batch_size: int, processes: int
     return [r["loss"] for r in train]
 
 
-@pytest.mark.parametrize("task", ["bi-encoder", "embedding", "reranker"])
-def test_two_hosts_take_one_hosts_steps(encoder, data_dir, tmp_path, task):
+@pytest.mark.parametrize("task, parallel", [("bi-encoder", "ddp"), ("embedding", "ddp"), ("reranker", "ddp"),
+                                            ("bi-encoder", "fsdp")])
+def test_two_hosts_take_one_hosts_steps(encoder, data_dir, tmp_path, task, parallel):
     rows = [line.split("\t") for line in (data_dir / "stsb" / "sts-train.csv").read_text().splitlines()[:48]]
     if task == "bi-encoder":
         train = tmp_path / "sts.csv"
@@ -74,5 +76,12 @@ def test_two_hosts_take_one_hosts_steps(encoder, data_dir, tmp_path, task):
         settings = ["--task", "reranker", "reranker.loss=listnet"]
     settings = [*settings, f"model={encoder}", f"train_file={train}"]
     one = train_losses(tmp_path / "one", settings, 8, 1)
-    two = train_losses(tmp_path / "two", settings, 4, 2)
+    two = train_losses(tmp_path / "two", [*settings, f"parallel={parallel}"], 4, 2)
     assert max(abs(a - b) for a, b in zip(one, two)) <= 1e-5, (one, two)
+    if parallel == "fsdp":  # the saved model, gathered from both hosts' shards, is the one host's
+        from safetensors.numpy import load_file
+
+        expected, got = load_file(tmp_path / "one" / "best" / "model.safetensors"), \
+            load_file(tmp_path / "two" / "best" / "model.safetensors")
+        assert got.keys() == expected.keys()
+        assert max(float(abs(got[k] - expected[k]).max()) for k in expected) <= 1e-5

@@ -147,6 +147,21 @@ def test_the_step_is_compiled_with_the_devices_compiler_options(monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_loss_scale_moves_as_torchs_grad_scaler(monkeypatch):
+    """fp16's scale: halved on overflow, doubled after GROWTH_INTERVAL finite steps (torch's own update)."""
+    monkeypatch.setattr(bj.train, "GROWTH_INTERVAL", 3)
+    assert float(bj.train.LossScale.initial(jnp.bfloat16).scale) == 1.0  # bf16 and fp32 do not scale
+    scale = bj.train.LossScale.initial(jnp.float16)
+    s, tracker = torch.tensor([2.0 ** 16]), torch.tensor([0], dtype=torch.int32)
+    for finite in (1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1):
+        scale = scale.update(jnp.asarray(bool(finite)))
+        torch._amp_update_scale_(s, tracker, torch.tensor([float(not finite)]), 2.0, 0.5, 3)
+        assert (float(scale.scale), int(scale.good_steps)) == (s.item(), tracker.item())
+    assert s.item() == 2.0 ** 16  # it went down and up again
+    with pytest.raises(ValueError, match="fp16, with its loss scaling: the engine"):
+        bj.make_train_step(None, None, bj.make_mesh(jax.devices()[:1]), precision="fp16")
+
+
 def test_two_devices_give_the_losses_of_one():
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
     done = subprocess.run([sys.executable, "-m", "tests.jax.mesh_worker"], cwd=REPO, env=env, capture_output=True,
