@@ -317,6 +317,8 @@ class JaxEngine(Engine):
         self.precision = resolve_jax_precision(cfg.precision, devices)
         self.dtype = DTYPES[self.precision.name]
         self.mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
+        if self.head is not None:
+            self.head = self.head.for_devices(self.mesh.size)
         self.local_devices = len(self.mesh.local_devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.pad_id = int(job.tokenizer.pad_token_id)
@@ -366,7 +368,8 @@ class JaxEngine(Engine):
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        model = from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
+        model = self.head.twin(self.model) if self.head is not None else \
+            from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype)
         graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
