@@ -306,9 +306,9 @@ class JaxEngine(Engine):
         return lambda: resolve_precision("fp32", "cpu", verbose=False)
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
-        # the job's PyTorch model: what to train (an embedding model's encoder: `TaskHead.trained`), and
-        # where the weights go back to be saved (the engine keeps no other part of the job: a run's
-        # loaders end with it)
+        # the job's PyTorch model: what to train (an embedding model's encoder, and its scale if learned:
+        # `TaskHead.trained`), and where the weights go back to be saved (the engine keeps no other part
+        # of the job: a run's loaders end with it)
         task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
         self.head = task_head(task, getattr(job, "train_items", None)) if task is not None else None
         self.whole, self.cfg = job.model, cfg

@@ -42,7 +42,7 @@ from flax import nnx
 from bert_kit.jax.model import HEAD_CLASSES
 from bert_kit.jax.train import IGNORE_INDEX, _mean_cross_entropy, task_loss
 from bert_kit.jax.weights import from_torch
-from bert_kit.tasks.retrieval_config import MAX_LEARNED_SCALE
+from bert_kit.training.contrastive import MAX_LEARNED_SCALE
 
 Batch = Mapping[str, jax.Array]
 
