@@ -297,9 +297,9 @@ class JaxEngine(Engine):
         return lambda: resolve_precision("fp32", "cpu", verbose=False)
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
-        # the job's PyTorch model: what to train (an embedding model's encoder: `TaskHead.trained`), and
-        # where the weights go back to be saved (the engine keeps no other part of the job: a run's
-        # loaders end with it)
+        # the job's PyTorch model: what to train (an embedding model's encoder, and its scale if learned:
+        # `TaskHead.trained`), and where the weights go back to be saved (the engine keeps no other part
+        # of the job: a run's loaders end with it)
         task = getattr(job, "task", None)  # a fine-tuning job's task; pretraining trains MLM (+ NSP)
         self.head = task_head(task, getattr(job, "train_items", None)) if task is not None else None
         self.whole, self.cfg = job.model, cfg
@@ -308,6 +308,8 @@ class JaxEngine(Engine):
         self.precision = resolve_jax_precision(cfg.precision, devices)
         self.dtype = DTYPES[self.precision.name]
         self.mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
+        if self.head is not None:
+            self.head = self.head.for_devices(self.mesh.size)
         self.local_devices = len(self.mesh.local_devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.pad_id = int(job.tokenizer.pad_token_id)
@@ -371,7 +373,8 @@ class JaxEngine(Engine):
     def twin(self) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
         """(graph, frozen weights, trained float32 weights) of the NNX twin of the job's model as it is now."""
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        model = from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
+        model = self.head.twin(self.model) if self.head is not None else \
+            from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype)
         graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)

@@ -16,6 +16,7 @@ per example) to the torch task's `score`, so both engines report the same metric
 | similarity, cross-encoder | BERTForSequenceClassification  | MSE on the score               | (1,)                 |
 | similarity, bi-encoder    | BERTModel                      | cosine MSE, or CoSENT          | (2, H): u, v pooled  |
 | embedding                 | BERTModel (the `EmbeddingModel`'s encoder) | MNRL, or symmetric | (H,): one text pooled |
+| ..., a learned scale      | `ScaledEncoder`: it and `logit_scale` | the same, scale learned | (H,)         |
 | reranker                  | BERTForSequenceClassification  | BCE, ListNet or LambdaLoss     | (1,): a pair's logit |
 
 A bi-encoder's batch holds two sentences per example, all first sentences then all second ones
@@ -29,7 +30,7 @@ candidates a query, candidate after candidate, so the engine pads it as n sides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import jax
@@ -38,7 +39,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from bert_kit.jax.model import HEAD_CLASSES
 from bert_kit.jax.train import IGNORE_INDEX, _mean_cross_entropy, task_loss
+from bert_kit.jax.weights import from_torch
+from bert_kit.training.contrastive import MAX_LEARNED_SCALE
 
 Batch = Mapping[str, jax.Array]
 
@@ -73,6 +77,14 @@ class TaskHead:
     def trained(self, torch_model: Any) -> Any:
         """The part of the job's PyTorch model the engine trains (its twin is built from it)."""
         return torch_model
+
+    def twin(self, torch_model: Any) -> nnx.Module:
+        """The NNX twin of `trained(...)`, holding a copy of its weights, under its parameter names."""
+        return from_torch(torch_model, HEAD_CLASSES[torch_model.hf_architecture])
+
+    def for_devices(self, devices: int) -> "TaskHead":
+        """The head of a run whose batches are split over `devices` (itself, unless its loss depends on that)."""
+        return self
 
     def host_inputs(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs the host computes from a padded training batch (A, B, ...); none by default."""
@@ -304,7 +316,7 @@ def cross_entropy_at_diagonal(scores: jax.Array, real: jax.Array) -> jax.Array:
     return jnp.where(real, ce, 0.0).sum() / jnp.maximum(real.sum(), 1)
 
 
-def contrastive_loss(columns: jax.Array, real: jax.Array, scale: float, symmetric: bool = False,
+def contrastive_loss(columns: jax.Array, real: jax.Array, scale: float | jax.Array, symmetric: bool = False,
                      known: jax.Array | None = None) -> jax.Array:
     """MNRL (or its symmetric form) of `columns` (k >= 2, B, H), the twin of
     `training.contrastive.multiple_negatives_ranking_loss` on a padded batch: real (B,) bool marks
@@ -327,6 +339,27 @@ def contrastive_loss(columns: jax.Array, real: jax.Array, scale: float, symmetri
         back_out = back_out | (known[:, :B].T & real[:, None] & ~jnp.eye(B, dtype=bool))
     backward = jnp.where(back_out, -jnp.inf, unit[1] @ anchors.T * scale)  # (B, B)
     return (loss + cross_entropy_at_diagonal(backward, real)) / 2
+
+
+def sharded_contrastive_loss(columns: jax.Array, real: jax.Array, scale: float | jax.Array, shards: int,
+                             symmetric: bool = False, known: jax.Array | None = None) -> jax.Array:
+    """`contrastive_loss` of each of `shards` equal blocks of the B examples on its own (an anchor's
+    candidates are its block's rows only), averaged over the blocks that hold an example: torch's
+    DDP with `gather_across_ranks: false`, each rank's loss, its gradients averaged over the ranks.
+    columns (k, B, H), real (B,), known (B, (k - 1) B)."""
+    k, B, H = columns.shape
+    b = B // shards
+    blocks = columns.reshape(k, shards, b, H)
+    real = real.reshape(shards, b)
+    if known is None:
+        losses = jax.vmap(lambda c, r: contrastive_loss(c, r, scale, symmetric), in_axes=(1, 0))(blocks, real)
+    else:  # each block's anchors against its own candidates, in every candidate column
+        at = jnp.arange(shards)
+        own = known.reshape(shards, b, k - 1, shards, b)[at, :, :, at, :].reshape(shards, b, (k - 1) * b)
+        losses = jax.vmap(lambda c, r, m: contrastive_loss(c, r, scale, symmetric, m),
+                          in_axes=(1, 0, 0))(blocks, real, own)
+    held = real.any(axis=1)
+    return jnp.where(held, losses, 0.0).sum() / jnp.maximum(held.sum(), 1)
 
 
 def encode_in_pieces(model: nnx.Module, inputs: tuple, rngs: nnx.Rngs | None, rows: int, pooling: str) -> jax.Array:
@@ -353,6 +386,18 @@ def encode_in_pieces(model: nnx.Module, inputs: tuple, rngs: nnx.Rngs | None, ro
     return vectors.reshape(pieces * rows, -1)[:R]
 
 
+class ScaledEncoder(nnx.Module):
+    """The twin of an `EmbeddingModel` with a learned scale (`bert_kit.tasks.embedding`): its encoder
+    `bert` and `logit_scale`, the scale's log (0-d), under the torch model's names; called, the encoder."""
+
+    def __init__(self, bert: nnx.Module, logit_scale: float) -> None:
+        self.bert = bert
+        self.logit_scale = nnx.Param(jnp.asarray(logit_scale, jnp.float32))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> jax.Array:
+        return self.bert(*args, **kwargs)
+
+
 @dataclass(frozen=True)
 class ContrastiveHead(TaskHead):
     """An embedding model (task: embedding): the encoder's pooled vectors of a batch's k columns
@@ -369,9 +414,34 @@ class ContrastiveHead(TaskHead):
     pairs: np.ndarray | None = field(default=None, compare=False, repr=False)
     texts: int = 0
     piece_rows: int = 0  # embedding.cached: the rows a forward pass takes (mini_batch_size); 0: all at once
+    learned: bool = False  # embedding.scale: learned: exp of the model's `logit_scale`, at most MAX_LEARNED_SCALE
+    local: bool = False  # embedding.gather_across_ranks: false: each device's examples are their own negatives
+    shards: int = 1  # the blocks of examples that are their own batches (with `local`: one a device)
 
     def trained(self, torch_model: Any) -> Any:
-        return torch_model.bert  # an `EmbeddingModel` without a learned scale: its encoder is all it trains
+        """The whole `EmbeddingModel` with a learned scale (checkpoints hold it), else its encoder."""
+        return torch_model if self.learned else torch_model.bert
+
+    def twin(self, torch_model: Any) -> nnx.Module:
+        if not self.learned:
+            return super().twin(torch_model)
+        return ScaledEncoder(super().twin(torch_model.bert), float(torch_model.logit_scale.detach()))
+
+    def for_devices(self, devices: int) -> TaskHead:
+        """Each device's block of a batch's examples (split on the examples, in the devices' order,
+        after `by_side`: the hosts' rows in turn) is a batch of its own, as a torch rank's."""
+        return replace(self, shards=devices) if self.local else self
+
+    def scale_of(self, model: nnx.Module) -> float | jax.Array:
+        if not self.learned:
+            return self.scale
+        return jnp.minimum(jnp.exp(model.logit_scale.get_value().astype(jnp.float32)), MAX_LEARNED_SCALE)
+
+    def contrastive(self, columns: jax.Array, real: jax.Array, scale: float | jax.Array,
+                    known: jax.Array | None) -> jax.Array:
+        if self.shards > 1:
+            return sharded_contrastive_loss(columns, real, scale, self.shards, self.symmetric, known)
+        return contrastive_loss(columns, real, scale, self.symmetric, known)
 
     def host_inputs(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """known (A, B, (k - 1) B) bool: candidate j is a known positive of anchor i, by the text ids
@@ -394,11 +464,11 @@ class ContrastiveHead(TaskHead):
 
     def loss(self, model: nnx.Module, batch: Batch, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         columns = self.vectors(model, batch, rngs)
-        real, known = batch["keys"][:, 0] >= 0, batch.get("known")
+        real, known, scale = batch["keys"][:, 0] >= 0, batch.get("known"), self.scale_of(model)
         if not self.dims:
-            return contrastive_loss(columns, real, self.scale, self.symmetric, known), {}
+            return self.contrastive(columns, real, scale, known), {}
         # sentence-transformers' MatryoshkaLoss: the first d components of every vector, renormalised
-        return sum(w * contrastive_loss(normalize(columns[..., :d]), real, self.scale, self.symmetric, known)
+        return sum(w * self.contrastive(normalize(columns[..., :d]), real, scale, known)
                    for d, w in zip(self.dims, self.weights)), {}
 
     def outputs(self, model: nnx.Module, batch: Batch) -> jax.Array:
@@ -416,10 +486,13 @@ def task_head(task: Any, train_items: list | None = None) -> TaskHead:
             raise ValueError("engine=jax excludes known positives (embedding.exclude_known_positives) on one host: "
                              "run on one host, or with engine=torch")
         dims = tuple(e.matryoshka_dims or ())
-        return ContrastiveHead("embedding", pooling=e.pooling, scale=float(e.scale), symmetric=e.loss == "symmetric",
-                               dims=dims, weights=tuple(e.matryoshka_weights or (1.0,) * len(dims)),
+        learned = e.scale == "learned"  # (its first value: the torch model's, log 20, or a checkpoint's)
+        return ContrastiveHead("embedding", pooling=e.pooling, scale=20.0 if learned else float(e.scale),
+                               symmetric=e.loss == "symmetric", dims=dims,
+                               weights=tuple(e.matryoshka_weights or (1.0,) * len(dims)),
                                pairs=None if pairs is None else pairs.cpu().numpy(),
-                               texts=getattr(task, "num_texts", 0), piece_rows=e.mini_batch_size if e.cached else 0)
+                               texts=getattr(task, "num_texts", 0), piece_rows=e.mini_batch_size if e.cached else 0,
+                               learned=learned, local=not e.gather_across_ranks)
     if task.name == "qa":
         return SpanHead("qa")
     if task.name == "reranker":  # n: the most candidates a training group holds (pointwise: 1)

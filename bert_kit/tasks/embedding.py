@@ -46,8 +46,8 @@ from bert_kit.metrics import pearson, spearman
 from bert_kit.model_folder import write_sentence_transformers_files
 from bert_kit.tasks import RANK_METRICS, SCORE_METRICS
 from bert_kit.tasks.base import Task, build_model, drop_empty_texts, encode, freeze_pooler, shard_and_gather
-from bert_kit.tasks.retrieval_config import MAX_LEARNED_SCALE
-from bert_kit.training.contrastive import known_positives, matryoshka_loss, multiple_negatives_ranking_loss, pair_codes
+from bert_kit.training.contrastive import (MAX_LEARNED_SCALE, known_positives, matryoshka_loss,
+                                           multiple_negatives_ranking_loss, pair_codes)
 from bert_kit.training.distributed import unwrap_model, world_size
 from bert_kit.training.grad_cache import cached_loss
 

@@ -329,7 +329,6 @@ class FinetuneConfig(RunSettings):
                               f"(max_length {self.max_length} - qa.max_query_length {qa.max_query_length} - 3 "
                               "special tokens: the context tokens of a window)")
         self.check_classification()
-        self.check_jax()
         if self.metric is not None:
             names = metric_names(self.task, bi_encoder=self.similarity.mode == "bi-encoder",
                                  dims=self.embedding.matryoshka_dims or ())
@@ -353,18 +352,6 @@ class FinetuneConfig(RunSettings):
         if self.lora is not None and (self.engine == "jax" or self.parallel == "fsdp"):
             raise ConfigError(f"lora trains with engine=torch and parallel=ddp (not {self.engine}, {self.parallel}): "
                               "its adapters are a few MB, replicated on every rank")
-
-    def check_jax(self) -> None:
-        """What engine=jax does not train, refused before any model or data loads (docs/jax.md)."""
-        if self.engine != "jax" or self.task != "embedding":  # (task=reranker: `check_jax_settings`)
-            return
-        e = self.embedding
-        refused = [name for name, on in (("embedding.scale: learned", e.scale == "learned"),
-                                         ("embedding.gather_across_ranks: false (its loss always sees every "
-                                          "device's rows)", not e.gather_across_ranks)) if on]
-        if refused:
-            raise ConfigError(f"engine=jax does not train task=embedding with {refused[0]}: train it with "
-                              "engine=torch (docs/jax.md)")
 
     def check_classification(self) -> None:
         """The classification group against the shared settings: label names from a file, label sets

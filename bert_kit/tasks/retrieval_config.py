@@ -18,8 +18,6 @@ from typing import Any, Literal
 from bert_kit.checks import ConfigError, Range, check_settings, positive
 from bert_kit.data.tables import column_ref
 
-MAX_LEARNED_SCALE = 100.0  # a learned scale is clamped here, as CLIP clamps its logit scale
-
 
 def _columns(value: Any, key: str, at_least: int) -> list | None:
     if value is None:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from bert_kit.training.distributed import rank, world_size
 
 DEFAULT_SCALE = 20.0  # sentence-transformers' MNRL scale: temperature 0.05
+MAX_LEARNED_SCALE = 100.0  # a learned scale is clamped here, as CLIP clamps its logit scale
 
 
 class _GatherWithGrad(torch.autograd.Function):

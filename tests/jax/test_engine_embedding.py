@@ -3,7 +3,8 @@ padded batch equals torch's of its real rows (MNRL and symmetric, hard negatives
 left out, Matryoshka widths); from the same weights, batches and seed (dropout off, fp32) each
 step's loss and gradient norm equal the torch engine's, and so do the validation metrics, on an
 STS file (Spearman) and on a BEIR folder (nDCG@10); what the engine does not train is refused
-before any model or data loads.
+before any model or data loads. A learned scale and each device's own negatives
+(`gather_across_ranks: false`): tests/jax/test_engine_contrastive_settings.py.
 
 Run: .venv/bin/python -m pytest tests/jax/test_engine_embedding.py -q -n 0
 """
@@ -20,7 +21,6 @@ torch = pytest.importorskip("torch")
 
 from torch.testing import assert_close  # noqa: E402
 
-from bert_kit.checks import ConfigError  # noqa: E402
 from bert_kit.cli import main as cli  # noqa: E402
 from bert_kit.jax.tasks import ContrastiveHead, contrastive_loss, normalize  # noqa: E402
 from bert_kit.tasks.finetuning import FinetuneConfig, finetune  # noqa: E402
@@ -213,20 +213,9 @@ def test_pieces_hold_a_pieces_activations_not_the_batchs():
     assert pieces * 4 < whole, (pieces, whole)
 
 
-@pytest.mark.parametrize("group, named", [
-    ({"scale": "learned"}, "embedding.scale: learned"),
-    ({"gather_across_ranks": False}, "embedding.gather_across_ranks: false"),
-])
-def test_what_the_engine_does_not_train_is_refused_by_the_settings(group, named):
-    with pytest.raises(ConfigError, match=f"engine=jax does not train task=embedding with {named}.*engine=torch"):
-        FinetuneConfig(engine="jax", task="embedding", model="bert-tiny", train_file="x", embedding=group)
-    assert FinetuneConfig(engine="torch", task="embedding", model="bert-tiny", embedding=group).engine == "torch"
-
-
 def test_the_command_line_refuses_in_one_line_before_reading_anything(tmp_path, capsys):
     missing = tmp_path / "missing.jsonl"  # never read: the settings stop the run first
-    for extra, named in ((["embedding.scale=learned"], "embedding.scale"),
-                         (["compile=true", "cuda_graphs=true"], "cuda_graphs=true")):
+    for extra, named in ((["compile=true", "cuda_graphs=true"], "cuda_graphs=true"),):
         rc = cli(["finetune", "--task", "embedding", "model=no-such-model", f"train_file={missing}", "engine=jax",
                   f"output_dir={tmp_path / 'run'}", *extra])
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
