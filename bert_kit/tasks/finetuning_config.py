@@ -355,7 +355,7 @@ class FinetuneConfig(RunSettings):
 
     def check_classification(self) -> None:
         """The classification group against the shared settings: label names from a file, label sets
-        against regression, what the JAX engine does not train."""
+        against regression."""
         c = self.classification
         if c.label_names_file is not None:
             names = read_label_names_file(c.label_names_file, self.encoding)
