@@ -59,3 +59,24 @@ def random_model(cls, config: BertConfig, seed: int = 0, **head_args):
             value += 1.0
         variable.set_value(jnp.asarray(value, jnp.float32))
     return model
+
+
+def tiny_engine(num_labels: int, **settings):
+    """A `JaxEngine` over the CPU devices for a seeded 1-layer, 16-wide classifier (`num_labels` 1:
+    regression), with the run settings the engine reads (`settings` overrides them: parallel=...)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bert_kit.heads import BERTForSequenceClassification
+    from bert_kit.jax.engine import JaxEngine
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16)
+    job = SimpleNamespace(model=BERTForSequenceClassification(config, num_labels=num_labels),
+                          tokenizer=SimpleNamespace(pad_token_id=0))
+    cfg = SimpleNamespace(**{**dict(device="cpu", precision="fp32", optimizer="adamw", clip_grad=1.0,
+                                    betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, seed=0, max_length=16,
+                                    batch_size=4), **settings})
+    return JaxEngine(job, cfg, None)

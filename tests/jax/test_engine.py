@@ -34,6 +34,7 @@ from bert_kit.training.checkpoint import latest_checkpoint, load_trainer_state  
 from bert_kit.training.progress import read_metrics  # noqa: E402
 from bert_kit.training.runconfig import save_config  # noqa: E402
 from tests.fake_clock import FakeClock  # noqa: E402
+from tests.jax.common import tiny_engine  # noqa: E402
 from tests.tasks.test_pretraining import tiny_config, train_losses  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,18 +210,9 @@ def test_regression_rows_that_pad_a_batch_take_no_part_in_the_loss():
 def test_a_nan_loss_freezes_the_weights_and_is_raised_at_the_next_read():
     """As the torch engine's deferred checks: a step with a non-finite loss changes nothing from
     then on, the steps stay queued (no sync), and the window's read names the step that failed."""
-    from bert_kit.config import BertConfig
-    from bert_kit.heads import BERTForSequenceClassification
     from bert_kit.training.trainer import NonFiniteLossError
 
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=16)
-    job = SimpleNamespace(model=BERTForSequenceClassification(config, num_labels=1),
-                          tokenizer=SimpleNamespace(pad_token_id=0))
-    cfg = SimpleNamespace(device="cpu", precision="fp32", optimizer="adamw", clip_grad=1.0, betas=[0.9, 0.999],
-                          eps=1e-6, weight_decay=0.01, seed=0, max_length=16, batch_size=4)
-    engine = JaxEngine(job, cfg, None)
+    engine = tiny_engine(1)
 
     def batch(label: float) -> dict:
         ids = torch.randint(1, 40, (4, 10))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from bert_kit.jax.sharding import fsdp_spec  # noqa: E402
 from bert_kit.tasks.finetuning import finetune  # noqa: E402
 from bert_kit.tasks.pretraining import pretrain  # noqa: E402
 from bert_kit.training.checkpoint import latest_checkpoint  # noqa: E402
+from tests.jax.common import tiny_engine  # noqa: E402
 from tests.jax.test_engine import jax_config  # noqa: E402
 from tests.jax.test_engine_finetune import config, encoder, records  # noqa: E402, F401 -- the fixture
 from tests.tasks.test_pretraining import train_losses  # noqa: E402
@@ -45,17 +45,7 @@ def test_each_array_is_split_on_its_largest_dimension_the_devices_divide():
 
 def engine_of(parallel: str) -> JaxEngine:
     """An engine over both CPU devices for a tiny 3-class classifier (its classifier bias, (3,), divides by no 2)."""
-    from bert_kit.config import BertConfig
-    from bert_kit.heads import BERTForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=16)
-    job = SimpleNamespace(model=BERTForSequenceClassification(config, num_labels=3),
-                          tokenizer=SimpleNamespace(pad_token_id=0))
-    cfg = SimpleNamespace(device="cpu", precision="fp32", optimizer="adamw", clip_grad=1.0, betas=[0.9, 0.999],
-                          eps=1e-6, weight_decay=0.01, seed=0, max_length=16, batch_size=4, parallel=parallel)
-    return JaxEngine(job, cfg, None)
+    return tiny_engine(3, parallel=parallel)
 
 
 def test_fsdp_splits_the_weights_and_the_optimizer_state_over_the_devices(capsys):
