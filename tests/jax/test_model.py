@@ -20,7 +20,7 @@ from flax import nnx  # noqa: E402
 
 import bert_kit.jax as bj  # noqa: E402
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.model import attention  # noqa: E402
+from bert_kit.jax.model import StepKeys, attention  # noqa: E402
 from bert_kit.jax.weights import torch_name  # noqa: E402
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
 
@@ -187,3 +187,32 @@ def test_values_are_checked_on_the_host_as_the_torch_model_does(bad):
 def test_the_engine_imports_without_torch():
     code = "import sys, bert_kit.jax; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_step_keys_draw_nnx_rngs_keys_without_asking_tracers_their_origin(monkeypatch):
+    """A training call's rngs: the keys `nnx.Rngs(dropout=key)` draws, in order, so a model with
+    dropout computes the same; and no draw makes JAX trace a tracer's origin (flax's update of a
+    traced counter did: a scan of the program traced so far, per draw)."""
+    from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+
+    model = bj.BERTModel(tiny(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1), rngs=nnx.Rngs(0))
+    batch = padded_batch(model.config, [7, 4], 7)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, key, keys: bool):
+        rngs = StepKeys(key) if keys else nnx.Rngs(dropout=key)
+        return nnx.merge(graphdef, state)(batch["input_ids"], batch["attention_mask"], rngs=rngs)
+
+    forward = jax.jit(forward.__wrapped__, static_argnums=2)
+    ours, flax = forward(state, jax.random.key(3), True), forward(state, jax.random.key(3), False)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(flax))
+    assert max_abs(ours, forward(state, jax.random.key(4), True)) > 1e-2  # the key draws the masks
+
+    origins = []
+    original = DynamicJaxprTracer._origin_msg
+    monkeypatch.setattr(DynamicJaxprTracer, "_origin_msg", lambda self: origins.append(1) or original(self))
+    jax.jit(lambda key: [StepKeys(key).dropout() for _ in range(3)]).trace(jax.random.key(0))
+    assert origins == []
+    jax.jit(lambda key: [nnx.Rngs(dropout=key).dropout() for _ in range(3)]).trace(jax.random.key(0))
+    assert origins  # what the test guards against: flax's traced counter still asks
