@@ -60,7 +60,7 @@ class StepKeys:
     """The `rngs` of a traced training call: `.dropout()` draws fold_in(key, 0), fold_in(key, 1), ...,
     the keys `nnx.Rngs(dropout=key).dropout()` draws, counted on the host. nnx.Rngs counts in a
     traced array, and flax's update of it asks the new count for a sharding, which makes JAX trace
-    the tracer's origin through the program traced so far: 10-20% of tracing MiniLM's train step."""
+    the tracer's origin through the program traced so far: a scan of the step's program per draw."""
 
     def __init__(self, key: jax.Array) -> None:
         self.key, self.count = key, 0
