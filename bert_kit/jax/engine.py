@@ -188,6 +188,9 @@ class Programs:
         self.graphdef, self.dtype, self.tx, self.names, self.head = graphdef, dtype, tx, names, head
         self.gathered = gathered
         self.loss = head.loss if head is not None else task_loss
+        # jitted on its own inside each train step: traced once for every batch shape, where the
+        # optimizer's update of every weight would be traced again for each
+        self.apply = jax.jit(self.update)
 
     def initial_state(self, params: nnx.State, key: jax.Array) -> StepState:
         def zero(dtype: Any = jnp.float32) -> jax.Array:  # one buffer each: the step donates every leaf
@@ -234,7 +237,12 @@ class Programs:
             losses, grads = jax.tree.map(lambda x: x / accum, total)
         if scaling:
             grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+        return self.apply(state, losses, grads, lr)
 
+    def update(self, state: StepState, losses: dict[str, jax.Array], grads: nnx.State,
+               lr: jax.Array) -> tuple[StepState, jax.Array]:
+        """The step after its gradients: the checks, the optimizer's update, the window's sums."""
+        scaling = LossScale.dynamic(self.dtype)
         # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`); under
         # fp16 an overflowed gradient is the scale's to handle, as torch's GradScaler does
         grad_norm = optax.global_norm(grads)
