@@ -1,5 +1,4 @@
-"""What a JAX run keeps when it is resumed with other settings than its checkpoint's (precision,
-parallel), and what its start lines and results say it did.
+"""What a JAX run keeps when it is resumed with other settings than its checkpoint's (precision).
 
 Run: .venv/bin/python -m pytest tests/jax/test_engine_resume_settings.py -q -n 0
 """
