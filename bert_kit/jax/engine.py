@@ -558,7 +558,9 @@ class JaxEngine(Engine):
         opt_state = jax.tree_util.tree_unflatten(treedef, [arrays[n] for n in names])
         restored = fresh._replace(step=arrays["step"], opt_state=opt_state, skipped=arrays["skipped"],
                                   in_a_row=arrays["in_a_row"])
-        if "loss_scale" in arrays:  # (checkpoints before fp16 have none: their runs' scale is 1)
+        # an fp16 run's scale; a bf16 or fp32 run's 1, which no step read, would leave fp16 unscaled: such a
+        # run (and a checkpoint from before fp16) starts from the initial scale, as torch's GradScaler does
+        if "loss_scale" in arrays and (state.get("run_config") or {}).get("precision") == "fp16":
             restored = restored._replace(loss_scale=LossScale(arrays["loss_scale"], arrays["good_steps"]))
         self.state = jax.device_put(restored, self.layout)  # host arrays, each sharded as the run's
         self.skipped_before = int(arrays["skipped"])

@@ -184,7 +184,8 @@ class FinetuningJob(Job):
             # QA trains and scores windows ("features"); a long context gives several per question
             unit = "features" if task.name == "qa" else "examples"
             where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
-            ranks = f", {world_size()} ranks ({'FSDP2' if sharded else 'DDP'})" if world_size() > 1 else ""
+            how = f"JAX engine, parallel={cfg.parallel}" if cfg.engine == "jax" else 'FSDP2' if sharded else 'DDP'
+            ranks = f", {world_size()} ranks ({how})" if world_size() > 1 else ""
             print(f"task {task.name}: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
                   f"parameters, {len(self.train_items)} train / {len(self.eval_items or [])} eval {unit}, "
                   f"{self.total_steps} steps ({self.steps_per_epoch} per epoch, global batch "

@@ -136,7 +136,8 @@ class PretrainingJob(Job):
         self.resumed_data: dict | None = None
         if is_main():
             where = f", resuming from {run.checkpoint} at step {run.state['step']}" if run.checkpoint else ""
-            how = 'FSDP2' if sharded else 'gradients all-reduced in the CUDA graphs' if cuda_graphs else 'DDP'
+            how = (f"JAX engine, parallel={cfg.parallel}" if cfg.engine == "jax" else 'FSDP2' if sharded
+                   else 'gradients all-reduced in the CUDA graphs' if cuda_graphs else 'DDP')
             ranks = f", {world_size()} ranks ({how})" if world_size() > 1 else ""
             print(f"model: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
                   f"parameters, vocab {model.config.vocab_size}{ranks}{where}", flush=True)

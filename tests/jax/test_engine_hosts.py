@@ -56,6 +56,10 @@ def train_losses(out: Path, settings: list[str], batch_size: int, processes: int
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in records if r["type"] == "train"]
     assert [r["examples"] for r in train] == [batch_size * processes] * 2
+    if processes > 1:  # the start line names the JAX engine's layout, not torch's wrappers
+        parallel = next((s.split("=", 1)[1] for s in settings if s.startswith("parallel=")), "ddp")
+        assert f"{processes} ranks (JAX engine, parallel={parallel})" in done[0].stdout, done[0].stdout[-2000:]
+        assert "FSDP2" not in done[0].stdout and "(DDP)" not in done[0].stdout
     return [r["loss"] for r in train]
 
 
