@@ -221,7 +221,7 @@ class TrainingLoop:
                     self.timings.first_step_ended()
                     self.clock.step_ended(step_started, first=self.step == first_step + 1)
                     decision = self.decide(agreement, signals)
-                    if decision.out_of_time and not logged:  # the last step gets its record (its time is counted)
+                    if (decision.out_of_time or decision.stop) and not logged:  # the last step gets its record
                         self.log_window(now(), lr, first_step)
                     if decision.evaluate:
                         with self.timings.timing("eval") as span:

@@ -23,6 +23,7 @@ from bert_kit.model_folder import read_model_metadata
 from bert_kit.tasks.classification import ClassificationTask
 from bert_kit.tasks.similarity import SimilarityTask
 from bert_kit.tokenizer import get_tokenizer
+from bert_kit.training.progress import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -195,11 +196,13 @@ def test_stop_signal_saves_a_checkpoint_and_exits_130(tiny_encoder, sst2, tmp_pa
 
     monkeypatch.setattr(ClassificationTask, "loss", loss_then_signal)
     rc = cli_main(["finetune", "--task", "classification", f"model={tiny_encoder}", f"train_file={train}",
-                   f"output_dir={tmp_path / 'run'}", "max_steps=10", "batch_size=8", "device=cpu"])
+                   f"output_dir={tmp_path / 'run'}", "max_steps=10", "batch_size=8", "device=cpu", "log_every=5"])
     assert rc == 130
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["stopped"] == "SIGINT" and results["steps"] == 2
     assert (tmp_path / "run" / "checkpoints" / "step-0000002" / "trainer_state.pt").is_file()
+    # the stopped step's loss is logged, though log_every had not come round
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if r["type"] == "train"] == [1, 2]
 
 
 def test_nan_loss_stops_with_a_clear_error(tiny_encoder, sst2, tmp_path, capsys, monkeypatch):
