@@ -11,7 +11,8 @@ known, and kept between runs.
   JAX's file lock around every read and write (the `filelock` package, which torch installs), so
   runs take turns; and an entry that cannot be read is only a warning and a compilation.
 - `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
-  run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths.
+  run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths;
+  `likely_buckets` are those a run's training batches are likely to meet, compiled ahead.
 - `compiler_options`: on GPUs XLA writes matrix products with cuBLAS, not as Triton kernels it
   autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner.
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 CACHE_VARIABLE = "BERT_KIT_JAX_CACHE"
 DEFAULT_CACHE = Path("~/.cache/bert-kit/jax")
@@ -37,6 +39,7 @@ CACHE_MAX_BYTES = 8 << 30  # a bound (evicting the least recently used) turns on
 OFF = ("off", "none", "false", "no", "0", "")
 ON = ("on", "true", "yes", "1")  # the default folder, as no setting
 SHORTEST = 32  # the shortest length bucket
+LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
 
 def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
@@ -88,6 +91,19 @@ def length_bucket(longest: int, max_length: int) -> int:
     from 32, at most max_length (and never less than the batch)."""
     bucket = max(SHORTEST, 1 << max(0, longest - 1).bit_length())
     return max(longest, min(bucket, max_length))
+
+
+def likely_buckets(lengths: np.ndarray, batch: int, batches: int, max_length: int) -> list[int]:
+    """The length buckets of the training batches a run is likely to meet, likeliest first: those
+    of which `batches` random batches of `batch` examples (of these token counts) expect at least
+    `LIKELY`. A batch pads to its longest example: P(bucket <= b) = F(b)^batch."""
+    buckets = np.array([length_bucket(int(n), max_length) for n in lengths])
+    expected = {}
+    below = 0.0
+    for b in sorted(set(buckets.tolist())):
+        share = float((buckets <= b).mean()) ** batch
+        expected[b], below = batches * (share - below), share
+    return sorted((b for b, n in expected.items() if n >= LIKELY), key=lambda b: -expected[b])
 
 
 def compiler_options(platform: str, env: dict[str, str] | None = None) -> dict[str, Any]:

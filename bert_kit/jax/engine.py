@@ -55,7 +55,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
-from bert_kit.jax.compilation import AheadOfTime, abstract, compiler_options, length_bucket, use_compilation_cache
+from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, length_bucket, likely_buckets,
+                                      use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, StepKeys, _TiedMLM
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
@@ -86,7 +87,6 @@ PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels"
 # keys: a contrastive batch's text ids, (B, k) on the device, a padding row's -1 marking it as no
 # example; group_labels and group_mask: a reranker's (Q, n) lists, none in a padding query
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
-LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 
 
 @dataclass
@@ -130,6 +130,8 @@ def write_state(folder: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:
     """auto: bf16 on GPUs and TPUs, fp32 on the CPU (as the torch engine's `resolve_precision`)."""
+    if precision == "fp16" and devices[0].platform == "cpu":  # XLA's CPU backend emulates float16 arithmetic
+        return JaxPrecision(precision, devices, "requested; on the CPU float16 runs many times slower than fp32")
     if precision != "auto":
         return JaxPrecision(precision, devices, "requested")
     if devices[0].platform in ("gpu", "tpu"):
@@ -162,19 +164,6 @@ def eval_chunks(items: list[dict], size: int) -> list[list[int]]:
     """The indices of each evaluation batch: the items longest first, `size` at a time (as `Task.outputs`)."""
     order = sorted(range(len(items)), key=lambda i: -item_tokens(items[i]))
     return [order[start:start + size] for start in range(0, len(order), size)]
-
-
-def likely_buckets(lengths: np.ndarray, batch: int, batches: int, max_length: int) -> list[int]:
-    """The length buckets of the training batches a run is likely to meet, likeliest first: those
-    of which `batches` random batches of `batch` examples (of these token counts) expect at least
-    `LIKELY`. A batch pads to its longest example: P(bucket <= b) = F(b)^batch."""
-    buckets = np.array([length_bucket(int(n), max_length) for n in lengths])
-    expected = {}
-    below = 0.0
-    for b in sorted(set(buckets.tolist())):
-        share = float((buckets <= b).mean()) ** batch
-        expected[b], below = batches * (share - below), share
-    return sorted((b for b, n in expected.items() if n >= LIKELY), key=lambda b: -expected[b])
 
 
 class Programs:

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("jax")
 
 from bert_kit.jax.compilation import DEFAULT_CACHE, cache_folder, compiler_options, length_bucket  # noqa: E402
-from bert_kit.jax.engine import likely_buckets  # noqa: E402
+from bert_kit.jax.compilation import likely_buckets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
