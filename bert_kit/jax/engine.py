@@ -58,7 +58,7 @@ from bert_kit.checks import CorruptFileError
 from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, length_bucket, likely_buckets,
                                       use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
-from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, StepKeys, _TiedMLM
+from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, HostKeys, _TiedMLM
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
@@ -207,7 +207,7 @@ class Programs:
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
             def loss_of(params: nnx.State) -> tuple[jax.Array, tuple]:
-                rngs = StepKeys(jax.random.fold_in(key, index))
+                rngs = HostKeys(jax.random.fold_in(key, index))
                 loss, parts = self.loss(self.model_at(frozen, params), micro, rngs)
                 return (loss * state.loss_scale.scale if scaling else loss), (loss, parts)
 

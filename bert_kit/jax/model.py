@@ -19,7 +19,7 @@ What differs from the torch file, and why:
   by a hash of a seed and its position (`attention_dropout_keep`), so a kernel draws the same mask;
 - randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
   `dropout` stream, or any object whose `.dropout()` gives a new key: a jitted step passes
-  `StepKeys` of the key it is given). Without it the model is in eval mode;
+  `HostKeys` of the key it is given). Without it the model is in eval mode;
 - precision: parameters live in float32. Cast them to bfloat16 (`train.cast`) and the forward runs
   in bfloat16, with LayerNorm statistics, softmax and losses in float32; the embedding tables stay
   float32, so their gradients add up in float32 (segments by a one-hot matmul);
@@ -56,11 +56,12 @@ def dense(n_in: int, n_out: int, config: BertConfig, rngs: nnx.Rngs) -> nnx.Line
     return nnx.Linear(n_in, n_out, kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
 
 
-class StepKeys:
-    """The `rngs` of a traced training call: `.dropout()` draws fold_in(key, 0), fold_in(key, 1), ...,
-    the keys `nnx.Rngs(dropout=key).dropout()` draws, counted on the host. nnx.Rngs counts in a
-    traced array, and flax's update of it asks the new count for a sharding, which makes JAX trace
-    the tracer's origin through the program traced so far: a scan of the step's program per draw."""
+class HostKeys:
+    """An `nnx.Rngs` for traced calls: `.dropout()` draws fold_in(key, 0), fold_in(key, 1), ...,
+    the keys `nnx.Rngs(dropout=key).dropout()` draws, counted on the host; `.params()` the same, for
+    a model built under `nnx.eval_shape` (its shapes only: no key's value is used). nnx.Rngs counts in
+    a traced array, and flax's update of it asks the new count for a sharding, which makes JAX trace
+    the tracer's origin through the program traced so far: a scan of the program per draw."""
 
     def __init__(self, key: jax.Array) -> None:
         self.key, self.count = key, 0
@@ -69,6 +70,8 @@ class StepKeys:
         key = jax.random.fold_in(self.key, self.count)
         self.count += 1
         return key
+
+    params = dropout
 
 
 def dropout(module: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -334,6 +337,12 @@ class BertPreTrainedModel(nnx.Module):
         from bert_kit.jax.weights import from_pretrained
 
         return from_pretrained(cls, folder, strict=strict, seed=seed, **head_args)
+
+    @classmethod
+    def shapes(cls, config: BertConfig, seed: int = 0, **head_args) -> BertPreTrainedModel:
+        """The model of `config` as shapes only (`nnx.eval_shape`), for weights loaded in after: no
+        random weight is drawn, nor its key traced (`HostKeys`)."""
+        return nnx.eval_shape(lambda: cls(config, rngs=HostKeys(jax.random.key(seed)), **head_args))
 
     def save_pretrained(self, folder: str | Path, tokenizer: str | Path | None = None) -> None:
         """Write config.json + model.safetensors that bert-kit's PyTorch side and `transformers`

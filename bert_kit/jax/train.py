@@ -42,7 +42,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
-from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, StepKeys, _TiedMLM
+from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, HostKeys, _TiedMLM
 
 IGNORE_INDEX = -100
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -300,7 +300,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
 
         def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
             model = nnx.merge(graphdef, cast(params, compute_dtype))
-            return loss_fn(model, batch, StepKeys(key))
+            return loss_fn(model, batch, HostKeys(key))
 
         (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)

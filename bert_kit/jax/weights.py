@@ -116,8 +116,7 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     def build() -> nnx.Module:
         return cls(config, rngs=nnx.Rngs(seed), **head_args)
 
-    # shapes only: drawing random weights that the folder replaces costs a compilation per shape
-    model = nnx.eval_shape(build)
+    model = cls.shapes(config, seed, **head_args)  # random weights that the folder replaced: a compilation a shape
     if hasattr(model, "mlm"):
         check_decoder_tied(hf_state, str(folder))
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))
@@ -156,7 +155,7 @@ def from_torch(torch_model, cls: type) -> nnx.Module:
     rates = trained_dropout(torch_model)  # may differ from the config (pretraining's `dropout`): the twin's too
     if rates is not None:
         config = dataclasses.replace(config, hidden_dropout_prob=rates[0], attention_probs_dropout_prob=rates[1])
-    model = nnx.eval_shape(lambda: cls(config, **head_args))  # shapes only: the weights are copied in
+    model = cls.shapes(config, **head_args)  # the weights are copied in
     state = {name: p.detach().cpu().float().numpy() for name, p in torch_model.named_parameters()
              if name != "mlm.decoder.weight"}  # the tied decoder is the word embeddings
     load_torch_state_dict(model, state, source=type(torch_model).__name__, strict=True)

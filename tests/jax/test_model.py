@@ -20,7 +20,7 @@ from flax import nnx  # noqa: E402
 
 import bert_kit.jax as bj  # noqa: E402
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.model import StepKeys, attention  # noqa: E402
+from bert_kit.jax.model import HostKeys, attention  # noqa: E402
 from bert_kit.jax.weights import torch_name  # noqa: E402
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
 
@@ -201,7 +201,7 @@ def test_step_keys_draw_nnx_rngs_keys_without_asking_tracers_their_origin(monkey
 
     @jax.jit
     def forward(state, key, keys: bool):
-        rngs = StepKeys(key) if keys else nnx.Rngs(dropout=key)
+        rngs = HostKeys(key) if keys else nnx.Rngs(dropout=key)
         return nnx.merge(graphdef, state)(batch["input_ids"], batch["attention_mask"], rngs=rngs)
 
     forward = jax.jit(forward.__wrapped__, static_argnums=2)
@@ -212,7 +212,7 @@ def test_step_keys_draw_nnx_rngs_keys_without_asking_tracers_their_origin(monkey
     origins = []
     original = DynamicJaxprTracer._origin_msg
     monkeypatch.setattr(DynamicJaxprTracer, "_origin_msg", lambda self: origins.append(1) or original(self))
-    jax.jit(lambda key: [StepKeys(key).dropout() for _ in range(3)]).trace(jax.random.key(0))
+    jax.jit(lambda key: [HostKeys(key).dropout() for _ in range(3)]).trace(jax.random.key(0))
     assert origins == []
     jax.jit(lambda key: [nnx.Rngs(dropout=key).dropout() for _ in range(3)]).trace(jax.random.key(0))
     assert origins  # what the test guards against: flax's traced counter still asks
