@@ -20,7 +20,9 @@ The study folder (`--study`, default the config's output_dir) holds Optuna's SQL
 its trials ran with (`check_same_settings`). Trials that report to MLflow share one store there
 (mlflow.db) and one experiment, named as the study folder.
 Ctrl-C stops the running trial as it stops any run (a checkpoint); the study records it as
-interrupted, and the next `bert-kit tune` resumes that trial's run from its checkpoint first.
+interrupted, and the next `bert-kit tune` resumes that trial's run from its checkpoint first. A
+trial stopped by an error every trial would meet (a setting, the data) fails the command; it is
+listed FAIL, neither resumed nor counted, and the study continues once the settings are fixed.
 At the end (and when interrupted) the study folder gets best.yaml (the best trial's settings: a
 config ready for `bert-kit finetune --config`), trials.tsv, and optimization_history.png where
 matplotlib is installed; the command prints the table of trials.
@@ -215,11 +217,12 @@ def check_same_settings(study: Any, spec: SearchSpec, base: FinetuneConfig, fold
 
 
 def counted(trial: Any) -> bool:
-    """Whether a trial counts toward --trials: finished (complete, pruned, or failed on its own)."""
+    """Whether a trial counts toward --trials: finished (complete, pruned, or failed on its own: diverged),
+    not interrupted nor stopped by an error before it trained."""
     from optuna.trial import TrialState
 
     return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
-        trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted"))
+        trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted") and "error" not in trial.user_attrs)
 
 
 def enqueue_interrupted(study: Any, folder: Path) -> None:
@@ -267,8 +270,12 @@ def tune(spec: SearchSpec, base: FinetuneConfig, trials: int, folder: Path, prun
             print(f"trial {trial.number} failed: {e}", file=sys.stderr, flush=True)
             study.tell(trial, state=TrialState.FAIL)
             continue
-        except BaseException:  # a Ctrl-C outside the steps, or an error every trial would meet
+        except (KeyboardInterrupt, SystemExit):  # a Ctrl-C outside the steps: resumed by the next `tune`
             trial.set_user_attr("interrupted", True)
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        except BaseException as e:  # an error every trial would meet (its settings, the data): not resumed,
+            trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:500])  # nor counted as a trial that ran
             study.tell(trial, state=TrialState.FAIL)
             raise
         for key in ("metric", "steps", "wall_time_s", "best_step"):

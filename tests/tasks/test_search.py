@@ -120,7 +120,11 @@ def test_a_study_whose_first_trial_failed_on_its_settings_continues_with_fixed_o
     config = write_config(tmp_path, tiny, "  lr: loguniform(1e-4, 3e-3)\n")
     assert main(["tune", "--config", str(config), "--trials", "1", "metric=f1_zzz"]) == 2  # no such label
     assert "metric='f1_zzz' is not a validation metric" in capsys.readouterr().err
+    study = optuna.load_study(study_name="bert-kit", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"] and not study.trials[0].user_attrs.get("interrupted")
+    assert "ConfigError: metric='f1_zzz'" in study.trials[0].user_attrs["error"]
     assert main(["tune", "--config", str(config), "--trials", "1", "metric=f1"]) == 0
+    assert "resumed" not in capsys.readouterr().err  # the failed trial is not run again
 
 
 @pytest.mark.slow
