@@ -185,9 +185,10 @@ def update_rule(optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.9
 def create_optimizer(learning_rate: float | optax.Schedule, weight_decay: float = 0.01,
                      betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                      clip_grad: float | None = 1.0) -> optax.GradientTransformation:
-    """AdamW (decoupled weight decay on matrices only) after global-norm clipping (0 or None: none)."""
-    tx = optax.adamw(learning_rate, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay, mask=decay_mask)
-    return optax.chain(optax.clip_by_global_norm(clip_grad), tx) if clip_grad else tx
+    """AdamW (decoupled weight decay on matrices only) after global-norm clipping (0 or None: none):
+    the engine's `update_rule`, scaled by the learning rate (a number or a schedule)."""
+    return optax.chain(update_rule("adamw", betas, eps, weight_decay, clip_grad),
+                       optax.scale_by_learning_rate(learning_rate))
 
 
 # fp16's dynamic loss scaling, inside the step, with torch.amp.GradScaler's defaults: both engines
