@@ -177,6 +177,7 @@ class Programs:
         self.graphdef, self.dtype, self.tx, self.names, self.head = graphdef, dtype, tx, names, head
         self.gathered = gathered
         self.loss = head.loss if head is not None else task_loss
+        self.scaling = LossScale.dynamic(dtype)  # fp16: the gradients of loss * scale, then / scale
         # jitted on its own inside each train step: traced once for every batch shape, where the
         # optimizer's update of every weight would be traced again for each
         self.apply = jax.jit(self.update)
@@ -203,13 +204,12 @@ class Programs:
         """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`;
         returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
         key = jax.random.fold_in(state.key, state.step)
-        scaling = LossScale.dynamic(self.dtype)  # fp16: the gradients of loss * scale, then / scale
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
             def loss_of(params: nnx.State) -> tuple[jax.Array, tuple]:
                 rngs = HostKeys(jax.random.fold_in(key, index))
                 loss, parts = self.loss(self.model_at(frozen, params), micro, rngs)
-                return (loss * state.loss_scale.scale if scaling else loss), (loss, parts)
+                return (loss * state.loss_scale.scale if self.scaling else loss), (loss, parts)
 
             (_, (loss, parts)), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
             return {"loss": loss, **parts}, grads
@@ -224,20 +224,19 @@ class Programs:
             zeros = (dict.fromkeys(self.names, jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, state.params))
             total, _ = jax.lax.scan(add, zeros, (batch, jnp.arange(accum)))
             losses, grads = jax.tree.map(lambda x: x / accum, total)
-        if scaling:
+        if self.scaling:
             grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         return self.apply(state, losses, grads, lr)
 
     def update(self, state: StepState, losses: dict[str, jax.Array], grads: nnx.State,
                lr: jax.Array) -> tuple[StepState, jax.Array]:
         """The step after its gradients: the checks, the optimizer's update, the window's sums."""
-        scaling = LossScale.dynamic(self.dtype)
         # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`); under
         # fp16 an overflowed gradient is the scale's to handle, as torch's GradScaler does
         grad_norm = optax.global_norm(grads)
         loss_ok = jnp.all(jnp.stack([jnp.isfinite(v) for v in losses.values()]))
         overflow = loss_ok & ~jnp.isfinite(grad_norm)
-        bad_grad = jnp.zeros((), bool) if scaling else overflow
+        bad_grad = jnp.zeros((), bool) if self.scaling else overflow
         in_a_row = jnp.where(bad_grad, state.in_a_row + 1, 0)
         stop = ~loss_ok | (in_a_row >= MAX_SKIPPED_IN_A_ROW)
         first = stop & (state.first_bad == 0)
@@ -245,7 +244,7 @@ class Programs:
         seen = {**losses, "grad_norm": grad_norm}
         bad = {k: jnp.where(first, seen[k], v) for k, v in state.bad.items()}
         skip = (first_bad != 0) | overflow  # from the first bad step on, nothing moves
-        loss_scale = state.loss_scale.update(~overflow) if scaling else state.loss_scale
+        loss_scale = state.loss_scale.update(~overflow) if self.scaling else state.loss_scale
 
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, jax.tree.map(lambda u: -lr * u, updates))

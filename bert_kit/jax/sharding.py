@@ -7,8 +7,8 @@ none divides, a LayerNorm's (H,) on 3 devices, stays replicated), so a device ho
 the float32 weights and of AdamW's two moments. The step gathers the weights at their use, in the
 compute dtype (`Programs.model_at` constrains them to replicated: that leaves the batch split as
 under ddp, so the model and its kernels see the same activations), and GSPMD reduce-scatters the
-gradients into the shards that the optimizer updates. Frozen weights (an unused pooler) stay replicated: they have no
-optimizer state, and the forward reads them.
+gradients into the shards that the optimizer updates. Frozen weights (an unused pooler) stay
+replicated: they have no optimizer state, and the forward reads them.
 
     shardings = fsdp_shardings(abstract_params, mesh)   # NamedSharding per leaf
     params = jax.device_put(params, shardings)
