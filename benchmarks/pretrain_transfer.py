@@ -78,7 +78,7 @@ def heldout_mlm(folder: Path, files: list[Path], mode: str, mask_probability: fl
     """MLM loss / accuracy of `folder` on `files` (documents packed into 128-token blocks)."""
     import torch
 
-    from bert_kit.data.corpus import tokenize_to_cache
+    from bert_kit.data.token_cache import tokenize_to_cache
     from bert_kit.data.masking import DataCollatorForMLM
     from bert_kit.data.pretraining import PackedDataset
     from bert_kit.heads import BERTForMaskedLM

@@ -34,23 +34,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .corpus import StreamingTextDataset, TokenCache, _encode_documents, plain_backend, split_sentences
+from .corpus import StreamingTextDataset, _encode_documents, plain_backend
 from .masking import DataCollatorForMLM
+from .token_cache import TokenCache, split_sentences
 
 __all__ = [
-    "split_sentences",
-    "MLMDataset",
-    "NSPInstance",
-    "create_nsp_instances",
-    "NSPDataset",
-    "PackedDataset",
-    "block_diagonal_mask",
-    "DistributedResumableSampler",
-    "ResumableSampler",
-    "ResumableDataLoader",
-    "StreamingDataLoader",
-    "create_mlm_dataloader",
-    "create_pretraining_dataloader",
+    "split_sentences", "MLMDataset", "NSPInstance", "create_nsp_instances", "NSPDataset", "PackedDataset",
+    "block_diagonal_mask", "DistributedResumableSampler", "ResumableSampler", "ResumableDataLoader",
+    "StreamingDataLoader", "create_mlm_dataloader", "create_pretraining_dataloader",
 ]
 
 IS_NEXT, NOT_NEXT = 0, 1  # next_sentence_label values (the HF convention)

@@ -76,7 +76,8 @@ def load_corpus(cfg: PretrainConfig, tokenizer: Any, out: Path) -> dict[str, Any
     returned as lists of tokenised sentences per document (train and eval split by document);
     MLM only: TokenCaches (the eval split happens later);
     streaming: only the resolved file lists (the loaders read them lazily)."""
-    from bert_kit.data.corpus import resolve_files, tokenize_to_cache
+    from bert_kit.data.corpus import resolve_files
+    from bert_kit.data.token_cache import tokenize_to_cache
 
     if not cfg.train_files:
         raise ValueError("train_files is empty: name the training text files")

@@ -558,7 +558,7 @@ def test_unicode_line_separator_inside_a_line_is_one_prediction(cli, folders, tm
 
 
 def test_wikitext_unk_is_one_unknown_token(folders, tmp_path):
-    from bert_kit.data.corpus import tokenize_to_cache
+    from bert_kit.data.token_cache import tokenize_to_cache
 
     path = tmp_path / "wiki.txt"
     path.write_text(" = A = \n the <unk> of <unk> \n", encoding="utf-8")

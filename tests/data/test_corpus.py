@@ -12,14 +12,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from bert_kit.data import corpus
+from bert_kit.data import corpus, token_cache
 from bert_kit.data.corpus import (
     StreamingTextDataset,
     iter_documents,
     read_documents,
     read_hf_documents,
-    tokenize_to_cache,
 )
+from bert_kit.data.token_cache import tokenize_to_cache
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_token_cache_hit_and_invalidation(small_corpus, tmp_path, tokenizer, mon
         calls.append(len(texts))
         return real(backend, texts)
 
-    monkeypatch.setattr(corpus, "_encode_documents", counting)
+    monkeypatch.setattr(token_cache, "_encode_documents", counting)
     first = tokenize_to_cache(small_corpus, tokenizer, tmp_path / "c", mode="wikitext",
                               progress=False)
     assert sum(calls) == first.num_documents

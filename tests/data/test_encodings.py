@@ -18,7 +18,8 @@ import pytest
 from bert_kit.checks import ConfigError
 from bert_kit.data import read_lines, read_text, setting, settings_named_as
 from bert_kit.data.classification import read_classification_file
-from bert_kit.data.corpus import StreamingTextDataset, iter_documents, tokenize_to_cache
+from bert_kit.data.corpus import StreamingTextDataset, iter_documents
+from bert_kit.data.token_cache import tokenize_to_cache
 from bert_kit.data.ner import read_conll
 from bert_kit.data.squad import read_squad
 from bert_kit.data.sts import read_pair_file, read_sts

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bert_kit.data.corpus import TokenCache, read_documents
+from bert_kit.data.corpus import read_documents
+from bert_kit.data.token_cache import TokenCache
 from bert_kit.data.masking import IGNORE_INDEX
 from bert_kit.data.pretraining import (
     DistributedResumableSampler,

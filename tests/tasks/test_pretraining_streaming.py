@@ -22,12 +22,14 @@ from safetensors.torch import load_file
 from tests.tasks.test_pretraining import SignalAtStep, tiny_config, train_losses, write_corpus
 
 import bert_kit.data.corpus
+import bert_kit.data.token_cache
 import bert_kit.tasks.pretraining
 import bert_kit.training.loop
 import bert_kit.tasks.pretraining_data
 from bert_kit.training.checkpoint import latest_checkpoint, load_trainer_state
 from bert_kit.cli import main as cli
-from bert_kit.data.corpus import StreamingTextDataset, TokenCache, plain_backend
+from bert_kit.data.corpus import StreamingTextDataset, plain_backend
+from bert_kit.data.token_cache import TokenCache
 from bert_kit.data.masking import DataCollatorForMLM
 from bert_kit.data.pretraining import MLMDataset, PackedDataset, StreamingDataLoader
 from bert_kit.tasks.pretraining import PretrainConfig, pretrain
@@ -53,7 +55,8 @@ def no_full_read(monkeypatch) -> None:
     def forbidden(*args, **kwargs):
         raise AssertionError("the streaming run read the whole corpus")
 
-    for module in (bert_kit.data.corpus, bert_kit.tasks.pretraining_data, bert_kit.tasks.pretraining):
+    for module in (bert_kit.data.corpus, bert_kit.data.token_cache, bert_kit.tasks.pretraining_data,
+                   bert_kit.tasks.pretraining):
         for name in ("read_documents", "tokenize_to_cache"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, forbidden)
