@@ -50,10 +50,8 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -73,7 +71,7 @@ from bert_kit.model_folder import (read_model_metadata, resolve_model, resolve_m
 from bert_kit.modernbert import ModernBertAttention
 from bert_kit.onnx_runtime import (CALL_OUTPUTS, INPUT_NAMES, ONNX_FILE, OnnxModel, is_onnx_folder,
                                    require_onnxruntime, role)
-from bert_kit.outputs import OutputFolder, entries, write_record
+from bert_kit.outputs import OutputFolder, StopSignals, entries, write_record
 
 QUANTIZE_CHOICES = ("int8",)
 OPSET = 17  # LayerNormalization is a standard op from 17 on
@@ -425,42 +423,6 @@ def install(final: Path, folder: OutputFolder) -> None:
     for name in names:
         os.replace(final / name, output / name)
     folder.commit(names)
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT during an export, raised where the export is, so that it cleans up."""
-
-    def __init__(self, signum: int, finished: bool = False):
-        super().__init__(signal.Signals(signum).name)
-        self.signum, self.finished = signum, finished  # finished: it came as the export was done
-
-
-class StopSignals:
-    """While active (in the main thread), SIGTERM and SIGINT raise `Interrupted`. After `hold()`
-    (cleaning up) a signal waits: it is raised when the block ends."""
-
-    def __enter__(self) -> "StopSignals":
-        self.signum, self.holding, self._previous = None, False, {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        first = self.signum is None
-        self.signum = self.signum or signum
-        if first and not self.holding:
-            self.holding = True
-            raise Interrupted(signum)
-
-    def hold(self) -> None:
-        self.holding = True
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        if exc_type is None and self.signum is not None:
-            raise Interrupted(self.signum, finished=True)
 
 
 @contextlib.contextmanager

@@ -34,9 +34,11 @@ import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
@@ -352,3 +354,42 @@ class FolderLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+# ---- stop signals while a folder is built ----------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT while a folder is built (an export), raised where the work is, so that it
+    cleans up."""
+
+    def __init__(self, signum: int, finished: bool = False):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.finished = signum, finished  # finished: it came as the export was done
+
+
+class StopSignals:
+    """While active (in the main thread), SIGTERM and SIGINT raise `Interrupted`. After `hold()`
+    (cleaning up) a signal waits: it is raised when the block ends."""
+
+    def __enter__(self) -> "StopSignals":
+        self.signum, self.holding, self._previous = None, False, {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        self.signum = self.signum or signum
+        if first and not self.holding:
+            self.holding = True
+            raise Interrupted(signum)
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if exc_type is None and self.signum is not None:
+            raise Interrupted(self.signum, finished=True)

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bert_kit.onnx_export import Interrupted, export_onnx
+    from bert_kit.onnx_export import export_onnx
+    from bert_kit.outputs import Interrupted
 
     try:
         report = export_onnx(args.model, args.output, quantize=args.quantize, fuse=args.fuse, opset=args.opset)
