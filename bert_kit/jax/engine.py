@@ -302,6 +302,7 @@ class JaxEngine(Engine):
         self.model = self.head.trained(job.model) if self.head is not None else job.model
         devices = resolve_devices(cfg.device)
         self.precision = resolve_jax_precision(cfg.precision, devices)
+        self.parallel = getattr(cfg, "parallel", "ddp") if len(devices) > 1 else None  # results.json's
         self.dtype = DTYPES[self.precision.name]
         self.mesh = jax.sharding.Mesh(np.asarray(devices), ("data",))
         if self.head is not None:

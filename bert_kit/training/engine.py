@@ -49,6 +49,7 @@ class Engine:
 
     name = ""
     precision: Any  # device and precision, resolved once; str() of it goes to results.json
+    parallel: str | None = None  # how the weights are spread over several devices (ddp, fsdp); None on one
 
     def status(self, text: str) -> None:
         """Show `text` on the run's progress bar while the device waits ("" clears it; the loop sets this)."""
@@ -130,6 +131,7 @@ class TorchEngine(Engine):
 
     def __init__(self, job: Any, cfg: Any, run: Any) -> None:
         self.job, self.precision = job, run.precision
+        self.parallel = cfg.parallel if world_size() > 1 else None
         device, model = run.precision.device, job.model
         sharded = cfg.parallel == "fsdp" and world_size() > 1
         if sharded and self.precision.use_grad_scaler:

@@ -440,7 +440,7 @@ class TrainingLoop:
         stopped = EARLY_STOPPING if self.stopped_early else self.stopped
         results = {"steps": self.step, "stopped": stopped,
                    **({"stop_reason": self.stop_reason} if self.stop_reason else {}),
-                   "output_dir": str(out), "world_size": world_size(),
+                   "output_dir": str(out), "world_size": world_size(), "parallel": self.engine.parallel,
                    "precision": str(self.engine.precision), **(summarize(out, job.unit) if self.main else {}),
                    "best_value": self.best.value, "best_step": self.best.step, "best_metrics": self.best.metrics,
                    "final_metrics": final_metrics, "wall_time_s": None,

@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/jax/test_engine_fsdp.py -q -n 0
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def test_pretraining_with_fsdp_takes_the_replicated_runs_steps_and_resumes_bit_f
     for step, record in records(ddp, "eval").items():
         assert abs(records(fsdp, "eval")[step]["mlm_loss"] - record["mlm_loss"]) <= TOLERANCE
     assert abs(results["fsdp"]["test_mlm_loss"] - results["ddp"]["test_mlm_loss"]) <= TOLERANCE
+    assert [json.loads((run / "results.json").read_text())["parallel"] for run in (ddp, fsdp)] == ["ddp", "fsdp"]
     assert_same_folders(fsdp / "final", ddp / "final", TOLERANCE)
     assert_same_folders(latest_checkpoint(fsdp), latest_checkpoint(ddp), TOLERANCE)
 

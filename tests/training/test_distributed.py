@@ -235,6 +235,7 @@ def test_torchrun_cli_survives_a_dead_and_a_stalled_rank(tmp_path):
     # and the run resumes from its last checkpoint, now sharded with FSDP2, ending where the
     # uninterrupted run ended: same per-rank dropout streams and data positions
     torchrun("-m", "bert_kit", *argv, "parallel=fsdp", "--resume", "latest")
+    assert json.loads((run / "results.json").read_text())["parallel"] == "fsdp"
     got = {r["step"]: r["loss"] for r in read_metrics(run) if r["type"] == "train"}
     want = {r["step"]: r["loss"] for r in train}
     assert sorted(got) == list(range(1, 9))
