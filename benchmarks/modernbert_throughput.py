@@ -208,12 +208,29 @@ def run(kind: str, name: str, config: ModernBertConfig, batches: list[dict], arg
     """One variant in this process: prepared, warmed up (compiled), timed, freed."""
     step, dev, model = prepare(kind, name, config, batches, args)
     result = measure(kind, name, config, batches, step, dev, args, args.warmup)
+    if args.profile:
+        print_profile(name, step, dev, args.profile)
     del model, dev, step
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
     torch._dynamo.reset()
     return result
+
+
+def print_profile(name: str, step, dev: list[dict], rows: int) -> None:
+    """A diagnostic (--profile N): the N kernels that took the most device time over 3 warm steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for b in dev[:3]:
+            step(b)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    print(f"== profile of {name}, 3 steps, by {key}", flush=True)
+    print(events.table(sort_by=key, row_limit=rows, max_name_column_width=90), flush=True)
 
 
 # ---- --parallel: variants compiled side by side, timed one at a time -----------------------------------
@@ -331,6 +348,8 @@ def main() -> None:
     p.add_argument("--wait-file", help="with --parallel: time nothing before this file exists (the GPU tests "
                                        "run beside the compilation and create it when done)")
     p.add_argument("--child-timeout", type=float, default=420, help="seconds a --parallel child may take per phase")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="a diagnostic: after each variant (not with --parallel), its N costliest kernels on the GPU")
     p.add_argument("--tiny", action="store_true",
                    help="modernbert-tiny at small shapes, not compiled: checks the script (on a CPU too)")
     args = p.parse_args()
