@@ -63,11 +63,13 @@ def sentences(root: Path, limit: int | None) -> list[str]:
     return out[:limit]
 
 
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # both sides' environment (--pycache changes it)
+
+
 def timed(command: list[str]) -> tuple[float, str, str]:
     """(seconds from launch to exit, stdout, stderr without progress bars)."""
     t0 = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     seconds = time.perf_counter() - t0
     err = "\n".join(line for line in done.stderr.replace("\r", "\n").splitlines() if "it/s]" not in line
                     and "text/s]" not in line and not line.startswith(("embed:", "Batches:")))
@@ -88,7 +90,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each side, alternating (default 2)")
     parser.add_argument("--no-warm-up", action="store_true", help="time the first launches too (cold caches)")
     parser.add_argument("--profile", action="store_true", help="print the phases of the fastest bert-kit run")
+    parser.add_argument("--pycache", type=Path, default=None,
+                        help="Python's bytecode caches here, for both sides (PYTHONPYCACHEPREFIX), where the "
+                             "environment disables them (PYTHONDONTWRITEBYTECODE): an install by pip has them")
     args = parser.parse_args()
+    if args.pycache:  # the warm-up runs write them
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+        ENV["PYTHONPYCACHEPREFIX"] = str(args.pycache.resolve())
+    elif ENV.get("PYTHONDONTWRITEBYTECODE"):
+        print("note: PYTHONDONTWRITEBYTECODE is set: every launch compiles every module it imports (seconds for "
+              "torch); --pycache DIR measures as a pip install runs", file=sys.stderr)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
 
