@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from bert_kit.kernels.packing import Packed
-from bert_kit.modernbert import ModernBertModel, sdpa_attention
+from bert_kit.modernbert import ModernBertModel, rotary, sdpa_attention
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -136,3 +136,26 @@ class PackedModernBertModel(ModernBertModel):
                                                   "then padding); pass unpadded=True for any other mask")
             unpadded = Packed.of_rows(attention_mask)
         return super().forward(input_ids, attention_mask, token_type_ids, unpadded)
+
+    def rotations(self, positions: torch.Tensor, packed: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """As the reference's, each (cos, sin) computed by one op that compiled code calls, not
+        inlines: inductor would fuse the reference's arithmetic into every kernel that turns q or k,
+        forward and backward, computing sin and cos again for each element of every head (a fifth of
+        ModernBERT-base's training step at seq 512 on an H200); this way they are read from memory."""
+        turns = {}
+        for kind in set(self.config.layer_types):
+            cos, sin = rotary_table(positions, self.config.rope_theta(kind), self.config.head_dim)
+            turns[kind] = (cos[:, None], sin[:, None]) if packed else (cos, sin)
+        return turns
+
+
+@torch.library.custom_op("bert_kit::rotary_table", mutates_args=())
+def rotary_table(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`bert_kit.modernbert.rotary` as an op of its own: (...,) int -> cos, sin (..., head_dim) float32."""
+    return rotary(positions, theta, head_dim)
+
+
+@rotary_table.register_fake
+def _(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (*positions.shape, head_dim)
+    return positions.new_empty(shape, dtype=torch.float32), positions.new_empty(shape, dtype=torch.float32)

@@ -20,9 +20,9 @@ from bert_kit.kernels.fast_path import FastPath, plan
 from bert_kit.kernels.packing import Packed
 from bert_kit.kernels.residual import LowPrecisionTorchLayerNorm
 from bert_kit.kernels.window_attention import (PackedModernBertModel, document_window_mask, flash_window_attention,
-                                               flex_window_attention)
+                                               flex_window_attention, rotary_table)
 from bert_kit.modernbert import (ModernBertForMaskedLM, ModernBertForSequenceClassification, ModernBertModel,
-                                 sdpa_attention)
+                                 rotary, sdpa_attention)
 from bert_kit.modernbert_config import ModernBertConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -176,6 +176,32 @@ def test_the_compiled_flexattention_encoder_is_one_graph_with_the_references_out
         explained = torch._dynamo.explain(model)(ids, mask)
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
         assert_close(torch.compile(model)(ids, mask)[keep], reference(ids, mask)[keep], atol=2e-6, rtol=1e-5)
+
+
+def test_compiled_code_takes_the_rotations_from_one_op_per_theta():
+    """The packed encoder's graph computes cos and sin in `rotary_table` (one call per layer type),
+    which inductor cannot fuse into the kernels that turn q and k; the reference's graph computes
+    them inline. Same outputs."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    reference = ModernBertModel(CONFIG).eval()
+    model = copy.deepcopy(reference)
+    model.__class__ = PackedModernBertModel
+    ids, mask = padded_batch()
+
+    def calls(m):
+        graphs = torch._dynamo.explain(m)(ids, mask).graphs
+        return [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
+
+    with torch.no_grad():
+        packed, inline = calls(model), calls(reference)
+        assert packed.count("bert_kit.rotary_table.default") == len(set(CONFIG.layer_types)) == 2
+        assert "cos" not in packed and "sin" not in packed and "cos" in inline and "sin" in inline
+        assert_close(model(ids, mask)[mask.bool()], reference(ids, mask)[mask.bool()], atol=2e-6, rtol=1e-5)
+    positions = torch.tensor([0, 5, 8191])
+    for got, want in zip(rotary_table(positions, 160000.0, 16), rotary(positions, 160000.0, 16)):
+        assert_close(got, want, atol=0, rtol=0)
 
 
 def test_kernels_fall_back_to_the_reference_where_they_do_not_run():
