@@ -27,6 +27,7 @@ __all__ = ["TokenCache", "split_sentences", "tokenize_to_cache"]
 
 _CACHE_VERSION = 2  # 2: WikiText's <unk> is the tokenizer's unknown token
 
+
 class TokenCache:
     """A corpus as one flat token array (B,) and document offsets (D + 1,) int64.
 
