@@ -226,6 +226,8 @@ class ModernBertPreTrainedModel(BertPreTrainedModel):
 class ModernBertModel(ModernBertPreTrainedModel):
     """The ModernBERT encoder: `model(input_ids, attention_mask)` -> last hidden states (B, T, H)."""
 
+    rotary = staticmethod(rotary)  # cos and sin of the positions (the fast path computes them in one op)
+
     def __init__(self, config: ModernBertConfig):
         super().__init__()
         self.config = config
@@ -265,20 +267,14 @@ class ModernBertModel(ModernBertPreTrainedModel):
         return self.encode(self.embeddings(input_ids), position_ids,
                            packed=Packed(cu_seqlens.to(torch.int32), int(max_seqlen)))
 
-    def rotations(self, positions: torch.Tensor, packed: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin of each layer type's rotation (one per theta, shared by its layers): (T, hd)
-        each for positions (T,), or (N, 1, hd) for packed positions (N,), the same for every head."""
-        turns = {}
-        for kind in set(self.config.layer_types):
-            cos, sin = rotary(positions, self.config.rope_theta(kind), self.config.head_dim)
-            turns[kind] = (cos[:, None], sin[:, None]) if packed else (cos, sin)
-        return turns
-
     def encode(self, x: torch.Tensor, positions: torch.Tensor, masks: dict | None = None,
                packed: Packed | None = None) -> torch.Tensor:
         """The layers and the final norm. x: (B, T, H) with positions (T,) and a mask per layer
         type, or packed (N, H) with positions (N,) and `packed`."""
-        turns = self.rotations(positions, packed is not None)
+        turns = {}
+        for kind in set(self.config.layer_types):  # one rotation per theta, shared by its layers
+            cos, sin = self.rotary(positions, self.config.rope_theta(kind), self.config.head_dim)  # (T | N, hd)
+            turns[kind] = (cos, sin) if packed is None else (cos[:, None], sin[:, None])  # (N, 1, hd): per head
         for layer in self.layers:
             mask = None if masks is None else masks[layer.attention_type]
             x = layer(x, *turns[layer.attention_type], mask, packed)

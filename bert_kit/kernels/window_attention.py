@@ -114,6 +114,21 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
+@torch.library.custom_op("bert_kit::rotary_table", mutates_args=())
+def rotary_table(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`bert_kit.modernbert.rotary` as an op of its own: (...,) int -> cos, sin (..., head_dim) float32.
+    Compiled code calls it instead of inlining its arithmetic: inductor would fuse that into every
+    kernel that turns q or k, forward and backward, computing sin and cos again for each element of
+    every head (a fifth of ModernBERT-base's training step at seq 512 on an H200)."""
+    return rotary(positions, theta, head_dim)
+
+
+@rotary_table.register_fake
+def _(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (*positions.shape, head_dim)
+    return positions.new_empty(shape, dtype=torch.float32), positions.new_empty(shape, dtype=torch.float32)
+
+
 class PackedModernBertModel(ModernBertModel):
     """`ModernBertModel` whose padded calls run packed, so each layer's attention is a packed kernel's
     (no (B, T, T) mask): every position, by rows (`Packed.of_rows`: each row's tokens, then its
@@ -122,6 +137,8 @@ class PackedModernBertModel(ModernBertModel):
     (checked without waiting for the device, outside compiled code). Callers that pass
     `unpadded=True` (bert-kit's jobs) skip the padding instead. Same parameters; the outputs at
     real tokens are the reference's."""
+
+    rotary = staticmethod(rotary_table)  # in compiled code the rotations are read from memory
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, unpadded: bool | Packed = False) -> torch.Tensor:
@@ -136,26 +153,3 @@ class PackedModernBertModel(ModernBertModel):
                                                   "then padding); pass unpadded=True for any other mask")
             unpadded = Packed.of_rows(attention_mask)
         return super().forward(input_ids, attention_mask, token_type_ids, unpadded)
-
-    def rotations(self, positions: torch.Tensor, packed: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """As the reference's, each (cos, sin) computed by one op that compiled code calls, not
-        inlines: inductor would fuse the reference's arithmetic into every kernel that turns q or k,
-        forward and backward, computing sin and cos again for each element of every head (a fifth of
-        ModernBERT-base's training step at seq 512 on an H200); this way they are read from memory."""
-        turns = {}
-        for kind in set(self.config.layer_types):
-            cos, sin = rotary_table(positions, self.config.rope_theta(kind), self.config.head_dim)
-            turns[kind] = (cos[:, None], sin[:, None]) if packed else (cos, sin)
-        return turns
-
-
-@torch.library.custom_op("bert_kit::rotary_table", mutates_args=())
-def rotary_table(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`bert_kit.modernbert.rotary` as an op of its own: (...,) int -> cos, sin (..., head_dim) float32."""
-    return rotary(positions, theta, head_dim)
-
-
-@rotary_table.register_fake
-def _(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (*positions.shape, head_dim)
-    return positions.new_empty(shape, dtype=torch.float32), positions.new_empty(shape, dtype=torch.float32)
