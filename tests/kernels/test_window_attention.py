@@ -178,30 +178,42 @@ def test_the_compiled_flexattention_encoder_is_one_graph_with_the_references_out
         assert_close(torch.compile(model)(ids, mask)[keep], reference(ids, mask)[keep], atol=2e-6, rtol=1e-5)
 
 
-def test_compiled_code_takes_the_rotations_from_one_op_per_theta():
-    """The packed encoder's graph computes cos and sin in `rotary_table` (one call per layer type),
+def test_compiled_code_takes_the_rotations_from_one_op_per_theta(monkeypatch):
+    """The fast path's encoder computes cos and sin in `rotary_table` (one call per layer type),
     which inductor cannot fuse into the kernels that turn q and k; the reference's graph computes
-    them inline. Same outputs."""
+    them inline. Same outputs. (On the CPU the flash kernel is a stand-in of its signature, so the
+    encoder traces as one graph, as on CUDA.)"""
     import torch._dynamo
+
+    from bert_kit.kernels import window_attention
 
     torch.manual_seed(0)
     reference = ModernBertModel(CONFIG).eval()
     model = copy.deepcopy(reference)
     model.__class__ = PackedModernBertModel
     ids, mask = padded_batch()
-
-    def calls(m):
-        graphs = torch._dynamo.explain(m)(ids, mask).graphs
-        return [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
-
     with torch.no_grad():
-        packed, inline = calls(model), calls(reference)
-        assert packed.count("bert_kit.rotary_table.default") == len(set(CONFIG.layer_types)) == 2
-        assert "cos" not in packed and "sin" not in packed and "cos" in inline and "sin" in inline
         assert_close(model(ids, mask)[mask.bool()], reference(ids, mask)[mask.bool()], atol=2e-6, rtol=1e-5)
     positions = torch.tensor([0, 5, 8191])
     for got, want in zip(rotary_table(positions, 160000.0, 16), rotary(positions, 160000.0, 16)):
         assert_close(got, want, atol=0, rtol=0)
+
+    monkeypatch.setattr(window_attention, "flash_applies", lambda q: True)
+    monkeypatch.setattr(window_attention, "varlen_attn", lambda q, k, v, *args, scale, window_size: v * scale)
+    fast_path.install(model, FastPath("cuda", window_flash=True))
+    fast_path.install(reference, FastPath("cuda", window_flash=True))
+    reference.__class__ = ModernBertModel  # the stand-in kernel, the reference's rotations
+
+    def calls(m):
+        explained = torch._dynamo.explain(m)(ids, mask)
+        assert explained.graph_count == 1, explained.break_reasons
+        return [str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op in ("call_function",
+                                                                                          "call_method")]
+
+    with torch.no_grad():
+        packed, inline = calls(model), calls(reference)
+    assert packed.count("bert_kit.rotary_table.default") == len(set(CONFIG.layer_types)) == 2
+    assert "cos" not in packed and "sin" not in packed and "cos" in inline and "sin" in inline
 
 
 def test_kernels_fall_back_to_the_reference_where_they_do_not_run():
