@@ -353,6 +353,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true",
                    help="modernbert-tiny at small shapes, not compiled: checks the script (on a CPU too)")
     args = p.parse_args()
+    if args.profile and args.parallel:
+        p.error("--profile runs the variants in this process: leave out --parallel")
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     config = ModernBertConfig.from_name("modernbert-tiny" if args.tiny else args.model)
     if args.tiny:  # the window below the lengths, so the sliding layers slide
