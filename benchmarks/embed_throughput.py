@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from finetune_cli import PYCACHE_HELP, keep_bytecode  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 SOURCES = ("sst2/train.tsv", "glue/SST-2/train.tsv")
@@ -90,16 +92,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each side, alternating (default 2)")
     parser.add_argument("--no-warm-up", action="store_true", help="time the first launches too (cold caches)")
     parser.add_argument("--profile", action="store_true", help="print the phases of the fastest bert-kit run")
-    parser.add_argument("--pycache", type=Path, default=None,
-                        help="Python's bytecode caches here, for both sides (PYTHONPYCACHEPREFIX), where the "
-                             "environment disables them (PYTHONDONTWRITEBYTECODE): an install by pip has them")
+    parser.add_argument("--pycache", type=Path, default=None, help=PYCACHE_HELP)
     args = parser.parse_args()
-    if args.pycache:  # the warm-up runs write them
-        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
-        ENV["PYTHONPYCACHEPREFIX"] = str(args.pycache.resolve())
-    elif ENV.get("PYTHONDONTWRITEBYTECODE"):
-        print("note: PYTHONDONTWRITEBYTECODE is set: every launch compiles every module it imports (seconds for "
-              "torch); --pycache DIR measures as a pip install runs", file=sys.stderr)
+    keep_bytecode(ENV, args.pycache)  # the warm-up runs write it
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
 

@@ -70,6 +70,21 @@ WARM_UP = {"bert-kit": "import bert_kit.cli.finetune, bert_kit.tasks.finetuning,
            "hf": "import torch, transformers; transformers.AutoModelForSequenceClassification; transformers.AutoTokenizer"}
 
 
+PYCACHE_HELP = ("Python's bytecode caches here, for both sides (PYTHONPYCACHEPREFIX), where the environment "
+                "disables them (PYTHONDONTWRITEBYTECODE): an install by pip has them")
+
+
+def keep_bytecode(env: dict[str, str], pycache: Path | None) -> None:
+    """--pycache: every side launched with `env` keeps its bytecode in `pycache` (the first launches
+    write it), where the environment disables bytecode; without it, a note says what each launch pays."""
+    if pycache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache.resolve())
+    elif env.get("PYTHONDONTWRITEBYTECODE"):
+        print("note: PYTHONDONTWRITEBYTECODE is set: every launch compiles every module it imports (seconds for "
+              "torch and transformers); --pycache DIR measures as a pip install runs", file=sys.stderr)
+
+
 def timed(cmd: list[str], log: Path) -> tuple[float, int]:
     t0 = time.time()
     with open(log, "w") as f:
@@ -168,17 +183,10 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=None, help="override every case's epochs (quick checks)")
     p.add_argument("--bertkit-set", nargs="*", default=[], help="extra key=value settings for bert-kit")
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per run here")
-    p.add_argument("--pycache", type=Path, default=None,
-                   help="Python's bytecode caches here, for both sides (PYTHONPYCACHEPREFIX), where the "
-                        "environment disables them (PYTHONDONTWRITEBYTECODE): an install by pip has them")
+    p.add_argument("--pycache", type=Path, default=None, help=PYCACHE_HELP)
     p.add_argument("--logs", type=Path, default=None, help="keep each run's log here (a JAX run's compilations)")
     args = p.parse_args()
-    if args.pycache:
-        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
-        ENV["PYTHONPYCACHEPREFIX"] = str(args.pycache.resolve())
-    elif ENV.get("PYTHONDONTWRITEBYTECODE"):
-        print("note: PYTHONDONTWRITEBYTECODE is set: every launch compiles every module it imports (seconds for "
-              "torch and transformers); --pycache DIR measures as a pip install runs", file=sys.stderr)
+    keep_bytecode(ENV, args.pycache)
     warm_up(args.impls.split(","))
     if "bertkit-jax" in args.impls.split(","):
         ENV["JAX_LOG_COMPILES"] = "1"  # each compilation and cache hit logged: counted per run
