@@ -116,7 +116,8 @@ def from_pretrained(cls: type, folder: str | Path, strict: bool = False, seed: i
     def build() -> nnx.Module:
         return cls(config, rngs=nnx.Rngs(seed), **head_args)
 
-    model = cls.shapes(config, seed, **head_args)  # random weights that the folder replaced: a compilation a shape
+    # shapes only: drawing random weights that the folder replaces costs a compilation per shape
+    model = cls.shapes(config, seed, **head_args)
     if hasattr(model, "mlm"):
         check_decoder_tied(hf_state, str(folder))
     state, unmapped = from_hf_state_dict(hf_state, hasattr(model, "bert"))

@@ -133,7 +133,7 @@ class TorchEngine(Engine):
         self.job, self.precision = job, run.precision
         self.parallel = cfg.parallel if world_size() > 1 else None
         device, model = run.precision.device, job.model
-        sharded = cfg.parallel == "fsdp" and world_size() > 1
+        sharded = self.parallel == "fsdp"
         if sharded and self.precision.use_grad_scaler:
             raise ValueError("parallel=fsdp trains in bf16 or fp32 (fp16 would need loss scaling of sharded "
                              "gradients): set precision=bf16 or precision=fp32")
