@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ModernBERT on one GPU in one command (about 6 minutes on an H200): the GPU tests of its kernels
-# (Triton rotary attention, flash and FlexAttention with the sliding window, the fast path's training
-# step and inference against the reference, relative-norm errors printed) run beside the compilation
+# (Triton rotary attention and GeGLU, flash and FlexAttention with the sliding window, the fast
+# path's training step and inference against the reference, relative-norm errors printed) run beside the compilation
 # of the benchmark's variants; then every variant is timed alone on the GPU:
 #   training (MLM step, bf16, fused AdamW) at seq 128 x 256, 512 x 64, 1024 x 32: bert-kit beside
 #     transformers' ModernBertForMaskedLM under torch.compile (target 1.5x);
@@ -28,7 +28,8 @@ start=$(date +%s)
 
 # the GPU tests, beside the compilation (the benchmark times nothing before they end)
 ( timeout 420 "$PY" -m pytest -q -s -p no:cacheprovider -p no:xdist -k gpu -rfEs \
-    tests/kernels/test_rotary_attention.py tests/kernels/test_window_attention.py >"$WORK/tests.log" 2>&1
+    tests/kernels/test_rotary_attention.py tests/kernels/test_window_attention.py tests/kernels/test_geglu.py \
+    >"$WORK/tests.log" 2>&1
   echo $? >"$WORK/tests.rc"; touch "$WORK/tests.done" ) &
 tests=$!
 

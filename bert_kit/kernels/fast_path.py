@@ -24,7 +24,8 @@ on CUDA, FlexAttention with a document and window block mask otherwise on CUDA),
 `ModernBertModel` becomes `PackedModernBertModel`, which runs padded calls packed: no layer builds
 a (T, T) mask, so memory grows linearly with the length (8,192 tokens). With flash and Triton, each
 `ModernBertAttention` becomes `RotaryAttention` (`rotary_attention.py`): q and k turned in one
-kernel, and at T <= 128 attention with the rotations and the window in one kernel a pass.
+kernel, and at T <= 128 attention with the rotations and the window in one kernel a pass. In 16
+bits with Triton, each `GeGLU` becomes `FusedGeGLU` (`geglu.py`): its activation one kernel a pass.
 
 `plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
 without a GPU); `install` swaps the classes; `apply` does both. Each swapped module still checks
@@ -46,7 +47,7 @@ import torch.nn as nn
 from bert_kit.config import BertConfig
 from bert_kit.heads import MLMHead
 from bert_kit.model import BERTModel, FeedForward, LayerNorm, MultiHeadAttention
-from bert_kit.modernbert import ModernBertAttention, ModernBertModel, sdpa_attention
+from bert_kit.modernbert import GeGLU, ModernBertAttention, ModernBertModel, sdpa_attention
 from bert_kit.modernbert_config import ModernBertConfig
 
 HALF = (torch.float16, torch.bfloat16)
@@ -70,6 +71,7 @@ class FastPath:
     window_flash: bool = False  # ModernBERT: flash varlen attention with the sliding window, batches packed
     flex_attention: bool = False  # ModernBERT: FlexAttention with a document + window block mask, batches packed
     rotary_attention: bool = False  # ModernBERT: `RotaryAttention`: rotations in Triton, attention too at T <= 128
+    fused_geglu: bool = False  # ModernBERT: `FusedGeGLU`: the gated activation in one Triton kernel each way
     note: str = ""  # why nothing applies, where the device does not say it (the JAX engine)
 
     @property
@@ -84,6 +86,7 @@ class FastPath:
                  ("flash varlen attention with sliding window", self.window_flash),
                  ("FlexAttention (sliding window + document mask)", self.flex_attention),
                  ("Triton rotary attention (T <= 128) and rotations", self.rotary_attention),
+                 ("Triton GeGLU", self.fused_geglu),
                  ("padded batches packed", self.window_flash or self.flex_attention)]
         return [name for name, on in parts if on]
 
@@ -112,7 +115,8 @@ def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.d
         raise ValueError(f"attention={attention!r} is not a valid choice: expected one of {ATTENTION_CHOICES}")
     if isinstance(config, ModernBertConfig):
         return plan_modernbert(device_type, config, dtype=dtype, attention=attention,
-                               low_precision_residual=low_precision_residual, triton=triton and short_attention)
+                               low_precision_residual=low_precision_residual, triton=triton and short_attention,
+                               triton_geglu=triton and fused_backward)
     cuda, half = device_type == "cuda", dtype in HALF
     compiled_training = cuda and compile and training and triton
     residual16 = low_precision_residual and half
@@ -128,19 +132,22 @@ def plan(device_type: str, config: BertConfig, *, training: bool, dtype: torch.d
 
 
 def plan_modernbert(device_type: str, config: ModernBertConfig, *, dtype: torch.dtype = torch.float32,
-                    attention: str = "auto", low_precision_residual: bool = False, triton: bool = True) -> FastPath:
+                    attention: str = "auto", low_precision_residual: bool = False, triton: bool = True,
+                    triton_geglu: bool = True) -> FastPath:
     """ModernBERT's plan. On CUDA: flash varlen attention with the window where flash runs (16-bit,
     head size <= 256), else FlexAttention; elsewhere the reference, unless `attention` asks for
     FlexAttention (inference: it has no CPU backward). attention "sdpa": the reference everywhere.
     With flash and Triton (`triton`: present and allowed), head sizes 32, 64 or 128: `RotaryAttention`
     (rotations in one kernel; at T <= 128 attention with them, window and QKV gradient included).
+    On CUDA in 16 bits with the exact GELU and `triton_geglu`: `FusedGeGLU`.
     low_precision_residual: as BERT's, under 16-bit autocast."""
     cuda = device_type == "cuda"
     flash = cuda and dtype in HALF and config.head_dim <= 256 and attention in ("auto", "flash")
     flex = attention == "flex" or (cuda and attention == "auto" and not flash)
     rotary = flash and triton and config.head_dim in (32, 64, 128)
+    geglu = cuda and dtype in HALF and attention != "sdpa" and triton_geglu and config.hidden_activation == "gelu"
     return FastPath(device=device_type, window_flash=flash, flex_attention=flex, rotary_attention=rotary,
-                    low_precision_residual=low_precision_residual and dtype in HALF)
+                    fused_geglu=geglu, low_precision_residual=low_precision_residual and dtype in HALF)
 
 
 def install_modernbert(model: nn.Module, fast: FastPath) -> FastPath:
@@ -152,6 +159,13 @@ def install_modernbert(model: nn.Module, fast: FastPath) -> FastPath:
         for module in model.modules():
             if type(module) is nn.LayerNorm:
                 module.__class__ = LowPrecisionTorchLayerNorm
+    if fast.fused_geglu:  # this module imports Triton: only when planned
+        from bert_kit.kernels import geglu
+
+        fast = dataclasses.replace(fast, fused_geglu=geglu.triton_ops is not None)
+        for module in model.modules():
+            if fast.fused_geglu and type(module) is GeGLU:
+                module.__class__ = geglu.FusedGeGLU  # same parameters: the activation in Triton
     if not (fast.window_flash or fast.flex_attention):
         return fast
     from bert_kit.kernels import window_attention
@@ -248,7 +262,7 @@ def apply(model: nn.Module, device: torch.device | str, *, training: bool, dtype
         16-bit (`residual.py`); pretraining's setting.
     triton_dropout, fused_backward, short_attention: allow these Triton kernels where they apply
         (all by default; off to measure against inductor's own kernels). ModernBERT:
-        short_attention allows `RotaryAttention`.
+        short_attention allows `RotaryAttention`, fused_backward `FusedGeGLU`.
     attention: ModernBERT's attention kernel: "auto" (see `plan_modernbert`), "flash", "flex", or
         "sdpa" (the reference's).
     """

@@ -67,29 +67,38 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def test_modernbert_on_cuda_in_16_bit_takes_flash_attention_with_the_window():
     fast = plan("cuda", BASE, training=True, dtype=torch.bfloat16, compile=True, low_precision_residual=True)
-    assert fast == FastPath("cuda", window_flash=True, rotary_attention=True, low_precision_residual=True)
+    assert fast == FastPath("cuda", window_flash=True, rotary_attention=True, fused_geglu=True,
+                            low_precision_residual=True)
     assert str(fast) == ("fast path: 16-bit residual stream, flash varlen attention with sliding window, "
-                         "Triton rotary attention (T <= 128) and rotations, padded batches packed")
-    assert plan("cuda", BASE, training=False, dtype=torch.float16) == FastPath("cuda", window_flash=True,
-                                                                               rotary_attention=True)
+                         "Triton rotary attention (T <= 128) and rotations, Triton GeGLU, padded batches packed")
+    assert plan("cuda", BASE, training=False, dtype=torch.float16) == FastPath(
+        "cuda", window_flash=True, rotary_attention=True, fused_geglu=True)
     # the Triton kernels: only where Triton runs and is allowed, for the head sizes they tile
     assert plan("cuda", BASE, training=False, dtype=torch.float16, triton=False) == FastPath("cuda", window_flash=True)
     assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, short_attention=False) == FastPath(
-        "cuda", window_flash=True)
+        "cuda", window_flash=True, fused_geglu=True)
+    assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, fused_backward=False) == FastPath(
+        "cuda", window_flash=True, rotary_attention=True)
     odd_heads = dataclass_replace(BASE, num_attention_heads=16)  # heads of 48
-    assert plan("cuda", odd_heads, training=True, dtype=torch.bfloat16) == FastPath("cuda", window_flash=True)
+    assert plan("cuda", odd_heads, training=True, dtype=torch.bfloat16) == FastPath("cuda", window_flash=True,
+                                                                                    fused_geglu=True)
+    # the GeGLU kernel computes the exact GELU only
+    tanh = dataclass_replace(BASE, hidden_activation="gelu_pytorch_tanh")
+    assert plan("cuda", tanh, training=True, dtype=torch.bfloat16) == FastPath("cuda", window_flash=True,
+                                                                               rotary_attention=True)
 
 
 def test_modernbert_on_cuda_in_float32_takes_flexattention_and_the_cpu_the_reference():
     assert plan("cuda", BASE, training=False) == FastPath("cuda", flex_attention=True)
     assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, attention="flex") == FastPath(
-        "cuda", flex_attention=True)
+        "cuda", flex_attention=True, fused_geglu=True)
     assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, attention="sdpa") == FastPath("cuda")
     assert str(plan("cpu", BASE, training=False)) == "fast path: none (CPU: eager SDPA)"
     assert plan("cpu", BASE, training=False, attention="flex") == FastPath("cpu", flex_attention=True)
+    assert plan("cpu", BASE, training=False, dtype=torch.bfloat16) == FastPath("cpu")
     # none of BERT's kernels, whatever the job
     assert plan("cuda", BASE, training=True, dtype=torch.bfloat16, compile=True, mlm_head=True) == FastPath(
-        "cuda", window_flash=True, rotary_attention=True)
+        "cuda", window_flash=True, rotary_attention=True, fused_geglu=True)
     with pytest.raises(ValueError, match="attention='flash2' is not a valid choice"):
         plan("cuda", BASE, training=False, attention="flash2")
 
