@@ -250,3 +250,65 @@ def test_embed_command_tokenizes_each_text_once_and_prints_its_phases(tiny, tmp_
     monkeypatch.setattr(FastTokenizer, "__call__", call)
     expect = SentenceEncoder(model, tokenizer, max_length=64, device="cpu").encode(texts)
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expect, rtol=0, atol=1e-6)
+
+
+class FakeDriver:
+    """libcuda's three calls `start_cuda_driver` makes, recorded; `devices` GPUs."""
+
+    def __init__(self, devices: int = 2):
+        self.calls, self.devices, self.done = [], devices, threading.Event()
+
+    def cuInit(self, flags):
+        self.calls.append(("cuInit", flags))
+        return 0
+
+    def cuDeviceGet(self, handle, index):
+        self.calls.append(("cuDeviceGet", index))
+        handle._obj.value = index
+        return 0 if index < self.devices else 101  # CUDA_ERROR_INVALID_DEVICE
+
+    def cuDevicePrimaryCtxRetain(self, context, handle):
+        self.calls.append(("cuDevicePrimaryCtxRetain", handle.value))
+        self.done.set()
+        return 0
+
+
+@pytest.mark.parametrize("device, calls", [
+    ("cuda:1", [("cuInit", 0), ("cuDeviceGet", 1), ("cuDevicePrimaryCtxRetain", 1)]),
+    (None, [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain", 0)]),
+    ("cuda:5", [("cuInit", 0), ("cuDeviceGet", 5)]),  # no such GPU: left for torch to report
+    ("cpu", []), ("mps", [])])
+def test_embed_starts_the_cuda_context_through_the_driver_beside_torchs_import(device, calls, monkeypatch):
+    """`bert-kit embed` on a GPU creates the primary context through libcuda in a thread (torch is
+    still importing); with a CPU device, or a torch without CUDA, it loads no driver."""
+    from bert_kit.cli import embed as embed_cli
+
+    driver = FakeDriver()
+    loaded = []
+    monkeypatch.setattr(embed_cli.ctypes, "CDLL", lambda name: loaded.append(name) or driver)
+    monkeypatch.setattr(embed_cli, "torch_has_cuda", lambda: True)
+    embed_cli.start_cuda_driver(device)
+    if calls and calls[-1][0] == "cuDevicePrimaryCtxRetain":
+        assert driver.done.wait(5)
+    else:
+        threading.Event().wait(0.2)  # time for a thread that should not call more
+    assert driver.calls == calls and loaded == (["libcuda.so.1"] if calls else [])
+    monkeypatch.setattr(embed_cli, "torch_has_cuda", lambda: False)
+    driver.calls.clear()
+    embed_cli.start_cuda_driver("cuda:0")
+    threading.Event().wait(0.2)
+    assert driver.calls == []
+
+
+def test_a_torch_without_cuda_is_known_by_its_files(tmp_path, monkeypatch):
+    from importlib.machinery import ModuleSpec
+
+    from bert_kit.cli import embed as embed_cli
+
+    (tmp_path / "lib").mkdir()
+    spec = ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(embed_cli.importlib.util, "find_spec", lambda name: spec)
+    assert not embed_cli.torch_has_cuda()
+    (tmp_path / "lib" / "libtorch_cuda.so").touch()
+    assert embed_cli.torch_has_cuda()
