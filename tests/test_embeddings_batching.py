@@ -312,3 +312,21 @@ def test_a_torch_without_cuda_is_known_by_its_files(tmp_path, monkeypatch):
     assert not embed_cli.torch_has_cuda()
     (tmp_path / "lib" / "libtorch_cuda.so").touch()
     assert embed_cli.torch_has_cuda()
+
+
+def test_embed_starts_no_cuda_context_for_onnx_runtime(tmp_path):
+    """ONNX Runtime runs on the CPU: `--backend onnx`, or an exported folder with auto, creates no
+    CUDA context; a plain folder, an unknown name or an unreadable config.json is left to the loader."""
+    import json
+
+    from bert_kit.cli.embed import runs_on_onnx
+
+    plain, exported, broken = (tmp_path / name for name in ("plain", "exported", "broken"))
+    for folder, config in ((plain, {"model_type": "bert"}), (exported, {"bert_kit": {"onnx": {"graph": "m.onnx"}}})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert runs_on_onnx(str(exported), "auto") and runs_on_onnx(str(plain), "onnx")
+    assert not runs_on_onnx(str(plain), "auto") and not runs_on_onnx(str(exported), "torch")
+    assert not runs_on_onnx(str(broken), "auto") and not runs_on_onnx(str(tmp_path / "missing"), "auto")

@@ -28,7 +28,7 @@ from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_mode
                                    flag_messages, name_settings_as_flags)
 from bert_kit.data.tables import no_garbage_collection, parse_where, read_texts
 from bert_kit.data.truncation import find_truncated, report_truncated, token_ids
-from bert_kit.model_folder import default_max_length, resolve_model
+from bert_kit.model_folder import default_max_length, read_model_metadata, resolve_model, resolve_model_folder
 from bert_kit.outputs import write_file
 from bert_kit.tokenizer import get_tokenizer
 
@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     timeline = Timeline(getattr(args, "started", time.time()))
     check_output_file(args.output, "--output", inputs=[args.input])
-    start_cuda_driver(args.device)
+    if not runs_on_onnx(args.model, args.backend):  # ONNX Runtime runs on the CPU
+        start_cuda_driver(args.device)
     loading = in_background(load_encoder, args, timeline)  # torch and the model load while the texts are read
     with timeline("read"):
         texts = read_texts(args.input, args.text_column, args.header, args.delimiter, parse_where(args.where),
@@ -151,6 +152,19 @@ def start_cuda_driver(device: str | None) -> None:
             driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle)  # held until the process ends
 
     threading.Thread(target=start, name="cuda-driver", daemon=True).start()
+
+
+def runs_on_onnx(model: str, backend: str) -> bool:
+    """Whether the command will run ONNX Runtime (`--backend onnx`, or an exported folder with
+    auto), known without importing torch; a folder that cannot be read is left to the loader."""
+    if backend != "auto":
+        return backend == "onnx"
+    try:
+        folder = resolve_model_folder(model)
+        return folder is not None and (folder / "config.json").is_file() and \
+            read_model_metadata(folder).get("onnx") is not None
+    except Exception:  # noqa: BLE001 (the loader reports it)
+        return False
 
 
 def torch_has_cuda() -> bool:
