@@ -95,26 +95,32 @@ def sweep(ops, M: int, H: int, I: int, nh: int) -> None:
     ops.GELU_FORWARD_SETTINGS = forward
 
 
+def compiled_block_ms(module: torch.nn.Module, plain: type, fast: type, x: torch.Tensor,
+                      dy: torch.Tensor) -> dict[bool, float]:
+    """Forward + backward of `module` compiled under bf16 autocast, in ms: as `plain` (False) and
+    with its class swapped to `fast` (True), as `fast_path.apply` swaps it."""
+    times = {}
+    for fused in (False, True):
+        module.__class__ = fast if fused else plain
+        torch._dynamo.reset()
+        compiled = torch.compile(module, fullgraph=True)
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = compiled(x)
+            y.backward(dy)
+
+        times[fused] = bench(step)
+    return times
+
+
 def blocks(M: int, H: int, I: int, nh: int) -> None:
     cfg = BertConfig(hidden_size=H, intermediate_size=I, num_attention_heads=nh)
     for name, module, fast in (("FFN", FeedForward(cfg), fused_backward.FusedFeedForward),
                                ("attention", MultiHeadAttention(cfg), fused_backward.FusedQKVAttention)):
-        module.cuda().train()
-        plain = type(module)
         x = torch.randn(M // 128, 128, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # 16-bit stream
         dy = torch.randn(M // 128, 128, H, device="cuda", dtype=torch.bfloat16)
-        times = {}
-        for fused in (False, True):
-            module.__class__ = fast if fused else plain  # as `fast_path.apply` swaps it
-            torch._dynamo.reset()
-            compiled = torch.compile(module, fullgraph=True)
-
-            def step():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    y = compiled(x)
-                y.backward(dy)
-
-            times[fused] = bench(step)
+        times = compiled_block_ms(module.cuda().train(), type(module), fast, x, dy)
         print(f"one {name} block, forward + backward, compiled: plain {times[False]:.3f} ms, "
               f"fused {times[True]:.3f} ms ({times[False] - times[True]:+.3f} ms a layer)")
 

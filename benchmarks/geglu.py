@@ -20,16 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fused_backward import bench, compiled_block_ms  # beside this script
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bert_kit.kernels import geglu  # noqa: E402
 from bert_kit.modernbert import GeGLU  # noqa: E402
 from bert_kit.modernbert_config import ModernBertConfig  # noqa: E402
-
-
-def bench(fn) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def reference(z: torch.Tensor) -> torch.Tensor:
@@ -67,18 +63,7 @@ def block(M: int) -> None:
     module = GeGLU(ModernBertConfig.from_name("modernbert-base")).cuda().train()
     x = torch.randn(M, module.up.in_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(M, module.up.in_features, device="cuda", dtype=torch.bfloat16)
-    times = {}
-    for fused in (False, True):
-        module.__class__ = geglu.FusedGeGLU if fused else GeGLU  # as `fast_path.apply` swaps it
-        torch._dynamo.reset()
-        compiled = torch.compile(module, fullgraph=True)
-
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = compiled(x)
-            y.backward(dy)
-
-        times[fused] = bench(step)
+    times = compiled_block_ms(module, GeGLU, geglu.FusedGeGLU, x, dy)
     print(f"one GeGLU block, forward + backward, compiled: reference {times[False]:.3f} ms, "
           f"Triton {times[True]:.3f} ms ({times[False] - times[True]:+.3f} ms a layer)")
 
