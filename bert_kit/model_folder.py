@@ -353,6 +353,13 @@ def model_config(spec: Any) -> Any:
     return config_from_name(str(spec))
 
 
+def onnx_metadata(folder: str | Path) -> dict[str, Any] | None:
+    """The `bert_kit.onnx` entry of folder/config.json, or None for a folder that was not exported."""
+    if not (Path(folder) / "config.json").is_file():
+        return None
+    return read_model_metadata(folder).get("onnx")  # a broken config.json names its file and line
+
+
 def read_model_metadata(folder: str | Path) -> dict[str, Any]:
     """What a fine-tuned folder's config.json says: the `bert_kit` dict plus label names."""
     d = read_json(Path(folder) / "config.json")

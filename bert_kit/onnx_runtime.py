@@ -32,6 +32,7 @@ import torch
 
 from bert_kit.config import BertConfig, architecture_role, load_hf_config
 from bert_kit.input_checks import check_inputs
+from bert_kit.model_folder import onnx_metadata
 from bert_kit.threads import spinning
 
 ONNX_FILE = "model.onnx"
@@ -61,15 +62,6 @@ def require_onnxruntime() -> Any:
         raise ImportError("ONNX export and inference need onnx and onnxruntime: "
                           'pip install "bert-kit[onnx]"') from None
     return onnxruntime
-
-
-def onnx_metadata(folder: str | Path) -> dict[str, Any] | None:
-    """The `bert_kit.onnx` entry of folder/config.json, or None for a folder that was not exported."""
-    from bert_kit.model_folder import read_model_metadata
-
-    if not (Path(folder) / "config.json").is_file():
-        return None
-    return read_model_metadata(folder).get("onnx")  # a broken config.json names its file and line
 
 
 def is_onnx_folder(folder: str | Path) -> bool:

@@ -28,7 +28,7 @@ from bert_kit.cli.options import (COUNT, MAX_LENGTH, add_device_option, add_mode
                                    flag_messages, name_settings_as_flags)
 from bert_kit.data.tables import no_garbage_collection, parse_where, read_texts
 from bert_kit.data.truncation import find_truncated, report_truncated, token_ids
-from bert_kit.model_folder import default_max_length, read_model_metadata, resolve_model, resolve_model_folder
+from bert_kit.model_folder import default_max_length, onnx_metadata, resolve_model, resolve_model_folder
 from bert_kit.outputs import write_file
 from bert_kit.tokenizer import get_tokenizer
 
@@ -161,8 +161,7 @@ def runs_on_onnx(model: str, backend: str) -> bool:
         return backend == "onnx"
     try:
         folder = resolve_model_folder(model)
-        return folder is not None and (folder / "config.json").is_file() and \
-            read_model_metadata(folder).get("onnx") is not None
+        return folder is not None and onnx_metadata(folder) is not None
     except Exception:  # noqa: BLE001 (the loader reports it)
         return False
 

@@ -148,7 +148,7 @@ def load_task_model(args: argparse.Namespace, verbose: bool = True) -> tuple[Tas
     if exported:
         import torch
 
-        from bert_kit.onnx_runtime import onnx_metadata
+        from bert_kit.model_folder import onnx_metadata
         from bert_kit.training.precision import Precision
 
         graph = (onnx_metadata(folder) or {}).get("precision", "fp32")  # as exported: fp32 or int8
