@@ -257,15 +257,42 @@ class TransformerEncoderBlock(nnx.Module):
 
 
 class BertEncoder(nnx.Module):
-    """A stack of `num_hidden_layers` encoder blocks."""
+    """A stack of `num_hidden_layers` encoder blocks, called in turn.
 
-    def __init__(self, config: BertConfig, rngs: nnx.Rngs):
+    With `scan` set, the same blocks run as one `jax.lax.scan` over their stacked weights: a program
+    holds one block, not L, so it traces and compiles in half the time, and each step runs slower
+    (the engine scans short fine-tunes only). Outputs are the loop's; each block's dropout keys
+    come from its own key of `rngs`, `jax.random.split(rngs.dropout(), L)`."""
+
+    def __init__(self, config: BertConfig, rngs: nnx.Rngs, scan: bool = False):
         self.layers = nnx.List([TransformerEncoderBlock(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.scan = scan
 
     def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+        if self.scan and len(self.layers) > 1:
+            return scan_blocks(list(self.layers), x, mask, rngs)
         for layer in self.layers:
             x = layer(x, mask, rngs)
         return x
+
+
+def scan_blocks(layers: list[nnx.Module], x: jax.Array, mask: jax.Array | None, rngs: nnx.Rngs | None) -> jax.Array:
+    """x (B, T, H) through `layers` (blocks of one structure) by `jax.lax.scan`: the blocks' weights
+    stacked on a new first axis (L, ...), one block traced. Blocks that differ in structure (a
+    kernel on some only) are called in turn."""
+    graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
+    if any(g != graphdefs[0] for g in graphdefs[1:]):
+        for layer in layers:
+            x = layer(x, mask, rngs)
+        return x
+    stacked = jax.tree.map(lambda *w: jnp.stack(w), *states)  # each weight (L, ...)
+    keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+
+    def block(x: jax.Array, weights_and_key: tuple) -> tuple[jax.Array, None]:
+        state, key = weights_and_key
+        return nnx.merge(graphdefs[0], state)(x, mask, None if key is None else HostKeys(key)), None
+
+    return jax.lax.scan(block, x, (stacked, keys))[0]
 
 
 class BertPooler(nnx.Module):

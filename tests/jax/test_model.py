@@ -216,3 +216,30 @@ def test_step_keys_draw_nnx_rngs_keys_without_asking_tracers_their_origin(monkey
     assert origins == []
     jax.jit(lambda key: [nnx.Rngs(dropout=key).dropout() for _ in range(3)]).trace(jax.random.key(0))
     assert origins  # what the test guards against: flax's traced counter still asks
+
+
+def test_the_scanned_encoder_computes_the_loop_and_draws_its_dropout_from_the_step_key():
+    """`BertEncoder.scan` (the blocks as one lax.scan over stacked weights, for short fine-tunes):
+    the loop's outputs and gradients within float32 rounding; in training, the same key gives the
+    same outputs, another key others; blocks that differ in structure are called in turn."""
+    config = tiny(num_hidden_layers=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = bj.BERTForSequenceClassification(config, num_labels=3, rngs=nnx.Rngs(0))
+    batch = padded_batch(config, [12, 7, 3], 12)
+    graphdef, state = nnx.split(model)
+
+    def loss(state, scan: bool, key=None):
+        m = nnx.merge(graphdef, state)
+        m.bert.encoder.scan = scan
+        return (m(**batch, rngs=None if key is None else HostKeys(key)) ** 2).sum()
+
+    loop, scanned = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(state, scan) for scan in (False, True))
+    assert abs(float(loop[0]) - float(scanned[0])) <= 1e-5 * abs(float(loop[0]))
+    assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(loop[1]), jax.tree.leaves(scanned[1]))) <= 1e-5
+    train = jax.jit(loss, static_argnums=1)
+    key = jax.random.key(7)
+    assert float(train(state, True, key)) == float(train(state, True, key))
+    assert float(train(state, True, key)) not in (float(train(state, True, jax.random.key(8))), float(loop[0]))
+
+    model.bert.encoder.scan = True
+    model.bert.encoder.layers[1].attention.backend = lambda *args: attention(*args)  # one block unlike the others
+    assert max_abs(model(**batch), nnx.merge(graphdef, state)(**batch)) <= 1e-5
