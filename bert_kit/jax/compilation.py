@@ -12,9 +12,11 @@ known, and kept between runs.
   runs take turns; and an entry that cannot be read is only a warning and a compilation.
 - `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
   run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths;
-  `likely_buckets` are those a run's training batches are likely to meet, compiled ahead.
+  `likely_buckets` are those a run's training batches are likely to meet, compiled ahead
+  (`item_tokens`: an example's length; `eval_chunks`: the evaluation's batches, longest first).
 - `compiler_options`: on GPUs XLA writes matrix products with cuBLAS, not as Triton kernels it
-  autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner.
+  autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner; programs
+  that run a few times (evaluation) are not autotuned at all.
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
   when a step needs them: that wait is shown as `compiling (first run of these shapes)`.
@@ -106,15 +108,40 @@ def likely_buckets(lengths: np.ndarray, batch: int, batches: int, max_length: in
     return sorted((b for b, n in expected.items() if n >= LIKELY), key=lambda b: -expected[b])
 
 
-def compiler_options(platform: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def item_tokens(item: dict) -> int:
+    """Tokens of an example's longest sentence (a bi-encoder pair has two, an embedding tuple k
+    `texts`): the length it pads to."""
+    if "texts" in item:
+        return max(len(ids) for ids in item["texts"])
+    if "pairs" in item:  # a reranker's group: its (query, candidate) pairs
+        return max(item_tokens(pair) for pair in item["pairs"])
+    return max(len(v) for k, v in item.items() if k.startswith("input_ids"))
+
+
+def eval_chunks(items: list[dict], size: int) -> list[list[int]]:
+    """The indices of each evaluation batch: the items longest first, `size` at a time (as `Task.outputs`)."""
+    order = sorted(range(len(items)), key=lambda i: -item_tokens(items[i]))
+    return [order[start:start + size] for start in range(0, len(order), size)]
+
+
+def compiler_options(platform: str, env: dict[str, str] | None = None, *, autotune: bool = True) -> dict[str, Any]:
     """XLA options for the engine's programs on `platform`. On GPUs: matrix products by cuBLAS
     (`xla_gpu_enable_triton_gemm` off): on an H200 the BERT-base step ran 555.9k tokens/s against
     553.5k with Triton's, and compiled 12 s sooner; RTE's first run compiled for 32.8 s against 61.0 s.
-    XLA_FLAGS naming the option keeps the user's choice."""
+    autotune=False, for programs that run a few times (an evaluation's, a check's): no timing of
+    cuBLAS's algorithms while compiling (`xla_gpu_autotune_level` 0). Autotuning takes the GPU in
+    turns: three evaluation programs compiled beside the train step took 8.5 s each, 1.5 s without.
+    XLA_FLAGS naming an option keeps the user's choice."""
     env = os.environ if env is None else env
-    if platform != "gpu" or "xla_gpu_enable_triton_gemm" in env.get("XLA_FLAGS", ""):
+    if platform != "gpu":
         return {}
-    return {"xla_gpu_enable_triton_gemm": False}
+    flags = env.get("XLA_FLAGS", "")
+    options: dict[str, Any] = {}
+    if "xla_gpu_enable_triton_gemm" not in flags:
+        options["xla_gpu_enable_triton_gemm"] = False
+    if not autotune and "xla_gpu_autotune_level" not in flags:
+        options["xla_gpu_autotune_level"] = 0
+    return options
 
 
 def signature(batch: dict[str, Any]) -> tuple:

@@ -263,13 +263,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """This host's share of a batch (NumPy arrays, batch axis first) -> global arrays split over the mesh."""
     local = len(mesh.local_devices)
-    out = {}
-    for name, array in batch.items():
-        array = np.asarray(array)
+    arrays = {name: np.asarray(array) for name, array in batch.items()}
+    for name, array in arrays.items():
         if array.shape[0] % local:
             raise ValueError(f"batch {name} has {array.shape[0]} rows, not a multiple of the {local} local devices")
-        out[name] = jax.make_array_from_process_local_data(data_sharding(mesh), array)
-    return out
+    if jax.process_count() == 1:  # the whole batch: one transfer call for all its arrays
+        return jax.device_put(arrays, data_sharding(mesh))
+    return {name: jax.make_array_from_process_local_data(data_sharding(mesh), array) for name, array in arrays.items()}
 
 
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh,

@@ -88,10 +88,14 @@ def load_torch_state_dict(model: nnx.Module, state: dict[str, np.ndarray], sourc
     if problems:
         raise ValueError(f"{source} does not match {type(model).__name__}:\n" + "\n".join(problems))
     flat = dict(nnx.to_flat_state(params))
+    paths, arrays = [], []
     for name, (path, transposed, _) in own.items():
         if name in state:
             array = np.asarray(state[name], dtype=np.float32)
-            flat[path].set_value(jax.device_put(np.ascontiguousarray(array.T if transposed else array)))
+            paths.append(path)
+            arrays.append(np.ascontiguousarray(array.T if transposed else array))
+    for path, array in zip(paths, jax.device_put(arrays)):  # one transfer call for all (one per array: seconds)
+        flat[path].set_value(array)
     nnx.update(model, nnx.from_flat_state(flat))
     if other_heads:
         log.info("%s: ignored weights of other heads %s", source, other_heads)

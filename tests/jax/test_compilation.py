@@ -48,6 +48,18 @@ def test_gpu_programs_take_cublas_matrix_products_unless_xla_flags_say():
     assert jitted.lower(jnp.ones(2)).compile()(jnp.ones(2)).tolist() == [2.0, 2.0]  # an option XLA knows
 
 
+def test_programs_run_a_few_times_are_not_autotuned_unless_xla_flags_say():
+    once = compiler_options("gpu", {}, autotune=False)
+    assert once == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
+    assert compiler_options("gpu", {"XLA_FLAGS": "--xla_gpu_autotune_level=4"}, autotune=False) == \
+        {"xla_gpu_enable_triton_gemm": False}  # the user's choice
+    assert compiler_options("cpu", {}, autotune=False) == {}
+    import jax
+    import jax.numpy as jnp
+    jitted = jax.jit(lambda x: x * 2, compiler_options=once)
+    assert jitted.lower(jnp.ones(2)).compile()(jnp.ones(2)).tolist() == [2.0, 2.0]  # options XLA knows
+
+
 def test_length_buckets_are_powers_of_two_up_to_max_length():
     assert [length_bucket(n, 128) for n in (3, 32, 33, 64, 65, 100, 128)] == [32, 32, 64, 64, 128, 128, 128]
     assert [length_bucket(n, 384) for n in (200, 300, 384)] == [256, 384, 384]  # the last: max_length

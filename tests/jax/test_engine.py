@@ -248,3 +248,20 @@ print(before, thread.name, xla_bridge.backends_are_initialized(), start_backend(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["False", "jax-start", "True", "None"], done.stderr
+
+
+def test_a_fine_tune_does_not_take_the_gpus_memory_up_front(monkeypatch):
+    """A fine-tune (its settings have a task) turns off JAX's preallocation of 75% of the GPU,
+    before the backend starts; pretraining keeps it, and a user's own setting stands."""
+    from types import SimpleNamespace
+
+    from bert_kit.jax.engine import JaxEngine
+
+    for task, given, expected in ((True, None, "false"), (False, None, None), (True, "true", "true")):
+        if given is None:
+            monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+        else:
+            monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", given)
+        cfg = SimpleNamespace(device="cpu", **({"task": "classification"} if task else {}))  # the tests' JAX cache
+        JaxEngine.start_device(cfg)
+        assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected, (task, given)

@@ -239,3 +239,30 @@ def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tm
     for key in ("f1", "precision", "recall", "accuracy"):
         assert abs(scored[key] - kept[key]) <= 1e-4, key
     assert kept["accuracy"] > 0.3  # a trained head: "O" alone is most of the words
+
+
+def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch):
+    """A fine-tune of at most SCAN_MAX_STEPS steps traces one block (`BertEncoder.scan`), sooner
+    compiled, with the loop's losses; a longer one calls the blocks in turn."""
+    import bert_kit.jax.engine as engine
+    import bert_kit.jax.model as model
+
+    folder = tmp_path / "two-layers"
+    torch.manual_seed(0)
+    BERTModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)).save_pretrained(folder)
+    get_tokenizer(minilm_path).save(folder)
+    traced, scan_blocks = [], model.scan_blocks
+    monkeypatch.setattr(model, "scan_blocks", lambda *args: traced.append(1) or scan_blocks(*args))
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
+    finetune(config(folder, tmp_path / "torch", "torch", **files))
+    finetune(config(folder, tmp_path / "jax", "jax", **files))
+    assert traced  # 4 steps: scanned
+    assert_same_steps(tmp_path / "jax", tmp_path / "torch")
+    traced.clear()
+    monkeypatch.setattr(engine, "SCAN_MAX_STEPS", 3)
+    finetune(config(folder, tmp_path / "loop", "jax", **files))
+    assert not traced
+    assert_same_steps(tmp_path / "loop", tmp_path / "torch")

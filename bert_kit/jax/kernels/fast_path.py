@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention
 from bert_kit.jax.model import MultiHeadAttention, attention
 
@@ -102,7 +103,9 @@ def kernel_works(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks,
     """Whether the Pallas kernel compiles for this shape and agrees with the reference on one
     sequence (two heads, a quarter of the keys padding), forward and gradients; said once if not.
     Run in a thread of its own: a new thread traces nothing, so the check computes while the step
-    that asks is being traced."""
+    that asks is being traced. Every run checks, before the step traces the kernel: a kernel traced
+    first by the step and not the check has other source locations in its Triton code, so the step's
+    program would miss its compilation cache entry (seen on an H200)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(_check_kernel, T, head_dim, dtype, rate, blocks, interpret).result()
 
@@ -129,8 +132,9 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
         return attention(q, k, v, mask, rate, seed)
 
     try:
-        got = jax.device_get(jax.jit(lambda: output_and_grads(fused))())
-        want = jax.device_get(jax.jit(lambda: output_and_grads(plain))())
+        options = compiler_options(jax.default_backend(), autotune=False)  # programs run once
+        got = jax.device_get(jax.jit(lambda: output_and_grads(fused), compiler_options=options)())
+        want = jax.device_get(jax.jit(lambda: output_and_grads(plain), compiler_options=options)())
         # the largest difference, as a share of the largest value, of the output and each gradient
         tolerance = 1e-4 if jnp.dtype(dtype) == jnp.float32 else 0.05
         error = max(float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max()
