@@ -136,6 +136,7 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
         raise SystemExit(f"asked for {n_devices} devices, JAX sees {len(jax.devices())}")
     mesh = make_mesh(devices)
     model = BERTForPreTraining(config, rngs=nnx.Rngs(0))
+    model.bert.encoder.scan = args.layers == "scan"  # as the engine pretrains: the blocks called in turn
     blocks = Blocks(*map(int, args.block.split(","))) if args.block else Blocks()
     fast = fast_path.apply(model, dtype=jnp.bfloat16, kernel=args.kernel, blocks=blocks)
     tx = create_optimizer(1e-4, weight_decay=0.01)
@@ -264,6 +265,7 @@ def worker(args: argparse.Namespace) -> None:
     tokens = steps * args.batch * n * args.seq
     tps = tokens / row["seconds"]
     name = args.worker if args.worker != "jax" else {"none": "jax-nokernel"}.get(args.kernel, "jax")
+    name += "-scan" if args.worker == "jax" and args.layers == "scan" else ""
     row.update(engine=name, model=args.model, seq=args.seq, batch=args.batch * n, masked_per_row=args.masked,
                steps=steps, tokens_per_s=tps, step_ms=1e3 * row["seconds"] / steps,
                mfu=estimate_mfu(config, args.seq, tps, PEAK * n, masked_fraction=args.masked / args.seq))
@@ -280,7 +282,8 @@ def label(row: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", default="torch,jax,jax-nokernel,keras",
-                   help="torch, jax (the engine's fast path), jax-nokernel (no Pallas kernel) and/or keras")
+                   help="torch, jax (the engine's fast path), jax-nokernel (no Pallas kernel), jax-scan (the "
+                        "encoder's blocks as one lax.scan, as the engine fine-tunes) and/or keras")
     p.add_argument("--devices", default="1", help="GPU counts for the jax engines, e.g. 1,2,4 (others run on 1)")
     p.add_argument("--model", default="bert-base-uncased (110M)")
     p.add_argument("--seq", type=int, default=128)
@@ -301,6 +304,7 @@ def main() -> None:
     p.add_argument("--worker", choices=("torch", "jax", "keras"), help=argparse.SUPPRESS)
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--block", default="", help=argparse.SUPPRESS)
+    p.add_argument("--layers", default="loop", help=argparse.SUPPRESS)
     p.add_argument("--devices-one", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -311,15 +315,16 @@ def main() -> None:
         if e == "keras" and not (args.keras_path or importlib.util.find_spec("keras_hub")):
             print("keras  skipped: keras-hub is not installed (pip install keras keras-hub, or --keras-path)")
             continue
-        if e in ("jax", "jax-nokernel"):
+        if e in ("jax", "jax-nokernel", "jax-scan"):
             tiles = [""] + (args.blocks if e == "jax" else [])
-            runs += [("jax", n, prng, "auto" if e == "jax" else "none", b) for prng in args.prng.split(",")
-                     for n in map(int, args.devices.split(",")) for b in tiles]
+            layers = "scan" if e == "jax-scan" else "loop"
+            runs += [("jax", n, prng, "none" if e == "jax-nokernel" else "auto", b, layers)
+                     for prng in args.prng.split(",") for n in map(int, args.devices.split(",")) for b in tiles]
         else:
-            runs.append((e, 1, "threefry2x32", "auto", ""))
-    for engine, n, prng, kernel, block in runs:
+            runs.append((e, 1, "threefry2x32", "auto", "", "loop"))
+    for engine, n, prng, kernel, block, layers in runs:
         argv = [sys.executable, __file__, "--worker", engine, "--devices-one", str(n), "--model", args.model,
-                "--prng", prng, "--kernel", kernel, "--block", block,
+                "--prng", prng, "--kernel", kernel, "--block", block, "--layers", layers,
                 "--seq", str(args.seq), "--batch", str(args.batch), "--masked", str(args.masked),
                 "--warmup", str(args.warmup), "--steps", str(args.steps)]
         argv += ["--keras-path", str(args.keras_path)] if args.keras_path else []
