@@ -43,7 +43,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -588,5 +588,12 @@ class JaxEngine(Engine):
             return np.array(jax.device_get(x))
         return np.array(multihost_utils.global_array_to_host_local_array(x, self.mesh, P("data")))
 
-    def running(self) -> ContextManager:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The steps; after them the compiling threads end (queued programs dropped, one under way
+        finishing), so the process can end at once (`cli.exit_now` waits for no thread): a live
+        pool cost a run on an H200 1.1-1.3 s of interpreter teardown."""
+        try:
+            yield
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)

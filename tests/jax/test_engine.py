@@ -265,3 +265,23 @@ def test_a_fine_tune_does_not_take_the_gpus_memory_up_front(monkeypatch):
         cfg = SimpleNamespace(device="cpu", **({"task": "classification"} if task else {}))  # the tests' JAX cache
         JaxEngine.start_device(cfg)
         assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") == expected, (task, given)
+
+
+def test_the_compiling_threads_end_with_the_steps_so_the_process_can_end_at_once():
+    """`cli.exit_now` ends a process at once only when no thread but daemons is alive: the engine's
+    compile pool is shut down when its steps end (`running`), queued programs dropped."""
+    import time
+
+    engine = tiny_engine(2)
+    engine.pool.submit(time.sleep, 0.01).result()  # a compiling thread, idle now
+    queued = engine.pool.submit(time.sleep, 0.5), engine.pool.submit(time.sleep, 0.5), \
+        engine.pool.submit(time.sleep, 0.5), engine.pool.submit(time.sleep, 0.5), engine.pool.submit(time.sleep, 0.5)
+    with engine.running():
+        pass
+    assert queued[-1].cancelled()  # more than the pool's threads: the last was still queued
+    threads = list(engine.pool._threads)  # this pool's (other tests' engines may have their own)
+    assert threads
+    deadline = time.time() + 5
+    while time.time() < deadline and any(t.is_alive() for t in threads):
+        time.sleep(0.05)
+    assert not any(t.is_alive() for t in threads)
