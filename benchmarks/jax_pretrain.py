@@ -13,7 +13,9 @@ useful FLOPs of `bert_kit.model.flops_per_token` against 790 TFLOP/s (H100/H200 
 
 The JAX engine runs twice: `jax`, with the fast path the engine applies (`bert_kit.jax.kernels`:
 on a GPU, attention fused with its dropout in a Pallas kernel), and `jax-nokernel`, without the
-Pallas kernel (attention with dropout spelled out in XLA, as before it). `--blocks` adds a `jax`
+Pallas kernel (attention with dropout spelled out in XLA, as before it); `--engines jax-scan` adds
+one with the encoder's blocks as one `lax.scan` (as the engine fine-tunes short runs: it compiles
+sooner, each step is slower), where `jax` calls them in turn, as the engine pretrains. `--blocks` adds a `jax`
 run per tile setting of the kernel; `--profile DIR` traces a few steps of each JAX run and prints
 where the GPU's time goes (kernels grouped by name).
 
