@@ -87,10 +87,10 @@ PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels"
 # keys: a contrastive batch's text ids, (B, k) on the device, a padding row's -1 marking it as no
 # example; group_labels and group_mask: a reranker's (Q, n) lists, none in a padding query
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
-# fine-tunes of at most this many steps scan the encoder's blocks (`BertEncoder.scan`): on an H200
-# MiniLM's step compiled in 5.5 s, not 11.7 s, and ran 3 ms slower (7.6 against 4.4 ms), so a cached
-# run loses at most 1.5 s; pretraining calls the blocks in turn (BERT-base's step 19% slower scanned)
-SCAN_MAX_STEPS = 500
+# GPU fine-tunes of at most 500 steps scan the encoder's blocks (`BertEncoder.scan`): on an H200 MiniLM's
+# step compiled in 5.5 s, not 11.7, and ran 3 ms slower; pretraining (BERT-base 19% slower) and CPUs
+# (7.3 s against 5.0 s to compile, and slower) call them in turn
+SCAN_MAX_STEPS, SCAN_PLATFORMS = 500, ("gpu",)
 
 
 @dataclass
@@ -310,7 +310,8 @@ class JaxEngine(Engine):
 
         # the twin of the job's model, with the kernels of this device (`kernels.fast_path`); what torch
         # leaves frozen (an unused pooler) stays out of training
-        self.scan = self.head is not None and getattr(job, "total_steps", SCAN_MAX_STEPS + 1) <= SCAN_MAX_STEPS
+        self.scan = (devices[0].platform in SCAN_PLATFORMS and self.head is not None
+                     and getattr(job, "total_steps", SCAN_MAX_STEPS + 1) <= SCAN_MAX_STEPS)
         self.graphdef, frozen, params = self.twin()
         job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
         if jax.process_index() == 0:

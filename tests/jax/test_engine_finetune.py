@@ -242,8 +242,9 @@ def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tm
 
 
 def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch):
-    """A fine-tune of at most SCAN_MAX_STEPS steps traces one block (`BertEncoder.scan`), sooner
-    compiled, with the loop's losses; a longer one calls the blocks in turn."""
+    """On a GPU, a fine-tune of at most SCAN_MAX_STEPS steps traces one block (`BertEncoder.scan`),
+    sooner compiled, with the loop's losses; a longer one calls the blocks in turn, as a CPU does
+    (here the CPU is taken for a GPU, then not)."""
     import bert_kit.jax.engine as engine
     import bert_kit.jax.model as model
 
@@ -255,6 +256,7 @@ def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, 
     get_tokenizer(minilm_path).save(folder)
     traced, scan_blocks = [], model.scan_blocks
     monkeypatch.setattr(model, "scan_blocks", lambda *args: traced.append(1) or scan_blocks(*args))
+    monkeypatch.setattr(engine, "SCAN_PLATFORMS", ("gpu", "cpu"))
     train, dev = sst2
     files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
     finetune(config(folder, tmp_path / "torch", "torch", **files))
@@ -266,3 +268,7 @@ def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, 
     finetune(config(folder, tmp_path / "loop", "jax", **files))
     assert not traced
     assert_same_steps(tmp_path / "loop", tmp_path / "torch")
+    monkeypatch.setattr(engine, "SCAN_MAX_STEPS", 500)
+    monkeypatch.setattr(engine, "SCAN_PLATFORMS", ("gpu",))
+    finetune(config(folder, tmp_path / "cpu", "jax", **files))
+    assert not traced
