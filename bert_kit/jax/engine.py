@@ -62,7 +62,7 @@ from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, Ho
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
-                                resolve_devices, start_backend, task_loss, update_rule)
+                                put_process_local, resolve_devices, start_backend, task_loss, update_rule)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.engine import Engine
@@ -460,10 +460,7 @@ class JaxEngine(Engine):
 
     def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, jax.Array]:
         """This process's share of a batch -> global arrays split over the mesh."""
-        sharding = NamedSharding(self.mesh, spec)
-        if jax.process_count() == 1:  # one transfer call for the whole batch
-            return jax.device_put(batch, sharding)
-        return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+        return put_process_local(batch, NamedSharding(self.mesh, spec))
 
     # ---- the engine interface ------------------------------------------------------------------
 
