@@ -17,7 +17,7 @@ Pallas kernel (attention with dropout spelled out in XLA, as before it); `--engi
 one with the encoder's blocks as one `lax.scan` (as the engine fine-tunes short runs: it compiles
 sooner, each step is slower), where `jax` calls them in turn, as the engine pretrains. `--blocks` adds a `jax`
 run per tile setting of the kernel; `--profile DIR` traces a few steps of each JAX run and prints
-where the GPU's time goes (kernels grouped by name).
+where the GPU's time goes (kernels grouped by name), and the torch run's by kernel family.
 
     python benchmarks/jax_pretrain.py                                  # torch, jax, jax-nokernel, keras on 1 GPU
     python benchmarks/jax_pretrain.py --engines jax --devices 1,2,4    # JAX data-parallel scaling
@@ -117,6 +117,9 @@ def run_torch(args: argparse.Namespace, config, batches: list[dict]) -> dict:
         return float(loss)
 
     seconds, warm_s, loss = timed(step, dev, args.warmup, args.steps, wait)
+    if args.profile:
+        from pretrain_throughput import print_profile
+        print_profile(step, dev)
     return {"device": torch.cuda.get_device_name(), "framework": f"torch {torch.__version__}",
             "seconds": seconds, "warmup_s": warm_s, "loss": loss, "devices": 1}
 
@@ -163,13 +166,13 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
 
     seconds, warm_s, loss = timed(step, dev, args.warmup, args.steps, wait)
     if args.profile:
-        profile(step, dev, wait, args.profile / f"jax-{args.kernel}-{args.block or 'default'}-x{n_devices}")
+        profile(step, dev, wait, args.profile / f"jax-{args.kernel}-{args.block or 'default'}-{args.prng}-x{n_devices}")
     return {"device": devices[0].device_kind, "framework": f"jax {jax.__version__}", "seconds": seconds,
             "warmup_s": warm_s, "loss": loss, "devices": n_devices, "prng": args.prng,
             "fast_path": fast.summary, "blocks": args.block or ""}
 
 
-def profile(step, batches: list, wait, folder: Path, steps: int = 5, top: int = 15) -> None:
+def profile(step, batches: list, wait, folder: Path, steps: int = 5, top: int = 40) -> None:
     """Trace `steps` steps into `folder` (TensorBoard/XProf reads it) and print the GPU's time by
     kernel, names grouped without their numeric suffixes (`loop_add_fusion.3` -> `loop_add_fusion`)."""
     import re
@@ -302,7 +305,7 @@ def main() -> None:
     p.add_argument("--blocks", nargs="*", default=[],
                    help="more jax runs, one per Pallas tile setting q,k,outer,inner (e.g. 64,64,32,32 128,64,64,32)")
     p.add_argument("--profile", type=Path, help="trace 5 steps of each JAX run into this folder and print the GPU "
-                                                "time by kernel")
+                                                "time by kernel (torch's: its profiler's table)")
     p.add_argument("--worker", choices=("torch", "jax", "keras"), help=argparse.SUPPRESS)
     p.add_argument("--kernel", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--block", default="", help=argparse.SUPPRESS)
@@ -331,11 +334,13 @@ def main() -> None:
                 "--warmup", str(args.warmup), "--steps", str(args.steps)]
         argv += ["--keras-path", str(args.keras_path)] if args.keras_path else []
         argv += ["--attention-dropout", str(args.attention_dropout)] if args.attention_dropout is not None else []
-        argv += ["--profile", str(args.profile)] if args.profile and engine == "jax" else []
+        argv += ["--profile", str(args.profile)] if args.profile and engine in ("jax", "torch") else []
         env = {**os.environ, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", "KERAS_BACKEND": "jax"}
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=None if args.profile else subprocess.PIPE,
                               text=True, env=env)
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if args.profile:  # torch's profile table
+            print("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("RESULT ")), flush=True)
         if proc.returncode or not found:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
             print(f"{engine} x{n} {prng} {kernel} {block}: FAILED (exit {proc.returncode})\n  " + "\n  ".join(tail),

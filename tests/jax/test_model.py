@@ -126,6 +126,19 @@ def test_reference_attention_equals_jaxs_and_drops_with_a_seed():
     assert max_abs(dropped, plain) > 1e-2  # the probabilities were dropped
 
 
+def test_gelu_is_torchs_exact_gelu():
+    """x/2 (1 + erf(x/sqrt 2)) as torch computes it: within 2e-6 in float32, two rounding steps in bfloat16."""
+    from bert_kit.jax.model import gelu
+
+    x = np.linspace(-12, 12, 4001, dtype=np.float32)
+    expected = torch.nn.functional.gelu(torch.from_numpy(x))
+    assert max_abs(np.asarray(gelu(jnp.asarray(x))), expected.numpy()) <= 2e-6
+    half = np.asarray(gelu(jnp.asarray(x, jnp.bfloat16)).astype(jnp.float32))
+    reference = torch.nn.functional.gelu(torch.from_numpy(x).bfloat16().float()).bfloat16().float().numpy()
+    # two bfloat16 steps apart at most, or both within 1e-6 of zero (in the left tail 1 + erf cancels in float32)
+    assert np.all(np.abs(half - reference) <= np.maximum(np.abs(reference) * 2.0 ** -7, 1e-6))
+
+
 def test_dropout_runs_only_when_rngs_are_given():
     config = tiny(num_hidden_layers=1, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
     batch = padded_batch(config, [6, 4], 6)

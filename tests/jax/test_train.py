@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,26 @@ def test_bf16_computes_in_bf16_and_keeps_float32_weights(optimizer):
     assert {p.dtype for p in jax.tree.leaves(new_state.params)} == {np.dtype(np.float32)}  # master weights
     assert {m.dtype for m in jax.tree.leaves(new_state.opt_state) if m.ndim} == {np.dtype(np.float32)}  # moments
     assert metrics["loss"].dtype == np.float32
+
+
+def test_every_product_and_sum_of_the_step_runs_over_one_token_axis(optimizer):
+    """The pretraining step's matrix products contract one axis and its sums over the tokens (the
+    gradients of biases and norms) run over one: over (B, T) XLA's GPU compiler copied activations
+    into transposed order first (BERT-base on an H200: 560.6k tokens/s before, 607.0k after)."""
+    model, batch = make_task("pretraining")
+    batch["masked_positions"], batch["masked_labels"] = bj.prediction_slots(batch.pop("labels"))
+    mesh = bj.make_mesh(jax.devices()[:1])
+    graphdef, state = bj.init_train_state(jax_twin(model), optimizer, mesh)
+    step = bj.make_train_step(graphdef, optimizer, mesh, precision="bf16")
+    lines = step.lower(state, bj.shard_batch(batch, mesh)).as_text().splitlines()
+    products = [line for line in lines if "stablehlo.dot_general" in line]
+    contracted = [re.search(r"contracting_dims = \[([\d, ]*)\]", line).group(1) for line in products]
+    assert len(products) > 20 and all("," not in axes for axes in contracted), [
+        line.strip() for line, axes in zip(products, contracted) if "," in axes]
+    sums = [line for line in lines if "stablehlo.reduce" in line and "stablehlo.add" in line]
+    over_b_and_t = [line.strip() for line in sums
+                    if re.search(r"across dimensions = \[0, 1\] : \(tensor<\d+x\d+x\d+x", line)]
+    assert len(sums) > 20 and not over_b_and_t, over_b_and_t
 
 
 def test_the_step_is_compiled_with_the_devices_compiler_options(monkeypatch):
