@@ -30,7 +30,8 @@ the run trains; compiled programs are kept between runs (`compilation.use_compil
 
 Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
 `optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
-non-finite counters; a resumed run continues bit for bit on the same devices.
+non-finite counters; a resumed run continues bit for bit on the CPU (on a GPU, runs of one seed
+differ slightly: docs/jax.md).
 """
 
 from __future__ import annotations
