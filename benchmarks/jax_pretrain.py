@@ -339,7 +339,7 @@ def main() -> None:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=None if args.profile else subprocess.PIPE,
                               text=True, env=env)
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if args.profile:  # torch's profile table
+        if args.profile and engine == "torch":  # its profile table (the JAX workers print theirs to stderr)
             print("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("RESULT ")), flush=True)
         if proc.returncode or not found:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
