@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bert_kit.jax.kernels.flash_attention import Blocks, flash_attention
-from bert_kit.jax.model import attention, attention_dropout_keep
+from bert_kit.jax.model import attention, dropout_keep
 
 INTERPRET = jax.default_backend() != "gpu"
 
@@ -30,14 +30,14 @@ def dropout_decisions(T: int, rate: float) -> tuple[int, float, float]:
     """(decisions that differ, kept share in the kernel, kept share in the reference) of one (T, T) tile."""
     def kernel(seed_ref, o_ref):
         rows = lax.iota(jnp.int32, T)
-        keep = attention_dropout_keep((seed_ref[0], seed_ref[1]), jnp.int32(1), rows[:, None], rows[None, :], T, rate)
+        keep = dropout_keep((seed_ref[0], seed_ref[1]), jnp.int32(1), rows[:, None], rows[None, :], T, rate)
         o_ref[...] = keep.astype(jnp.int32)
 
     seed = jnp.asarray([1, 2], jnp.uint32)
     got = pl.pallas_call(kernel, grid=(1,), in_specs=[pl.BlockSpec((2,), lambda i: (0,))],
                          out_specs=pl.BlockSpec((T, T), lambda i: (0, 0)),
                          out_shape=jax.ShapeDtypeStruct((T, T), jnp.int32), interpret=INTERPRET)(seed)
-    want = attention_dropout_keep(seed, jnp.int32(1), jnp.arange(T)[:, None], jnp.arange(T)[None, :], T, rate)
+    want = dropout_keep(seed, jnp.int32(1), jnp.arange(T)[:, None], jnp.arange(T)[None, :], T, rate)
     return int((got != want.astype(jnp.int32)).sum()), float(got.mean()), float(want.mean())
 
 

@@ -14,10 +14,11 @@ What differs from the torch file, and why:
 - linear layers are `nnx.Linear`, whose kernel is (in, out), so x @ W needs no transpose; kernels
   are transposed once, where weights are loaded and saved (`weights.py`). They multiply the tokens
   as one (N, in) matrix (`tokens`: the weight's gradient is then one plain product);
-- attention is spelled out (`attention`: scores, mask, softmax, dropout, values), the reference the
-  fused kernels of `bert_kit/jax/kernels/` are held to; `kernels.fast_path.apply(model)` puts them
-  on a model (the engine does), nothing here picks one. Attention dropout keeps each probability
-  by a hash of a seed and its position (`attention_dropout_keep`), so a kernel draws the same mask;
+- attention and each block's add & norm are spelled out (`attention`: scores, mask, softmax,
+  dropout, values; `residual_norm`: dropout, residual, LayerNorm), the references the fused kernels
+  of `bert_kit/jax/kernels/` are held to; `kernels.fast_path.apply(model)` puts them on a model (the
+  engine does), nothing here picks one. Their dropout keeps each element by a hash of a seed and
+  its position (`randomness.dropout_keep`), so a kernel draws the same mask;
 - randomness is explicit: dropout runs only when a call passes `rngs` (an `nnx.Rngs` with a
   `dropout` stream, or any object whose `.dropout()` gives a new key: a jitted step passes
   `HostKeys` of the key it is given). Without it the model is in eval mode;
@@ -42,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from bert_kit.config import BertConfig
+from bert_kit.jax.randomness import HostKeys, dropout_keep, dropout_seed  # noqa: F401 (HostKeys: the engine's)
 
 
 class StaticConfig(BertConfig):
@@ -69,24 +71,6 @@ class Linear(nnx.Linear):
 def dense(n_in: int, n_out: int, config: BertConfig, rngs: nnx.Rngs) -> Linear:
     """A linear layer with BERT's init: N(0, initializer_range) kernel (in, out), zero bias."""
     return Linear(n_in, n_out, kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
-
-
-class HostKeys:
-    """An `nnx.Rngs` for traced calls: `.dropout()` draws fold_in(key, 0), fold_in(key, 1), ...,
-    the keys `nnx.Rngs(dropout=key).dropout()` draws, counted on the host; `.params()` the same, for
-    a model built under `nnx.eval_shape` (its shapes only: no key's value is used). nnx.Rngs counts in
-    a traced array, and flax's update of it asks the new count for a sharding, which makes JAX trace
-    the tracer's origin through the program traced so far: a scan of the program per draw."""
-
-    def __init__(self, key: jax.Array) -> None:
-        self.key, self.count = key, 0
-
-    def dropout(self) -> jax.Array:
-        key = jax.random.fold_in(self.key, self.count)
-        self.count += 1
-        return key
-
-    params = dropout
 
 
 def dropout(module: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -180,35 +164,10 @@ class BertEmbeddings(nnx.Module):
         return dropout(self.dropout, x, rngs).reshape(words.shape)
 
 
-def _mix32(z: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finalizer: each input bit flips each output bit with probability ~1/2."""
-    z = (z ^ (z >> jnp.uint32(16))) * jnp.uint32(0x85EBCA6B)
-    z = (z ^ (z >> jnp.uint32(13))) * jnp.uint32(0xC2B2AE35)
-    return z ^ (z >> jnp.uint32(16))
-
-
-def attention_dropout_keep(seed: jax.Array, batch_head: jax.Array, rows: jax.Array, cols: jax.Array,
-                           seq_len: int, rate: float) -> jax.Array:
-    """Which attention probabilities dropout keeps: a hash of the (2,) uint32 `seed` and each element's
-    (batch * heads + head, row, column), True with probability 1 - rate. The arguments broadcast
-    (the whole (B, nh, T, T) mask here, a tile of it in a kernel): a mask is never stored, a kernel's
-    backward draws the forward's, and a seed gives the same mask on every device and run."""
-    weyl = jnp.uint32(0x9E3779B9)  # 2^32 / golden ratio
-    stream = _mix32(seed[0] ^ _mix32(seed[1] + batch_head.astype(jnp.uint32) * weyl))
-    bits = _mix32(stream + (rows.astype(jnp.uint32) * jnp.uint32(seq_len) + cols.astype(jnp.uint32)) * weyl)
-    # 24 bits compared as int32: signed and unsigned comparisons are the same on every backend
-    return (bits >> jnp.uint32(8)).astype(jnp.int32) >= int(round(rate * (1 << 24)))
-
-
-def dropout_seed(rngs: nnx.Rngs) -> jax.Array:
-    """A (2,) uint32 seed for `attention_dropout_keep`, the next key of the `dropout` stream."""
-    return jax.random.bits(rngs.dropout(), (2,), jnp.uint32)
-
-
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout_rate: float = 0.0,
               seed: jax.Array | None = None) -> jax.Array:
     """Softmax attention of (B, T, nh, hd) q, k, v -> (B, T, nh, hd): keys hidden where the (B, T)
-    bool mask is False, and with a `seed`, dropout on the probabilities (`attention_dropout_keep`),
+    bool mask is False, and with a `seed`, dropout on the probabilities (`dropout_keep`),
     the kept ones scaled by 1 / (1 - rate). Scores and softmax in float32."""
     B, T, nh, hd = q.shape
     # 16-bit products into float32 scores; the preset keeps the backward's products 16-bit too (as
@@ -225,7 +184,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     probs = jax.nn.softmax(logits, axis=-1)
     if dropout_rate > 0 and seed is not None:
         batch_head = (jnp.arange(B)[:, None] * nh + jnp.arange(nh))[:, :, None, None]  # (B, nh, 1, 1)
-        keep = attention_dropout_keep(seed, batch_head, jnp.arange(T)[:, None], jnp.arange(T), T, dropout_rate)
+        keep = dropout_keep(seed, batch_head, jnp.arange(T)[:, None], jnp.arange(T), T, dropout_rate)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     return jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype), v)
 
@@ -266,6 +225,18 @@ class FeedForward(nnx.Module):
         return self.down(activation(self.act, self.up(x)))
 
 
+def residual_norm(x: jax.Array, y: jax.Array, norm: LayerNorm, rate: float = 0.0,
+                  seed: jax.Array | None = None) -> jax.Array:
+    """norm(x + dropout(y)), a post-norm block's add & norm, of (N, H) tokens -> (N, H). With a
+    `seed`, dropout keeps y[n, c] by `dropout_keep(seed, 0, n, c, H, rate)`, so a fused kernel
+    (`kernels/residual_norm.py`) draws the same mask."""
+    if rate > 0 and seed is not None:
+        N, H = y.shape
+        keep = dropout_keep(seed, 0, jnp.arange(N)[:, None], jnp.arange(H), H, rate)
+        y = jnp.where(keep, y / (1.0 - rate), 0.0).astype(y.dtype)
+    return norm(x + y)
+
+
 class TransformerEncoderBlock(nnx.Module):
     """One post-norm encoder layer: attention -> add & norm -> feed-forward -> add & norm."""
 
@@ -274,15 +245,20 @@ class TransformerEncoderBlock(nnx.Module):
         self.attention_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.ffn = FeedForward(config, rngs)
         self.ffn_norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
-        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.dropout_rate = config.hidden_dropout_prob
+        # a fused kernel computing `residual_norm`, put here by `bert_kit.jax.kernels.fast_path.apply`
+        self.add_norm: Callable | None = None
 
     def __call__(self, x: jax.Array, mask: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
         """x: (B, T, H) -> (B, T, H); all but attention on the (B * T, H) tokens (`tokens`): the norms'
         and biases' gradients are then sums over one axis, which XLA's GPU compiler reduces in place,
         where over (B, T) it kept a transposed copy of the residual stream (5% of BERT-base's step)."""
-        h = tokens(x)
-        h = self.attention_norm(h + dropout(self.dropout, tokens(self.attention(x, mask, rngs)), rngs))
-        return self.ffn_norm(h + dropout(self.dropout, self.ffn(h), rngs)).reshape(x.shape)
+        add_norm = self.add_norm or residual_norm
+        rate = self.dropout_rate if rngs is not None else 0.0  # dropout only in training
+        h = add_norm(tokens(x), tokens(self.attention(x, mask, rngs)), self.attention_norm, rate,
+                     dropout_seed(rngs) if rate > 0 else None)
+        h = add_norm(h, self.ffn(h), self.ffn_norm, rate, dropout_seed(rngs) if rate > 0 else None)
+        return h.reshape(x.shape)
 
 
 class BertEncoder(nnx.Module):

@@ -20,7 +20,7 @@ nnx = pytest.importorskip("flax.nnx")
 from bert_kit.jax.kernels import fast_path  # noqa: E402
 from bert_kit.jax.kernels.fast_path import FusedAttention, kernel_works, plan  # noqa: E402
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention  # noqa: E402
-from bert_kit.jax.model import BERTForSequenceClassification, attention, attention_dropout_keep  # noqa: E402
+from bert_kit.jax.model import BERTForSequenceClassification, attention, dropout_keep  # noqa: E402
 from tests.jax.common import max_abs, tiny  # noqa: E402
 
 GPU = jax.default_backend() == "gpu"
@@ -79,7 +79,7 @@ def test_dropout_mask_statistics():
     rows, cols = jnp.arange(T)[:, None], jnp.arange(T)
 
     def mask(seed):
-        keep = attention_dropout_keep(jnp.asarray(seed, jnp.uint32), batch_head, rows, cols, T, rate)
+        keep = dropout_keep(jnp.asarray(seed, jnp.uint32), batch_head, rows, cols, T, rate)
         return np.asarray(keep, np.float64)  # (B, nh, T, T)
 
     a, b = mask([3, 4]), mask([3, 5])
@@ -96,7 +96,8 @@ def test_dropout_mask_statistics():
 def test_plan_picks_kernels_by_backend_dtype_and_job():
     gpu = plan("gpu", jnp.bfloat16, 64, 0.1)
     assert gpu.pallas and gpu.cudnn and not gpu.interpret
-    assert str(gpu) == "fast path: Pallas attention with dropout (Triton), cuDNN attention without dropout"
+    assert str(gpu) == ("fast path: Pallas attention with dropout (Triton), cuDNN attention without dropout, "
+                        "Pallas add & norm (Triton)")
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, training=False).pallas  # evaluation: no dropout
     assert not plan("gpu", jnp.bfloat16, 64, 0.0).pallas  # no attention dropout: cuDNN alone
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, kernel="none").pallas
@@ -125,7 +126,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
         return nnx.value_and_grad(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())(model)
 
     want = step(model)
-    assert fast_path.apply(model).summary == "none (cpu: XLA attention)"
+    assert fast_path.apply(model).summary == f"none ({jax.default_backend()}: XLA attention)"
     fast = fast_path.apply(model, kernel="pallas", blocks=Blocks(16, 16, 16, 16))
     assert all(isinstance(layer.attention.backend, FusedAttention) for layer in model.bert.encoder.layers)
     got = step(model)

@@ -170,11 +170,11 @@ def test_the_twin_trains_with_the_dropout_the_torch_model_was_set_to():
 
     model = BERTForPreTraining(tiny(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     twin = from_torch(model, bj.HEAD_CLASSES[model.hf_architecture])
-    assert twin.bert.encoder.layers[0].dropout.rate == model.config.hidden_dropout_prob > 0
+    assert twin.bert.encoder.layers[0].dropout_rate == model.config.hidden_dropout_prob > 0
     set_dropout(model, 0.0)  # pretraining's `dropout: 0`; the config keeps its rates
     twin = from_torch(model, bj.HEAD_CLASSES[model.hf_architecture])
     assert model.config.hidden_dropout_prob > 0
-    assert twin.bert.encoder.layers[0].dropout.rate == 0.0
+    assert twin.bert.encoder.layers[0].dropout_rate == 0.0
     assert twin.bert.encoder.layers[0].attention.dropout_rate == 0.0
     assert twin.bert.embeddings.dropout.rate == 0.0
 

@@ -5,22 +5,25 @@
 
 `plan` decides from the backend ("gpu", "cpu", "tpu"), the compute dtype, the head size and the
 attention dropout, and is tested without a GPU; `apply` sets every `MultiHeadAttention.backend`
-to a `FusedAttention` of the plan (a frozen dataclass: two models of one plan have equal graphs,
-so their jitted steps are one program). A `FusedAttention` still checks, per call, what only the
-call knows (the sequence length, dropout on or off) and otherwise runs the reference, `attention`:
+to a `FusedAttention` of the plan, and every block's `add_norm` to a `FusedResidualNorm` (frozen
+dataclasses: two models of one plan have equal graphs, so their jitted steps are one program).
+Each still checks, per call, what only the call knows (the shapes, dropout on or off) and
+otherwise runs the reference, `attention` or `residual_norm`:
 
     call                          kernel                                   when the plan allows
-    dropout (training)            Pallas, `flash_attention.py`             T a power of 2 <= 512, hd 16-128
-    no dropout (eval, or p = 0)   cuDNN, `jax.nn.dot_product_attention`    16-bit, hd % 8 == 0, <= 128
+    attention with dropout        Pallas, `flash_attention.py`             T a power of 2 <= 512, hd 16-128
+    attention without dropout     cuDNN, `jax.nn.dot_product_attention`    16-bit, hd % 8 == 0, <= 128
+    add & norm (training)         Pallas, `residual_norm.py`               H = C x W, W >= 16 a power of 2, C <= 8
 
 cuDNN's fused attention has dropout (`jax._src.cudnn.fused_attention_stablehlo`'s dropout_rate),
 but only behind a private module, with its own random bits (not this model's mask, so no
 reference to test it against) and no promise to stay; the public `jax.nn.dot_product_attention`
 takes no dropout. So dropout runs in the Pallas kernel, whose mask is the reference's.
 
-On a GPU the Pallas kernel is tried once per shape before a step uses it (`kernel_works`: compiled
-and checked against the reference on one sequence); where it fails to compile or disagrees, the
-run says so in one line and that shape runs the reference. (Interpreted, on a CPU, it is not.)
+On a GPU each Pallas kernel is tried once per shape before a step uses it (`kernel_works`,
+`norm_works`: compiled and checked against the reference on small inputs); where one fails to
+compile or disagrees, the run says so in one line and that shape runs the reference.
+(Interpreted, on a CPU, they are not.)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import functools
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +40,10 @@ import numpy as np
 from flax import nnx
 
 from bert_kit.jax.compilation import compiler_options
+from bert_kit.jax.kernels import residual_norm as norm_kernel
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention
-from bert_kit.jax.model import MultiHeadAttention, attention
+from bert_kit.jax.kernels.residual_norm import Tiles, fused_residual_norm
+from bert_kit.jax.model import LayerNorm, MultiHeadAttention, TransformerEncoderBlock, attention, residual_norm
 
 HALF = (jnp.bfloat16, jnp.float16)
 KERNELS = ("auto", "pallas", "none")  # apply's `kernel`: as planned, the Pallas kernel wherever it fits, none
@@ -50,14 +56,17 @@ class FastPath:
     backend: str = "cpu"  # the JAX backend the plan is for
     pallas: bool = False  # attention with dropout: the Pallas kernel
     cudnn: bool = False  # attention without dropout: cuDNN's flash attention
-    interpret: bool = False  # the Pallas kernel run through XLA (CPU tests)
+    norm: bool = False  # each block's add & norm: the Pallas kernel
+    interpret: bool = False  # the Pallas kernels run through XLA (CPU tests)
     blocks: Blocks = field(default_factory=Blocks)
+    tiles: Tiles = field(default_factory=Tiles)
     note: str = ""  # why nothing applies
 
     @property
     def summary(self) -> str:
-        parts = [("Pallas attention with dropout" + (" (interpreted)" if self.interpret else " (Triton)"), self.pallas),
-                 ("cuDNN attention without dropout", self.cudnn)]
+        how = " (interpreted)" if self.interpret else " (Triton)"
+        parts = [("Pallas attention with dropout" + how, self.pallas), ("cuDNN attention without dropout", self.cudnn),
+                 ("Pallas add & norm" + how, self.norm)]
         return ", ".join(name for name, on in parts if on) or f"none ({self.note or self.backend + ': XLA attention'})"
 
     def __str__(self) -> str:
@@ -65,17 +74,18 @@ class FastPath:
 
 
 def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float, *, training: bool = True,
-         kernel: str = "auto", blocks: Blocks = Blocks()) -> FastPath:
-    """The fast path of a model on `backend` computing in `dtype`. kernel: "auto" (the Pallas kernel
-    on GPUs, for training with attention dropout), "pallas" (also elsewhere, interpreted: tests),
-    "none" (the reference for attention with dropout)."""
+         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles()) -> FastPath:
+    """The fast path of a model on `backend` computing in `dtype`. kernel: "auto" (the Pallas kernels
+    on GPUs in 16 bits, for training: attention where it has dropout), "pallas" (also elsewhere,
+    interpreted: tests), "none" (the references for attention with dropout and the add & norm)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     gpu, half = backend == "gpu", jnp.dtype(dtype) in HALF
     with_dropout = training and attention_dropout > 0
-    pallas = with_dropout and (kernel == "pallas" or (kernel == "auto" and gpu and half))
+    pallas_here = kernel == "pallas" or (kernel == "auto" and gpu and half)
+    pallas, norm = with_dropout and pallas_here, training and pallas_here
     return FastPath(backend=backend, pallas=pallas, cudnn=gpu and half and head_dim % 8 == 0 and head_dim <= 128,
-                    interpret=pallas and not gpu, blocks=blocks)
+                    norm=norm, interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles)
 
 
 @dataclass(frozen=True)
@@ -98,16 +108,62 @@ class FusedAttention:
         return attention(q, k, v, mask, rate, seed)
 
 
-@functools.lru_cache(maxsize=None)
+@dataclass(frozen=True)
+class FusedResidualNorm:
+    """`model.residual_norm` on the plan's kernel: the `TransformerEncoderBlock.add_norm` `apply` sets."""
+
+    fast: FastPath
+
+    def __call__(self, x: jax.Array, y: jax.Array, norm: LayerNorm, rate: float, seed: jax.Array | None) -> jax.Array:
+        (N, H), fast = x.shape, self.fast
+        rate = rate if seed is not None else 0.0  # no seed: no dropout, as the reference
+        if fast.norm and x.dtype == y.dtype and norm_kernel.fits(N, H, fast.tiles) and \
+                (fast.interpret or norm_works(H, x.dtype.name, rate, fast.tiles)):
+            seed = jnp.zeros(2, jnp.uint32) if seed is None else seed
+            return fused_residual_norm(x, y, norm.weight[...], norm.bias[...], seed, rate, norm.eps, fast.tiles,
+                                       fast.interpret)
+        return residual_norm(x, y, norm, rate, seed)
+
+
+def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
+    """`check`, run once per arguments in a thread of its own: a new thread traces nothing, so the
+    check computes while the step that asks is being traced. Every run checks, before the step traces
+    the kernel: a kernel traced first by the step and not the check has other source locations in
+    its Triton code, so the step's program would miss its compilation cache entry (seen on an H200)."""
+    @functools.lru_cache(maxsize=None)
+    @functools.wraps(check)
+    def checked(*args, **kwargs) -> bool:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(check, *args, **kwargs).result()
+
+    return checked
+
+
+@in_a_thread
 def kernel_works(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks, interpret: bool = False) -> bool:
-    """Whether the Pallas kernel compiles for this shape and agrees with the reference on one
-    sequence (two heads, a quarter of the keys padding), forward and gradients; said once if not.
-    Run in a thread of its own: a new thread traces nothing, so the check computes while the step
-    that asks is being traced. Every run checks, before the step traces the kernel: a kernel traced
-    first by the step and not the check has other source locations in its Triton code, so the step's
-    program would miss its compilation cache entry (seen on an H200)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(_check_kernel, T, head_dim, dtype, rate, blocks, interpret).result()
+    """Whether the Pallas attention kernel compiles for this shape and agrees with the reference on
+    one sequence (two heads, a quarter of the keys padding), forward and gradients; said once if not."""
+    return _check_kernel(T, head_dim, dtype, rate, blocks, interpret)
+
+
+@in_a_thread
+def norm_works(H: int, dtype: str, rate: float, tiles: Tiles, interpret: bool = False) -> bool:
+    """Whether the Pallas add & norm kernel compiles for rows of H and agrees with the reference on
+    a few rows, forward and gradients; said once if not."""
+    rng = np.random.default_rng(0)
+    x, y, w = (jax.device_put(rng.normal(size=(4 * tiles.rows, H)).astype(jnp.dtype(dtype))) for _ in range(3))
+    weight, bias = (jax.device_put(rng.normal(size=H).astype(jnp.dtype(dtype))) for _ in range(2))
+    seed = jax.device_put(np.array([1, 2], np.uint32))
+
+    def fused(x, y, weight, bias):
+        return fused_residual_norm(x, y, weight, bias, seed, rate, 1e-12, tiles, interpret)
+
+    def plain(x, y, weight, bias):
+        norm = LayerNorm(H)
+        norm.weight[...], norm.bias[...] = weight, bias
+        return residual_norm(x, y, norm, rate, seed)
+
+    return agrees("add & norm", f"H={H}", dtype, fused, plain, (x, y, weight, bias), w)
 
 
 def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks, interpret: bool) -> bool:
@@ -119,17 +175,22 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
     mask = jax.device_put(np.arange(T)[None] < T - T // 4)
     seed = jax.device_put(np.array([1, 2], np.uint32))
 
-    def output_and_grads(fn):
-        # the output, and the gradients of sum(output * w): not the sum itself, whose terms cancel
-        # (a sum near 0 makes bf16's rounding of its terms a large share of it)
-        out, pull = jax.vjp(fn, q, k, v)
-        return (out, *pull(w.astype(out.dtype)))
-
     def fused(q, k, v):
         return flash_attention(q, k, v, mask.astype(jnp.int32), seed, rate, blocks, interpret)
 
     def plain(q, k, v):
         return attention(q, k, v, mask, rate, seed)
+
+    return agrees("attention", f"T={T}, head size {head_dim}", dtype, fused, plain, (q, k, v), w)
+
+
+def agrees(kernel: str, shape: str, dtype: str, fused: Callable, plain: Callable, inputs: tuple, w: jax.Array) -> bool:
+    """Whether `fused` compiles and gives `plain`'s output and gradients (of sum(output * w)) on
+    `inputs`; if not, one line says so. Not the sum itself: its terms cancel, and a sum near 0 makes
+    bf16's rounding of its terms a large share of it."""
+    def output_and_grads(fn):
+        out, pull = jax.vjp(fn, *inputs)
+        return (out, *pull(w.astype(out.dtype)))
 
     try:
         options = compiler_options(jax.default_backend(), autotune=False)  # programs run once
@@ -141,27 +202,29 @@ def _check_kernel(T: int, head_dim: int, dtype: str, rate: float, blocks: Blocks
                           / max(float(np.abs(b.astype(np.float32)).max()), 1e-6))
                     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
     except Exception as e:  # noqa: BLE001 -- any compiler error: the reference runs instead
-        print(f"warning: the Pallas attention kernel does not compile for T={T}, head size {head_dim}, {dtype} "
-              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); using XLA attention",
+        print(f"warning: the Pallas {kernel} kernel does not compile for {shape}, {dtype} "
+              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); using XLA {kernel}",
               file=sys.stderr, flush=True)
         return False
     if not error <= tolerance:
-        print(f"warning: the Pallas attention kernel differs from the reference by {error:.1%} for T={T}, head "
-              f"size {head_dim}, {dtype}; using XLA attention", file=sys.stderr, flush=True)
+        print(f"warning: the Pallas {kernel} kernel differs from the reference by {error:.1%} for {shape}, {dtype}; "
+              f"using XLA {kernel}", file=sys.stderr, flush=True)
         return False
     return True
 
 
 def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.float32, *, training: bool = True,
-          kernel: str = "auto", blocks: Blocks = Blocks()) -> FastPath:
-    """Put the plan's kernels on every attention layer of `model` (in place); returns the plan.
-    backend: the devices' ("gpu", "cpu", ...), default JAX's default backend."""
+          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles()) -> FastPath:
+    """Put the plan's kernels on every attention layer and block of `model` (in place); returns the
+    plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend."""
     layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, MultiHeadAttention)]
     if not layers:
         return FastPath(note="no attention layer")
     config = layers[0]
     fast = plan(backend or jax.default_backend(), dtype, config.head_dim, config.dropout_rate, training=training,
-                kernel=kernel, blocks=blocks)
+                kernel=kernel, blocks=blocks, tiles=tiles)
     for layer in layers:
         layer.backend = FusedAttention(fast) if fast.pallas or fast.cudnn else None
+    for block in (m for _, m in nnx.iter_graph(model) if isinstance(m, TransformerEncoderBlock)):
+        block.add_norm = FusedResidualNorm(fast) if fast.norm else None
     return fast

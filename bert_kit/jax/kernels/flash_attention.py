@@ -10,7 +10,7 @@ v, without writing the (T, T) scores or probabilities to memory:
   over the query blocks) and dQ of the query block of the same index (looping over the key
   blocks), recomputing the probabilities from q, k and the saved log-sum-exp;
 - dropout: the mask is not stored either. Each element's keep decision is a hash of the seed and
-  its (batch * heads + head, row, column) (`model.attention_dropout_keep`), so the backward draws
+  its (batch * heads + head, row, column) (`randomness.dropout_keep`), so the backward draws
   the forward's mask, the kernel the reference model's, and the same key the same bits on any run.
 
 The gradient of dropped probabilities: with P the softmax, Z the mask and Pd = P * Z / (1 - p),
@@ -34,7 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from bert_kit.jax.model import attention_dropout_keep
+from bert_kit.jax.randomness import dropout_keep
 
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * log2(e)): the kernels work in base 2
 MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # a hidden key's score: exp2 of it minus any max is 0
@@ -86,7 +86,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, *, 
         l = l * correction + p.sum(axis=-1)  # the softmax's denominator: before dropout
         if rate > 0:
             cols = j * block_k + lax.iota(jnp.int32, block_k)
-            keep = attention_dropout_keep(seed, b * num_heads + h, rows[:, None], cols[None, :], T, rate)
+            keep = dropout_keep(seed, b * num_heads + h, rows[:, None], cols[None, :], T, rate)
             p = jnp.where(keep, p, 0.0)
         v = v_ref[keys, :]
         return o * correction[:, None] + plgpu.dot(p.astype(v.dtype), v), m_new, l
@@ -131,7 +131,7 @@ def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, do_ref, lse_ref, d
         p = jnp.exp2(s - lse[:, None])  # the softmax, recomputed
         dp = plgpu.dot(do, v.T)  # the gradient of the dropped probabilities
         if rate > 0:
-            keep = attention_dropout_keep(seed, stream, rows[:, None], cols[None, :], T, rate)
+            keep = dropout_keep(seed, stream, rows[:, None], cols[None, :], T, rate)
             dropped, dp = jnp.where(keep, p * inv_keep, 0.0), jnp.where(keep, dp * inv_keep, 0.0)
         else:
             dropped = p

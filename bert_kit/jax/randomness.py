@@ -1,0 +1,53 @@
+"""Randomness of the JAX model: the keys a traced step draws, and dropout masks computed from a
+seed by a hash of each element's position, so that a fused kernel, its backward and the reference
+model draw the same mask without storing it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class HostKeys:
+    """An `nnx.Rngs` for traced calls: `.dropout()` draws fold_in(key, 0), fold_in(key, 1), ...,
+    the keys `nnx.Rngs(dropout=key).dropout()` draws, counted on the host; `.params()` the same, for
+    a model built under `nnx.eval_shape` (its shapes only: no key's value is used). nnx.Rngs counts in
+    a traced array, and flax's update of it asks the new count for a sharding, which makes JAX trace
+    the tracer's origin through the program traced so far: a scan of the program per draw."""
+
+    def __init__(self, key: jax.Array) -> None:
+        self.key, self.count = key, 0
+
+    def dropout(self) -> jax.Array:
+        key = jax.random.fold_in(self.key, self.count)
+        self.count += 1
+        return key
+
+    params = dropout
+
+
+def _mix32(z: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer: each input bit flips each output bit with probability ~1/2."""
+    z = (z ^ (z >> jnp.uint32(16))) * jnp.uint32(0x85EBCA6B)
+    z = (z ^ (z >> jnp.uint32(13))) * jnp.uint32(0xC2B2AE35)
+    return z ^ (z >> jnp.uint32(16))
+
+
+def dropout_keep(seed: jax.Array, stream: jax.Array, rows: jax.Array, cols: jax.Array, width: int,
+                 rate: float) -> jax.Array:
+    """Which elements dropout keeps: a hash of the (2,) uint32 `seed`, a `stream` and each element's
+    (row, column) in rows of `width`, True with probability 1 - rate. Attention's probabilities
+    are streams (batch * heads + head) of (T, T) rows, the residual's dropout one stream of
+    (N, H). The arguments broadcast (a whole mask here, a tile of it in a kernel): a mask is never
+    stored, a kernel's backward draws the forward's, and a seed gives the same mask on every device and run."""
+    weyl = jnp.uint32(0x9E3779B9)  # 2^32 / golden ratio
+    stream = _mix32(seed[0] ^ _mix32(seed[1] + jnp.asarray(stream).astype(jnp.uint32) * weyl))
+    bits = _mix32(stream + (rows.astype(jnp.uint32) * jnp.uint32(width) + cols.astype(jnp.uint32)) * weyl)
+    # 24 bits compared as int32: signed and unsigned comparisons are the same on every backend
+    return (bits >> jnp.uint32(8)).astype(jnp.int32) >= int(round(rate * (1 << 24)))
+
+
+def dropout_seed(rngs: nnx.Rngs) -> jax.Array:
+    """A (2,) uint32 seed for `dropout_keep`, the next key of the `dropout` stream."""
+    return jax.random.bits(rngs.dropout(), (2,), jnp.uint32)
