@@ -44,12 +44,12 @@ MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # a hidden key's score: exp2 
 class Blocks:
     """Tile sizes (powers of two, at most T) and Triton's launch settings."""
 
-    q: int = 64  # query rows per forward program
+    q: int = 128  # query rows per forward program
     k: int = 64  # key rows per step of the forward's loop
-    outer: int = 32  # backward: the key block a program's dK, dV cover (and the query block of its dQ)
-    inner: int = 32  # backward: the rows each step of its loops takes
+    outer: int = 64  # backward: the key block a program's dK, dV cover (and the query block of its dQ)
+    inner: int = 64  # backward: the rows each step of its loops takes
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
     def fit(self, T: int) -> "Blocks":
         """These blocks, none longer than T."""
