@@ -9,7 +9,9 @@ known, and kept between runs.
   could read half-written entries, or interleave two writes of one (GPU autotuning may compile
   the same program to other bytes). A size bound (8 GiB, least recently used evicted) turns on
   JAX's file lock around every read and write (the `filelock` package, which torch installs), so
-  runs take turns; and an entry that cannot be read is only a warning and a compilation.
+  runs take turns; and an entry that cannot be read is only a warning and a compilation. Source
+  locations name a frame, not the whole stack: they are in a kernel's Triton code, and the stack
+  that traced it would make one kernel as many programs as the paths that reach it.
 - `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
   run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths;
   `likely_buckets` are those a run's training batches are likely to meet, compiled ahead
@@ -83,6 +85,10 @@ def use_compilation_cache(setting: str | bool | None = None, env: dict[str, str]
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)  # quicker ones are not worth a file
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # a Pallas kernel's Triton code carries the source locations of its operations, by default with
+    # the whole Python stack that traced it: the same kernel traced from the training step and from
+    # the evaluation (or from a thread compiling ahead) were other programs, missing the cache
+    jax.config.update("jax_include_full_tracebacks_in_locations", False)
     if importlib.util.find_spec("filelock") is not None:  # the lock between runs (JAX needs the package)
         jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return folder

@@ -150,3 +150,39 @@ def test_a_program_that_cannot_be_compiled_ahead_runs_through_jit(capsys):
         got = program(jnp.float32(2), batch)
     np.testing.assert_allclose(np.asarray(got), [0, 2, 4])
     assert program.fallback and "Sharding passed to jit" in capsys.readouterr().err
+
+
+KERNEL_FROM_TWO_CALLERS = """
+import re, sys
+import jax, jax.numpy as jnp
+from jax import export
+from bert_kit.jax.compilation import use_compilation_cache
+from bert_kit.jax.kernels.residual_norm import fused_residual_norm
+if sys.argv[1] != "default":
+    use_compilation_cache(sys.argv[1], env={})
+spec = jax.ShapeDtypeStruct
+x, w, s = spec((256, 768), jnp.bfloat16), spec((768,), jnp.bfloat16), spec((2,), jnp.uint32)
+def grads(x, y, w, b, s):
+    out, pull = jax.vjp(lambda *a: fused_residual_norm(*a, s, 0.1), x, y, w, b)
+    return pull(out)
+def training_step(*a): return grads(*a)
+def evaluation(*a): return grads(*a)
+def triton_code(f):
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    module = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=checks)(x, x, w, w, s).mlir_module()
+    return re.findall(r'ir = "([^"]*)"', module)
+a, b = triton_code(training_step), triton_code(evaluation)
+print(len(a), a == b)
+"""
+
+
+def test_a_kernel_is_one_program_whichever_code_path_traced_it(tmp_path):
+    """The Triton code of a Pallas kernel (here lowered for CUDA on any machine) carries its source
+    locations; with JAX's default, the whole stack that traced it, so the same kernel from two
+    callers was two programs and a warm run missed its cache entry. With the cache on, one frame."""
+    def run(setting: str) -> str:
+        return subprocess.run([sys.executable, "-c", KERNEL_FROM_TWO_CALLERS, setting], capture_output=True, text=True,
+                              cwd=REPO, check=True).stdout.split()
+
+    assert run(str(tmp_path / "cache")) == ["2", "True"]  # the forward's and the backward's, the same for both
+    assert run("default") == ["2", "False"]
