@@ -367,7 +367,8 @@ class JaxEngine(Engine):
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
-        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype)
+        # a short fine-tune leaves the add & norm to XLA: its kernel's compilation and check cost more than it saves
+        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, add_norm=not self.scan)
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SCAN_MAX_STEPS`)
                 module.scan = self.scan

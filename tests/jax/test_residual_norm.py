@@ -120,6 +120,8 @@ def test_plan_puts_the_kernel_on_gpus_in_16_bits_for_training():
     assert plan("gpu", jnp.bfloat16, 64, 0.0).norm  # with or without attention dropout
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, training=False).norm
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, kernel="none").norm
+    short = plan("gpu", jnp.bfloat16, 64, 0.1, add_norm=False)  # the engine's short fine-tunes
+    assert short.pallas and not short.norm
     assert not plan("gpu", jnp.float32, 64, 0.1).norm and not plan("cpu", jnp.float32, 64, 0.1).norm
     forced = plan("cpu", jnp.float32, 16, 0.1, kernel="pallas")
     assert forced.norm and forced.interpret and "Pallas add & norm (interpreted)" in forced.summary
@@ -147,7 +149,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
     without = nnx.jit(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())
     model.bert.encoder.layers[0].dropout_rate = 0.0
     assert abs(float(without(model)) - float(got[0])) > 1e-4  # the dropout ran, in the kernel
-    fast_path.apply(model, kernel="none")
+    fast_path.apply(model, kernel="pallas", add_norm=False)
     assert all(block.add_norm is None for block in blocks)
 
 

@@ -74,16 +74,17 @@ class FastPath:
 
 
 def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float, *, training: bool = True,
-         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles()) -> FastPath:
+         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True) -> FastPath:
     """The fast path of a model on `backend` computing in `dtype`. kernel: "auto" (the Pallas kernels
     on GPUs in 16 bits, for training: attention where it has dropout), "pallas" (also elsewhere,
-    interpreted: tests), "none" (the references for attention with dropout and the add & norm)."""
+    interpreted: tests), "none" (the references for attention with dropout and the add & norm).
+    add_norm=False leaves the add & norm to XLA (a short run: one kernel fewer to compile and check)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     gpu, half = backend == "gpu", jnp.dtype(dtype) in HALF
     with_dropout = training and attention_dropout > 0
     pallas_here = kernel == "pallas" or (kernel == "auto" and gpu and half)
-    pallas, norm = with_dropout and pallas_here, training and pallas_here
+    pallas, norm = with_dropout and pallas_here, training and add_norm and pallas_here
     return FastPath(backend=backend, pallas=pallas, cudnn=gpu and half and head_dim % 8 == 0 and head_dim <= 128,
                     norm=norm, interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles)
 
@@ -214,7 +215,7 @@ def agrees(kernel: str, shape: str, dtype: str, fused: Callable, plain: Callable
 
 
 def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.float32, *, training: bool = True,
-          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles()) -> FastPath:
+          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True) -> FastPath:
     """Put the plan's kernels on every attention layer and block of `model` (in place); returns the
     plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend."""
     layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, MultiHeadAttention)]
@@ -222,7 +223,7 @@ def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.
         return FastPath(note="no attention layer")
     config = layers[0]
     fast = plan(backend or jax.default_backend(), dtype, config.head_dim, config.dropout_rate, training=training,
-                kernel=kernel, blocks=blocks, tiles=tiles)
+                kernel=kernel, blocks=blocks, tiles=tiles, add_norm=add_norm)
     for layer in layers:
         layer.backend = FusedAttention(fast) if fast.pallas or fast.cudnn else None
     for block in (m for _, m in nnx.iter_graph(model) if isinstance(m, TransformerEncoderBlock)):
