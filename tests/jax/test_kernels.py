@@ -113,6 +113,11 @@ def test_plan_picks_kernels_by_backend_dtype_and_job():
         plan("gpu", jnp.bfloat16, 64, 0.1, kernel="triton")
 
 
+CPU_ONLY = pytest.mark.skipif(GPU, reason="the interpreted kernel in float32: on a GPU the plan runs Triton, and the "
+                                             "check's reference, in its own thread, multiplies in TF32")
+
+
+@CPU_ONLY
 def test_a_model_with_the_kernel_trains_as_the_reference():
     """`apply` puts the kernel on every attention layer; with dropout on, loss and gradients equal
     the reference model's (the same mask from the same key)."""
@@ -126,7 +131,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
         return nnx.value_and_grad(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())(model)
 
     want = step(model)
-    assert fast_path.apply(model).summary == f"none ({jax.default_backend()}: XLA attention)"
+    assert fast_path.apply(model).summary == "none (cpu: XLA attention)"
     fast = fast_path.apply(model, kernel="pallas", blocks=Blocks(16, 16, 16, 16))
     assert all(isinstance(layer.attention.backend, FusedAttention) for layer in model.bert.encoder.layers)
     got = step(model)
@@ -134,6 +139,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
     assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))) <= 1e-5
 
 
+@CPU_ONLY
 def test_the_kernel_is_checked_before_use_and_one_that_fails_leaves_the_reference(monkeypatch, capsys):
     assert kernel_works(32, 16, "float32", 0.1, SMALL, interpret=True)  # compiled, and agrees
     with monkeypatch.context() as patch:
