@@ -27,13 +27,6 @@ GPU = jax.default_backend() == "gpu"
 SEED = np.array([7, 11], np.uint32)
 
 
-@pytest.fixture(autouse=True)
-def exact_reference():
-    """float32 products in full: on a GPU, XLA's default takes TF32 for them."""
-    with jax.default_matmul_precision("highest"):
-        yield
-
-
 def inputs(N=48, H=96, dtype=jnp.float32, seed=0):
     rng = np.random.default_rng(seed)
     x, y, w = (jnp.asarray(rng.normal(size=(N, H)), dtype) for _ in range(3))
