@@ -143,7 +143,7 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
     model = BERTForPreTraining(config, rngs=nnx.Rngs(0))
     model.bert.encoder.scan = args.layers == "scan"  # as the engine pretrains: the blocks called in turn
     blocks = Blocks(*map(int, args.block.split(","))) if args.block else Blocks()
-    fast = fast_path.apply(model, dtype=jnp.bfloat16, kernel=args.kernel, blocks=blocks)
+    fast = fast_path.apply(model, dtype=jnp.bfloat16, kernel=args.kernel, blocks=blocks, mesh=mesh)
     tx = create_optimizer(1e-4, weight_decay=0.01)
     graphdef, state = init_train_state(model, tx, mesh, prng=args.prng)
     step_fn = make_train_step(graphdef, tx, mesh, precision="bf16")

@@ -368,7 +368,8 @@ class JaxEngine(Engine):
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         # a short fine-tune leaves the add & norm to XLA: its kernel's compilation and check cost more than it saves
-        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, add_norm=not self.scan)
+        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, add_norm=not self.scan,
+                                    mesh=self.mesh)
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SCAN_MAX_STEPS`)
                 module.scan = self.scan

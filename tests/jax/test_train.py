@@ -183,13 +183,18 @@ def test_the_loss_scale_moves_as_torchs_grad_scaler(monkeypatch):
         bj.make_train_step(None, None, bj.make_mesh(jax.devices()[:1]), precision="fp16")
 
 
-def test_two_devices_give_the_losses_of_one():
+@pytest.mark.parametrize("kernels", [False, True])
+def test_two_devices_give_the_losses_of_one(kernels):
+    """With the Pallas kernels, each device runs them on its two rows (`fast_path.per_device`), told
+    where its rows start: the dropout masks are the whole batch's, so the losses are one device's."""
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
-    done = subprocess.run([sys.executable, "-m", "tests.jax.mesh_worker"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "tests.jax.mesh_worker", *(["kernels"] if kernels else [])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["devices"] == 2 and report["shards_2"] == 2 and report["rows_per_shard_2"] == 2
+    if kernels:
+        assert report["fast_path_2"] == "Pallas attention with dropout (interpreted), Pallas add & norm (interpreted)"
     one, two = np.array(report["losses_1"]), np.array(report["losses_2"])
     assert np.abs(one - two).max() <= 1e-5, (one, two)
     assert two[-1] < 0.85 * two[0], two  # and it trains

@@ -20,6 +20,11 @@ but only behind a private module, with its own random bits (not this model's mas
 reference to test it against) and no promise to stay; the public `jax.nn.dot_product_attention`
 takes no dropout. So dropout runs in the Pallas kernel, whose mask is the reference's.
 
+On several devices (`apply(..., mesh=...)`) each kernel runs on every device's rows of the
+batch, in a `shard_map`: a Pallas kernel is one custom call, which XLA's partitioner has no rule
+to split, so left to it every device would gather the batch and compute the whole of it. Each
+device's kernel is told where its rows start, so its dropout masks are those of the whole batch.
+
 On a GPU each Pallas kernel is tried once per shape before a step uses it (`kernel_works`,
 `norm_works`: compiled and checked against the reference on small inputs); where one fails to
 compile or disagrees, the run says so in one line and that shape runs the reference.
@@ -38,12 +43,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.kernels import residual_norm as norm_kernel
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention
 from bert_kit.jax.kernels.residual_norm import Tiles, fused_residual_norm
 from bert_kit.jax.model import LayerNorm, MultiHeadAttention, TransformerEncoderBlock, attention, residual_norm
+from bert_kit.jax.sharding import AXIS
 
 HALF = (jnp.bfloat16, jnp.float16)
 KERNELS = ("auto", "pallas", "none")  # apply's `kernel`: as planned, the Pallas kernel wherever it fits, none
@@ -60,6 +67,7 @@ class FastPath:
     interpret: bool = False  # the Pallas kernels run through XLA (CPU tests)
     blocks: Blocks = field(default_factory=Blocks)
     tiles: Tiles = field(default_factory=Tiles)
+    mesh: Mesh | None = None  # several devices, the batch split over their "data" axis: kernels per device
     note: str = ""  # why nothing applies
 
     @property
@@ -74,8 +82,9 @@ class FastPath:
 
 
 def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float, *, training: bool = True,
-         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True) -> FastPath:
-    """The fast path of a model on `backend` computing in `dtype`. kernel: "auto" (the Pallas kernels
+         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
+         mesh: Mesh | None = None) -> FastPath:
+    """The fast path of a model on `backend` computing in `dtype` (on `mesh`'s devices, if several). kernel: "auto" (the Pallas kernels
     on GPUs in 16 bits, for training: attention where it has dropout), "pallas" (also elsewhere,
     interpreted: tests), "none" (the references for attention with dropout and the add & norm).
     add_norm=False leaves the add & norm to XLA (a short run: one kernel fewer to compile and check)."""
@@ -86,7 +95,8 @@ def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float
     pallas_here = kernel == "pallas" or (kernel == "auto" and gpu and half)
     pallas, norm = with_dropout and pallas_here, training and add_norm and pallas_here
     return FastPath(backend=backend, pallas=pallas, cudnn=gpu and half and head_dim % 8 == 0 and head_dim <= 128,
-                    norm=norm, interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles)
+                    norm=norm, interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles,
+                    mesh=mesh if mesh is not None and mesh.size > 1 else None)
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,8 @@ class FusedAttention:
         if rate > 0 and seed is not None and fast.pallas and fits(T, hd, fast.blocks) and \
                 (fast.interpret or kernel_works(T, hd, q.dtype.name, rate, fast.blocks)):
             key_mask = jnp.ones((B, T), jnp.int32) if mask is None else mask.astype(jnp.int32)
-            return flash_attention(q, k, v, key_mask, seed, rate, fast.blocks, fast.interpret)
+            return per_device(fast.mesh, lambda q, k, v, key_mask, seed, start=None: flash_attention(
+                q, k, v, key_mask, seed, rate, fast.blocks, fast.interpret, start=start), q, k, v, key_mask, seed=seed)
         if rate == 0 and fast.cudnn and q.dtype in HALF:
             lengths = None if mask is None else mask.sum(-1, dtype=jnp.int32)  # (B,): rows are right-padded
             return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths, implementation="cudnn")
@@ -118,12 +129,29 @@ class FusedResidualNorm:
     def __call__(self, x: jax.Array, y: jax.Array, norm: LayerNorm, rate: float, seed: jax.Array | None) -> jax.Array:
         (N, H), fast = x.shape, self.fast
         rate = rate if seed is not None else 0.0  # no seed: no dropout, as the reference
-        if fast.norm and x.dtype == y.dtype and norm_kernel.fits(N, H, fast.tiles) and \
+        devices = 1 if fast.mesh is None else fast.mesh.size
+        if fast.norm and x.dtype == y.dtype and N % devices == 0 and norm_kernel.fits(N // devices, H, fast.tiles) and \
                 (fast.interpret or norm_works(H, x.dtype.name, rate, fast.tiles)):
             seed = jnp.zeros(2, jnp.uint32) if seed is None else seed
-            return fused_residual_norm(x, y, norm.weight[...], norm.bias[...], seed, rate, norm.eps, fast.tiles,
-                                       fast.interpret)
+            return per_device(fast.mesh, lambda x, y, weight, bias, seed, start=None: fused_residual_norm(
+                x, y, weight, bias, seed, rate, norm.eps, fast.tiles, fast.interpret, start=start),
+                x, y, weight=norm.weight[...], bias=norm.bias[...], seed=seed)
         return residual_norm(x, y, norm, rate, seed)
+
+
+def per_device(mesh: Mesh | None, kernel: Callable, *rows: jax.Array, **whole: jax.Array) -> jax.Array:
+    """kernel(*rows, **whole): on the whole batch without a mesh; with one, on each device's share
+    of the `rows` arrays (split on their first axis) beside the `whole` ones (every device's the
+    same), passing start, the (1,) index of the device's first row, and the output split likewise."""
+    if mesh is None:
+        return kernel(*rows, **whole)
+
+    def local(rows: tuple, whole: dict) -> jax.Array:
+        start = (jax.lax.axis_index(AXIS) * rows[0].shape[0]).astype(jnp.int32).reshape(1)
+        return kernel(*rows, **whole, start=start)
+
+    specs = ((P(AXIS),) * len(rows), {name: P() for name in whole})
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(AXIS), check_vma=False)(rows, whole)
 
 
 def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
@@ -215,15 +243,17 @@ def agrees(kernel: str, shape: str, dtype: str, fused: Callable, plain: Callable
 
 
 def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.float32, *, training: bool = True,
-          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True) -> FastPath:
+          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
+          mesh: Mesh | None = None) -> FastPath:
     """Put the plan's kernels on every attention layer and block of `model` (in place); returns the
-    plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend."""
+    plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend; mesh: the
+    devices a step splits its batch over (one "data" axis), if several."""
     layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, MultiHeadAttention)]
     if not layers:
         return FastPath(note="no attention layer")
     config = layers[0]
     fast = plan(backend or jax.default_backend(), dtype, config.head_dim, config.dropout_rate, training=training,
-                kernel=kernel, blocks=blocks, tiles=tiles, add_norm=add_norm)
+                kernel=kernel, blocks=blocks, tiles=tiles, add_norm=add_norm, mesh=mesh)
     for layer in layers:
         layer.backend = FusedAttention(fast) if fast.pallas or fast.cudnn else None
     for block in (m for _, m in nnx.iter_graph(model) if isinstance(m, TransformerEncoderBlock)):

@@ -17,7 +17,9 @@ The gradient of dropped probabilities: with P the softmax, Z the mask and Pd = P
 O = Pd V gives dV = Pd^T dO, dP = (dO V^T) * Z / (1 - p) and dS = P * (dP - delta) with
 delta = rowsum(dO * O) (the rowsum of P * dP), as without dropout.
 
-Shapes: q, k, v (B, T, nh, hd), key_mask (B, T) int32 (nonzero = a token), seed (2,) uint32.
+Shapes: q, k, v (B, T, nh, hd), key_mask (B, T) int32 (nonzero = a token), seed (2,) uint32; start
+(1,) int32, the index of q's first batch row among all rows (a device's share of a batch starts
+there: its masks are the whole batch's).
 T must be a multiple of the blocks (powers of two); `fast_path` uses the kernel where it fits.
 `interpret=True` runs the same kernel through XLA on any backend: the CPU tests do.
 """
@@ -66,11 +68,11 @@ def fits(T: int, head_dim: int, blocks: Blocks = Blocks()) -> bool:
             and all(T % n == 0 for n in (b.q, b.k, b.outer, b.inner)))
 
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, *, scale: float, rate: float,
+def _forward_kernel(seed_ref, start_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, *, scale: float, rate: float,
                     block_k: int, num_heads: int):
     """One (query block, batch row, head): q_ref (block_q, hd); k_ref, v_ref (T, hd); mask_ref (T,)."""
     T, block_q = k_ref.shape[0], q_ref.shape[0]
-    i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    i, b, h = pl.program_id(0), start_ref[0] + pl.program_id(1), pl.program_id(2)
     rows = i * block_q + lax.iota(jnp.int32, block_q)
     seed = (seed_ref[0], seed_ref[1])
     q = q_ref[...]
@@ -98,14 +100,14 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, *, 
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _forward(q, k, v, key_mask, seed, rate: float, blocks: Blocks, interpret: bool):
+def _forward(q, k, v, key_mask, seed, start, rate: float, blocks: Blocks, interpret: bool):
     B, T, nh, hd = q.shape
     b = blocks.fit(T)
     kernel = functools.partial(_forward_kernel, scale=1.0 / math.sqrt(hd), rate=rate, block_k=b.k, num_heads=nh)
     whole = pl.BlockSpec((None, T, None, hd), lambda i, j, n: (j, 0, n, 0))  # a (batch row, head)'s T rows
     return pl.pallas_call(
         kernel, grid=(T // b.q, B, nh),
-        in_specs=[pl.BlockSpec((2,), lambda i, j, n: (0,)),
+        in_specs=[pl.BlockSpec((2,), lambda i, j, n: (0,)), pl.BlockSpec((1,), lambda i, j, n: (0,)),
                   pl.BlockSpec((None, b.q, None, hd), lambda i, j, n: (j, i, n, 0)), whole, whole,
                   pl.BlockSpec((None, T), lambda i, j, n: (j, 0))],
         out_specs=[pl.BlockSpec((None, b.q, None, hd), lambda i, j, n: (j, i, n, 0)),
@@ -113,16 +115,16 @@ def _forward(q, k, v, key_mask, seed, rate: float, blocks: Blocks, interpret: bo
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, nh, T), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages),
         interpret=interpret, name="bert_attention_forward",
-    )(seed, q, k, v, key_mask)
+    )(seed, start, q, k, v, key_mask)
 
 
-def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, *,
-                     scale: float, rate: float, inner: int, num_heads: int):
+def _backward_kernel(seed_ref, start_ref, q_ref, k_ref, v_ref, mask_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref,
+                     dv_ref, *, scale: float, rate: float, inner: int, num_heads: int):
     """One (batch row, head, block n): dK, dV of key block n and dQ of query block n. q_ref, k_ref,
     v_ref, do_ref (T, hd); lse_ref, delta_ref (T,); mask_ref (T,); the outputs (outer, hd)."""
     T, outer = q_ref.shape[0], dk_ref.shape[0]
     b, h, n = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    seed, stream = (seed_ref[0], seed_ref[1]), b * num_heads + h
+    seed, stream = (seed_ref[0], seed_ref[1]), (start_ref[0] + b) * num_heads + h
     inv_keep = 1.0 / (1.0 - rate)
 
     def grads_of_scores(q, k, v, do, visible, lse, delta, rows, cols):
@@ -171,7 +173,7 @@ def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, mask_ref, do_ref, lse_ref, d
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _backward(q, k, v, key_mask, seed, o, lse, do, rate: float, blocks: Blocks, interpret: bool):
+def _backward(q, k, v, key_mask, seed, start, o, lse, do, rate: float, blocks: Blocks, interpret: bool):
     B, T, nh, hd = q.shape
     b = blocks.fit(T)
     # delta = rowsum(dO * O), (B, nh, T): a small XLA reduction
@@ -182,32 +184,39 @@ def _backward(q, k, v, key_mask, seed, o, lse, do, rate: float, blocks: Blocks, 
     block = pl.BlockSpec((None, b.outer, None, hd), lambda i, j, n: (i, n, j, 0))
     return pl.pallas_call(
         kernel, grid=(B, nh, T // b.outer),
-        in_specs=[pl.BlockSpec((2,), lambda i, j, n: (0,)), whole, whole, whole,
-                  pl.BlockSpec((None, T), lambda i, j, n: (i, 0)), whole, rows, rows],
+        in_specs=[pl.BlockSpec((2,), lambda i, j, n: (0,)), pl.BlockSpec((1,), lambda i, j, n: (0,)), whole, whole,
+                  whole, pl.BlockSpec((None, T), lambda i, j, n: (i, 0)), whole, rows, rows],
         out_specs=[block, block, block],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
         compiler_params=plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages),
         interpret=interpret, name="bert_attention_backward",
-    )(seed, q, k, v, key_mask, do, lse, delta)
+    )(seed, start, q, k, v, key_mask, do, lse, delta)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, seed: jax.Array,
-                    rate: float = 0.0, blocks: Blocks = Blocks(), interpret: bool = False) -> jax.Array:
+                    rate: float = 0.0, blocks: Blocks = Blocks(), interpret: bool = False,
+                    start: jax.Array | None = None) -> jax.Array:
     """(B, T, nh, hd) q, k, v, (B, T) int32 key_mask, (2,) uint32 seed -> (B, T, nh, hd): attention
-    with dropout `rate` on its probabilities, as `bert_kit.jax.model.attention` with that seed."""
-    return _forward(q, k, v, key_mask, seed, rate, blocks, interpret)[0]
+    with dropout `rate` on its probabilities, as `bert_kit.jax.model.attention` with that seed.
+    start: (1,) int32, q's first batch row among all rows (None: 0)."""
+    start = jnp.zeros(1, jnp.int32) if start is None else start
+    return _flash(q, k, v, key_mask, seed, start, rate, blocks, interpret)
 
 
-def _flash_forward(q, k, v, key_mask, seed, rate, blocks, interpret):
-    o, lse = _forward(q, k, v, key_mask, seed, rate, blocks, interpret)
-    return o, (q, k, v, key_mask, seed, o, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _flash(q, k, v, key_mask, seed, start, rate, blocks, interpret):
+    return _forward(q, k, v, key_mask, seed, start, rate, blocks, interpret)[0]
+
+
+def _flash_forward(q, k, v, key_mask, seed, start, rate, blocks, interpret):
+    o, lse = _forward(q, k, v, key_mask, seed, start, rate, blocks, interpret)
+    return o, (q, k, v, key_mask, seed, start, o, lse)
 
 
 def _flash_backward(rate, blocks, interpret, residuals, do):
-    q, k, v, key_mask, seed, o, lse = residuals
-    dq, dk, dv = _backward(q, k, v, key_mask, seed, o, lse, do, rate, blocks, interpret)
-    return dq, dk, dv, None, None  # the mask and the seed take no gradient
+    q, k, v, key_mask, seed, start, o, lse = residuals
+    dq, dk, dv = _backward(q, k, v, key_mask, seed, start, o, lse, do, rate, blocks, interpret)
+    return dq, dk, dv, None, None, None  # the mask, the seed and start take no gradient
 
 
-flash_attention.defvjp(_flash_forward, _flash_backward)
+_flash.defvjp(_flash_forward, _flash_backward)

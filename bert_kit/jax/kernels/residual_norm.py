@@ -17,8 +17,10 @@ dS = (g - sum(g) / H - s^ * sum(g * s^) / H) / std, dWeight = sum over rows of d
 Triton's tiles have power-of-two sides, so a row of H channels is read as C tiles of W, W the
 largest power of two dividing H (BERT-base: 768 = 3 x 256; MiniLM: 384 = 3 x 128).
 
-Shapes: x, y (N, H) of one dtype; weight, bias (H,); seed (2,) uint32. `fits` says which N and H the
-kernel takes; `interpret=True` runs it through XLA on any backend (the CPU tests).
+Shapes: x, y (N, H) of one dtype; weight, bias (H,); seed (2,) uint32; start (1,) int32, the index
+of x's first row among all rows (a device's share of a batch starts there: its masks are the
+whole batch's). `fits` says which N and H the kernel takes; `interpret=True` runs it through XLA
+on any backend (the CPU tests).
 """
 
 from __future__ import annotations
@@ -67,10 +69,16 @@ def _residual_sum(seed_ref, x_ref, y_ref, c: int, rows: jax.Array, rate: float):
     return x + jnp.where(keep, y * (1.0 / (1.0 - rate)), 0.0), keep
 
 
-def _forward_kernel(seed_ref, x_ref, y_ref, w_ref, b_ref, out_ref, mean_ref, rstd_ref, *, rate: float, eps: float):
+def _rows(start_ref, R: int) -> jax.Array:
+    """The indices among all rows of this program's R rows."""
+    return start_ref[0] + pl.program_id(0) * R + lax.iota(jnp.int32, R)
+
+
+def _forward_kernel(seed_ref, start_ref, x_ref, y_ref, w_ref, b_ref, out_ref, mean_ref, rstd_ref, *, rate: float,
+                    eps: float):
     """One block of R rows: x_ref, y_ref, out_ref (R, C, W); w_ref, b_ref (C, W); mean_ref, rstd_ref (R,)."""
     R, C, W = x_ref.shape
-    rows = pl.program_id(0) * R + lax.iota(jnp.int32, R)
+    rows = _rows(start_ref, R)
     s = [_residual_sum(seed_ref, x_ref, y_ref, c, rows, rate)[0] for c in range(C)]
     mean = sum(t.sum(axis=1) for t in s) / (C * W)
     var = sum(jnp.square(t - mean[:, None]).sum(axis=1) for t in s) / (C * W)
@@ -83,12 +91,12 @@ def _forward_kernel(seed_ref, x_ref, y_ref, w_ref, b_ref, out_ref, mean_ref, rst
     rstd_ref[...] = rstd
 
 
-def _backward_kernel(seed_ref, x_ref, y_ref, w_ref, mean_ref, rstd_ref, do_ref, dx_ref, dy_ref, dw_ref, db_ref, *,
-                     rate: float):
+def _backward_kernel(seed_ref, start_ref, x_ref, y_ref, w_ref, mean_ref, rstd_ref, do_ref, dx_ref, dy_ref, dw_ref,
+                     db_ref, *, rate: float):
     """One block of R rows: x_ref, y_ref, do_ref, dx_ref, dy_ref (R, C, W); w_ref (C, W); mean_ref,
     rstd_ref (R,); dw_ref, db_ref (C, W): this block's sums over its rows."""
     R, C, W = x_ref.shape
-    rows = pl.program_id(0) * R + lax.iota(jnp.int32, R)
+    rows = _rows(start_ref, R)
     mean, rstd = mean_ref[...][:, None], rstd_ref[...][:, None]
 
     def tile(c: int):
@@ -120,58 +128,64 @@ def _specs(N: int, H: int, tiles: Tiles):
     channels = pl.BlockSpec((C, W), lambda i: (0, 0))  # the weight or bias, whole
     stats = pl.BlockSpec((tiles.rows,), lambda i: (i,))
     per_block = pl.BlockSpec((None, C, W), lambda i: (i, 0, 0))  # (N // rows, C, W) partial sums
-    seed = pl.BlockSpec((2,), lambda i: (0,))
-    return (C, W), rows, channels, stats, per_block, seed
+    scalars = [pl.BlockSpec((2,), lambda i: (0,)), pl.BlockSpec((1,), lambda i: (0,))]  # the seed, the start
+    return (C, W), rows, channels, stats, per_block, scalars
 
 
-def _forward(x, y, weight, bias, seed, rate: float, eps: float, tiles: Tiles, interpret: bool):
+def _forward(x, y, weight, bias, seed, start, rate: float, eps: float, tiles: Tiles, interpret: bool):
     N, H = x.shape
-    (C, W), rows, channels, stats, _, seed_spec = _specs(N, H, tiles)
+    (C, W), rows, channels, stats, _, scalars = _specs(N, H, tiles)
     out, mean, rstd = pl.pallas_call(
         functools.partial(_forward_kernel, rate=rate, eps=eps), grid=(N // tiles.rows,),
-        in_specs=[seed_spec, rows, rows, channels, channels], out_specs=[rows, stats, stats],
+        in_specs=[*scalars, rows, rows, channels, channels], out_specs=[rows, stats, stats],
         out_shape=[jax.ShapeDtypeStruct((N, C, W), x.dtype), jax.ShapeDtypeStruct((N,), jnp.float32),
                    jax.ShapeDtypeStruct((N,), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         interpret=interpret, name="bert_residual_norm_forward",
-    )(seed, x.reshape(N, C, W), y.reshape(N, C, W), weight.reshape(C, W), bias.reshape(C, W))
+    )(seed, start, x.reshape(N, C, W), y.reshape(N, C, W), weight.reshape(C, W), bias.reshape(C, W))
     return out.reshape(N, H), mean, rstd
 
 
-def _backward(x, y, weight, seed, mean, rstd, do, rate: float, tiles: Tiles, interpret: bool):
+def _backward(x, y, weight, seed, start, mean, rstd, do, rate: float, tiles: Tiles, interpret: bool):
     N, H = x.shape
-    (C, W), rows, channels, stats, per_block, seed_spec = _specs(N, H, tiles)
+    (C, W), rows, channels, stats, per_block, scalars = _specs(N, H, tiles)
     blocks = N // tiles.rows
     dx, dy, dw, db = pl.pallas_call(
         functools.partial(_backward_kernel, rate=rate), grid=(blocks,),
-        in_specs=[seed_spec, rows, rows, channels, stats, stats, rows], out_specs=[rows, rows, per_block, per_block],
+        in_specs=[*scalars, rows, rows, channels, stats, stats, rows], out_specs=[rows, rows, per_block, per_block],
         out_shape=[jax.ShapeDtypeStruct((N, C, W), x.dtype), jax.ShapeDtypeStruct((N, C, W), y.dtype),
                    jax.ShapeDtypeStruct((blocks, C, W), jnp.float32),
                    jax.ShapeDtypeStruct((blocks, C, W), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         interpret=interpret, name="bert_residual_norm_backward",
-    )(seed, x.reshape(N, C, W), y.reshape(N, C, W), weight.reshape(C, W), mean, rstd, do.reshape(N, C, W))
+    )(seed, start, x.reshape(N, C, W), y.reshape(N, C, W), weight.reshape(C, W), mean, rstd, do.reshape(N, C, W))
     return dx.reshape(N, H), dy.reshape(N, H), dw.sum(0).reshape(H), db.sum(0).reshape(H)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def fused_residual_norm(x: jax.Array, y: jax.Array, weight: jax.Array, bias: jax.Array, seed: jax.Array,
-                        rate: float = 0.0, eps: float = 1e-12, tiles: Tiles = Tiles(),
-                        interpret: bool = False) -> jax.Array:
+                        rate: float = 0.0, eps: float = 1e-12, tiles: Tiles = Tiles(), interpret: bool = False,
+                        start: jax.Array | None = None) -> jax.Array:
     """(N, H) x, y, (H,) weight, bias, (2,) uint32 seed -> (N, H): LayerNorm(x + dropout(y)) with
-    dropout `rate`, as `bert_kit.jax.model.residual_norm` with that seed; statistics in float32."""
-    return _forward(x, y, weight, bias, seed, rate, eps, tiles, interpret)[0]
+    dropout `rate`, as `bert_kit.jax.model.residual_norm` with that seed; statistics in float32.
+    start: (1,) int32, x's first row among all rows (None: 0)."""
+    start = jnp.zeros(1, jnp.int32) if start is None else start
+    return _fused(x, y, weight, bias, seed, start, rate, eps, tiles, interpret)
 
 
-def _fused_forward(x, y, weight, bias, seed, rate, eps, tiles, interpret):
-    out, mean, rstd = _forward(x, y, weight, bias, seed, rate, eps, tiles, interpret)
-    return out, (x, y, weight, bias, seed, mean, rstd)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _fused(x, y, weight, bias, seed, start, rate, eps, tiles, interpret):
+    return _forward(x, y, weight, bias, seed, start, rate, eps, tiles, interpret)[0]
+
+
+def _fused_forward(x, y, weight, bias, seed, start, rate, eps, tiles, interpret):
+    out, mean, rstd = _forward(x, y, weight, bias, seed, start, rate, eps, tiles, interpret)
+    return out, (x, y, weight, bias, seed, start, mean, rstd)
 
 
 def _fused_backward(rate, eps, tiles, interpret, residuals, do):
-    x, y, weight, bias, seed, mean, rstd = residuals
-    dx, dy, dw, db = _backward(x, y, weight, seed, mean, rstd, do, rate, tiles, interpret)
-    return dx, dy, dw.astype(weight.dtype), db.astype(bias.dtype), None  # the seed takes no gradient
+    x, y, weight, bias, seed, start, mean, rstd = residuals
+    dx, dy, dw, db = _backward(x, y, weight, seed, start, mean, rstd, do, rate, tiles, interpret)
+    return dx, dy, dw.astype(weight.dtype), db.astype(bias.dtype), None, None  # the seed and start take none
 
 
-fused_residual_norm.defvjp(_fused_forward, _fused_backward)
+_fused.defvjp(_fused_forward, _fused_backward)
