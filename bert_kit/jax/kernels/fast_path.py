@@ -156,9 +156,9 @@ def per_device(mesh: Mesh | None, kernel: Callable, *rows: jax.Array, **whole: j
 
 def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
     """`check`, run once per arguments in a thread of its own: a new thread traces nothing, so the
-    check computes while the step that asks is being traced. Every run checks, before the step traces
-    the kernel: a kernel traced first by the step and not the check has other source locations in
-    its Triton code, so the step's program would miss its compilation cache entry (seen on an H200)."""
+    check compiles and runs its programs while the step that asks is mid-trace. Every run checks,
+    before the step traces the kernel (a check remembered on disk once made a warm run miss its
+    cache: the kernel's Triton code then carried the step's stack, `compilation.py`)."""
     @functools.lru_cache(maxsize=None)
     @functools.wraps(check)
     def checked(*args, **kwargs) -> bool:
