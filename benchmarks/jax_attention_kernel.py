@@ -21,7 +21,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bert_kit.jax.kernels.flash_attention import Blocks, flash_attention
-from bert_kit.jax.model import attention, dropout_keep
+from bert_kit.jax.model import attention
+from bert_kit.jax.randomness import dropout_keep
 
 INTERPRET = jax.default_backend() != "gpu"
 

@@ -59,7 +59,8 @@ from bert_kit.checks import CorruptFileError
 from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_chunks, item_tokens,
                                       length_bucket, likely_buckets, use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
-from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, HostKeys, _TiedMLM
+from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, _TiedMLM
+from bert_kit.jax.randomness import HostKeys
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
@@ -367,9 +368,8 @@ class JaxEngine(Engine):
         frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
-        # a short fine-tune leaves the add & norm to XLA: its kernel's compilation and check cost more than it saves
-        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, add_norm=not self.scan,
-                                    mesh=self.mesh)
+        self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, mesh=self.mesh,
+                                    add_norm=not self.scan)  # short runs: compiling it costs more than it saves
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SCAN_MAX_STEPS`)
                 module.scan = self.scan

@@ -43,7 +43,7 @@ import numpy as np
 from flax import nnx
 
 from bert_kit.config import BertConfig
-from bert_kit.jax.randomness import HostKeys, dropout_keep, dropout_seed  # noqa: F401 (HostKeys: the engine's)
+from bert_kit.jax.randomness import HostKeys, dropout_keep, dropout_seed
 
 
 class StaticConfig(BertConfig):

@@ -39,7 +39,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from bert_kit.jax.model import HEAD_CLASSES, HostKeys
+from bert_kit.jax.model import HEAD_CLASSES
+from bert_kit.jax.randomness import HostKeys
 from bert_kit.jax.train import IGNORE_INDEX, _mean_cross_entropy, task_loss
 from bert_kit.jax.weights import from_torch
 from bert_kit.training.contrastive import MAX_LEARNED_SCALE

@@ -42,7 +42,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
-from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, HostKeys, _TiedMLM
+from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, _TiedMLM
+from bert_kit.jax.randomness import HostKeys
 
 IGNORE_INDEX = -100
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}

@@ -20,7 +20,8 @@ nnx = pytest.importorskip("flax.nnx")
 from bert_kit.jax.kernels import fast_path  # noqa: E402
 from bert_kit.jax.kernels.fast_path import FusedAttention, kernel_works, plan  # noqa: E402
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention  # noqa: E402
-from bert_kit.jax.model import BERTForSequenceClassification, attention, dropout_keep  # noqa: E402
+from bert_kit.jax.model import BERTForSequenceClassification, attention  # noqa: E402
+from bert_kit.jax.randomness import dropout_keep  # noqa: E402
 from tests.jax.common import max_abs, tiny  # noqa: E402
 
 GPU = jax.default_backend() == "gpu"

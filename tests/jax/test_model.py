@@ -20,7 +20,8 @@ from flax import nnx  # noqa: E402
 
 import bert_kit.jax as bj  # noqa: E402
 from bert_kit import heads as torch_heads  # noqa: E402
-from bert_kit.jax.model import HostKeys, attention  # noqa: E402
+from bert_kit.jax.model import attention  # noqa: E402
+from bert_kit.jax.randomness import HostKeys  # noqa: E402
 from bert_kit.jax.weights import torch_name  # noqa: E402
 from tests.jax.common import jax_twin, max_abs, padded_batch, tiny  # noqa: E402
 
