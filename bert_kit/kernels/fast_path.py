@@ -24,7 +24,8 @@ on CUDA, FlexAttention with a document and window block mask otherwise on CUDA),
 `ModernBertModel` becomes `PackedModernBertModel`, which runs padded calls packed: no layer builds
 a (T, T) mask, so memory grows linearly with the length (8,192 tokens). With flash and Triton, each
 `ModernBertAttention` becomes `RotaryAttention` (`rotary_attention.py`): q and k turned in one
-kernel, and at T <= 128 attention with the rotations and the window in one kernel a pass. In 16
+kernel, and attention with the rotations in one kernel a pass at T <= 128 and in the sliding-window
+layers at any length. In 16
 bits with Triton, each `GeGLU` becomes `FusedGeGLU` (`geglu.py`): its activation one kernel a pass.
 
 `plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
@@ -70,7 +71,7 @@ class FastPath:
     low_precision_residual: bool = False  # `LowPrecisionLayerNorm`: a 16-bit residual stream
     window_flash: bool = False  # ModernBERT: flash varlen attention with the sliding window, batches packed
     flex_attention: bool = False  # ModernBERT: FlexAttention with a document + window block mask, batches packed
-    rotary_attention: bool = False  # ModernBERT: `RotaryAttention`: rotations in Triton, attention too at T <= 128
+    rotary_attention: bool = False  # ModernBERT: `RotaryAttention`: rotations, attention at T <= 128 and in windows
     fused_geglu: bool = False  # ModernBERT: `FusedGeGLU`: the gated activation in one Triton kernel each way
     note: str = ""  # why nothing applies, where the device does not say it (the JAX engine)
 
@@ -85,7 +86,7 @@ class FastPath:
                  ("16-bit residual stream", self.low_precision_residual),
                  ("flash varlen attention with sliding window", self.window_flash),
                  ("FlexAttention (sliding window + document mask)", self.flex_attention),
-                 ("Triton rotary attention (T <= 128) and rotations", self.rotary_attention),
+                 ("Triton rotary attention (T <= 128, sliding windows) and rotations", self.rotary_attention),
                  ("Triton GeGLU", self.fused_geglu),
                  ("padded batches packed", self.window_flash or self.flex_attention)]
         return [name for name, on in parts if on]
@@ -138,7 +139,8 @@ def plan_modernbert(device_type: str, config: ModernBertConfig, *, dtype: torch.
     head size <= 256), else FlexAttention; elsewhere the reference, unless `attention` asks for
     FlexAttention (inference: it has no CPU backward). attention "sdpa": the reference everywhere.
     With flash and Triton (`triton`: present and allowed), head sizes 32, 64 or 128: `RotaryAttention`
-    (rotations in one kernel; at T <= 128 attention with them, window and QKV gradient included).
+    (rotations in one kernel; at T <= 128, and in the sliding-window layers at any length, attention
+    with them, window and QKV gradient included).
     On CUDA in 16 bits with the exact GELU and `triton_geglu`: `FusedGeGLU`.
     low_precision_residual: as BERT's, under 16-bit autocast."""
     cuda = device_type == "cuda"

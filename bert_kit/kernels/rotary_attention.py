@@ -14,9 +14,12 @@ them into one, and their backward into another, in compiled code) and calls its 
       backward: dqkv = [turn^T(dq) | turn^T(dk) | dv] from qkv, do, lse             (one kernel)
                 dx = dqkv @ W,  dW = dqkv.T @ x
 
-- longer sequences, without gradients (eager inference: `embed`, `predict`, `serve`): q and k turned
-  in one kernel from the projection's output, then the layer's attention kernel (flash, with the
-  window). Compiled code and training keep the reference's rotation there: inductor fuses it.
+- longer sequences in the sliding-window layers: the same, with the window's keys only (a block of
+  64 queries sees 192 keys at ModernBERT's window of 64, at any length), in training and inference.
+
+- longer sequences in the global layers, without gradients (eager inference: `embed`, `predict`,
+  `serve`): q and k turned in one kernel from the projection's output, then flash attention.
+  Compiled code and training keep the reference's rotation there: inductor fuses it.
 
 `fast_path.apply` puts `RotaryAttention` on a ModernBERT that runs on CUDA in 16 bits with flash
 attention; each call checks what only the call knows (`applies`: packed, 16-bit, the lengths, no
@@ -39,6 +42,7 @@ except (ImportError, AttributeError):  # no Triton, or a torch without `triton_o
 
 HALF = (torch.float16, torch.bfloat16)
 MAX_SEQLEN = 128  # the longest sequence whose keys fit one tile
+MAX_WINDOW = 128  # the widest sliding window of the window kernels (longer sequences)
 HEAD_DIMS = (32, 64, 128)  # the kernels' tiles: halves of 16 or more, powers of two
 
 
@@ -65,6 +69,28 @@ class _ShortAttention(torch.autograd.Function):
         return dqkv, None, None, None, None, None, None
 
 
+class _WindowAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, cu_seqlens, max_seqlen, num_heads, window):
+        o, lse, q, k = triton_ops.window_fwd(qkv, cos, sin, cu_seqlens, max_seqlen, num_heads, window)
+        ctx.save_for_backward(qkv, q, k, cos, sin, cu_seqlens, o, lse)
+        ctx.sizes = (max_seqlen, num_heads, window)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qkv, q, k, cos, sin, cu_seqlens, o, lse = ctx.saved_tensors
+        dqkv = triton_ops.window_bwd(qkv, q, k, cos, sin, cu_seqlens, o, do.contiguous(), lse, *ctx.sizes)
+        return dqkv, None, None, None, None, None, None
+
+
+def window_rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: Packed,
+                            num_heads: int, window: int) -> torch.Tensor:
+    """`short_rotary_attention` of a sliding-window layer for sequences of any length (window <=
+    `MAX_WINDOW`): qkv (N, 3H), cos and sin (N, 1, hd) float32 -> (N, H)."""
+    return _WindowAttention.apply(qkv.contiguous(), cos, sin, packed.cu_seqlens, packed.max_seqlen, num_heads, window)
+
+
 def short_rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: Packed,
                            num_heads: int, window: int | None) -> torch.Tensor:
     """Attention within each sequence of `packed` (at most 128 tokens each), q and k turned first:
@@ -80,10 +106,13 @@ class RotaryAttention(ModernBertAttention):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
                 packed: Packed | None = None) -> torch.Tensor:
         p = self.attn_dropout if self.training else 0.0
-        if packed is not None and packed.max_seqlen <= MAX_SEQLEN and not p and applies(x, packed, self.qkv,
-                                                                                         self.head_dim):
-            y = short_rotary_attention(self.qkv(x), cos, sin, packed, self.num_heads, self.window)  # (N, H)
-            return self.out_dropout(self.out(y))
+        if packed is not None and not p and applies(x, packed, self.qkv, self.head_dim):
+            if packed.max_seqlen <= MAX_SEQLEN:
+                y = short_rotary_attention(self.qkv(x), cos, sin, packed, self.num_heads, self.window)  # (N, H)
+                return self.out_dropout(self.out(y))
+            if self.window is not None and self.window <= MAX_WINDOW:
+                y = window_rotary_attention(self.qkv(x), cos, sin, packed, self.num_heads, self.window)
+                return self.out_dropout(self.out(y))
         return super().forward(x, cos, sin, mask, packed)
 
     def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -1,5 +1,6 @@
-"""Triton kernels behind `bert_kit.kernels.rotary_attention`: ModernBERT's rotations, and its attention
-for sequences of up to 128 tokens with the rotations and the sliding window inside.
+"""Triton kernels behind `bert_kit.kernels.rotary_attention`: ModernBERT's rotations, its attention
+for sequences of up to 128 tokens with the rotations and the sliding window inside, and its sliding
+window layers' attention with the rotations inside for sequences of any length.
 
 Imported only by `rotary_attention.py`, which `fast_path` imports only for a CUDA run in 16 bits:
 importing Triton loads torch._inductor, seconds that other commands should not pay.
@@ -30,6 +31,15 @@ tokens, then its padding) and sequences of any length up to 128 take the same ke
 window and the scale are constexpr (inductor passes plain ints without divisibility hints and floats
 as float64, 4-6x slower for BERT's kernels); the token count is not, so eager calls of new sizes
 compile nothing.
+
+- `window_fwd` / `window_bwd`: a sliding-window layer's attention over sequences of any length. A
+  block of 64 queries sees at most 64 + 2 x window keys: 3 tiles of 64 at ModernBERT's window of 64,
+  whatever the length (flash attention's windowed kernel took as long at 512 tokens as its global
+  one). q and k are turned once (`rotate_qk`'s kernel) and kept for the backward; the forward keeps
+  a running maximum over the tiles, as flash attention does. The backward runs one program per key
+  block: its dk and dv over the queries that see it, and their dq added into a float32 buffer that
+  a last kernel turns back into the QKV gradient (dk too is turned back, and dv written, in place).
+  A (sequence, head)'s blocks run on neighbouring programs of the grid's one axis: they share key tiles in L2.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ import triton
 import triton.language as tl
 
 BLOCK_Q = 64  # queries per tile (fewer when the longest sequence is shorter)
+WINDOW_BLOCK = 64  # queries (and keys) per tile of the window kernels: cdiv(64 + 2 x window, 64) key tiles each
+WINDOW_WARPS = 4  # at head size 64 (128: 8); 8 warps took 1.4-1.6x as long on an H200
 ROTATE_ROWS = 64  # tokens per program of `rotate_qk`
 
 
@@ -195,6 +207,110 @@ def _attention_bwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, dqkv_ptr,
     _store_turned_back(dhead + H, dk, cos_ptr, sin_ptr, tk, t < L, d, 3 * H, CS, HALF)
 
 
+@triton.jit
+def _block_of(blocks, nh: tl.constexpr):
+    """(sequence, head, block) of this program: a (sequence, head)'s blocks on neighbouring programs,
+    which share key tiles in L2."""
+    pid = tl.program_id(0)
+    sh = pid // blocks
+    return sh // nh, sh % nh, pid % blocks
+
+
+@triton.jit
+def _rows_of(ptr, tok, ok, e, ROW: tl.constexpr):
+    """Rows `tok` of one head's vectors (ptr: its first column; ROW: the row stride), 0 where not `ok`."""
+    return tl.load(ptr + tok[:, None] * ROW + e[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _window_fwd(q_ptr, k_ptr, qkv_ptr, cu_ptr, o_ptr, lse_ptr, blocks, scale: tl.constexpr, WINDOW: tl.constexpr,
+                nh: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # q, k: (N, H) turned; v in qkv (N, 3H); grid (S * nh * blocks,), `blocks` query blocks of the
+    # longest sequence; a block's keys in SPAN tiles from WINDOW before its first query, with a running
+    # maximum and sum over them (flash attention's)
+    SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
+    seq, h, block = _block_of(blocks, nh)
+    start, L = _sequence(cu_ptr, seq)
+    if block * BLOCK >= L:
+        return
+    e = tl.arange(0, HEAD_DIM)
+    r = block * BLOCK + tl.arange(0, BLOCK)
+    rows, tq = r < L, (start + r).to(tl.int64)
+    q = _rows_of(q_ptr + h * HEAD_DIM, tq, rows, e, H)
+    m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+    for j in tl.static_range(SPAN):
+        t = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
+        keys, tk = (t >= 0) & (t < L), (start + t).to(tl.int64)
+        k = _rows_of(k_ptr + h * HEAD_DIM, tk, keys, e, H)
+        v = _rows_of(qkv_ptr + 2 * H + h * HEAD_DIM, tk, keys, e, 3 * H)
+        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+        s = tl.where(seen, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        new = tl.maximum(m, tl.max(s, 1))
+        base = tl.where(new == float("-inf"), 0.0, new)  # a row that has seen no key yet
+        p = tl.exp(s - base[:, None])
+        fade = tl.exp(m - base)
+        total = total * fade + tl.sum(p, 1)
+        acc = acc * fade[:, None] + tl.dot(p.to(v.dtype), v)
+        m = new
+    total = tl.where(rows, total, 1.0)  # every real query sees itself
+    tl.store(o_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], (acc / total[:, None]).to(o_ptr.dtype.element_ty),
+             mask=rows[:, None])
+    tl.store(lse_ptr + tq * nh + h, m + tl.log(total), mask=rows)
+
+
+@triton.jit
+def _window_bwd(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dqkv_ptr, blocks,
+                scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr, H: tl.constexpr, CS: tl.constexpr,
+                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # the forward's grid over key blocks: dk and dv of a key block over the queries that see it (SPAN
+    # tiles from WINDOW before its first key), written into dqkv's k part (turned back) and v part;
+    # each query tile's share of dq added into dq (N, H) float32 (the turned q's, zeroed before)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
+    seq, h, block = _block_of(blocks, nh)
+    start, L = _sequence(cu_ptr, seq)
+    if block * BLOCK >= L:
+        return
+    d, e = tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
+    t = block * BLOCK + tl.arange(0, BLOCK)
+    keys, tk = t < L, (start + t).to(tl.int64)
+    k = _rows_of(k_ptr + h * HEAD_DIM, tk, keys, e, H)
+    v = _rows_of(qkv_ptr + 2 * H + h * HEAD_DIM, tk, keys, e, 3 * H)
+    dk = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+    for j in tl.static_range(SPAN):
+        r = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
+        rows, tq = (r >= 0) & (r < L), (start + r).to(tl.int64)
+        q = _rows_of(q_ptr + h * HEAD_DIM, tq, rows, e, H)
+        do = _rows_of(do_ptr + h * HEAD_DIM, tq, rows, e, H)
+        delta = tl.sum(do.to(tl.float32) * _rows_of(o_ptr + h * HEAD_DIM, tq, rows, e, H).to(tl.float32), 1)
+        lse = tl.load(lse_ptr + tq * nh + h, mask=rows, other=0.0)
+        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+        p = tl.where(seen, tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)  # (queries, keys)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+        ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None]) * scale).to(q.dtype)
+        dk += tl.dot(tl.trans(ds), q)
+        tl.atomic_add(dq_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], tl.dot(ds, k), mask=rows[:, None],
+                      sem="relaxed")
+    dhead = dqkv_ptr + h * HEAD_DIM
+    tl.store(dhead + 2 * H + tk[:, None] * (3 * H) + e[None, :], dv.to(dqkv_ptr.dtype.element_ty), mask=keys[:, None])
+    _store_turned_back(dhead + H, dk, cos_ptr, sin_ptr, tk, keys, d, 3 * H, CS, HALF)
+
+
+@triton.jit
+def _turn_back_dq(dq_ptr, cos_ptr, sin_ptr, dqkv_ptr, N, H: tl.constexpr, CS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HEAD_DIM: tl.constexpr):
+    # dq (N, H) float32 of the turned q -> dqkv's q part; grid (cdiv(N, BLOCK_N), nh)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    h = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok, tok, e = rows < N, rows.to(tl.int64), tl.arange(0, HEAD_DIM)
+    dq = _rows_of(dq_ptr + h * HEAD_DIM, tok, ok, e, H)
+    _store_turned_back(dqkv_ptr + h * HEAD_DIM, dq, cos_ptr, sin_ptr, tok, ok, tl.arange(0, HALF), 3 * H, CS, HALF)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """cos or sin, (N, hd) or (N, 1, hd), as (N, hd) with unit column stride."""
     t = t.reshape(t.shape[0], -1)
@@ -204,6 +320,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 @torch.library.triton_op("bert_kit::rotate_qk", mutates_args=())
 def rotate_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv (N, 3H) contiguous, cos and sin (N, hd) float32 -> q, k turned, (N, nh, hd) each, in qkv's dtype."""
+    return _turn_qk(qkv, cos, sin, nh)
+
+
+def _turn_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
     N, H = qkv.shape[0], qkv.shape[1] // 3
     cos, sin = _rows(cos), _rows(sin)
     q, k = qkv.new_empty(N, nh, H // nh), qkv.new_empty(N, nh, H // nh)
@@ -252,4 +372,52 @@ def attention_bwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_se
     S = cu_seqlens.shape[0] - 1
     if qkv.shape[0] and S:
         torch.library.wrap_triton(_attention_bwd)[(S * nh,)](qkv, cos, sin, cu_seqlens, do, lse, dqkv, **meta)
+    return dqkv
+
+
+def _window_meta(qkv: torch.Tensor, max_seqlen: int, nh: int, window: int) -> tuple[int, dict]:
+    """The grid (one program per query or key block of each sequence and head) and the constants."""
+    H = qkv.shape[1] // 3
+    hd = H // nh
+    blocks = triton.cdiv(max_seqlen, WINDOW_BLOCK)
+    return blocks, dict(scale=hd ** -0.5, WINDOW=window, nh=nh, H=H, BLOCK=WINDOW_BLOCK, HEAD_DIM=hd,
+                        num_warps=WINDOW_WARPS if hd <= 64 else 8)
+
+
+@torch.library.triton_op("bert_kit::window_attention_fwd", mutates_args=())
+def window_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+               nh: int, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`attention_fwd` for sequences of any length in a sliding window of 0 <= window positions each
+    side (at most `rotary_attention.MAX_WINDOW`: the key tiles are unrolled): qkv (N, 3H), cos and
+    sin (N, hd) float32, cu_seqlens (S + 1,) int32 -> o (N, H) in qkv's dtype, lse (N, nh) float32,
+    and q and k turned (N, nh, hd) (`rotate_qk`'s, kept for the backward)."""
+    q, k = _turn_qk(qkv, cos, sin, nh)
+    blocks, meta = _window_meta(qkv, max_seqlen, nh, window)
+    N, S = qkv.shape[0], cu_seqlens.shape[0] - 1
+    o = qkv.new_empty(N, meta["H"])
+    lse = qkv.new_empty(N, nh, dtype=torch.float32)
+    if N and S:
+        torch.library.wrap_triton(_window_fwd)[(S * nh * blocks,)](q, k, qkv, cu_seqlens, o, lse, blocks, **meta)
+    return o, lse, q, k
+
+
+@torch.library.triton_op("bert_kit::window_attention_bwd", mutates_args=())
+def window_bwd(qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               cu_seqlens: torch.Tensor, o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, max_seqlen: int, nh: int,
+               window: int) -> torch.Tensor:
+    """The forward's inputs and outputs, do (N, H) contiguous -> dqkv (N, 3H), as `attention_bwd`'s:
+    one program per key block computes its dk and dv and adds its share of dq into a float32 buffer
+    (as flash attention's backward: the adds' order varies, so the last bits of dq may), which a
+    second kernel turns back into dqkv."""
+    cos, sin = _rows(cos), _rows(sin)
+    blocks, meta = _window_meta(qkv, max_seqlen, nh, window)
+    N, S = qkv.shape[0], cu_seqlens.shape[0] - 1
+    dqkv = torch.empty_like(qkv)
+    dq = torch.zeros(N, meta["H"], device=qkv.device, dtype=torch.float32)
+    if N and S:
+        torch.library.wrap_triton(_window_bwd)[(S * nh * blocks,)](q, k, qkv, cos, sin, cu_seqlens, o, do, lse, dq,
+                                                                    dqkv, blocks, CS=cos.stride(0), **meta)
+        torch.library.wrap_triton(_turn_back_dq)[(triton.cdiv(N, ROTATE_ROWS), nh)](
+            dq, cos, sin, dqkv, N, H=meta["H"], CS=cos.stride(0), BLOCK_N=ROTATE_ROWS, HEAD_DIM=meta["HEAD_DIM"],
+            num_warps=4)
     return dqkv

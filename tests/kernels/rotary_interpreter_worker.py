@@ -3,10 +3,11 @@ tests/kernels/test_rotary_attention.py, not a test module):
 
     TRITON_INTERPRET=1 python tests/kernels/rotary_interpreter_worker.py
 
-Runs `rotary_attention_triton`'s three ops in float16 over the edge cases of their contract (empty
+Runs `rotary_attention_triton`'s ops in float16 over the edge cases of their contract (empty
 sequences, one-token ones, sequences shorter than a query block, the last block running past N,
-heads of 32, 64 and 128) and checks every address that a load or a store touches where its mask is
-true against the tensor argument it points into: an access out of bounds there is an illegal memory
+heads of 32, 64 and 128; for the window kernels sequences longer than 128, windows of 0 to 128)
+and checks every address that a load or a store touches where its mask is true against the tensor
+argument it points into: an access out of bounds there is an illegal memory
 access on a GPU, which names neither the kernel nor the case. The numbers are compared with float64
 autograd. Prints one line per case; exits 1 at the first access out of bounds or error above 1e-2,
 77 where this Triton's interpreter lacks the hooks the check needs. (The interpreter is chosen when
@@ -25,9 +26,11 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-# lengths, heads, head size, window (-1: none)
+# lengths, heads, head size, window (-1: none); the short kernels', then the window kernels' (any length)
 CASES = [([128, 128, 0, 37, 1, 128], 2, 64, 64), ([20, 0, 64, 5], 2, 32, 2), ([100, 3, 128], 1, 128, 16),
          ([3, 1, 0], 2, 32, -1), ([1], 1, 64, -1)]
+WINDOW_CASES = [([300, 0, 1, 129, 64], 2, 64, 64), ([200, 70, 5], 2, 32, 16), ([150, 3], 1, 128, 64),
+                ([190], 1, 32, 128), ([130], 1, 64, 0)]
 
 
 class BoundsCheck:
@@ -80,8 +83,10 @@ def extent(t: torch.Tensor) -> int:
     return 0 if not t.numel() else (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def run_case(ops, check: BoundsCheck, lengths: list[int], nh: int, hd: int, window: int) -> list[str]:
-    """The three ops on one case: the faults found, and errors above tolerance, as lines."""
+def run_case(ops, check: BoundsCheck, lengths: list[int], nh: int, hd: int, window: int,
+             kernels: str = "short") -> list[str]:
+    """The short kernels' three ops (or the window kernels' two) on one case: the faults found, and
+    errors above tolerance, as lines."""
     from bert_kit.modernbert import apply_rotary, rotary
     from tests.kernels.test_rotary_attention import float64_reference, rel
 
@@ -95,16 +100,21 @@ def run_case(ops, check: BoundsCheck, lengths: list[int], nh: int, hd: int, wind
     cos, sin = (t[:, None] for t in rotary(torch.cat([torch.arange(L) for L in lengths]), 10_000.0, hd))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     check.faults.clear()
-    o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
-    dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
-    q, k = ops.rotate_qk(qkv, cos, sin, nh)
+    if kernels == "window":
+        o, lse, q, k = ops.window_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
+        dqkv = ops.window_bwd(qkv, q, k, cos, sin, cu, o, do, lse, max(lengths), nh, window)
+    else:
+        o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
+        dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
     want, want_grad = float64_reference(qkv, cos, sin, lengths, nh, window, do)
-    heads = qkv.view(N, 3, nh, hd).double()
     errors = {"out": error(o, want), **{name: error(dqkv[:, i * H:(i + 1) * H], want_grad[:, i * H:(i + 1) * H])
-                                        for i, name in enumerate(("dq", "dk", "dv"))},
-              "rotate_qk": max(error(got, apply_rotary(x, cos.double(), sin.double()))
-                               for got, x in ((q, heads[:, 0]), (k, heads[:, 1])))}
-    print(f"lengths {lengths}, heads {nh}x{hd}, window {window}: "
+                                        for i, name in enumerate(("dq", "dk", "dv"))}}
+    if kernels == "short":
+        q, k = ops.rotate_qk(qkv, cos, sin, nh)
+        heads = qkv.view(N, 3, nh, hd).double()
+        errors["rotate_qk"] = max(error(got, apply_rotary(x, cos.double(), sin.double()))
+                                  for got, x in ((q, heads[:, 0]), (k, heads[:, 1])))
+    print(f"{kernels} kernels, lengths {lengths}, heads {nh}x{hd}, window {window}: "
           + ", ".join(f"{name} {e:.1e}" for name, e in errors.items())
           + f"; {len(check.faults)} accesses out of bounds", flush=True)
     return check.faults[:5] + [f"{name} error {e:.1e}" for name, e in errors.items() if not e < 1e-2]
@@ -144,8 +154,8 @@ def main() -> int:
         return 1
     from bert_kit.kernels import rotary_attention_triton as ops
 
-    for case in CASES:
-        failures = run_case(ops, check, *case)
+    for case, kernels in [*((c, "short") for c in CASES), *((c, "window") for c in WINDOW_CASES)]:
+        failures = run_case(ops, check, *case, kernels=kernels)
         if failures:
             print("\n".join(failures), file=sys.stderr)
             return 1

@@ -61,6 +61,14 @@ class ReferenceOps:
         self.windows.pop()
         return torch.autograd.grad(o, x, do)[0]
 
+    def window_fwd(self, qkv, cos, sin, cu_seqlens, max_seqlen, nh, window):  # the same contract, any length
+        o, lse = self.attention_fwd(qkv, cos, sin, cu_seqlens, max_seqlen, nh, window)
+        self.rotations -= 1  # (turned q and k kept for the backward, not a separate rotation)
+        return (o, lse, *self.rotate_qk(qkv, cos, sin, nh))
+
+    def window_bwd(self, qkv, q, k, cos, sin, cu_seqlens, o, do, lse, max_seqlen, nh, window):
+        return self.attention_bwd(qkv, cos, sin, cu_seqlens, do, lse, max_seqlen, nh, window)
+
     def rotate_qk(self, qkv, cos, sin, nh):
         self.rotations += 1
         q, k, _ = qkv.view(qkv.shape[0], 3, nh, -1).unbind(1)
@@ -149,11 +157,12 @@ def test_install_needs_triton_and_keeps_every_parameter(monkeypatch):
     assert all(torch.equal(t, state[name]) for name, t in model.state_dict().items())
 
 
-@pytest.mark.parametrize("T, takes_short", [(40, True), (150, False)])
-def test_training_through_the_kernels_contracts_gives_the_references_gradients(reference_ops, T, takes_short):
+@pytest.mark.parametrize("T, windows", [(40, [-1, 4, 4, -1]), (150, [4, 4])])
+def test_training_through_the_kernels_contracts_gives_the_references_gradients(reference_ops, T, windows):
     """At T <= 128 every layer's attention goes through the short kernels' contract (window -1 in
-    global layers, 4 in local ones), at 150 through the reference's rotation and attention; either
-    way the loss and every gradient are the reference's."""
+    global layers, 4 in local ones); at 150 the local layers' through the window kernels' and the
+    global ones through the reference's rotation and attention; either way the loss and every
+    gradient are the reference's."""
     torch.manual_seed(0)
     reference = ModernBertForMaskedLM(CONFIG)
     model = copy.deepcopy(reference)
@@ -161,15 +170,16 @@ def test_training_through_the_kernels_contracts_gives_the_references_gradients(r
     ids, mask, labels = padded_batch(T)
     got, grads = loss_and_grads(model, ids, mask, labels)
     want, want_grads = loss_and_grads(reference, ids, mask, labels)
-    assert reference_ops.windows == ([-1, 4, 4, -1] if takes_short else [])
+    assert reference_ops.windows == windows
     assert_close(got, want, atol=1e-6, rtol=1e-6)
     for name, g in grads.items():
         assert_close(g, want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_eager_inference_turns_q_and_k_in_one_kernel(reference_ops):
-    """Longer than 128 tokens and nothing needing gradients: `rotate_qk` in each layer, then the
-    layer's attention kernel; padded, packed by rows, and unpadded calls alike."""
+    """Longer than 128 tokens and nothing needing gradients: `rotate_qk` in each global layer, then
+    flash attention, and the window kernel in each local one; padded, packed by rows, and unpadded
+    calls alike."""
     torch.manual_seed(0)
     reference = ModernBertModel(CONFIG).eval()
     model = copy.deepcopy(reference)
@@ -180,11 +190,11 @@ def test_eager_inference_turns_q_and_k_in_one_kernel(reference_ops):
         want = reference(ids, mask)[keep]
         assert_close(model(ids, mask)[keep], want, atol=2e-6, rtol=1e-5)
         assert_close(model(ids, mask, unpadded=True)[keep], want, atol=2e-6, rtol=1e-5)
-    assert reference_ops.rotations == 2 * CONFIG.num_hidden_layers and not reference_ops.windows
+    assert reference_ops.rotations == 2 * 2 and reference_ops.windows == [4, 4] * 2  # (2 calls, 2 layers of each)
     with torch.inference_mode():  # 128 tokens or fewer: the short kernel, no separate rotation
         ids, mask, _ = padded_batch(60)
         assert_close(model(ids, mask)[mask.bool()], reference(ids, mask)[mask.bool()], atol=2e-6, rtol=1e-5)
-    assert reference_ops.rotations == 2 * CONFIG.num_hidden_layers and len(reference_ops.windows) == 4
+    assert reference_ops.rotations == 2 * 2 and reference_ops.windows == [4, 4] * 2 + [-1, 4, 4, -1]
 
 
 def test_dropout_on_the_probabilities_and_padded_calls_take_the_reference(reference_ops):
@@ -202,7 +212,9 @@ def test_dropout_on_the_probabilities_and_padded_calls_take_the_reference(refere
 def test_the_compiled_training_step_through_the_short_kernels_is_one_graph(reference_ops, monkeypatch):
     """torch.compile sees the step with the short kernels' autograd Function in every layer (on the
     CPU their contract by the reference's functions, behind opaque ops) without a break, and the
-    compiled step's loss and gradients are the reference's."""
+    compiled step's loss and gradients are the reference's. (The window kernels' Function is built
+    the same way; at T > 128 the CPU's global layers run the reference's packed attention, which
+    breaks the graph where flash attention does not.)"""
     import torch._dynamo
 
     reference_ops = OpaqueOps()
@@ -272,7 +284,7 @@ def test_kernels_in_tritons_interpreter_stay_in_bounds_and_match_float64():
     if proc.returncode == 77:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = len(rotary_interpreter_worker.CASES)
+    cases = len(rotary_interpreter_worker.CASES) + len(rotary_interpreter_worker.WINDOW_CASES)
     assert proc.stdout.count("; 0 accesses out of bounds") == cases, proc.stdout
 
 
@@ -286,12 +298,15 @@ def synchronized(op: str, case: str) -> None:
 
 
 @cuda
-@pytest.mark.parametrize("lengths, nh, hd, window, theta", [
-    ([128, 128, 0, 37, 1, 128], 12, 64, 64, 10_000.0), ([128] * 8, 12, 64, -1, 160_000.0),
-    ([20, 0, 64, 5], 4, 32, 2, 10_000.0), ([100, 3, 128], 6, 128, 16, 160_000.0)])
-def test_gpu_kernels_match_float64(lengths, nh, hd, window, theta):
+@pytest.mark.parametrize("kernels, lengths, nh, hd, window, theta", [
+    ("short", [128, 128, 0, 37, 1, 128], 12, 64, 64, 10_000.0), ("short", [128] * 8, 12, 64, -1, 160_000.0),
+    ("short", [20, 0, 64, 5], 4, 32, 2, 10_000.0), ("short", [100, 3, 128], 6, 128, 16, 160_000.0),
+    ("window", [512, 512, 300, 0, 1, 512], 12, 64, 64, 10_000.0), ("window", [1024, 700, 129], 12, 64, 64, 10_000.0),
+    ("window", [200, 130, 5], 4, 32, 16, 10_000.0), ("window", [300, 64], 6, 128, 128, 10_000.0)])
+def test_gpu_kernels_match_float64(kernels, lengths, nh, hd, window, theta):
     """ModernBERT-base's cases first: a sliding layer (window 64, theta 10k) over rows packed with
-    their padding, a global one (theta 160k); relative-norm errors printed (pytest -s)."""
+    their padding, a global one (theta 160k); then the window kernels over longer sequences;
+    relative-norm errors printed (pytest -s)."""
     ops = rotary_attention.triton_ops
     g = torch.Generator().manual_seed(sum(lengths) + hd)
     N, H = sum(lengths), nh * hd
@@ -300,17 +315,23 @@ def test_gpu_kernels_match_float64(lengths, nh, hd, window, theta):
     positions = torch.cat([torch.arange(L) for L in lengths]).cuda()
     cos, sin = (t[:, None] for t in rotary(positions, theta, hd))  # (N, 1, hd), as the model passes them
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    case = f"lengths {lengths}, heads {nh}x{hd}, window {window}"
+    case = f"{kernels} kernels, lengths {lengths}, heads {nh}x{hd}, window {window}"
     synchronized("the inputs' preparation", case)
-    o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
-    synchronized("attention_fwd", case)
-    dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
-    synchronized("attention_bwd", case)
+    if kernels == "window":
+        o, lse, q, k = ops.window_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
+        synchronized("window_fwd", case)
+        dqkv = ops.window_bwd(qkv, q, k, cos, sin, cu, o, do, lse, max(lengths), nh, window)
+        synchronized("window_bwd", case)
+    else:
+        o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
+        synchronized("attention_fwd", case)
+        dqkv = ops.attention_bwd(qkv, cos, sin, cu, do, lse, max(lengths), nh, window)
+        synchronized("attention_bwd", case)
     want, want_grad = float64_reference(qkv, cos, sin, lengths, nh, window, do)
     synchronized("the float64 reference", case)
     errors = {"out": rel(o, want), **{name: rel(dqkv[:, i * H:(i + 1) * H], want_grad[:, i * H:(i + 1) * H])
                                       for i, name in enumerate(("dq", "dk", "dv"))}}
-    print(f"\nrotary attention kernels, {case}, theta {theta:g}: "
+    print(f"\nrotary attention, {case}, theta {theta:g}: "
           + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     assert all(math.isfinite(e) and e < 1e-2 for e in errors.values()), errors
     q, k = ops.rotate_qk(qkv, cos, sin, nh)
@@ -322,7 +343,8 @@ def test_gpu_kernels_match_float64(lengths, nh, hd, window, theta):
 
 @cuda
 def test_gpu_eager_inference_equals_the_reference():
-    """modernbert-mini in bf16 at 300 tokens (flash after `rotate_qk`) and at 100 (the short kernel),
+    """modernbert-mini in bf16 at 300 tokens (flash after `rotate_qk`, the window kernel in local
+    layers) and at 100 (the short kernel),
     padded and unpadded: the reference's states at the real tokens, within bf16 rounding."""
     torch.manual_seed(0)
     config = ModernBertConfig.from_name("modernbert-mini")
@@ -366,7 +388,8 @@ def bf16_errors(model: torch.nn.Module, reference: torch.nn.Module, float32: tor
 def test_gpu_base_shaped_training_matches_the_reference(T):
     """ModernBERT-base's layers (12 heads of 64, window +-64, thetas 160k global / 10k local), the
     first four (global, local, local, global), the eager training step under bf16 autocast with
-    `apply`'s kernels (at 128 tokens the Triton rotary attention, at 512 flash with the window):
+    `apply`'s kernels (at 128 tokens the Triton rotary attention, at 512 the window kernels in the
+    local layers and flash in the global ones):
     no error against the float32 reference above twice the reference's own bf16 error (+1e-3).
     Every relative-norm error printed (pytest -s)."""
     torch.manual_seed(0)
@@ -391,8 +414,8 @@ def test_gpu_base_shaped_training_matches_the_reference(T):
 @cuda
 @pytest.mark.parametrize("T", [300, 8192])
 def test_gpu_base_shaped_inference_matches_the_reference(T):
-    """ModernBERT-base's first four layers in bf16 weights, eager inference (`rotate_qk`, then flash
-    with the window) at 300 and 8,192 tokens, padded and unpadded: the reference's bf16 states
+    """ModernBERT-base's first four layers in bf16 weights, eager inference (global layers: `rotate_qk`,
+    then flash; local ones: the window kernel) at 300 and 8,192 tokens, padded and unpadded: the reference's bf16 states
     within bf16 rounding of the float32 ones."""
     torch.manual_seed(0)
     config = ModernBertConfig.from_name("modernbert-base", num_hidden_layers=4)

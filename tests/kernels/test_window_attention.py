@@ -70,7 +70,8 @@ def test_modernbert_on_cuda_in_16_bit_takes_flash_attention_with_the_window():
     assert fast == FastPath("cuda", window_flash=True, rotary_attention=True, fused_geglu=True,
                             low_precision_residual=True)
     assert str(fast) == ("fast path: 16-bit residual stream, flash varlen attention with sliding window, "
-                         "Triton rotary attention (T <= 128) and rotations, Triton GeGLU, padded batches packed")
+                         "Triton rotary attention (T <= 128, sliding windows) and rotations, Triton GeGLU, "
+                         "padded batches packed")
     assert plan("cuda", BASE, training=False, dtype=torch.float16) == FastPath(
         "cuda", window_flash=True, rotary_attention=True, fused_geglu=True)
     # the Triton kernels: only where Triton runs and is allowed, for the head sizes they tile
