@@ -89,9 +89,9 @@ PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels"
 # keys: a contrastive batch's text ids, (B, k) on the device, a padding row's -1 marking it as no
 # example; group_labels and group_mask: a reranker's (Q, n) lists, none in a padding query
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
-# GPU fine-tunes of <= 500 steps compile for a sooner start: blocks scanned (`BertEncoder.scan`: MiniLM's step
-# compiled in 5.5 s, not 11.7, ran 3 ms slower), no Pallas kernels (no Triton code or check) nor autotuning;
-# pretraining (BERT-base 19% slower scanned) and CPUs (7.3 s against 5.0 s to compile) run as usual
+# GPU fine-tunes of at most 500 steps scan the encoder's blocks (`BertEncoder.scan`): on an H200 MiniLM's
+# step compiled in 5.5 s, not 11.7, and ran 3 ms slower; pretraining (BERT-base 19% slower) and CPUs
+# (7.3 s against 5.0 s to compile, and slower) call them in turn
 SCAN_MAX_STEPS, SCAN_PLATFORMS = 500, ("gpu",)
 
 
@@ -325,7 +325,7 @@ class JaxEngine(Engine):
         fsdp = getattr(cfg, "parallel", "ddp") == "fsdp"
         programs = Programs(self.graphdef, self.dtype, self.tx, self.names, self.head,
                             self.replicated if fsdp else None)
-        options = compiler_options(devices[0].platform, autotune=not self.scan)
+        options = compiler_options(devices[0].platform)
         once = compiler_options(devices[0].platform, autotune=False)  # programs run a few times: not autotuned
         key = jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32))  # key(seed)
         self.layout = self.state_layout(jax.eval_shape(programs.initial_state, params, key), fsdp)
@@ -369,7 +369,7 @@ class JaxEngine(Engine):
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, mesh=self.mesh,
-                                    kernel="none" if self.scan else "auto")  # short runs: compiled sooner
+                                    add_norm=not self.scan)  # short runs: compiling it costs more than it saves
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SCAN_MAX_STEPS`)
                 module.scan = self.scan
