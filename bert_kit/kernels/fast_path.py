@@ -25,8 +25,8 @@ on CUDA, FlexAttention with a document and window block mask otherwise on CUDA),
 a (T, T) mask, so memory grows linearly with the length (8,192 tokens). With flash and Triton, each
 `ModernBertAttention` becomes `RotaryAttention` (`rotary_attention.py`): q and k turned in one
 kernel, and attention with the rotations in one kernel a pass at T <= 128 and in the sliding-window
-layers at any length. In 16
-bits with Triton, each `GeGLU` becomes `FusedGeGLU` (`geglu.py`): its activation one kernel a pass.
+layers at any length. In 16 bits with Triton, each `GeGLU` becomes `FusedGeGLU` (`geglu.py`): its
+activation one kernel a pass.
 
 `plan` makes the decision, a pure function of the device, the dtype, the job and the config (tested
 without a GPU); `install` swaps the classes; `apply` does both. Each swapped module still checks
