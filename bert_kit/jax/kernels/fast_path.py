@@ -84,9 +84,10 @@ class FastPath:
 def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float, *, training: bool = True,
          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
          mesh: Mesh | None = None) -> FastPath:
-    """The fast path of a model on `backend` computing in `dtype` (on `mesh`'s devices, if several). kernel: "auto" (the Pallas kernels
-    on GPUs in 16 bits, for training: attention where it has dropout), "pallas" (also elsewhere,
-    interpreted: tests), "none" (the references for attention with dropout and the add & norm).
+    """The fast path of a model on `backend` computing in `dtype` (on `mesh`'s devices, if several).
+    kernel: "auto" (the Pallas kernels on GPUs in 16 bits, for training: attention where it has
+    dropout), "pallas" (also elsewhere, interpreted: tests), "none" (the references for attention
+    with dropout and the add & norm).
     add_norm=False leaves the add & norm to XLA (a short run: one kernel fewer to compile and check)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
