@@ -25,24 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bert_kit.kernels import rotary_attention  # noqa: E402
 from bert_kit.kernels.packing import Packed  # noqa: E402
 from bert_kit.modernbert import rotary  # noqa: E402
+from attention_backends import time_ms  # noqa: E402  (beside this script)
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 64
 SHAPES = ((64, 512), (32, 1024), (4, 8192))  # (batch, length): 32,768 tokens each
-
-
-def median_ms(fn, n: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(n):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
 
 
 def main() -> None:
@@ -72,16 +58,16 @@ def main() -> None:
             return rotary_attention.window_rotary_attention(qkv, cos, sin, packed, HEADS, WINDOW)
 
         with torch.no_grad():
-            flash_fwd = median_ms(flash)
-        flash_both = median_ms(lambda: flash().backward(do.view(N, HEADS, HEAD_DIM)))
+            flash_fwd = time_ms(flash, warmup=3)
+        flash_both = time_ms(lambda: flash().backward(do.view(N, HEADS, HEAD_DIM)), warmup=3)
         print(f"batch {B} x {T}: flash (q, k turned before) forward {flash_fwd:.3f} ms, forward + backward "
               f"{flash_both:.3f} ms")
         default = (ops.WINDOW_BLOCK, ops.WINDOW_WARPS)
         for block, warps in tiles:
             ops.WINDOW_BLOCK, ops.WINDOW_WARPS = block, warps
             with torch.no_grad():
-                fwd = median_ms(kernels)
-            both = median_ms(lambda: kernels().backward(do))
+                fwd = time_ms(kernels, warmup=3)
+            both = time_ms(lambda: kernels().backward(do), warmup=3)
             print(f"  window kernels ({block} queries a block, {warps} warps), rotations included: forward "
                   f"{fwd:.3f} ms, forward + backward {both:.3f} ms ({flash_both / both:.2f}x flash's)")
         ops.WINDOW_BLOCK, ops.WINDOW_WARPS = default
