@@ -43,6 +43,24 @@ def max_abs(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
 
 
+def classifier_with_dropout(config: BertConfig):
+    """A 2-label `bert_kit.jax` classifier of `config` (nnx seed 0), the summed logits of a fixed
+    padded batch (2 x 32, rows of 32 and 20 tokens) with dropout from key 3 as a function of the
+    model, and that loss and its gradients jitted: (model, loss, step)."""
+    from flax import nnx
+
+    from bert_kit.jax.model import BERTForSequenceClassification
+
+    model = BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(1, config.vocab_size, (2, 32)).astype(np.int32)
+    mask = (np.arange(32)[None] < np.array([[32], [20]])).astype(np.int32)
+
+    def loss(m):
+        return m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum()
+
+    return model, loss, nnx.jit(lambda m: nnx.value_and_grad(loss)(m))
+
+
 def random_model(cls, config: BertConfig, seed: int = 0, **head_args):
     """A `bert_kit.jax` model of random weights drawn by NumPy: N(0, 0.05) matrices and biases,
     LayerNorm scales around 1. Nonzero biases and scales catch more than BERT's init would; and

@@ -22,7 +22,7 @@ from bert_kit.jax.kernels.fast_path import FusedAttention, kernel_works, plan  #
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention  # noqa: E402
 from bert_kit.jax.model import BERTForSequenceClassification, attention  # noqa: E402
 from bert_kit.jax.randomness import dropout_keep  # noqa: E402
-from tests.jax.common import max_abs, tiny  # noqa: E402
+from tests.jax.common import classifier_with_dropout, max_abs, tiny  # noqa: E402
 
 GPU = jax.default_backend() == "gpu"
 SMALL = Blocks(q=32, k=32, outer=32, inner=16)  # two steps of every loop at T = 64
@@ -122,15 +122,8 @@ CPU_ONLY = pytest.mark.skipif(GPU, reason="the interpreted kernel in float32: on
 def test_a_model_with_the_kernel_trains_as_the_reference():
     """`apply` puts the kernel on every attention layer; with dropout on, loss and gradients equal
     the reference model's (the same mask from the same key)."""
-    config = tiny(num_hidden_layers=1, max_position_embeddings=32, num_attention_heads=2, attention_probs_dropout_prob=0.2)
-    model = BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
-    ids = np.random.default_rng(0).integers(1, config.vocab_size, (2, 32)).astype(np.int32)
-    mask = (np.arange(32)[None] < np.array([[32], [20]])).astype(np.int32)
-
-    @nnx.jit
-    def step(model):
-        return nnx.value_and_grad(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())(model)
-
+    model, _, step = classifier_with_dropout(tiny(num_hidden_layers=1, max_position_embeddings=32,
+                                                  num_attention_heads=2, attention_probs_dropout_prob=0.2))
     want = step(model)
     assert fast_path.apply(model).summary == "none (cpu: XLA attention)"
     fast = fast_path.apply(model, kernel="pallas", blocks=Blocks(16, 16, 16, 16))

@@ -20,8 +20,8 @@ nnx = pytest.importorskip("flax.nnx")
 from bert_kit.jax.kernels import fast_path  # noqa: E402
 from bert_kit.jax.kernels.fast_path import FusedResidualNorm, norm_works, plan  # noqa: E402
 from bert_kit.jax.kernels.residual_norm import Tiles, fits, fused_residual_norm, split  # noqa: E402
-from bert_kit.jax.model import BERTForSequenceClassification, LayerNorm, residual_norm  # noqa: E402
-from tests.jax.common import max_abs, tiny  # noqa: E402
+from bert_kit.jax.model import LayerNorm, residual_norm  # noqa: E402
+from tests.jax.common import classifier_with_dropout, max_abs, tiny  # noqa: E402
 
 GPU = jax.default_backend() == "gpu"
 SEED = np.array([7, 11], np.uint32)
@@ -123,15 +123,8 @@ def test_plan_puts_the_kernel_on_gpus_in_16_bits_for_training():
 def test_a_model_with_the_kernel_trains_as_the_reference():
     """`apply` puts the kernel on every block; with dropout on, loss and gradients equal the
     reference model's (the same masks from the same key)."""
-    config = tiny(num_hidden_layers=2, max_position_embeddings=32, hidden_dropout_prob=0.2)
-    model = BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
-    ids = np.random.default_rng(0).integers(1, config.vocab_size, (2, 32)).astype(np.int32)
-    mask = (np.arange(32)[None] < np.array([[32], [20]])).astype(np.int32)
-
-    @nnx.jit
-    def step(model):
-        return nnx.value_and_grad(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())(model)
-
+    model, loss, step = classifier_with_dropout(tiny(num_hidden_layers=2, max_position_embeddings=32,
+                                                     hidden_dropout_prob=0.2))
     want = step(model)
     fast_path.apply(model, kernel="pallas")
     blocks = model.bert.encoder.layers
@@ -139,7 +132,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
     got = step(model)
     assert abs(float(got[0]) - float(want[0])) <= 1e-5
     assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))) <= 1e-5
-    without = nnx.jit(lambda m: m(ids, mask, rngs=nnx.Rngs(dropout=3)).sum())
+    without = nnx.jit(loss)
     model.bert.encoder.layers[0].dropout_rate = 0.0
     assert abs(float(without(model)) - float(got[0])) > 1e-4  # the dropout ran, in the kernel
     fast_path.apply(model, kernel="pallas", add_norm=False)
