@@ -36,10 +36,11 @@ compile nothing.
   block of 64 queries sees at most 64 + 2 x window keys: 3 tiles of 64 at ModernBERT's window of 64,
   whatever the length (flash attention's windowed kernel took as long at 512 tokens as its global
   one). q and k are turned once (`rotate_qk`'s kernel) and kept for the backward; the forward keeps
-  a running maximum over the tiles, as flash attention does. The backward runs one program per key
-  block: its dk and dv over the queries that see it, and their dq added into a float32 buffer that
-  a last kernel turns back into the QKV gradient (dk too is turned back, and dv written, in place).
-  A (sequence, head)'s blocks run on neighbouring programs of the grid's one axis: they share key tiles in L2.
+  a running maximum over the tiles, as flash attention does. The backward is two kernels on the
+  forward's grid: one per query block writes its dq, turned back, and its rows' dot(dO, O); one per
+  key block its dk (turned back) and dv, computed keys-first as in Triton's fused-attention tutorial.
+  No atomics: a run repeats bit for bit. A (sequence, head)'s blocks run on neighbouring programs of
+  the grid's one axis: they share key tiles in L2.
 """
 
 from __future__ import annotations
@@ -261,12 +262,45 @@ def _window_fwd(q_ptr, k_ptr, qkv_ptr, cu_ptr, o_ptr, lse_ptr, blocks, scale: tl
 
 
 @triton.jit
-def _window_bwd(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dqkv_ptr, blocks,
-                scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr, H: tl.constexpr, CS: tl.constexpr,
-                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # the forward's grid over key blocks: dk and dv of a key block over the queries that see it (SPAN
-    # tiles from WINDOW before its first key), written into dqkv's k part (turned back) and v part;
-    # each query tile's share of dq added into dq (N, H) float32 (the turned q's, zeroed before)
+def _window_bwd_dq(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr,
+                   blocks, scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr, H: tl.constexpr,
+                   CS: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # the forward's grid over query blocks: a block's dq over the SPAN key tiles it sees, turned back
+    # into dqkv's q part; and its rows' delta = rowsum(dO * O) (N, nh) float32, for `_window_bwd_dkdv`
+    HALF: tl.constexpr = HEAD_DIM // 2
+    SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
+    seq, h, block = _block_of(blocks, nh)
+    start, L = _sequence(cu_ptr, seq)
+    if block * BLOCK >= L:
+        return
+    d, e = tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
+    r = block * BLOCK + tl.arange(0, BLOCK)
+    rows, tq = r < L, (start + r).to(tl.int64)
+    q = _rows_of(q_ptr + h * HEAD_DIM, tq, rows, e, H)
+    do = _rows_of(do_ptr + h * HEAD_DIM, tq, rows, e, H)
+    delta = tl.sum(do.to(tl.float32) * _rows_of(o_ptr + h * HEAD_DIM, tq, rows, e, H).to(tl.float32), 1)
+    tl.store(delta_ptr + tq * nh + h, delta, mask=rows)
+    lse = tl.load(lse_ptr + tq * nh + h, mask=rows, other=0.0)
+    dq = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+    for j in tl.static_range(SPAN):
+        t = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
+        keys, tk = (t >= 0) & (t < L), (start + t).to(tl.int64)
+        k = _rows_of(k_ptr + h * HEAD_DIM, tk, keys, e, H)
+        v = _rows_of(qkv_ptr + 2 * H + h * HEAD_DIM, tk, keys, e, 3 * H)
+        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+        p = tl.where(seen, tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)  # (queries, keys)
+        ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None]) * scale).to(q.dtype)
+        dq += tl.dot(ds, k)
+    _store_turned_back(dqkv_ptr + h * HEAD_DIM, dq, cos_ptr, sin_ptr, tq, rows, d, 3 * H, CS, HALF)
+
+
+@triton.jit
+def _window_bwd_dkdv(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, blocks,
+                     scale: tl.constexpr, WINDOW: tl.constexpr, nh: tl.constexpr, H: tl.constexpr, CS: tl.constexpr,
+                     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # the same grid over key blocks: a block's dk and dv over the SPAN query tiles that see it, written
+    # into dqkv's k part (turned back) and v part. Computed keys-first (P^T = K Q^T), as Triton's
+    # fused-attention tutorial does, so that P^T and dS^T feed their dots without transposes
     HALF: tl.constexpr = HEAD_DIM // 2
     SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
     seq, h, block = _block_of(blocks, nh)
@@ -283,32 +317,18 @@ def _window_bwd(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_ptr, 
     for j in tl.static_range(SPAN):
         r = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
         rows, tq = (r >= 0) & (r < L), (start + r).to(tl.int64)
-        q = _rows_of(q_ptr + h * HEAD_DIM, tq, rows, e, H)
+        qT = tl.load(q_ptr + h * HEAD_DIM + tq[None, :] * H + e[:, None], mask=rows[None, :], other=0.0)
         do = _rows_of(do_ptr + h * HEAD_DIM, tq, rows, e, H)
-        delta = tl.sum(do.to(tl.float32) * _rows_of(o_ptr + h * HEAD_DIM, tq, rows, e, H).to(tl.float32), 1)
         lse = tl.load(lse_ptr + tq * nh + h, mask=rows, other=0.0)
-        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
-        p = tl.where(seen, tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)  # (queries, keys)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None]) * scale).to(q.dtype)
-        dk += tl.dot(tl.trans(ds), q)
-        tl.atomic_add(dq_ptr + tq[:, None] * H + h * HEAD_DIM + e[None, :], tl.dot(ds, k), mask=rows[:, None],
-                      sem="relaxed")
+        delta = tl.load(delta_ptr + tq * nh + h, mask=rows, other=0.0)
+        seen = keys[:, None] & rows[None, :] & (tl.abs(t[:, None] - r[None, :]) <= WINDOW)
+        pT = tl.where(seen, tl.exp(tl.dot(k, qT) * scale - lse[None, :]), 0.0)  # (keys, queries)
+        dv += tl.dot(pT.to(do.dtype), do)
+        dsT = (pT * (tl.dot(v, tl.trans(do)) - delta[None, :]) * scale).to(k.dtype)
+        dk += tl.dot(dsT, tl.trans(qT))
     dhead = dqkv_ptr + h * HEAD_DIM
     tl.store(dhead + 2 * H + tk[:, None] * (3 * H) + e[None, :], dv.to(dqkv_ptr.dtype.element_ty), mask=keys[:, None])
     _store_turned_back(dhead + H, dk, cos_ptr, sin_ptr, tk, keys, d, 3 * H, CS, HALF)
-
-
-@triton.jit
-def _turn_back_dq(dq_ptr, cos_ptr, sin_ptr, dqkv_ptr, N, H: tl.constexpr, CS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
-    # dq (N, H) float32 of the turned q -> dqkv's q part; grid (cdiv(N, BLOCK_N), nh)
-    HALF: tl.constexpr = HEAD_DIM // 2
-    h = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok, tok, e = rows < N, rows.to(tl.int64), tl.arange(0, HEAD_DIM)
-    dq = _rows_of(dq_ptr + h * HEAD_DIM, tok, ok, e, H)
-    _store_turned_back(dqkv_ptr + h * HEAD_DIM, dq, cos_ptr, sin_ptr, tok, ok, tl.arange(0, HALF), 3 * H, CS, HALF)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -406,18 +426,17 @@ def window_bwd(qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.T
                cu_seqlens: torch.Tensor, o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, max_seqlen: int, nh: int,
                window: int) -> torch.Tensor:
     """The forward's inputs and outputs, do (N, H) contiguous -> dqkv (N, 3H), as `attention_bwd`'s:
-    one program per key block computes its dk and dv and adds its share of dq into a float32 buffer
-    (as flash attention's backward: the adds' order varies, so the last bits of dq may), which a
-    second kernel turns back into dqkv."""
+    one kernel over query blocks writes dq (and each query's rowsum(dO * O)), one over key blocks
+    dk and dv. Nothing is accumulated across programs: runs repeat bit for bit."""
     cos, sin = _rows(cos), _rows(sin)
     blocks, meta = _window_meta(qkv, max_seqlen, nh, window)
     N, S = qkv.shape[0], cu_seqlens.shape[0] - 1
     dqkv = torch.empty_like(qkv)
-    dq = torch.zeros(N, meta["H"], device=qkv.device, dtype=torch.float32)
+    delta = torch.empty(N, nh, device=qkv.device, dtype=torch.float32)
     if N and S:
-        torch.library.wrap_triton(_window_bwd)[(S * nh * blocks,)](q, k, qkv, cos, sin, cu_seqlens, o, do, lse, dq,
-                                                                    dqkv, blocks, CS=cos.stride(0), **meta)
-        torch.library.wrap_triton(_turn_back_dq)[(triton.cdiv(N, ROTATE_ROWS), nh)](
-            dq, cos, sin, dqkv, N, H=meta["H"], CS=cos.stride(0), BLOCK_N=ROTATE_ROWS, HEAD_DIM=meta["HEAD_DIM"],
-            num_warps=4)
+        grid = (S * nh * blocks,)
+        torch.library.wrap_triton(_window_bwd_dq)[grid](q, k, qkv, cos, sin, cu_seqlens, o, do, lse, delta, dqkv,
+                                                        blocks, CS=cos.stride(0), **meta)
+        torch.library.wrap_triton(_window_bwd_dkdv)[grid](q, k, qkv, cos, sin, cu_seqlens, do, lse, delta, dqkv,
+                                                          blocks, CS=cos.stride(0), **meta)
     return dqkv
