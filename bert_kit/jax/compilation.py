@@ -15,10 +15,13 @@ known, and kept between runs.
 - `length_bucket`: fine-tuning batches are padded to powers of two from 32 tokens (at most to the
   run's max_length): a 128-token run compiles for 32, 64 and 128, a 512-token one for five lengths;
   `likely_buckets` are those a run's training batches are likely to meet, compiled ahead
-  (`item_tokens`: an example's length; `eval_chunks`: the evaluation's batches, longest first).
+  (`item_tokens`: an example's length; `eval_chunks`: the evaluation's batches, longest first;
+  `eval_lengths`: their padded lengths, all alike for a small evaluation).
 - `compiler_options`: on GPUs XLA writes matrix products with cuBLAS, not as Triton kernels it
   autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner; programs
   that run a few times (evaluation) are not autotuned at all.
+- `over_leaves`: the train step as a function of the state's leaves, which the engine keeps
+  between steps (a call's arguments are flattened on every call).
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
   when a step needs them: that wait is shown as `compiling (first run of these shapes)`.
@@ -44,6 +47,7 @@ OFF = ("off", "none", "false", "no", "0", "")
 ON = ("on", "true", "yes", "1")  # the default folder, as no setting
 SHORTEST = 32  # the shortest length bucket
 LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
+ONE_EVAL_SHAPE = 32  # evaluations of at most this many batches pad them all alike (`eval_lengths`)
 
 
 def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
@@ -130,6 +134,17 @@ def eval_chunks(items: list[dict], size: int) -> list[list[int]]:
     return [order[start:start + size] for start in range(0, len(order), size)]
 
 
+def eval_lengths(items: list[dict], size: int, max_length: int) -> list[tuple[list[int], int]]:
+    """The evaluation's batches (`eval_chunks`) with the length each is padded to: its longest
+    example's bucket, or, for an evaluation of at most `ONE_EVAL_SHAPE` batches, the longest batch's:
+    one program to compile (and trace, on every run) where a few batches run longer."""
+    chunks = eval_chunks(items, size)
+    lengths = [length_bucket(item_tokens(items[chunk[0]]), max_length) for chunk in chunks]
+    if len(chunks) <= ONE_EVAL_SHAPE:
+        lengths = lengths[:1] * len(chunks)
+    return list(zip(chunks, lengths))
+
+
 def compiler_options(platform: str, env: dict[str, str] | None = None, *, autotune: bool = True) -> dict[str, Any]:
     """XLA options for the engine's programs on `platform`. On GPUs: matrix products by cuBLAS
     (`xla_gpu_enable_triton_gemm` off): on an H200 the BERT-base step ran 555.9k tokens/s against
@@ -158,6 +173,21 @@ def signature(batch: dict[str, Any]) -> tuple:
 def abstract(tree: Any) -> Any:
     """ShapeDtypeStructs (with shardings) of a pytree of arrays: what a program is compiled for."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def over_leaves(step: Callable, state_tree: Any, frozen_tree: Any) -> Callable:
+    """`step(state, frozen, *rest) -> (state, out)` as a function of the two trees' leaves (lists of
+    the structures of `state_tree` and `frozen_tree`), returning the new state's leaves: jit flattens
+    a list in C++, an NNX State's Variables in Python (MiniLM's train state: 1-2 ms a call, longer
+    than its step on an H200)."""
+    state_def, frozen_def = jax.tree.structure(state_tree), jax.tree.structure(frozen_tree)
+
+    def on_leaves(state: list, frozen: list, *rest: Any) -> tuple[list, Any]:
+        new, out = step(jax.tree.unflatten(state_def, state), jax.tree.unflatten(frozen_def, frozen), *rest)
+        return jax.tree.leaves(new), out
+
+    on_leaves.__name__ = on_leaves.__qualname__ = step.__name__  # the program's name in JAX's logs and the cache
+    return on_leaves
 
 
 class AheadOfTime:

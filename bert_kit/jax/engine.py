@@ -24,9 +24,10 @@ Shapes are static: pretraining batches are padded to max_length with per-row MLM
 (the masking caps a row's masked tokens at them); fine-tuning batches are padded to a length
 bucket (powers of two from 32 tokens, `compilation.length_bucket`) and to a full batch of
 examples (padding examples carry no label; evaluation batches to eval_batch_size), so a run
-compiles a program per bucket. On GPUs the programs a fine-tune will need (its likely training
-buckets, then every evaluation bucket) compile in threads from the start, the evaluation's while
-the run trains; compiled programs are kept between runs (`compilation.use_compilation_cache`).
+compiles a program per bucket (a small evaluation one: `compilation.eval_lengths`). On GPUs the
+programs a fine-tune will need (its likely training buckets, then the evaluation's) compile in
+threads from the start, the evaluation's while the run trains; compiled programs are kept between
+runs (`compilation.use_compilation_cache`). The engine holds the train state as its leaves.
 
 Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
 `optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
@@ -42,7 +43,6 @@ import warnings
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -56,7 +56,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
-from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_chunks, item_tokens,
+from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_lengths, item_tokens, over_leaves,
                                       length_bucket, likely_buckets, use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, _TiedMLM
@@ -64,7 +64,8 @@ from bert_kit.jax.randomness import HostKeys
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.train import (DTYPES, IGNORE_INDEX, LossScale, _cross_entropy_sum, cast, join_processes,
-                                put_process_local, resolve_devices, start_backend, task_loss, update_rule)
+                                put_process_local, resolve_devices, resolve_jax_precision, start_backend, task_loss,
+                                update_rule)
 from bert_kit.jax.weights import copy_into_torch, from_torch, torch_name, torch_state_dict
 from bert_kit.training.checkpoint import load_checkpoint
 from bert_kit.training.engine import Engine
@@ -95,21 +96,6 @@ COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores t
 SCAN_MAX_STEPS, SCAN_PLATFORMS = 500, ("gpu",)
 
 
-@dataclass
-class JaxPrecision:
-    """What the engine computes in, and where (results.json's "precision")."""
-
-    name: str  # "bf16", "fp16" or "fp32": the compute dtype (master weights and optimizer are float32)
-    devices: list
-    reason: str
-
-    def __str__(self) -> str:
-        kinds = sorted({d.device_kind for d in self.devices})
-        where = f"{len(self.devices)} {self.devices[0].platform} device(s) ({', '.join(kinds)})"
-        scaling = " + dynamic loss scaling" if self.name == "fp16" else ""
-        return f"JAX {self.name} compute{scaling}, fp32 weights, on {where} ({self.reason})"
-
-
 class StepState(NamedTuple):
     """Everything a step updates, one pytree (donated to the step, saved with a checkpoint); replicated
     but for params and opt_state under fsdp."""
@@ -132,17 +118,6 @@ def write_state(folder: Path, arrays: dict[str, np.ndarray]) -> None:
     from safetensors.numpy import save_file
 
     save_file(arrays, str(folder / STATE_FILE))
-
-
-def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:
-    """auto: bf16 on GPUs and TPUs, fp32 on the CPU (as the torch engine's `resolve_precision`)."""
-    if precision == "fp16" and devices[0].platform == "cpu":  # XLA's CPU backend emulates float16 arithmetic
-        return JaxPrecision(precision, devices, "requested; on the CPU float16 runs many times slower than fp32")
-    if precision != "auto":
-        return JaxPrecision(precision, devices, "requested")
-    if devices[0].platform in ("gpu", "tpu"):
-        return JaxPrecision("bf16", devices, f"{devices[0].platform} computes in bfloat16")
-    return JaxPrecision("fp32", devices, "cpu device: bfloat16 would not speed up training")
 
 
 def loss_names(model: nnx.Module) -> tuple[str, ...]:
@@ -319,6 +294,7 @@ class JaxEngine(Engine):
         if jax.process_index() == 0:
             print(job.fast_path, flush=True)
         self.frozen = jax.device_put(frozen, self.replicated)
+        self.frozen_leaves = jax.tree.leaves(self.frozen)
         self.names = loss_names(nnx.merge(self.graphdef, frozen, params))
         # AdamW's or LAMB's update without the lr: the step scales it by the schedule's
         self.tx = update_rule(cfg.optimizer, tuple(cfg.betas), cfg.eps, cfg.weight_decay, cfg.clip_grad)
@@ -344,15 +320,24 @@ class JaxEngine(Engine):
         weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)  # a run's end drops the rest
         show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
         rep, weights = self.replicated, self.layout.params
-        self._step = AheadOfTime(jax.jit(programs.train_step, in_shardings=(self.layout, rep, stacked, rep),
-                                         out_shardings=(self.layout, rep), donate_argnums=0, compiler_options=options),
-                                 2, self.pool, show)
+        leaves = jax.tree.leaves(self.layout)  # the step takes and returns the state's leaves (`state`)
+        self._step = AheadOfTime(jax.jit(over_leaves(programs.train_step, self.layout, self.frozen),
+                                         in_shardings=(leaves, rep, stacked, rep), out_shardings=(leaves, rep),
+                                         donate_argnums=0, compiler_options=options), 2, self.pool, show)
         self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(rep, weights, batch),
                                             out_shardings=batch, compiler_options=once), 2, self.pool, show)
         self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(rep, weights, batch),
                                              out_shardings=rep, compiler_options=once), 2, self.pool, show)
         if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
             self.compile_ahead(job)
+
+    @property
+    def state(self) -> StepState:
+        return jax.tree.unflatten(self.treedef, self.leaves)
+
+    @state.setter
+    def state(self, state: StepState) -> None:  # held as its leaves: the step takes and returns them
+        self.leaves, self.treedef = jax.tree.flatten(state)
 
     def state_layout(self, state: StepState, fsdp: bool) -> StepState:
         """The sharding of each leaf of the (abstract) state: replicated, but for the trained weights
@@ -393,12 +378,11 @@ class JaxEngine(Engine):
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
         for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
             batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
-            self._step.ahead(abstract(self.state), abstract(self.frozen), spec(batch, stacked), lr)
+            self._step.ahead(abstract(self.leaves), abstract(self.frozen_leaves), spec(batch, stacked), lr)
         evaluated = task.scored_items(getattr(job, "eval_items", None) or [])  # (a reranker's: its pairs)
         if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
-            buckets = {length_bucket(item_tokens(evaluated[chunk[0]]), cfg.max_length)
-                       for chunk in eval_chunks(evaluated, task.s.eval_batch_size)}
+            buckets = {length for _, length in eval_lengths(evaluated, task.s.eval_batch_size, cfg.max_length)}
             sample = task.collate([min(evaluated, key=item_tokens)])
             for bucket in sorted(buckets, reverse=True):
                 batch = {k: v[0] for k, v in self.host_batches([sample], "eval", bucket).items()}
@@ -461,16 +445,18 @@ class JaxEngine(Engine):
             out.update(self.head.host_inputs(out))
         return out
 
-    def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, jax.Array]:
-        """This process's share of a batch -> global arrays split over the mesh."""
-        return put_process_local(batch, NamedSharding(self.mesh, spec))
+    def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, Any]:
+        """This process's share of a batch -> global arrays split over the mesh. In one process the
+        NumPy arrays as they are: the program's call moves them, in C++ (a MiniLM step's batch and lr:
+        0.1 ms, where device_put took 2 ms on the host, longer than the step on an H200)."""
+        return batch if jax.process_count() == 1 else put_process_local(batch, NamedSharding(self.mesh, spec))
 
     # ---- the engine interface ------------------------------------------------------------------
 
     def step(self, micro_batches: list[dict], lr: float) -> None:
         batch = self.to_devices(self.host_batches(micro_batches, "train"), P(None, "data"))
-        lr = jax.make_array_from_process_local_data(self.replicated, np.float32(lr))
-        self.state, done = self._step(self.state, self.frozen, batch, lr)
+        lr = self.to_devices({"lr": np.float32(lr)}, P())["lr"]
+        self.leaves, done = self._step(self.leaves, self.frozen_leaves, batch, lr)
         self.steps += 1
         self.in_flight.append(done)  # not the state's step: its buffers are donated to the next step
         if len(self.in_flight) > IN_FLIGHT:
@@ -531,6 +517,7 @@ class JaxEngine(Engine):
         load_checkpoint(checkpoint, self.whole, restore_rng=False)  # the weights, read by the torch side
         _, frozen, params = self.twin()
         self.frozen = jax.device_put(frozen, self.replicated)
+        self.frozen_leaves = jax.tree.leaves(self.frozen)
         try:
             arrays = load_file(str(checkpoint / STATE_FILE))
         except SafetensorError as e:
@@ -573,10 +560,11 @@ class JaxEngine(Engine):
     def task_logits(self, task: Any, items: list[dict]) -> list[torch.Tensor]:
         """The task's outputs for every item (a CPU tensor each, in the items' order), in batches of
         similar lengths as `Task.outputs` makes them; every batch is queued before the first is read."""
-        pending = []
-        for chunk in eval_chunks(items, task.s.eval_batch_size):
-            arrays = {k: v[0] for k, v in self.host_batches([task.collate([items[i] for i in chunk])], "eval").items()}
-            pending.append((chunk, self._outputs(self.frozen, self.state.params, self.to_devices(arrays, P("data")))))
+        pending, params = [], self.state.params
+        for chunk, length in eval_lengths(items, task.s.eval_batch_size, self.cfg.max_length):
+            batch = self.host_batches([task.collate([items[i] for i in chunk])], "eval", length)
+            batch = self.to_devices({k: v[0] for k, v in batch.items()}, P("data"))
+            pending.append((chunk, self._outputs(self.frozen, params, batch)))
         outputs: list = [None] * len(items)
         for chunk, logits in pending:
             for row, i in zip(torch.from_numpy(self.host_local(logits)), chunk):

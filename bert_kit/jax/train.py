@@ -1,6 +1,7 @@
 """Training the JAX engine: losses as plain functions, AdamW with BERT's schedule, and one jitted
 train step, data parallel over every device of every host through `jax.sharding`; the devices a
-run's `device` setting names (`resolve_devices`), started early (`start_backend`), and its hosts.
+run's `device` setting names (`resolve_devices`), started early (`start_backend`), and its hosts;
+the precision a run computes in on them (`resolve_jax_precision`).
 
     mesh = make_mesh()                                   # every device, one "data" axis
     tx = create_optimizer(lr_schedule(1e-4, warmup_steps=100, total_steps=1000), weight_decay=0.01)
@@ -31,6 +32,7 @@ import math
 import os
 import pickle
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -48,6 +50,32 @@ from bert_kit.jax.randomness import HostKeys
 IGNORE_INDEX = -100
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 SCHEDULES = ("linear", "cosine", "constant")
+
+
+@dataclass
+class JaxPrecision:
+    """What the engine computes in, and where (results.json's "precision")."""
+
+    name: str  # "bf16", "fp16" or "fp32": the compute dtype (master weights and optimizer are float32)
+    devices: list
+    reason: str
+
+    def __str__(self) -> str:
+        kinds = sorted({d.device_kind for d in self.devices})
+        where = f"{len(self.devices)} {self.devices[0].platform} device(s) ({', '.join(kinds)})"
+        scaling = " + dynamic loss scaling" if self.name == "fp16" else ""
+        return f"JAX {self.name} compute{scaling}, fp32 weights, on {where} ({self.reason})"
+
+
+def resolve_jax_precision(precision: str, devices: list) -> JaxPrecision:
+    """auto: bf16 on GPUs and TPUs, fp32 on the CPU (as the torch engine's `resolve_precision`)."""
+    if precision == "fp16" and devices[0].platform == "cpu":  # XLA's CPU backend emulates float16 arithmetic
+        return JaxPrecision(precision, devices, "requested; on the CPU float16 runs many times slower than fp32")
+    if precision != "auto":
+        return JaxPrecision(precision, devices, "requested")
+    if devices[0].platform in ("gpu", "tpu"):
+        return JaxPrecision("bf16", devices, f"{devices[0].platform} computes in bfloat16")
+    return JaxPrecision("fp32", devices, "cpu device: bfloat16 would not speed up training")
 
 
 # ---- losses: plain functions of logits and labels, in float32 ----------------------------------

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("jax")
 
 from bert_kit.jax.compilation import DEFAULT_CACHE, cache_folder, compiler_options, length_bucket  # noqa: E402
-from bert_kit.jax.compilation import likely_buckets  # noqa: E402
+from bert_kit.jax.compilation import eval_lengths, likely_buckets, over_leaves  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,6 +75,39 @@ def test_the_training_buckets_a_run_expects():
     assert likely_buckets(lengths, 32, 100, 128) == [64, 128, 32]
     assert likely_buckets(lengths, 32, 10, 128) == [64, 128]  # 0.34 batches of 32: compiled if met
     assert likely_buckets(lengths, 32, 1, 128) == [64]
+
+
+def test_the_step_over_leaves_is_the_step():
+    """The train step as a function of the state's and the frozen weights' leaves returns the new
+    state's leaves, equal to the step's on the trees."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    state = {"params": nnx.State({"w": nnx.Param(jnp.arange(3.0))}), "step": jnp.zeros((), jnp.int32)}
+    frozen = nnx.State({"b": nnx.Param(jnp.ones(3))})
+
+    def step(state, frozen, lr):
+        w = state["params"]["w"][...] - lr * frozen["b"][...]
+        return {"params": nnx.State({"w": nnx.Param(w)}), "step": state["step"] + 1}, w.sum()
+
+    leaves, out = jax.jit(over_leaves(step, state, frozen))(jax.tree.leaves(state), jax.tree.leaves(frozen), 0.5)
+    new, expected = step(state, frozen, 0.5)
+    assert isinstance(leaves, list) and float(out) == float(expected) == 1.5
+    assert [np.asarray(x).tolist() for x in leaves] == [np.asarray(x).tolist() for x in jax.tree.leaves(new)]
+    assert jax.tree.unflatten(jax.tree.structure(state), leaves)["step"] == 1
+
+
+def test_a_small_evaluation_pads_every_batch_to_its_longest_bucket(monkeypatch):
+    """Evaluation batches, longest first, each with its padded length: few batches share the
+    longest one's (one program), more keep their own buckets."""
+    import bert_kit.jax.compilation as compilation
+
+    items = [{"input_ids": [0] * n} for n in (10, 100, 40, 70, 20, 50)]
+    assert eval_lengths(items, 2, 128) == [([1, 3], 128), ([5, 2], 128), ([4, 0], 128)]
+    monkeypatch.setattr(compilation, "ONE_EVAL_SHAPE", 2)
+    assert eval_lengths(items, 2, 128) == [([1, 3], 128), ([5, 2], 64), ([4, 0], 32)]
+    assert eval_lengths(items[:2], 2, 64) == [([1, 0], 100)] and eval_lengths([], 2, 64) == []
 
 
 def run_workers(folder: Path, n: int) -> list[dict]:
