@@ -178,8 +178,8 @@ def abstract(tree: Any) -> Any:
 def over_leaves(step: Callable, state_tree: Any, frozen_tree: Any) -> Callable:
     """`step(state, frozen, *rest) -> (state, out)` as a function of the two trees' leaves (lists of
     the structures of `state_tree` and `frozen_tree`), returning the new state's leaves: jit flattens
-    a list in C++, an NNX State's Variables in Python (MiniLM's train state: 1-2 ms a call, longer
-    than its step on an H200)."""
+    a list in C++, an NNX State's Variables in Python (MiniLM's train state: 1-2 ms of the host's
+    time a call)."""
     state_def, frozen_def = jax.tree.structure(state_tree), jax.tree.structure(frozen_tree)
 
     def on_leaves(state: list, frozen: list, *rest: Any) -> tuple[list, Any]:
