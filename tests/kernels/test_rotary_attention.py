@@ -305,8 +305,8 @@ def synchronized(op: str, case: str) -> None:
     ("window", [200, 130, 5], 4, 32, 16, 10_000.0), ("window", [300, 64], 6, 128, 128, 10_000.0)])
 def test_gpu_kernels_match_float64(kernels, lengths, nh, hd, window, theta):
     """ModernBERT-base's cases first: a sliding layer (window 64, theta 10k) over rows packed with
-    their padding, a global one (theta 160k); then the window kernels over longer sequences;
-    relative-norm errors printed (pytest -s)."""
+    their padding, a global one (theta 160k); then the window kernels over longer sequences (whose
+    backward repeats bit for bit); relative-norm errors printed (pytest -s)."""
     ops = rotary_attention.triton_ops
     g = torch.Generator().manual_seed(sum(lengths) + hd)
     N, H = sum(lengths), nh * hd
@@ -322,6 +322,8 @@ def test_gpu_kernels_match_float64(kernels, lengths, nh, hd, window, theta):
         synchronized("window_fwd", case)
         dqkv = ops.window_bwd(qkv, q, k, cos, sin, cu, o, do, lse, max(lengths), nh, window)
         synchronized("window_bwd", case)
+        again = ops.window_bwd(qkv, q, k, cos, sin, cu, o, do, lse, max(lengths), nh, window)
+        assert torch.equal(again, dqkv), "the window backward is not bit for bit the same run to run"
     else:
         o, lse = ops.attention_fwd(qkv, cos, sin, cu, max(lengths), nh, window)
         synchronized("attention_fwd", case)
