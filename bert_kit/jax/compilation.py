@@ -150,8 +150,9 @@ def compiler_options(platform: str, env: dict[str, str] | None = None, *, autotu
     (`xla_gpu_enable_triton_gemm` off): on an H200 the BERT-base step ran 555.9k tokens/s against
     553.5k with Triton's, and compiled 12 s sooner; RTE's first run compiled for 32.8 s against 61.0 s.
     autotune=False, for programs that run a few times (an evaluation's, a check's, a short
-    fine-tune's step): no timing of cuBLAS's algorithms while compiling (`xla_gpu_autotune_level` 0). Autotuning takes the GPU in
-    turns: three evaluation programs compiled beside the train step took 8.5 s each, 1.5 s without.
+    fine-tune's step): no timing of cuBLAS's algorithms while compiling (`xla_gpu_autotune_level`
+    0). Autotuning takes the GPU in turns: three evaluation programs compiled beside the train step
+    took 8.5 s each, 1.5 s without.
     XLA_FLAGS naming an option keeps the user's choice."""
     env = os.environ if env is None else env
     if platform != "gpu":
