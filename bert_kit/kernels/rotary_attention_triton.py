@@ -209,12 +209,28 @@ def _attention_bwd(qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, lse_ptr, dqkv_ptr,
 
 
 @triton.jit
-def _block_of(blocks, nh: tl.constexpr):
-    """(sequence, head, block) of this program: a (sequence, head)'s blocks on neighbouring programs,
-    which share key tiles in L2."""
+def _block_of(cu_ptr, blocks, nh: tl.constexpr):
+    """(head, block, the sequence's first token, its length) of this program: a (sequence, head)'s
+    blocks on neighbouring programs, which share key tiles in L2."""
     pid = tl.program_id(0)
     sh = pid // blocks
-    return sh // nh, sh % nh, pid % blocks
+    start, L = _sequence(cu_ptr, sh // nh)
+    return sh % nh, pid % blocks, start, L
+
+
+@triton.jit
+def _window_tile(block, j, start, L, BLOCK: tl.constexpr, WINDOW: tl.constexpr):
+    """The j-th tile of positions that a block's window reaches, from WINDOW before its first: the
+    positions, whether each is in the sequence, and their token rows (int64). (A block's own rows
+    need no lower bound: kept apart, they compile to fewer instructions.)"""
+    pos = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
+    return pos, (pos >= 0) & (pos < L), (start + pos).to(tl.int64)
+
+
+@triton.jit
+def _within(a, a_ok, b, b_ok, WINDOW: tl.constexpr):
+    """(len(a), len(b)) bool: positions a and b both in the sequence and at most WINDOW apart."""
+    return a_ok[:, None] & b_ok[None, :] & (tl.abs(a[:, None] - b[None, :]) <= WINDOW)
 
 
 @triton.jit
@@ -230,8 +246,7 @@ def _window_fwd(q_ptr, k_ptr, qkv_ptr, cu_ptr, o_ptr, lse_ptr, blocks, scale: tl
     # longest sequence; a block's keys in SPAN tiles from WINDOW before its first query, with a running
     # maximum and sum over them (flash attention's)
     SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
-    seq, h, block = _block_of(blocks, nh)
-    start, L = _sequence(cu_ptr, seq)
+    h, block, start, L = _block_of(cu_ptr, blocks, nh)
     if block * BLOCK >= L:
         return
     e = tl.arange(0, HEAD_DIM)
@@ -242,11 +257,10 @@ def _window_fwd(q_ptr, k_ptr, qkv_ptr, cu_ptr, o_ptr, lse_ptr, blocks, scale: tl
     total = tl.zeros((BLOCK,), tl.float32)
     acc = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
     for j in tl.static_range(SPAN):
-        t = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
-        keys, tk = (t >= 0) & (t < L), (start + t).to(tl.int64)
+        t, keys, tk = _window_tile(block, j, start, L, BLOCK, WINDOW)
         k = _rows_of(k_ptr + h * HEAD_DIM, tk, keys, e, H)
         v = _rows_of(qkv_ptr + 2 * H + h * HEAD_DIM, tk, keys, e, 3 * H)
-        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+        seen = _within(r, rows, t, keys, WINDOW)
         s = tl.where(seen, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
         new = tl.maximum(m, tl.max(s, 1))
         base = tl.where(new == float("-inf"), 0.0, new)  # a row that has seen no key yet
@@ -269,8 +283,7 @@ def _window_bwd_dq(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_pt
     # into dqkv's q part; and its rows' delta = rowsum(dO * O) (N, nh) float32, for `_window_bwd_dkdv`
     HALF: tl.constexpr = HEAD_DIM // 2
     SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
-    seq, h, block = _block_of(blocks, nh)
-    start, L = _sequence(cu_ptr, seq)
+    h, block, start, L = _block_of(cu_ptr, blocks, nh)
     if block * BLOCK >= L:
         return
     d, e = tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
@@ -283,11 +296,10 @@ def _window_bwd_dq(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, o_ptr, do_pt
     lse = tl.load(lse_ptr + tq * nh + h, mask=rows, other=0.0)
     dq = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
     for j in tl.static_range(SPAN):
-        t = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
-        keys, tk = (t >= 0) & (t < L), (start + t).to(tl.int64)
+        t, keys, tk = _window_tile(block, j, start, L, BLOCK, WINDOW)
         k = _rows_of(k_ptr + h * HEAD_DIM, tk, keys, e, H)
         v = _rows_of(qkv_ptr + 2 * H + h * HEAD_DIM, tk, keys, e, 3 * H)
-        seen = rows[:, None] & keys[None, :] & (tl.abs(r[:, None] - t[None, :]) <= WINDOW)
+        seen = _within(r, rows, t, keys, WINDOW)
         p = tl.where(seen, tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)  # (queries, keys)
         ds = (p * (tl.dot(do, tl.trans(v)) - delta[:, None]) * scale).to(q.dtype)
         dq += tl.dot(ds, k)
@@ -303,8 +315,7 @@ def _window_bwd_dkdv(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, ls
     # fused-attention tutorial does, so that P^T and dS^T feed their dots without transposes
     HALF: tl.constexpr = HEAD_DIM // 2
     SPAN: tl.constexpr = (2 * BLOCK + 2 * WINDOW - 1) // BLOCK
-    seq, h, block = _block_of(blocks, nh)
-    start, L = _sequence(cu_ptr, seq)
+    h, block, start, L = _block_of(cu_ptr, blocks, nh)
     if block * BLOCK >= L:
         return
     d, e = tl.arange(0, HALF), tl.arange(0, HEAD_DIM)
@@ -315,13 +326,12 @@ def _window_bwd_dkdv(q_ptr, k_ptr, qkv_ptr, cos_ptr, sin_ptr, cu_ptr, do_ptr, ls
     dk = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
     for j in tl.static_range(SPAN):
-        r = block * BLOCK - WINDOW + j * BLOCK + tl.arange(0, BLOCK)
-        rows, tq = (r >= 0) & (r < L), (start + r).to(tl.int64)
+        r, rows, tq = _window_tile(block, j, start, L, BLOCK, WINDOW)
         qT = tl.load(q_ptr + h * HEAD_DIM + tq[None, :] * H + e[:, None], mask=rows[None, :], other=0.0)
         do = _rows_of(do_ptr + h * HEAD_DIM, tq, rows, e, H)
         lse = tl.load(lse_ptr + tq * nh + h, mask=rows, other=0.0)
         delta = tl.load(delta_ptr + tq * nh + h, mask=rows, other=0.0)
-        seen = keys[:, None] & rows[None, :] & (tl.abs(t[:, None] - r[None, :]) <= WINDOW)
+        seen = _within(t, keys, r, rows, WINDOW)
         pT = tl.where(seen, tl.exp(tl.dot(k, qT) * scale - lse[None, :]), 0.0)  # (keys, queries)
         dv += tl.dot(pT.to(do.dtype), do)
         dsT = (pT * (tl.dot(v, tl.trans(do)) - delta[None, :]) * scale).to(k.dtype)
