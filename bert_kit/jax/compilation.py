@@ -24,7 +24,8 @@ known, and kept between runs.
   between steps (a call's arguments are flattened on every call).
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
-  when a step needs them: that wait is shown as `compiling (first run of these shapes)`.
+  when a step needs them: that wait is shown as `compiling (first run of these shapes)`. Their
+  traced forms are kept beside the compiled ones (`kept_traces`, `trace_cache`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from bert_kit.jax.trace_cache import TraceCache
 
 CACHE_VARIABLE = "BERT_KIT_JAX_CACHE"
 DEFAULT_CACHE = Path("~/.cache/bert-kit/jax")
@@ -96,6 +99,15 @@ def use_compilation_cache(setting: str | bool | None = None, env: dict[str, str]
     if importlib.util.find_spec("filelock") is not None:  # the lock between runs (JAX needs the package)
         jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return folder
+
+
+def kept_traces() -> TraceCache | None:
+    """The traced programs kept between runs, beside the compiled ones (`traced/` in the compilation
+    cache's folder); None without that cache, or across processes."""
+    folder = jax.config.jax_compilation_cache_dir
+    if not (jax.config.jax_enable_compilation_cache and folder) or jax.process_count() > 1:
+        return None
+    return TraceCache(Path(folder) / "traced")
 
 
 def length_bucket(longest: int, max_length: int) -> int:
@@ -192,20 +204,26 @@ def over_leaves(step: Callable, state_tree: Any, frozen_tree: Any) -> Callable:
 
 
 class AheadOfTime:
-    """The compiled programs of `jitted`, by the signature of the argument at `batch_arg`; the
-    other arguments keep their shapes (the train state, the weights). `status` shows a line while
-    a call waits for its program."""
+    """The compiled programs of `jax.jit(fn, **jit_options)`, by the signature of the argument at
+    `batch_arg`; the other arguments keep their shapes (the train state, the weights). `status`
+    shows a line while a call waits for its program. With `traces`, each program's lowered form
+    is kept between runs (`trace_cache`): a later run does not trace it again."""
 
-    def __init__(self, jitted: Any, batch_arg: int, pool: ThreadPoolExecutor,
-                 status: Callable[[str], None] = lambda text: None) -> None:
-        self.jitted, self.batch_arg, self.pool, self.status = jitted, batch_arg, pool, status
+    def __init__(self, fn: Callable, jit_options: dict[str, Any], batch_arg: int, pool: ThreadPoolExecutor,
+                 status: Callable[[str], None] = lambda text: None, traces: TraceCache | None = None) -> None:
+        self.fn, self.jit_options, self.traces = fn, jit_options, traces
+        self.jitted = jax.jit(fn, **jit_options)
+        self.batch_arg, self.pool, self.status = batch_arg, pool, status
         self.programs: dict[tuple, Future] = {}
         self.compile_s = 0.0  # seconds spent compiling (or loading from the cache), in any thread
         self.fallback = False  # compiled programs refused the call's arguments: jit's dispatch instead
 
     def compile(self, args: tuple) -> Any:
         start = time.perf_counter()
-        compiled = self.jitted.lower(*args).compile()
+        if self.traces is not None:
+            compiled = self.traces.compile(self.fn, self.jit_options, args)
+        else:
+            compiled = self.jitted.lower(*args).compile()
         self.compile_s += time.perf_counter() - start
         return compiled
 

@@ -27,7 +27,8 @@ examples (padding examples carry no label; evaluation batches to eval_batch_size
 compiles a program per bucket (a small evaluation one: `compilation.eval_lengths`). On GPUs the
 programs a fine-tune will need (its likely training buckets, then the evaluation's) compile in
 threads from the start, the evaluation's while the run trains; compiled programs are kept between
-runs (`compilation.use_compilation_cache`). The engine holds the train state as its leaves.
+runs (`compilation.use_compilation_cache`), and so are traced ones (`trace_cache`). The engine
+holds the train state as its leaves.
 
 Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
 `optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
@@ -56,8 +57,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
-from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_lengths, item_tokens, over_leaves,
-                                      length_bucket, likely_buckets, use_compilation_cache)
+from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_lengths, item_tokens, kept_traces,
+                                      length_bucket, likely_buckets, over_leaves, use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, _TiedMLM
 from bert_kit.jax.randomness import HostKeys
@@ -323,13 +324,14 @@ class JaxEngine(Engine):
         show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
         rep, weights = self.replicated, self.layout.params
         leaves = jax.tree.leaves(self.layout)  # the step takes and returns the state's leaves (`state`)
-        self._step = AheadOfTime(jax.jit(over_leaves(programs.train_step, self.layout, self.frozen),
-                                         in_shardings=(leaves, rep, stacked, rep), out_shardings=(leaves, rep),
-                                         donate_argnums=0, compiler_options=options), 2, self.pool, show)
-        self._outputs = AheadOfTime(jax.jit(programs.outputs, in_shardings=(rep, weights, batch),
-                                            out_shardings=batch, compiler_options=once), 2, self.pool, show)
-        self._mlm_sums = AheadOfTime(jax.jit(programs.mlm_sums, in_shardings=(rep, weights, batch),
-                                             out_shardings=rep, compiler_options=once), 2, self.pool, show)
+        traces = kept_traces()
+        self._step = AheadOfTime(over_leaves(programs.train_step, self.layout, self.frozen),
+                                 dict(in_shardings=(leaves, rep, stacked, rep), out_shardings=(leaves, rep),
+                                      donate_argnums=0, compiler_options=options), 2, self.pool, show, traces)
+        self._outputs = AheadOfTime(programs.outputs, dict(in_shardings=(rep, weights, batch), out_shardings=batch,
+                                                           compiler_options=once), 2, self.pool, show, traces)
+        self._mlm_sums = AheadOfTime(programs.mlm_sums, dict(in_shardings=(rep, weights, batch), out_shardings=rep,
+                                                             compiler_options=once), 2, self.pool, show, traces)
         if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
             self.compile_ahead(job)
 

@@ -152,7 +152,7 @@ def test_a_program_compiled_for_other_arguments_falls_back_to_jit(capsys):
         return {"y": batch["x"] * weights.sum()}
 
     with ThreadPoolExecutor(1) as pool:
-        program = AheadOfTime(jax.jit(scaled), 1, pool)
+        program = AheadOfTime(scaled, {}, 1, pool)
         batch = {"x": jnp.arange(4, dtype=jnp.float32)}
         program.ahead(jnp.ones(3, jnp.float32), batch)
         got = program(jnp.ones(3, jnp.bfloat16), batch)
@@ -177,7 +177,7 @@ def test_a_program_that_cannot_be_compiled_ahead_runs_through_jit(capsys):
             raise ValueError("Sharding passed to jit does not match the sharding on the argument")
 
     with ThreadPoolExecutor(1) as pool:
-        program = Refused(jax.jit(lambda w, batch: batch["x"] * w), 1, pool)
+        program = Refused(lambda w, batch: batch["x"] * w, {}, 1, pool)
         batch = {"x": jnp.arange(3, dtype=jnp.float32)}
         program.ahead(jnp.float32(2), batch)
         got = program(jnp.float32(2), batch)

@@ -201,6 +201,44 @@ def test_class_weights_take_torchs_steps(encoder, sst2, tmp_path):
     assert_same_steps(tmp_path / "jax", tmp_path / "torch")
 
 
+def test_a_run_takes_the_programs_an_earlier_run_of_its_settings_traced(encoder, sst2, tmp_path, monkeypatch):
+    """The train step and evaluation a run traced (`jax.trace_cache`) are read back by a run of the
+    same settings, which takes the same steps; a run whose head differs in one constant (a class
+    weight) traces its own, and takes the steps of a run that keeps no traced programs."""
+    import bert_kit.jax.engine as engine_module
+    from bert_kit.jax.trace_cache import TraceCache
+
+    counts = []
+    original = TraceCache.compile
+
+    def compile(self, fn, options, args):
+        before = (self.traced, self.loaded)
+        program = original(self, fn, options, args)
+        counts.append((fn.__name__, self.traced - before[0], self.loaded - before[1]))
+        return program
+
+    monkeypatch.setattr(TraceCache, "compile", compile)
+    train, dev = sst2
+    files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"], seed=17)
+
+    def run(name, weights):
+        counts.clear()
+        finetune(config(encoder, tmp_path / name, "jax", classification={"class_weights": weights}, **files))
+        return [(r["loss"], r["grad_norm"]) for r in records(tmp_path / name, "train").values()], list(counts)
+
+    first, traced = run("first", [0.7, 1.9])
+    again, loaded = run("again", [0.7, 1.9])
+    other, other_counts = run("other", [0.7, 2.9])
+    monkeypatch.setattr(engine_module, "kept_traces", lambda: None)
+    untraced, _ = run("untraced", [0.7, 2.9])
+    assert {name for name, _, _ in traced} == {"train_step", "outputs"}
+    assert all(t == 1 and r == 0 for _, t, r in traced), traced  # (settings no other test runs)
+    assert all(t == 0 and r == 1 for _, t, r in loaded) and len(loaded) == len(traced)
+    assert all(t == 1 and r == 0 for _, t, r in other_counts)
+    assert again == first  # the same program: the same numbers
+    assert other == untraced != first
+
+
 def test_label_sets_take_torchs_steps_and_score_as_it_does(encoder, sst2, tmp_path):
     """Several labels per text (JSON lists, rows with none among them), balanced pos_weight and
     thresholds tuned on the validation set: the JAX engine's steps and scores are the torch engine's."""

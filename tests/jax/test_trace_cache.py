@@ -1,0 +1,144 @@
+"""Traced programs kept between runs (`bert_kit.jax.trace_cache`): a program read back computes what
+the traced one computes and donates as it does; its key changes with anything the trace reads (a
+closure's constant, a head's field, an array's values, a bert-kit global, the arguments' shapes,
+dtypes and shardings) and not between two builds of the same program; what the key cannot read is
+traced, and a damaged entry is traced again.
+
+Run: .venv/bin/python -m pytest tests/jax/test_trace_cache.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+import bert_kit.jax.compilation as compilation  # noqa: E402
+from bert_kit.jax import trace_cache  # noqa: E402
+from bert_kit.jax.trace_cache import TraceCache, program_key  # noqa: E402
+
+
+def abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def step(state, batch):
+    return [s + batch["x"].sum() for s in state], batch["x"] * 2
+
+
+def test_a_program_read_back_computes_and_donates_as_the_traced_one(tmp_path):
+    batch = {"x": jnp.arange(3.0)}
+    args = abstract(([jnp.ones(4), jnp.zeros(4)], batch))
+    want = jax.jit(step)([jnp.ones(4), jnp.zeros(4)], batch)
+    for run in ("first", "second"):
+        cache = TraceCache(tmp_path)
+        program = cache.compile(step, dict(donate_argnums=0), args)
+        state = [jnp.ones(4), jnp.zeros(4)]
+        got = program(state, batch)
+        assert all(s.is_deleted() for s in state)  # the state's buffers were donated
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert (cache.traced, cache.loaded) == ((1, 0) if run == "first" else (0, 1))
+    assert len(list(tmp_path.glob("step-*.jaxexport"))) == 1
+
+
+@dataclass(frozen=True)
+class Head:
+    weights: tuple
+
+
+def scaled_by(factor):
+    return lambda x: x * factor
+
+
+def test_the_key_changes_with_what_the_trace_reads_and_only_with_it(monkeypatch):
+    x = (jax.ShapeDtypeStruct((4,), jnp.float32),)
+
+    def key(fn, args=x, **options):
+        return program_key(fn, options, args)
+
+    assert key(scaled_by(2.0)) == key(scaled_by(2.0)) is not None  # two builds of one program
+    assert key(scaled_by(2.0)) != key(scaled_by(3.0))  # a closure's constant
+    assert key(Head((1.0, 2.0)).__eq__) != key(Head((1.0, 2.5)).__eq__)  # the fields of a bound object
+    assert key(scaled_by(np.ones(3))) != key(scaled_by(np.array([1.0, 1.0, 2.0])))  # an array's values
+    assert key(scaled_by(2.0)) != key(scaled_by(2.0), (jax.ShapeDtypeStruct((5,), jnp.float32),))
+    assert key(scaled_by(2.0)) != key(scaled_by(2.0), (jax.ShapeDtypeStruct((4,), jnp.bfloat16),))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert key(scaled_by(2.0)) != key(scaled_by(2.0), (jax.ShapeDtypeStruct((4,), jnp.float32, sharding=device),))
+    assert key(scaled_by(2.0)) != key(scaled_by(2.0), donate_argnums=0)
+    # a global of bert-kit's code, as a setting read at trace time would be; and one a method of a
+    # bert-kit class reads (the loss scale's growth interval, read by `LossScale.update`)
+    before = key(compilation.length_bucket)
+    monkeypatch.setattr(compilation, "SHORTEST", 16)
+    assert key(compilation.length_bucket) != before
+    from bert_kit.jax import train as jax_train
+    from bert_kit.jax.engine import Programs
+
+    before = key(Programs.initial_state)
+    assert before is not None
+    monkeypatch.setattr(jax_train, "GROWTH_INTERVAL", 3)
+    assert key(Programs.initial_state) != before
+
+
+KEY_IN_A_PROCESS = """
+import jax, jax.numpy as jnp
+from bert_kit.jax.trace_cache import program_key
+def picked(x):
+    return x * (1.0 if "b" in {"a", "b", "c", "d"} else 2.0)  # a frozenset among the code's constants
+print(program_key(picked, {}, (jax.ShapeDtypeStruct((4,), jnp.float32),)))
+"""
+
+
+def test_the_key_is_the_same_in_every_process():
+    """Python orders a frozenset's strings by their hashes, which differ from process to process
+    (PYTHONHASHSEED): a code constant's items are sorted before they are hashed."""
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", KEY_IN_A_PROCESS], env=env, capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[2], check=True)
+        keys.add(done.stdout.strip().splitlines()[-1])
+    assert len(keys) == 1 and "None" not in keys, keys
+
+
+def test_what_the_key_cannot_read_is_traced_and_not_kept(tmp_path):
+    lock = threading.Lock()
+
+    def locked(x):
+        with lock:
+            return x + 1
+
+    args = (jax.ShapeDtypeStruct((2,), jnp.float32),)
+    assert program_key(locked, {}, args) is None
+    cache = TraceCache(tmp_path)
+    np.testing.assert_array_equal(np.asarray(cache.compile(locked, {}, args)(jnp.zeros(2))), [1, 1])
+    assert (cache.traced, cache.loaded) == (0, 0) and not list(tmp_path.iterdir())
+
+
+def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path, capsys):
+    args = abstract(([jnp.ones(4)], {"x": jnp.arange(3.0)}))
+    TraceCache(tmp_path).compile(step, {}, args)
+    (entry,) = tmp_path.glob("*.jaxexport")
+    entry.write_bytes(b"half an entry")
+    cache = TraceCache(tmp_path)
+    state, out = cache.compile(step, {}, args)([jnp.ones(4)], {"x": jnp.arange(3.0)})
+    np.testing.assert_array_equal(np.asarray(state[0]), [4, 4, 4, 4])
+    assert f"{entry} cannot be read" in capsys.readouterr().err and cache.traced == 1
+    assert TraceCache(tmp_path).read(entry) is not None
+
+
+def test_the_last_used_entries_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 2)
+    cache = TraceCache(tmp_path)
+    for factor in (1.0, 2.0, 3.0):
+        cache.compile(scaled_by(factor), {}, (jax.ShapeDtypeStruct((2,), jnp.float32),))
+    assert len(list(tmp_path.glob("*.jaxexport"))) == 2
