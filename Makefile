@@ -24,8 +24,9 @@ unexport PYTHONDONTWRITEBYTECODE
 test: $(VENV)/.installed
 	$(PYTEST) -m "not slow"
 
+# (with the 25 slowest tests listed: CI's time is bounded)
 test-all: $(VENV)/.installed
-	$(PYTEST)
+	$(PYTEST) --durations=25
 
 clean:
 	rm -rf runs .pytest_cache
