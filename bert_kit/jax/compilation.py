@@ -220,9 +220,8 @@ class AheadOfTime:
 
     def compile(self, args: tuple) -> Any:
         start = time.perf_counter()
-        if self.traces is not None:
-            compiled = self.traces.compile(self.fn, self.jit_options, args)
-        else:
+        compiled = self.traces.compile(self.fn, self.jit_options, args) if self.traces is not None else None
+        if compiled is None:  # no traced program kept (or none can be): traced here, as every run did
             compiled = self.jitted.lower(*args).compile()
         self.compile_s += time.perf_counter() - start
         return compiled

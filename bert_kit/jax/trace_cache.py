@@ -7,8 +7,8 @@ A stale program would train silently wrong, so its key is everything the trace r
 - the devices (platform, kind, ids, processes) and JAX's configuration;
 - the function traced and all it reaches, walked value by value (`Fingerprint`): its closure and
   defaults, the objects its methods are bound to (the model's graph with the kernels put on it,
-  the optimizer's closures, a task head's fields and constants taken from the data), and the data
-  globals of bert-kit's functions it names;
+  the optimizer's closures, a task head's fields and constants taken from the data), the globals
+  bert-kit's functions name and the methods (with their constants) of bert-kit's classes;
 - the jit's shardings and donation, and the arguments' shapes, dtypes and shardings.
 An object the walk cannot read (a lock, a C object whose state it cannot see) keys nothing: that
 program is traced, as without this cache. The kernels' checks run when the step is traced: a
@@ -301,26 +301,27 @@ class TraceCache:
         self.loaded = self.traced = 0  # programs read back, and traced (and written) in this run
         self.failed = False  # a program could not be exported: said once, then every program is traced
 
-    def compile(self, fn: Callable, jit_options: dict[str, Any], args: tuple) -> Callable:
+    def compile(self, fn: Callable, jit_options: dict[str, Any], args: tuple) -> Callable | None:
         """`jax.jit(fn, **jit_options).lower(*args).compile()`, from the program an earlier run traced
-        where its key matches; else traced now, and kept for the next run. The program kept takes
-        the arguments' leaves (an NNX State is no type `jax.export` can write): so does the one returned."""
+        where its key matches; else traced now, and kept for the next run. None where the program
+        cannot be kept: the caller compiles it as without this cache (whose errors are the program's).
+        The program kept takes the arguments' leaves (an NNX State is no type `jax.export` can
+        write): so does the one returned."""
         key = None if self.failed else program_key(fn, jit_options, args)
         flat = None if key is None else flat_program(fn, jit_options, args)
         if flat is None:
-            return jax.jit(fn, **jit_options).lower(*args).compile()
+            return None
         flat_fn, flat_options, leaves = flat
         path = self.folder / f"{getattr(fn, '__name__', 'program')}-{key[:40]}{SUFFIX}"
         exported = self.read(path)
         if exported is None:
             try:
                 exported = export.export(jax.jit(flat_fn, **flat_options), disabled_checks=ANY_CUSTOM_CALL)(*leaves)
-            except Exception as e:  # noqa: BLE001 -- jit's own lowering raises the program's real errors
-                compiled = jax.jit(fn, **jit_options).lower(*args).compile()
+            except Exception as e:  # noqa: BLE001 -- the caller's own lowering raises the program's real errors
                 self.failed = True
                 print(f"warning: traced programs are not kept ({type(e).__name__}: {str(e).strip()[:300]})",
                       file=sys.stderr, flush=True)
-                return compiled
+                return None
             self.write(path, exported.serialize())
             self.traced += 1
         else:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +114,18 @@ def test_the_key_is_the_same_in_every_process():
 def test_what_the_key_cannot_read_is_traced_and_not_kept(tmp_path):
     lock = threading.Lock()
 
-    def locked(x):
+    def locked(batch):
         with lock:
-            return x + 1
+            return batch["x"] + 1
 
-    args = (jax.ShapeDtypeStruct((2,), jnp.float32),)
+    args = ({"x": jax.ShapeDtypeStruct((2,), jnp.float32)},)
     assert program_key(locked, {}, args) is None
     cache = TraceCache(tmp_path)
-    np.testing.assert_array_equal(np.asarray(cache.compile(locked, {}, args)(jnp.zeros(2))), [1, 1])
+    assert cache.compile(locked, {}, args) is None  # the caller compiles it, as without this cache
     assert (cache.traced, cache.loaded) == (0, 0) and not list(tmp_path.iterdir())
+    with ThreadPoolExecutor(1) as pool:
+        program = compilation.AheadOfTime(locked, {}, 0, pool, traces=cache)
+        np.testing.assert_array_equal(np.asarray(program({"x": jnp.zeros(2)})), [1, 1])
 
 
 def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path, capsys):
