@@ -20,7 +20,7 @@ known, and kept between runs.
 - `compiler_options`: on GPUs XLA writes matrix products with cuBLAS, not as Triton kernels it
   autotunes over many tilings: as fast for BERT's shapes, and a first run compiles sooner; programs
   that run a few times (evaluation) are not autotuned at all.
-- `over_leaves`: the train step as a function of the state's leaves, which the engine keeps
+- `over_leaves`: a program as a function of the train state's leaves, which the engine keeps
   between steps (a call's arguments are flattened on every call).
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
@@ -188,18 +188,19 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
-def over_leaves(step: Callable, state_tree: Any, frozen_tree: Any) -> Callable:
-    """`step(state, frozen, *rest) -> (state, out)` as a function of the two trees' leaves (lists of
-    the structures of `state_tree` and `frozen_tree`), returning the new state's leaves: jit flattens
-    a list in C++, an NNX State's Variables in Python (MiniLM's train state: 1-2 ms of the host's
-    time a call)."""
-    state_def, frozen_def = jax.tree.structure(state_tree), jax.tree.structure(frozen_tree)
+def over_leaves(fn: Callable, trees: tuple, flat_out: tuple[bool, ...]) -> Callable:
+    """`fn` as a function of the leaves of its first arguments (lists in the structures of `trees`),
+    returning the items of its result that `flat_out` marks as their leaves: jit flattens a list in
+    C++, an NNX State's Variables in Python (MiniLM's train state: 1-2 ms of the host's time a call).
+    The engine keeps the train state as its leaves between steps."""
+    defs = [jax.tree.structure(tree) for tree in trees]
 
-    def on_leaves(state: list, frozen: list, *rest: Any) -> tuple[list, Any]:
-        new, out = step(jax.tree.unflatten(state_def, state), jax.tree.unflatten(frozen_def, frozen), *rest)
-        return jax.tree.leaves(new), out
+    def on_leaves(*args: Any) -> tuple:
+        trees = [jax.tree.unflatten(d, leaves) for d, leaves in zip(defs, args)]
+        out = fn(*trees, *args[len(defs):])
+        return tuple(jax.tree.leaves(x) if flat else x for x, flat in zip(out, flat_out))
 
-    on_leaves.__name__ = on_leaves.__qualname__ = step.__name__  # the program's name in JAX's logs and the cache
+    on_leaves.__name__ = on_leaves.__qualname__ = fn.__name__  # the program's name in JAX's logs and the cache
     return on_leaves
 
 

@@ -7,7 +7,9 @@ job's PyTorch model as built (its architecture and first weights), trains a Flax
 and writes the weights back into it wherever the run saves (`checkpoint_state`, `model_state`), so
 checkpoints, best/ and final/ are written by the same code as the torch engine's.
 
-One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> state`:
+One optimizer update is one compiled program, `train_step(state, frozen, batch, lr) -> state`, or
+for a short fine-tune two, compiled side by side: `gradients(state, frozen, batch) -> grads, losses`
+for each batch shape and `update(state, grads, losses, lr) -> state` once (`SHORT_MAX_STEPS`):
 - the batch is the step's micro-batches stacked on a leading axis (A, B, ...), split over every
   device on B (a `Mesh` with one "data" axis); the state is replicated and XLA adds the gradient
   all-reduce, or under `parallel: fsdp` the weights and optimizer state are sharded over the axis
@@ -22,13 +24,12 @@ One optimizer update is one `jax.jit` call, `step(state, frozen, batch, lr) -> s
 - the window's losses are summed inside the state: the loop's one sync per log step reads them.
 Shapes are static: pretraining batches are padded to max_length with per-row MLM prediction slots
 (the masking caps a row's masked tokens at them); fine-tuning batches are padded to a length
-bucket (powers of two from 32 tokens, `compilation.length_bucket`) and to a full batch of
-examples (padding examples carry no label; evaluation batches to eval_batch_size), so a run
-compiles a program per bucket (a small evaluation one: `compilation.eval_lengths`). On GPUs the
-programs a fine-tune will need (its likely training buckets, then the evaluation's) compile in
-threads from the start, the evaluation's while the run trains; compiled programs are kept between
-runs (`compilation.use_compilation_cache`), and so are traced ones (`trace_cache`). The engine
-holds the train state as its leaves.
+bucket and to a full batch of examples (`batches.HostBatches`), so a run compiles a program per
+bucket (a small evaluation one: `compilation.eval_lengths`). On GPUs the programs a fine-tune will
+need (its likely training buckets, then the evaluation's) compile in threads from the start, the
+evaluation's while the run trains; compiled programs are kept between runs
+(`compilation.use_compilation_cache`), and so are traced ones (`trace_cache`). The engine holds the
+train state as its leaves.
 
 Checkpoints hold model.safetensors (HF names), trainer_state.pt (engine: jax) and
 `optimizer.safetensors`: the optax state flattened by path, the step, the dropout key and the
@@ -57,8 +58,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_kit.checks import CorruptFileError
+from bert_kit.jax.batches import HostBatches
 from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, eval_lengths, item_tokens, kept_traces,
-                                      length_bucket, likely_buckets, over_leaves, use_compilation_cache)
+                                      likely_buckets, over_leaves, use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, _TiedMLM
 from bert_kit.jax.randomness import HostKeys
@@ -78,23 +80,14 @@ STATE_FILE = "optimizer.safetensors"
 # steps dispatched ahead of the device: enough to hide the host's work, few enough that the progress
 # bar, the time budget and Ctrl-C see what the device has done (a CPU runs far behind the host)
 IN_FLIGHT = 2
-# what the engine passes on to the device; the rest (packing layouts, document ids) is the torch side's
-INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "masked_positions", "masked_labels",
-          "next_sentence_label", "start_positions", "end_positions", "keys", "group_labels", "group_mask")
-LAID_OUT = ("slots",)  # read by a head's `layout` (a reranker's pairs' places), not sent to the device
-PER_EXAMPLE = ("masked_positions", "masked_labels", "keys", "group_mask")  # 2-D, not one value per token
-TOKENS = ("input_ids", "attention_mask", "token_type_ids")  # (rows, T): padded to the length bucket
-PADDING = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE_INDEX,
-           "masked_positions": 0, "masked_labels": IGNORE_INDEX, "next_sentence_label": IGNORE_INDEX,
-           "start_positions": IGNORE_INDEX, "end_positions": IGNORE_INDEX, "keys": -1,
-           "group_labels": np.nan, "group_mask": False}
-# keys: a contrastive batch's text ids, (B, k) on the device, a padding row's -1 marking it as no
-# example; group_labels and group_mask: a reranker's (Q, n) lists, none in a padding query
 COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores the steps run on
-# GPU fine-tunes of at most 500 steps scan the encoder's blocks (`BertEncoder.scan`): on an H200 MiniLM's
-# step compiled in 5.5 s, not 11.7, and ran 3 ms slower; pretraining (BERT-base 19% slower) and CPUs
-# (7.3 s against 5.0 s to compile, and slower) call them in turn
-SCAN_MAX_STEPS, SCAN_PLATFORMS = 500, ("gpu",)
+# GPU fine-tunes of at most 500 steps are compiled sooner, and their steps are slower:
+# - they scan the encoder's blocks (`BertEncoder.scan`): on an H200 MiniLM's step compiled in 5.5 s, not
+#   11.7, and ran 3 ms slower; pretraining (BERT-base 19% slower) and CPUs (7.3 s against 5.0 s to
+#   compile, and slower) call them in turn;
+# - their gradients and update are two programs compiled side by side: MiniLM's took XLA 3.4 s and
+#   2.5 s, its whole step 6.3 s; each step took 0.5 ms longer
+SHORT_MAX_STEPS, SHORT_PLATFORMS = 500, ("gpu",)
 
 
 class StepState(NamedTuple):
@@ -128,9 +121,6 @@ def loss_names(model: nnx.Module) -> tuple[str, ...]:
     return ("loss", "mlm_loss") if isinstance(model, _TiedMLM) else ("loss",)
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
 
 class Programs:
     """What the engine jits: pure functions of their arguments and of the model's graph, compute
@@ -144,9 +134,6 @@ class Programs:
         self.gathered = gathered
         self.loss = head.loss if head is not None else task_loss
         self.scaling = LossScale.dynamic(dtype)  # fp16: the gradients of loss * scale, then / scale
-        # jitted on its own inside each train step: traced once for every batch shape, where the
-        # optimizer's update of every weight would be traced again for each
-        self.apply = jax.jit(self.update)
 
     def initial_state(self, params: nnx.State, key: jax.Array) -> StepState:
         def zero(dtype: Any = jnp.float32) -> jax.Array:  # one buffer each: the step donates every leaf
@@ -167,8 +154,12 @@ class Programs:
 
     def train_step(self, state: StepState, frozen: nnx.State, batch: dict[str, jax.Array],
                    lr: jax.Array) -> tuple[StepState, jax.Array]:
-        """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`;
-        returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
+        """One optimizer update over the (A, B, ...) micro-batches of `batch` at learning rate `lr`."""
+        return self.update(state, *self.gradients(state, frozen, batch), lr)
+
+    def gradients(self, state: StepState, frozen: nnx.State,
+                  batch: dict[str, jax.Array]) -> tuple[nnx.State, dict[str, jax.Array]]:
+        """The float32 gradients and the losses of a step's micro-batches (their means)."""
         key = jax.random.fold_in(state.key, state.step)
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
@@ -192,11 +183,12 @@ class Programs:
             losses, grads = jax.tree.map(lambda x: x / accum, total)
         if self.scaling:
             grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
-        return self.apply(state, losses, grads, lr)
+        return grads, losses
 
-    def update(self, state: StepState, losses: dict[str, jax.Array], grads: nnx.State,
+    def update(self, state: StepState, grads: nnx.State, losses: dict[str, jax.Array],
                lr: jax.Array) -> tuple[StepState, jax.Array]:
-        """The step after its gradients: the checks, the optimizer's update, the window's sums."""
+        """The step after its gradients at learning rate `lr`: the checks, the optimizer's update, the window's
+        sums. Returns the new state and its step count (a buffer of its own: the state is donated to the next)."""
         # the torch trainer's deferred checks, on the device (`AMPTrainer._record_nonfinite`); under
         # fp16 an overflowed gradient is the scale's to handle, as torch's GradScaler does
         grad_norm = optax.global_norm(grads)
@@ -278,8 +270,7 @@ class JaxEngine(Engine):
             self.head = self.head.for_devices(self.mesh.size)
         self.local_devices = len(self.mesh.local_devices)
         self.replicated = NamedSharding(self.mesh, P())
-        self.pad_id = int(job.tokenizer.pad_token_id)
-        self.rows: dict[tuple, int] = {}  # the most rows a batch had, per use and length: shorter ones are padded
+        self.host_batches = HostBatches(cfg, self.head, int(job.tokenizer.pad_token_id), self.local_devices)
         if jax.process_index() == 0:
             print(f"precision: {self.precision}", flush=True)
         # DataLoader workers (num_workers > 0) are forked from this process, whose JAX threads make
@@ -288,8 +279,8 @@ class JaxEngine(Engine):
 
         # the twin of the job's model, with the kernels of this device (`kernels.fast_path`); what torch
         # leaves frozen (an unused pooler) stays out of training
-        self.scan = (devices[0].platform in SCAN_PLATFORMS and self.head is not None
-                     and getattr(job, "total_steps", SCAN_MAX_STEPS + 1) <= SCAN_MAX_STEPS)
+        self.short = (devices[0].platform in SHORT_PLATFORMS and self.head is not None
+                      and getattr(job, "total_steps", SHORT_MAX_STEPS + 1) <= SHORT_MAX_STEPS)
         self.graphdef, frozen, params = self.twin()
         job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
         if jax.process_index() == 0:
@@ -304,7 +295,7 @@ class JaxEngine(Engine):
                             self.replicated if fsdp else None)
         # a short fine-tune's step is not autotuned either: RTE's first runs on H200s ended 0.5 s sooner
         # in two pairs (1.7 s in the mean of 3 and 4 others), its steps as fast
-        options = compiler_options(devices[0].platform, autotune=not self.scan)
+        options = compiler_options(devices[0].platform, autotune=not self.short)
         once = compiler_options(devices[0].platform, autotune=False)  # programs run a few times: not autotuned
         key = jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32))  # key(seed)
         self.layout = self.state_layout(jax.eval_shape(programs.initial_state, params, key), fsdp)
@@ -319,15 +310,22 @@ class JaxEngine(Engine):
         self.in_flight: deque[jax.Array] = deque()
         # the programs, one per batch shape, compiled in threads ahead of their use where the shapes are known
         stacked, batch = NamedSharding(self.mesh, P(None, "data")), NamedSharding(self.mesh, P("data"))
-        self.pool = ThreadPoolExecutor(max(1, min(4, (os.cpu_count() or 2) // 2)), thread_name_prefix="compile")
+        self.pool = ThreadPoolExecutor(max(2, min(4, (os.cpu_count() or 2) // 2)), thread_name_prefix="compile")
         weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)  # a run's end drops the rest
         show = lambda text: self.status(text)  # noqa: E731 -- the loop sets `status` later
         rep, weights = self.replicated, self.layout.params
         leaves = jax.tree.leaves(self.layout)  # the step takes and returns the state's leaves (`state`)
         traces = kept_traces()
-        self._step = AheadOfTime(over_leaves(programs.train_step, self.layout, self.frozen),
-                                 dict(in_shardings=(leaves, rep, stacked, rep), out_shardings=(leaves, rep),
-                                      donate_argnums=0, compiler_options=options), 2, self.pool, show, traces)
+        grads, step = jax.tree.leaves(weights), dict(donate_argnums=0, compiler_options=options)
+        self._step = AheadOfTime(over_leaves(programs.train_step, (self.layout, self.frozen), (True, False)),
+                                 dict(in_shardings=(leaves, rep, stacked, rep), out_shardings=(leaves, rep), **step),
+                                 2, self.pool, show, traces)
+        self._gradients = AheadOfTime(over_leaves(programs.gradients, (self.layout, self.frozen), (True, False)),
+                                      dict(in_shardings=(leaves, rep, stacked), out_shardings=(grads, rep),
+                                           compiler_options=options), 2, self.pool, show, traces)
+        self._update = AheadOfTime(over_leaves(programs.update, (self.layout, weights), (True, False)),
+                                   dict(in_shardings=(leaves, grads, rep, rep), out_shardings=(leaves, rep), **step),
+                                   2, self.pool, show, traces)
         self._outputs = AheadOfTime(programs.outputs, dict(in_shardings=(rep, weights, batch), out_shardings=batch,
                                                            compiler_options=once), 2, self.pool, show, traces)
         self._mlm_sums = AheadOfTime(programs.mlm_sums, dict(in_shardings=(rep, weights, batch), out_shardings=rep,
@@ -358,10 +356,10 @@ class JaxEngine(Engine):
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, mesh=self.mesh,
-                                    add_norm=not self.scan)  # short runs: compiling it costs more than it saves
+                                    add_norm=not self.short)  # short runs: compiling it costs more than it saves
         for _, module in nnx.iter_graph(model):
-            if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SCAN_MAX_STEPS`)
-                module.scan = self.scan
+            if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SHORT_MAX_STEPS`)
+                module.scan = self.short
         graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
 
@@ -380,9 +378,15 @@ class JaxEngine(Engine):
         sample = task.collate([items[int(lengths.argmin())]])  # the shortest: it pads to every bucket
         stacked = NamedSharding(self.mesh, P(None, "data"))
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
+        state, frozen, losses = abstract(self.leaves), abstract(self.frozen_leaves), {k: lr for k in self.names}
+        if self.short:  # the update: one for every batch shape
+            self._update.ahead(state, abstract(jax.tree.leaves(self.state.params)), losses, lr)
         for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
-            batch = self.host_batches([sample] * cfg.grad_accum, "train", bucket)
-            self._step.ahead(abstract(self.leaves), abstract(self.frozen_leaves), spec(batch, stacked), lr)
+            batch = spec(self.host_batches([sample] * cfg.grad_accum, "train", bucket), stacked)
+            if self.short:
+                self._gradients.ahead(state, frozen, batch)
+            else:
+                self._step.ahead(state, frozen, batch, lr)
         evaluated = task.scored_items(getattr(job, "eval_items", None) or [])  # (a reranker's: its pairs)
         if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
@@ -391,63 +395,6 @@ class JaxEngine(Engine):
             for bucket in sorted(buckets, reverse=True):
                 batch = {k: v[0] for k, v in self.host_batches([sample], "eval", bucket).items()}
                 self._outputs.ahead(abstract(self.frozen), abstract(self.state.params), spec(batch, sharded))
-
-    # ---- batches: the job's host batches, padded to static shapes, split over the devices ----------
-
-    def host_batches(self, batches: list[dict], use: str, length: int | None = None) -> dict[str, np.ndarray]:
-        """The job's batches (dicts of CPU tensors) as one NumPy batch (A, B, T...) of static shapes:
-        tokens padded to a length bucket (`length_bucket`; or to `length`), examples to the run's
-        batch size (`use` "train", else the evaluation's) and to a multiple of the local devices.
-        Padding examples repeat example 0's inputs (a real sequence: no all-masked attention row)
-        and carry no label; the rows of a bi-encoder's two sentences (an embedding batch's k texts)
-        are padded side by side, and an embedding batch's text ids `keys` become (A, B, k), -1 on
-        padding rows; a reranker's lists are laid out as a grid by its head (`TaskHead.layout`).
-        A training batch gets the head's host inputs too (`TaskHead.host_inputs`)."""
-        arrays = [{k: np.asarray(b[k]) for k in INPUTS + LAID_OUT if k in b} for b in batches]
-        if self.head is not None:
-            arrays = [self.head.layout(a) for a in arrays]
-        for a in arrays:
-            if "keys" in a:  # (k, B) -> (B, k): split over the devices by example, as every input
-                a["keys"] = a["keys"].T
-        longest = max(a["input_ids"].shape[1] for a in arrays)
-        if length is None:
-            length = length_bucket(longest, self.cfg.max_length)
-        if jax.process_count() > 1:  # every host's batch of one step must have the same shape
-            length = max(longest, self.cfg.max_length)
-        if "masked_positions" in arrays[0]:  # MLM: padded to max_length already, predicted at the slots
-            length = longest
-            for a in arrays:
-                a.pop("labels", None)
-        sides = self.head.sides if self.head is not None else 1
-        if "keys" in arrays[0]:  # a contrastive batch: k texts an example (evaluation: 1)
-            sides = arrays[0]["keys"].shape[1]
-        if "group_mask" in arrays[0]:  # a reranker's batch: n candidates a query
-            sides = arrays[0]["group_mask"].shape[1]
-        examples = max(len(a["input_ids"]) // sides for a in arrays)
-        base = self.cfg.batch_size if use == "train" else getattr(self.cfg, "eval_batch_size", self.cfg.batch_size)
-        rows = self.rows[use, length] = round_up(max(examples, base, self.rows.get((use, length), 0)),
-                                                 self.local_devices)
-        out = {}
-        for key in arrays[0]:
-            padded = []
-            for a in arrays:
-                x = a[key]
-                pad = self.pad_id if key == "input_ids" else PADDING[key]
-                if x.dtype.kind == "f":  # regression targets, label sets (B, C): NaN marks a row without one
-                    x, pad = x.astype(np.float32), np.nan
-                elif x.ndim == 2 and key not in PER_EXAMPLE:  # one value per token
-                    x = np.pad(x, ((0, 0), (0, length - x.shape[1])), constant_values=pad)
-                if key in TOKENS:
-                    # (sides, examples, T): each side's rows padded with copies of its first
-                    x = x.reshape(sides, -1, length)
-                    x = np.concatenate([x, np.repeat(x[:, :1], rows - x.shape[1], axis=1)], 1).reshape(-1, length)
-                elif len(x) < rows:
-                    x = np.concatenate([x, np.full((rows - len(x), *x.shape[1:]), pad, x.dtype)])
-                padded.append(x.astype(np.int32) if x.dtype.kind in "iu" else x)
-            out[key] = np.stack(padded)
-        if use == "train" and self.head is not None:
-            out.update(self.head.host_inputs(out))
-        return out
 
     def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, Any]:
         """This process's share of a batch -> global arrays split over the mesh. In one process the
@@ -460,7 +407,11 @@ class JaxEngine(Engine):
     def step(self, micro_batches: list[dict], lr: float) -> None:
         batch = self.to_devices(self.host_batches(micro_batches, "train"), P(None, "data"))
         lr = self.to_devices({"lr": np.float32(lr)}, P())["lr"]
-        self.leaves, done = self._step(self.leaves, self.frozen_leaves, batch, lr)
+        if self.short:
+            grads, losses = self._gradients(self.leaves, self.frozen_leaves, batch)
+            self.leaves, done = self._update(self.leaves, grads, losses, lr)
+        else:
+            self.leaves, done = self._step(self.leaves, self.frozen_leaves, batch, lr)
         self.steps += 1
         self.in_flight.append(done)  # not the state's step: its buffers are donated to the next step
         if len(self.in_flight) > IN_FLIGHT:

@@ -77,9 +77,9 @@ def test_the_training_buckets_a_run_expects():
     assert likely_buckets(lengths, 32, 1, 128) == [64]
 
 
-def test_the_step_over_leaves_is_the_step():
-    """The train step as a function of the state's and the frozen weights' leaves returns the new
-    state's leaves, equal to the step's on the trees."""
+def test_a_program_over_leaves_is_the_program():
+    """A program as a function of the state's and the frozen weights' leaves returns the items its
+    flags mark as leaves (the new state's, the gradients'), equal to the program's on the trees."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -91,11 +91,17 @@ def test_the_step_over_leaves_is_the_step():
         w = state["params"]["w"][...] - lr * frozen["b"][...]
         return {"params": nnx.State({"w": nnx.Param(w)}), "step": state["step"] + 1}, w.sum()
 
-    leaves, out = jax.jit(over_leaves(step, state, frozen))(jax.tree.leaves(state), jax.tree.leaves(frozen), 0.5)
+    def gradients(state, frozen):
+        return {"loss": state["params"]["w"][...].sum()}, jax.tree.map(lambda p: 2 * p, state["params"])
+
+    flat = jax.tree.leaves(state), jax.tree.leaves(frozen)
+    leaves, out = jax.jit(over_leaves(step, (state, frozen), (True, False)))(*flat, 0.5)
     new, expected = step(state, frozen, 0.5)
     assert isinstance(leaves, list) and float(out) == float(expected) == 1.5
     assert [np.asarray(x).tolist() for x in leaves] == [np.asarray(x).tolist() for x in jax.tree.leaves(new)]
     assert jax.tree.unflatten(jax.tree.structure(state), leaves)["step"] == 1
+    losses, grads = jax.jit(over_leaves(gradients, (state, frozen), (False, True)))(*flat)
+    assert float(losses["loss"]) == 3.0 and [np.asarray(g).tolist() for g in grads] == [[0.0, 2.0, 4.0]]
 
 
 def test_a_small_evaluation_pads_every_batch_to_its_longest_bucket(monkeypatch):

@@ -27,6 +27,7 @@ import bert_kit.training.clock  # noqa: E402
 import bert_kit.training.loop  # noqa: E402
 from bert_kit.checks import ConfigError  # noqa: E402
 from bert_kit.cli import main as cli  # noqa: E402
+from bert_kit.jax.batches import HostBatches  # noqa: E402
 from bert_kit.jax.engine import STATE_FILE, JaxEngine  # noqa: E402
 from bert_kit.tasks.finetuning import FinetuneConfig  # noqa: E402
 from bert_kit.tasks.pretraining import PretrainConfig, pretrain  # noqa: E402
@@ -196,12 +197,10 @@ def test_regression_rows_that_pad_a_batch_take_no_part_in_the_loss():
     assert float(loss) == pytest.approx(((0.5 - 1) ** 2 + 1.0 ** 2 + (3.0 - 2) ** 2) / 3)
     assert np.isfinite(grad).all() and grad[3, 0] == 0
     # the batch as the engine builds it (a short last batch of a regression run)
-    engine = JaxEngine.__new__(JaxEngine)  # its batch building alone: full batches of this length had 4 rows
-    engine.cfg, engine.pad_id, engine.local_devices = SimpleNamespace(max_length=32, batch_size=4), 0, 1
-    engine.rows, engine.head = {}, None
+    host_batches = HostBatches(SimpleNamespace(max_length=32, batch_size=4), None, 0, 1)  # full batches: 4 rows
     ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0], [2, 3, 0, 0]])
-    padded = engine.host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
-                                   "labels": torch.tensor([0.5, 1.5, 2.5])}], "train")
+    padded = host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
+                            "labels": torch.tensor([0.5, 1.5, 2.5])}], "train")
     assert padded["input_ids"].shape == (1, 4, 32) and padded["input_ids"].dtype == np.int32
     assert (padded["input_ids"][0, 3] == padded["input_ids"][0, 0]).all() and padded["attention_mask"][0, 3, :4].all()
     assert np.isnan(padded["labels"][0, 3]) and padded["labels"][0, :3].tolist() == [0.5, 1.5, 2.5]

@@ -279,12 +279,13 @@ def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tm
     assert kept["accuracy"] > 0.3  # a trained head: "O" alone is most of the words
 
 
-def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch):
-    """On a GPU, a fine-tune of at most SCAN_MAX_STEPS steps traces one block (`BertEncoder.scan`),
-    sooner compiled, with the loop's losses; a longer one calls the blocks in turn, as a CPU does
-    (here the CPU is taken for a GPU, then not)."""
+def test_a_short_fine_tune_is_compiled_sooner_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch):
+    """On a GPU, a fine-tune of at most SHORT_MAX_STEPS steps traces one block (`BertEncoder.scan`)
+    and runs its gradients and its update as two programs, with the loop's losses; a longer one calls
+    the blocks in turn in one program a step, as a CPU does (here the CPU is taken for a GPU, then not)."""
     import bert_kit.jax.engine as engine
     import bert_kit.jax.model as model
+    from bert_kit.jax.compilation import AheadOfTime
 
     folder = tmp_path / "two-layers"
     torch.manual_seed(0)
@@ -292,21 +293,24 @@ def test_a_short_fine_tune_scans_the_blocks_and_takes_torchs_steps(minilm_path, 
                          intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
                          attention_probs_dropout_prob=0.0)).save_pretrained(folder)
     get_tokenizer(minilm_path).save(folder)
-    traced, scan_blocks = [], model.scan_blocks
+    traced, scan_blocks, compiled, compile = [], model.scan_blocks, [], AheadOfTime.compile
     monkeypatch.setattr(model, "scan_blocks", lambda *args: traced.append(1) or scan_blocks(*args))
-    monkeypatch.setattr(engine, "SCAN_PLATFORMS", ("gpu", "cpu"))
+    monkeypatch.setattr(AheadOfTime, "compile", lambda self, args: compiled.append(self.fn.__name__)
+                        or compile(self, args))
+    monkeypatch.setattr(engine, "SHORT_PLATFORMS", ("gpu", "cpu"))
     train, dev = sst2
     files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
     finetune(config(folder, tmp_path / "torch", "torch", **files))
     finetune(config(folder, tmp_path / "jax", "jax", **files))
     assert traced  # 4 steps: scanned
+    assert sorted(set(compiled) - {"outputs"}) == ["gradients", "update"] and compiled.count("update") == 1
     assert_same_steps(tmp_path / "jax", tmp_path / "torch")
-    traced.clear()
-    monkeypatch.setattr(engine, "SCAN_MAX_STEPS", 3)
+    traced.clear(), compiled.clear()
+    monkeypatch.setattr(engine, "SHORT_MAX_STEPS", 3)
     finetune(config(folder, tmp_path / "loop", "jax", **files))
-    assert not traced
+    assert not traced and set(compiled) - {"outputs"} == {"train_step"}
     assert_same_steps(tmp_path / "loop", tmp_path / "torch")
-    monkeypatch.setattr(engine, "SCAN_MAX_STEPS", 500)
-    monkeypatch.setattr(engine, "SCAN_PLATFORMS", ("gpu",))
+    monkeypatch.setattr(engine, "SHORT_MAX_STEPS", 500)
+    monkeypatch.setattr(engine, "SHORT_PLATFORMS", ("gpu",))
     finetune(config(folder, tmp_path / "cpu", "jax", **files))
     assert not traced

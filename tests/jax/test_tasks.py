@@ -149,15 +149,14 @@ def test_label_sets_and_class_weights_take_the_labels_head():
 def test_the_engine_pads_label_sets_by_rows_with_nan_targets():
     from types import SimpleNamespace
 
-    from bert_kit.jax.engine import JaxEngine
+    from bert_kit.jax.batches import HostBatches
 
-    engine = JaxEngine.__new__(JaxEngine)
-    engine.cfg, engine.pad_id, engine.local_devices = SimpleNamespace(max_length=64, batch_size=3), 0, 1
-    engine.rows, engine.head = {}, LabelsHead("classification", multi_label=True)
+    head = LabelsHead("classification", multi_label=True)
+    host_batches = HostBatches(SimpleNamespace(max_length=64, batch_size=3), head, 0, 1)
     ids = torch.tensor([[2, 5, 3], [2, 6, 3]])
     sets = torch.tensor([[1.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])  # 5 labels; a row with none
-    batch = engine.host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
-                                  "token_type_ids": torch.zeros_like(ids), "labels": sets}], "train")
+    batch = host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
+                           "token_type_ids": torch.zeros_like(ids), "labels": sets}], "train")
     assert batch["input_ids"].shape == (1, 3, 32) and batch["labels"].shape == (1, 3, 5)  # labels not padded to T
     assert batch["labels"][0, :2].tolist() == sets.tolist() and np.isnan(batch["labels"][0, 2]).all()
 
@@ -217,15 +216,12 @@ def test_the_engine_pads_a_bi_encoders_sides_apart():
     """Two pairs of a batch of three: each side gets a third row (a copy of its first), the score NaN."""
     from types import SimpleNamespace
 
-    from bert_kit.jax.engine import JaxEngine
+    from bert_kit.jax.batches import HostBatches
 
-    engine = JaxEngine.__new__(JaxEngine)
-    engine.cfg, engine.pad_id, engine.local_devices = SimpleNamespace(max_length=64, batch_size=3), 0, 1
-    engine.rows, engine.head = {}, PooledHead("similarity", sides=2)
+    host_batches = HostBatches(SimpleNamespace(max_length=64, batch_size=3), PooledHead("similarity", sides=2), 0, 1)
     ids = torch.tensor([[2, 5, 3], [2, 6, 3], [2, 7, 8], [2, 9, 0]])  # a1, a2, b1, b2
-    batch = engine.host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
-                                  "token_type_ids": torch.zeros_like(ids), "labels": torch.tensor([0.5, 0.25])}],
-                                "train")
+    batch = host_batches([{"input_ids": ids, "attention_mask": (ids > 0).long(),
+                           "token_type_ids": torch.zeros_like(ids), "labels": torch.tensor([0.5, 0.25])}], "train")
     got = batch["input_ids"][0]
     assert got.shape == (6, 32)  # 3 pairs, both sides; 32 tokens: the shortest length bucket
     assert got[:, :3].tolist() == [[2, 5, 3], [2, 6, 3], [2, 5, 3], [2, 7, 8], [2, 9, 0], [2, 7, 8]]
