@@ -279,10 +279,12 @@ def test_token_classification_on_conll_and_evaluate_agrees(encoder, data_dir, tm
     assert kept["accuracy"] > 0.3  # a trained head: "O" alone is most of the words
 
 
-def test_a_short_fine_tune_is_compiled_sooner_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch):
+def test_a_short_fine_tune_is_compiled_sooner_and_takes_torchs_steps(minilm_path, sst2, tmp_path, monkeypatch,
+                                                                      capsys):
     """On a GPU, a fine-tune of at most SHORT_MAX_STEPS steps traces one block (`BertEncoder.scan`)
-    and runs its gradients and its update as two programs, with the loop's losses; a longer one calls
-    the blocks in turn in one program a step, as a CPU does (here the CPU is taken for a GPU, then not)."""
+    and runs its gradients and its update as two programs, compiled ahead, with the loop's losses; a
+    longer one calls the blocks in turn in one program a step, as a CPU does (here the CPU is taken
+    for a GPU, then not)."""
     import bert_kit.jax.engine as engine
     import bert_kit.jax.model as model
     from bert_kit.jax.compilation import AheadOfTime
@@ -298,12 +300,14 @@ def test_a_short_fine_tune_is_compiled_sooner_and_takes_torchs_steps(minilm_path
     monkeypatch.setattr(AheadOfTime, "compile", lambda self, args: compiled.append(self.fn.__name__)
                         or compile(self, args))
     monkeypatch.setattr(engine, "SHORT_PLATFORMS", ("gpu", "cpu"))
+    monkeypatch.setattr(engine, "COMPILE_AHEAD_ON_CPU", True)
     train, dev = sst2
     files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
     finetune(config(folder, tmp_path / "torch", "torch", **files))
     finetune(config(folder, tmp_path / "jax", "jax", **files))
     assert traced  # 4 steps: scanned
     assert sorted(set(compiled) - {"outputs"}) == ["gradients", "update"] and compiled.count("update") == 1
+    assert "compiled ahead does not take" not in capsys.readouterr().err
     assert_same_steps(tmp_path / "jax", tmp_path / "torch")
     traced.clear(), compiled.clear()
     monkeypatch.setattr(engine, "SHORT_MAX_STEPS", 3)

@@ -131,7 +131,7 @@ def compiled_ahead(monkeypatch) -> list[tuple[str, str, tuple]]:
     return compiled
 
 
-def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch):
+def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_path, monkeypatch, capsys):
     """As on a GPU: the run compiles, in its threads, the training step of its likely length buckets
     and the evaluation of every bucket its validation batches have; each program once; the
     evaluations (at steps 2 and 4) find theirs compiled ahead, none compiled while the run waits."""
@@ -145,6 +145,7 @@ def test_programs_compiled_ahead_are_the_ones_the_run_uses(encoder, sts, tmp_pat
     assert len(set(programs)) == len(programs)  # each program once, in whichever thread
     assert steps and evals and all(thread.startswith("compile") for _, thread, _ in evals)
     assert {shape for _, _, shapes in evals for shape in shapes[:1]} == {(2 * 64, 32)}  # both sides of 64 pairs
+    assert "compiled ahead does not take" not in capsys.readouterr().err  # shapes, dtypes, shardings: the run's
 
 
 def test_a_rerankers_programs_are_compiled_ahead_for_its_grid_and_its_pairs(encoder, tmp_path, monkeypatch):
