@@ -144,19 +144,26 @@ def reviews(tmp_path_factory) -> tuple[Path, Path]:
     return folder / "train.tsv", folder / "dev.tsv"
 
 
-def test_finetuning_with_fsdp_takes_the_replicated_runs_steps(encoder, reviews, tmp_path):  # noqa: F811
+def test_finetuning_with_fsdp_takes_the_replicated_runs_steps(encoder, reviews, tmp_path, monkeypatch):  # noqa: F811
+    """Under fsdp a fine-tune takes the replicated run's steps, in one program a step and, as a short
+    GPU fine-tune (the CPU taken for a GPU), in two: the gradients reduce-scattered into the shards."""
+    import bert_kit.jax.engine as engine_module
+
     train, dev = reviews
     files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"])
     for parallel in ("ddp", "fsdp"):
         finetune(config(encoder, tmp_path / parallel, "jax", parallel=parallel, **files))
-    got, expected = records(tmp_path / "fsdp", "train"), records(tmp_path / "ddp", "train")
-    assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
-    for step, record in expected.items():
-        assert abs(got[step]["loss"] - record["loss"]) <= TOLERANCE, (step, got[step], record)
-        assert abs(got[step]["grad_norm"] - record["grad_norm"]) <= TOLERANCE * max(1.0, record["grad_norm"])
-    got, expected = records(tmp_path / "fsdp", "eval"), records(tmp_path / "ddp", "eval")
-    assert sorted(got) == sorted(expected) == [2, 4]
-    for step, record in expected.items():
-        assert abs(got[step]["loss"] - record["loss"]) <= TOLERANCE and got[step]["accuracy"] == record["accuracy"]
-    assert_same_folders(tmp_path / "fsdp" / "best", tmp_path / "ddp" / "best", TOLERANCE)
-    assert_same_folders(latest_checkpoint(tmp_path / "fsdp"), latest_checkpoint(tmp_path / "ddp"), TOLERANCE)
+    monkeypatch.setattr(engine_module, "SHORT_PLATFORMS", ("gpu", "cpu"))
+    finetune(config(encoder, tmp_path / "fsdp-short", "jax", parallel="fsdp", **files))
+    for run in ("fsdp", "fsdp-short"):
+        got, expected = records(tmp_path / run, "train"), records(tmp_path / "ddp", "train")
+        assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
+        for step, record in expected.items():
+            assert abs(got[step]["loss"] - record["loss"]) <= TOLERANCE, (run, step, got[step], record)
+            assert abs(got[step]["grad_norm"] - record["grad_norm"]) <= TOLERANCE * max(1.0, record["grad_norm"])
+        got, expected = records(tmp_path / run, "eval"), records(tmp_path / "ddp", "eval")
+        assert sorted(got) == sorted(expected) == [2, 4]
+        for step, record in expected.items():
+            assert abs(got[step]["loss"] - record["loss"]) <= TOLERANCE and got[step]["accuracy"] == record["accuracy"]
+        assert_same_folders(tmp_path / run / "best", tmp_path / "ddp" / "best", TOLERANCE)
+        assert_same_folders(latest_checkpoint(tmp_path / run), latest_checkpoint(tmp_path / "ddp"), TOLERANCE)
