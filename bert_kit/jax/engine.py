@@ -121,7 +121,6 @@ def loss_names(model: nnx.Module) -> tuple[str, ...]:
     return ("loss", "mlm_loss") if isinstance(model, _TiedMLM) else ("loss",)
 
 
-
 class Programs:
     """What the engine jits: pure functions of their arguments and of the model's graph, compute
     dtype, optimizer, loss names and task head (no reference to the run: JAX's caches may keep them).
