@@ -280,6 +280,9 @@ class JaxEngine(Engine):
         # leaves frozen (an unused pooler) stays out of training
         self.short = (devices[0].platform in SHORT_PLATFORMS and self.head is not None
                       and getattr(job, "total_steps", SHORT_MAX_STEPS + 1) <= SHORT_MAX_STEPS)
+        items = getattr(job, "train_items", None) if self.head is not None else None  # a fine-tune's likely
+        self.buckets = likely_buckets(np.array([item_tokens(item) for item in items]), cfg.batch_size * cfg.grad_accum,
+                                      job.total_steps, cfg.max_length) if items else []  # training lengths
         self.graphdef, frozen, params = self.twin()
         job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
         if jax.process_index() == 0:
@@ -355,7 +358,8 @@ class JaxEngine(Engine):
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, mesh=self.mesh,
-                                    add_norm=not self.short)  # short runs: compiling it costs more than it saves
+                                    add_norm=not self.short,  # short runs: compiling it costs more than it saves
+                                    lengths=self.buckets)  # their kernels' checks start now
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SHORT_MAX_STEPS`)
                 module.scan = self.short
@@ -372,15 +376,13 @@ class JaxEngine(Engine):
             return
         spec = lambda batch, sharding: {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)  # noqa: E731
                                         for k, v in batch.items()}
-        items = job.train_items
-        lengths = np.array([item_tokens(item) for item in items])
-        sample = task.collate([items[int(lengths.argmin())]])  # the shortest: it pads to every bucket
+        sample = task.collate([min(job.train_items, key=item_tokens)])  # the shortest: it pads to every bucket
         stacked = NamedSharding(self.mesh, P(None, "data"))
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
         state, frozen, losses = abstract(self.leaves), abstract(self.frozen_leaves), {k: lr for k in self.names}
         if self.short:  # the update: one for every batch shape
             self._update.ahead(state, abstract(jax.tree.leaves(self.state.params)), losses, lr)
-        for bucket in likely_buckets(lengths, cfg.batch_size * cfg.grad_accum, job.total_steps, cfg.max_length):
+        for bucket in self.buckets:
             batch = spec(self.host_batches([sample] * cfg.grad_accum, "train", bucket), stacked)
             if self.short:
                 self._gradients.ahead(state, frozen, batch)

@@ -155,6 +155,38 @@ def test_the_kernel_is_checked_before_use_and_one_that_fails_leaves_the_referenc
     assert max_abs(*both(q, k, v)) == 0.0
 
 
+@CPU_ONLY
+def test_the_checks_of_a_runs_likely_lengths_start_with_apply_and_the_step_takes_their_results(monkeypatch):
+    """`apply(..., lengths=...)` starts the kernel's check of each length that fits, in threads of
+    their own, with the arguments a step's attention asks with: the step's trace waits for the check
+    under way (each runs once) and takes its result (here a refusal: the reference runs)."""
+    import threading
+
+    started, release = [], threading.Event()
+
+    def check(*args):
+        started.append((threading.current_thread().name, args))
+        release.wait(30)
+        return False
+
+    monkeypatch.setattr(fast_path, "kernel_works", fast_path.in_a_thread(check))
+    model, _, step = classifier_with_dropout(tiny(num_hidden_layers=1, max_position_embeddings=64,
+                                                  num_attention_heads=2, attention_probs_dropout_prob=0.2))
+    want = step(model)
+    fast = fast_path.apply(model, "gpu", jnp.float32, kernel="pallas", lengths=[32, 48, 64, 1000])  # as on a GPU
+    hd = model.bert.encoder.layers[0].attention.head_dim
+    lengths = [T for T in (32, 48, 64, 1000) if fits(T, hd, fast.blocks)]
+    assert 32 in lengths and 1000 not in lengths and not fast.interpret
+    timer = threading.Timer(0.5, release.set)  # the checks are under way while the step traces
+    timer.start()
+    got = step(model)  # its batch: 32 tokens
+    timer.join()
+    assert sorted(args[0] for _, args in started) == lengths  # once each: the step took the one under way
+    assert {name for name, _ in started} == {"kernel-check"}
+    assert all(args[1:] == (hd, "float32", 0.2, fast.blocks) for _, args in started)
+    assert float(got[0]) == float(want[0])
+
+
 def test_the_check_judges_outputs_and_gradients_not_a_sum_whose_terms_cancel(monkeypatch, capsys):
     """An output off by a bf16 rounding step everywhere is a kernel as good as the reference; the sum
     sum(output * w) whose gradients the check takes has terms that cancel, so the same offsets are a

@@ -27,7 +27,8 @@ device's kernel is told where its rows start, so its dropout masks are those of 
 
 On a GPU each Pallas kernel is tried once per shape before a step uses it (`kernel_works`,
 `norm_works`: compiled and checked against the reference on small inputs); where one fails to
-compile or disagrees, the run says so in one line and that shape runs the reference.
+compile or disagrees, the run says so in one line and that shape runs the reference. The checks
+of the lengths a run is likely to meet start as `apply` puts the kernels on (its `lengths`).
 (Interpreted, on a CPU, they are not.)
 """
 
@@ -35,9 +36,10 @@ from __future__ import annotations
 
 import functools
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -157,15 +159,28 @@ def per_device(mesh: Mesh | None, kernel: Callable, *rows: jax.Array, **whole: j
 
 def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
     """`check`, run once per arguments in a thread of its own: a new thread traces nothing, so the
-    check compiles and runs its programs while the step that asks is mid-trace. Every run checks,
-    before the step traces the kernel (a check remembered on disk once made a warm run miss its
-    cache: the kernel's Triton code then carried the step's stack, `compilation.py`)."""
+    check compiles and runs its programs while the step that asks is mid-trace. `checked.start(*args)`
+    starts it without waiting (`apply`'s lengths), and the step's call finds it done or under way.
+    Every run checks, before the step traces the kernel (a check remembered on disk once made a warm
+    run miss its cache: the kernel's Triton code then carried the step's stack, `compilation.py`)."""
     @functools.lru_cache(maxsize=None)
-    @functools.wraps(check)
-    def checked(*args, **kwargs) -> bool:
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(check, *args, **kwargs).result()
+    def start(*args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
 
+        def run() -> None:
+            try:
+                future.set_result(check(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 -- the caller's to raise
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="kernel-check", daemon=True).start()
+        return future
+
+    @functools.wraps(check)
+    def checked(*args: Any, **kwargs: Any) -> bool:
+        return start(*args, **kwargs).result()
+
+    checked.start = start
     return checked
 
 
@@ -245,10 +260,12 @@ def agrees(kernel: str, shape: str, dtype: str, fused: Callable, plain: Callable
 
 def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.float32, *, training: bool = True,
           kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
-          mesh: Mesh | None = None) -> FastPath:
+          mesh: Mesh | None = None, lengths: Sequence[int] = ()) -> FastPath:
     """Put the plan's kernels on every attention layer and block of `model` (in place); returns the
     plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend; mesh: the
-    devices a step splits its batch over (one "data" axis), if several."""
+    devices a step splits its batch over (one "data" axis), if several; lengths: the sequence
+    lengths its steps are likely to meet, whose attention checks (`kernel_works`) start now, in
+    threads: a first run's step found them done, where it waited about a second for them."""
     layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, MultiHeadAttention)]
     if not layers:
         return FastPath(note="no attention layer")
@@ -259,4 +276,7 @@ def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.
         layer.backend = FusedAttention(fast) if fast.pallas or fast.cudnn else None
     for block in (m for _, m in nnx.iter_graph(model) if isinstance(m, TransformerEncoderBlock)):
         block.add_norm = FusedResidualNorm(fast) if fast.norm else None
+    if fast.pallas and not fast.interpret:  # the arguments `FusedAttention` asks with
+        for T in (T for T in lengths if fits(T, config.head_dim, fast.blocks)):
+            kernel_works.start(T, config.head_dim, jnp.dtype(dtype).name, config.dropout_rate, fast.blocks)
     return fast
