@@ -280,9 +280,11 @@ class JaxEngine(Engine):
         # leaves frozen (an unused pooler) stays out of training
         self.short = (devices[0].platform in SHORT_PLATFORMS and self.head is not None
                       and getattr(job, "total_steps", SHORT_MAX_STEPS + 1) <= SHORT_MAX_STEPS)
-        items = getattr(job, "train_items", None) if self.head is not None else None  # a fine-tune's likely
+        # a fine-tune's likely training lengths: on GPUs their programs compile and their kernels' checks run ahead
+        ahead = devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU
+        items = getattr(job, "train_items", None) if self.head is not None and ahead else None
         self.buckets = likely_buckets(np.array([item_tokens(item) for item in items]), cfg.batch_size * cfg.grad_accum,
-                                      job.total_steps, cfg.max_length) if items else []  # training lengths
+                                      job.total_steps, cfg.max_length) if items else []
         self.graphdef, frozen, params = self.twin()
         job.fast_path = f"fast path: JAX engine: {self.fast.summary}"  # run_config.yaml's and results.json's
         if jax.process_index() == 0:
@@ -332,7 +334,7 @@ class JaxEngine(Engine):
                                                            compiler_options=once), 2, self.pool, show, traces)
         self._mlm_sums = AheadOfTime(programs.mlm_sums, dict(in_shardings=(rep, weights, batch), out_shardings=rep,
                                                              compiler_options=once), 2, self.pool, show, traces)
-        if devices[0].platform != "cpu" or COMPILE_AHEAD_ON_CPU:
+        if ahead:
             self.compile_ahead(job)
 
     @property

@@ -27,9 +27,9 @@ device's kernel is told where its rows start, so its dropout masks are those of 
 
 On a GPU each Pallas kernel is tried once per shape before a step uses it (`kernel_works`,
 `norm_works`: compiled and checked against the reference on small inputs); where one fails to
-compile or disagrees, the run says so in one line and that shape runs the reference. The checks
-of the lengths a run is likely to meet start as `apply` puts the kernels on (its `lengths`).
-(Interpreted, on a CPU, they are not.)
+compile or disagrees, the run says so in one line and that shape runs the reference.
+(Interpreted, on a CPU, they are not.) The checks of the lengths a run is likely to meet start as
+`apply` puts the kernels on (its `lengths`).
 """
 
 from __future__ import annotations
