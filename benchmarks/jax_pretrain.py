@@ -175,30 +175,17 @@ def run_jax(args: argparse.Namespace, config, batches: list[dict], n_devices: in
 def profile(step, batches: list, wait, folder: Path, steps: int = 5, top: int = 40) -> None:
     """Trace `steps` steps into `folder` (TensorBoard/XProf reads it) and print the GPU's time by
     kernel, names grouped without their numeric suffixes (`loop_add_fusion.3` -> `loop_add_fusion`)."""
-    import re
-
     import jax
-    from jax.profiler import ProfileData
+    from jax_step_profile import kernel_times
 
     with jax.profiler.trace(str(folder)):
         out = None
         for i in range(steps):
             out = step(batches[i % len(batches)])
         wait(out)
-    totals: dict[str, float] = {}
-    for path in folder.rglob("*.xplane.pb"):
-        for plane in ProfileData.from_file(str(path)).planes:
-            if not plane.name.startswith("/device:GPU"):
-                continue
-            for line in plane.lines:  # the streams' kernels; not the per-module and per-step summaries
-                if line.name in ("XLA Modules", "Steps", "XLA Ops", "Source", "Framework Ops"):
-                    continue
-                for event in line.events:
-                    name = re.sub(r"([._]\d+)+$", "", event.name)
-                    totals[name] = totals.get(name, 0.0) + event.duration_ns / 1e6 / steps
-    total = sum(totals.values())
+    total, kernels = kernel_times(folder, steps, grouped=True)
     print(f"profile ({folder}): {total:.1f} ms of GPU kernels per step", file=sys.stderr)
-    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+    for name, (ms, _) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"  {ms:8.2f} ms  {100 * ms / max(total, 1e-9):5.1f}%  {name[:110]}", file=sys.stderr)
 
 
