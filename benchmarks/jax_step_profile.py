@@ -5,10 +5,11 @@ with RTE's columns, as `finetune_cli.py`'s case "rte"), records steps `--steps A
 `jax.profiler`, and prints the GPU's time per step, kernel by kernel (the `--top` longest), beside
 the wall time of those steps. `--blocks` picks how the encoder's blocks run:
 * scanned: as a short fine-tune runs them (`SHORT_MAX_STEPS`): one block traced, `jax.lax.scan`
-  over the stacked weights, gradients and update as two programs;
-* in-turn: as a longer run does: the blocks called one after the other, one program a step.
-Both from the same empty compilation cache (a folder of this run's), so the two can be compared on
-one machine; the kernels' names are XLA's fusions, cuBLAS's and the Pallas kernels'.
+  over the stacked weights;
+* in-turn: called one after the other, as a longer run calls them, the rest of the run as a short
+  fine-tune's (gradients and update as two programs, not autotuned, no add & norm kernel).
+Each run compiles into an empty cache of its own (its programs are those a warm run would load);
+the kernels' names are XLA's fusions', cuBLAS's and the Pallas kernels'.
 
     python benchmarks/jax_step_profile.py --model MINILM --data-dir DATA --blocks scanned
     python benchmarks/jax_step_profile.py --model MINILM --data-dir DATA --blocks in-turn --top 40
@@ -60,6 +61,13 @@ def table(total: float, per_step: dict[str, tuple[float, int]], top: int) -> str
     return "\n".join(lines)
 
 
+def blocks_in_turn(layers: list, x, mask, rngs):
+    """`model.scan_blocks`'s result, from the blocks called in turn."""
+    for layer in layers:
+        x = layer(x, mask, rngs)
+    return x
+
+
 def profile_run(settings: list[str], first: int, end: int, folder: Path) -> float:
     """Run `bert-kit finetune` with `settings` (engine=jax) in this process, recording steps
     first..end-1 into `folder` (the device waited for before and after); their wall time in ms."""
@@ -109,10 +117,10 @@ def main() -> None:
 
     if jax.default_backend() != "gpu":
         p.error(f"no GPU here (JAX's backend is {jax.default_backend()}): the GPU's kernels are what this times")
-    import bert_kit.jax.engine as engine
+    import bert_kit.jax.model as model
 
-    if args.blocks == "in-turn":
-        engine.SHORT_MAX_STEPS = 0  # every fine-tune runs as a long one
+    if args.blocks == "in-turn":  # what BertEncoder runs where a short fine-tune scans its blocks
+        model.scan_blocks = blocks_in_turn
     work, rte = Path(tempfile.mkdtemp(prefix="jax_step_profile-")), args.data_dir / "glue" / "RTE"
     settings = ["--config", str(ROOT / "configs" / "finetune_sst2.yaml"), f"model={args.model}",
                 f"train_file={rte / 'train.tsv'}", f"validation_file={rte / 'dev.tsv'}", *COLUMNS, "engine=jax",

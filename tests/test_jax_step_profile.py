@@ -1,6 +1,7 @@
 """benchmarks/jax_step_profile.py (and `jax_pretrain.py --profile`, which shares its count): the GPU's
-kernels of a profile, counted once a step each (not again in the lines XLA derives from them), and
-the steps it records, on a CPU: a profile of the steps asked for, the engine's step as it was after."""
+kernels of a profile, counted once a step each (not again in the lines XLA derives from them); the
+steps it records, on a CPU: a profile of the steps asked for, the engine's step as it was after;
+`--blocks in-turn`: a scanned encoder's blocks called in turn."""
 
 import importlib.util
 import subprocess
@@ -94,3 +95,23 @@ def test_it_says_it_needs_a_gpu_and_checks_its_steps():
     assert out.returncode == 2 and "no GPU here (JAX's backend is cpu)" in out.stderr
     out = subprocess.run([*script, "--steps", "1:5"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "want A:B with 1 < A < B" in out.stderr
+
+
+def test_in_turn_runs_a_scanned_encoders_blocks_one_after_the_other(bench, monkeypatch):
+    from flax import nnx
+
+    import bert_kit.jax as bj
+    import bert_kit.jax.model as model
+    from tests.jax.common import max_abs, padded_batch, tiny
+
+    config = tiny(num_hidden_layers=3)
+    classifier = bj.BERTForSequenceClassification(config, num_labels=2, rngs=nnx.Rngs(0))
+    batch = padded_batch(config, [9, 4], 9)
+    loop = classifier(**batch)
+    classifier.bert.encoder.scan = True
+    scanned, called = [], []
+    monkeypatch.setattr(model, "scan_blocks", lambda *args: scanned.append(1) or bench.blocks_in_turn(*args))
+    block = model.TransformerEncoderBlock.__call__
+    monkeypatch.setattr(model.TransformerEncoderBlock, "__call__",
+                        lambda self, *args: called.append(1) or block(self, *args))
+    assert max_abs(classifier(**batch), loop) == 0.0 and scanned == [1] and len(called) == 3
