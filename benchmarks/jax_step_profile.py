@@ -24,10 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ["text_column=sentence1", "text_pair_column=sentence2", "label_column=label",
-           "label_names=[entailment,not_entailment]"]
-
-
 DERIVED = ("XLA Modules", "Steps", "XLA Ops", "Source", "Framework Ops")  # a GPU plane's summaries of its streams
 
 
@@ -118,12 +114,13 @@ def main() -> None:
     if jax.default_backend() != "gpu":
         p.error(f"no GPU here (JAX's backend is {jax.default_backend()}): the GPU's kernels are what this times")
     import bert_kit.jax.model as model
+    from finetune_cli import COLUMNS  # the settings that read RTE's columns
 
     if args.blocks == "in-turn":  # what BertEncoder runs where a short fine-tune scans its blocks
         model.scan_blocks = blocks_in_turn
     work, rte = Path(tempfile.mkdtemp(prefix="jax_step_profile-")), args.data_dir / "glue" / "RTE"
     settings = ["--config", str(ROOT / "configs" / "finetune_sst2.yaml"), f"model={args.model}",
-                f"train_file={rte / 'train.tsv'}", f"validation_file={rte / 'dev.tsv'}", *COLUMNS, "engine=jax",
+                f"train_file={rte / 'train.tsv'}", f"validation_file={rte / 'dev.tsv'}", *COLUMNS["rte"], "engine=jax",
                 f"output_dir={work / 'run'}", f"jax_cache={work / 'cache'}", "epochs=3"]
     ms = profile_run(settings, first, end, work / "profile")
     print(f"RTE, 3 epochs, blocks {args.blocks}: steps {first}-{end - 1} took {ms:.1f} ms of wall time, "

@@ -25,9 +25,9 @@ import time
 from io import BytesIO
 from pathlib import Path
 
+from finetune_cli import COLUMNS  # the settings that read a case's columns (RTE's here)
+
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ["text_column=sentence1", "text_pair_column=sentence2", "label_column=label",
-           "label_names=[entailment,not_entailment]"]
 KEYS = ["wall_s", "start_s", "first_step_s", "train_s", "eval_s", "save_s", "end_s", "exit_s"]
 
 
@@ -46,7 +46,7 @@ def run(tree: Path, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "bert_kit", "finetune", "--config", str(tree / "configs" / "finetune_sst2.yaml"),
            f"model={args.model}", f"train_file={args.data_dir / 'glue/RTE/train.tsv'}",
            f"validation_file={args.data_dir / 'glue/RTE/dev.tsv'}", "epochs=3", f"output_dir={out}", "overwrite=true",
-           "--output", f"{out}.json", *COLUMNS, *args.set]
+           "--output", f"{out}.json", *COLUMNS["rte"], *args.set]
     t0 = time.time()
     done = subprocess.run(cmd, cwd=out.parent, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
                           text=True)
