@@ -25,18 +25,22 @@ known, and kept between runs.
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
   when a step needs them: that wait is shown as `compiling (first run of these shapes)`. Their
-  traced forms are kept beside the compiled ones (`kept_traces`, `trace_cache`).
+  traced forms are kept beside the compiled ones (`kept_traces`, `trace_cache`). They are traced
+  one at a time (`TRACING`), each without waiting for the kernels' checks still running (`assume`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -51,6 +55,38 @@ ON = ("on", "true", "yes", "1")  # the default folder, as no setting
 SHORTEST = 32  # the shortest length bucket
 LIKELY = 0.5  # a training length bucket is compiled ahead when the run expects this many batches of it
 ONE_EVAL_SHAPE = 32  # evaluations of at most this many batches pad them all alike (`eval_lengths`)
+# programs are traced one at a time and compiled side by side: traces share one interpreter, so two
+# at once both finish late, where one after the other the first asked for is ready first; XLA
+# compiles without the interpreter
+TRACING = threading.Lock()
+
+
+_ASSUMING = threading.local()  # .checks: the checks this thread's trace took as passed; None: none may be
+
+
+@contextlib.contextmanager
+def assuming_checks(allowed: bool = True) -> Iterator[list[Future]]:
+    """Within it, this thread's traces may take checks still running as passed (`assume`); yields
+    the list of those taken so."""
+    outer, taken = getattr(_ASSUMING, "checks", None), []
+    _ASSUMING.checks = taken if allowed else None
+    try:
+        yield taken
+    finally:
+        _ASSUMING.checks = outer
+
+
+def assume(check: Future) -> bool:
+    """A check's result (a kernel's, `fast_path.kernel_works`) for the trace that asks: its result
+    if it has ended; if it runs still, True at once where the trace may assume it (`AheadOfTime`'s
+    programs: the check's result is read after compiling, and a program that assumed wrong is traced
+    again), else its result when it ends. RTE's first runs on an H200 traced the step in 0.45 s
+    beside the checks, where waiting for them its trace had taken 1.3-1.8 s."""
+    taken = getattr(_ASSUMING, "checks", None)
+    if check.done() or taken is None:
+        return check.result()
+    taken.append(check)
+    return True
 
 
 def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
@@ -221,11 +257,25 @@ class AheadOfTime:
 
     def compile(self, args: tuple) -> Any:
         start = time.perf_counter()
-        compiled = self.traces.compile(self.fn, self.jit_options, args) if self.traces is not None else None
-        if compiled is None:  # no traced program kept (or none can be): traced here, as every run did
-            compiled = self.jitted.lower(*args).compile()
+        compiled, assumed = self.lower_and_compile(args, assuming=True)
+        if not all(check.result() for check in assumed):  # a kernel its check then failed: traced without it
+            compiled, _ = self.lower_and_compile(args, assuming=False)
         self.compile_s += time.perf_counter() - start
         return compiled
+
+    def lower_and_compile(self, args: tuple, assuming: bool) -> tuple[Callable, list[Future]]:
+        """The program for `args`, and the checks its trace assumed passed (`assume`). Not assuming,
+        it is traced again, not read back from the traces kept (whose entry it replaces)."""
+        with TRACING, assuming_checks(assuming) as assumed:
+            lowered = self.traces.lower(self.fn, self.jit_options, args, reuse=assuming) \
+                if self.traces is not None else None
+            flat = lowered is not None  # the program kept takes the arguments' leaves
+            if lowered is None:  # no traced program kept (or none can be): traced here, as every run did
+                # (again: as another function, which JAX's cache of traces has not seen)
+                lowered = (self.jitted if assuming else jax.jit(functools.partial(self.fn), **self.jit_options)) \
+                    .lower(*args)
+        compiled = lowered.compile()
+        return ((lambda *args: compiled(*jax.tree.leaves(args))) if flat else compiled), assumed
 
     def ahead(self, *args: Any) -> None:
         """Compile for these arguments (arrays or ShapeDtypeStructs) in a thread, unless done or under way."""

@@ -382,12 +382,12 @@ class JaxEngine(Engine):
         stacked = NamedSharding(self.mesh, P(None, "data"))
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
         state, frozen, losses = abstract(self.leaves), abstract(self.frozen_leaves), {k: lr for k in self.names}
-        if self.short:  # the update: one for every batch shape
-            self._update.ahead(state, abstract(jax.tree.leaves(self.state.params)), losses, lr)
-        for bucket in self.buckets:
+        params = abstract(jax.tree.leaves(self.state.params))
+        for bucket in self.buckets:  # likeliest first
             batch = spec(self.host_batches([sample] * cfg.grad_accum, "train", bucket), stacked)
-            if self.short:
+            if self.short:  # the gradients, then the update (one for every shape): the longer to compile traces first
                 self._gradients.ahead(state, frozen, batch)
+                self._update.ahead(state, params, losses, lr)
             else:
                 self._step.ahead(state, frozen, batch, lr)
         evaluated = task.scored_items(getattr(job, "eval_items", None) or [])  # (a reranker's: its pairs)

@@ -304,16 +304,24 @@ class TraceCache:
     def compile(self, fn: Callable, jit_options: dict[str, Any], args: tuple) -> Callable | None:
         """`jax.jit(fn, **jit_options).lower(*args).compile()`, from the program an earlier run traced
         where its key matches; else traced now, and kept for the next run. None where the program
-        cannot be kept: the caller compiles it as without this cache (whose errors are the program's).
-        The program kept takes the arguments' leaves (an NNX State is no type `jax.export` can
-        write): so does the one returned."""
+        cannot be kept: the caller compiles it as without this cache (whose errors are the program's)."""
+        lowered = self.lower(fn, jit_options, args)
+        if lowered is None:
+            return None
+        compiled = lowered.compile()
+        return lambda *args: compiled(*jax.tree.leaves(args))
+
+    def lower(self, fn: Callable, jit_options: dict[str, Any], args: tuple,
+              reuse: bool = True) -> jax.stages.Lowered | None:
+        """The Python half of `compile`: the program read back (unless not to `reuse` it) or traced,
+        lowered for XLA. It takes the arguments' leaves (an NNX State is no type `jax.export` can write)."""
         key = None if self.failed else program_key(fn, jit_options, args)
         flat = None if key is None else flat_program(fn, jit_options, args)
         if flat is None:
             return None
         flat_fn, flat_options, leaves = flat
         path = self.folder / f"{getattr(fn, '__name__', 'program')}-{key[:40]}{SUFFIX}"
-        exported = self.read(path)
+        exported = self.read(path) if reuse else None
         if exported is None:
             try:
                 exported = export.export(jax.jit(flat_fn, **flat_options), disabled_checks=ANY_CUSTOM_CALL)(*leaves)
@@ -331,8 +339,7 @@ class TraceCache:
             return exported.call(*xs)
 
         program.__name__ = flat_fn.__name__  # JAX's logs and the compilation cache's entries name it
-        compiled = jax.jit(program, **flat_options).lower(*leaves).compile()
-        return lambda *args: compiled(*jax.tree.leaves(args))
+        return jax.jit(program, **flat_options).lower(*leaves)
 
     def read(self, path: Path) -> export.Exported | None:
         try:

@@ -191,6 +191,54 @@ def test_a_program_that_cannot_be_compiled_ahead_runs_through_jit(capsys):
     assert program.fallback and "Sharding passed to jit" in capsys.readouterr().err
 
 
+CHECK: dict = {}  # the kernel's check a traced step asks (a global: the traces kept cannot key a Future)
+
+
+def step_with_a_kernel(batch):
+    from bert_kit.jax.compilation import assume
+
+    works = assume(CHECK["future"])  # the kernel, if it works
+    CHECK["seen"].append(CHECK["future"].done())
+    return batch["x"] + (1.0 if works else 2.0)
+
+
+def test_a_trace_takes_a_check_still_running_as_passed_and_traces_again_if_it_failed(tmp_path):
+    """A kernel's check that has not ended when a program compiled ahead traces (`assume`): the trace
+    goes on as if it passed; the check's result is read once the program is compiled, and where the
+    check failed the program is traced again without the kernel, and kept so for later runs."""
+    import threading
+    import time
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    import jax
+    import jax.numpy as jnp
+
+    from bert_kit.jax.compilation import AheadOfTime, assume
+    from bert_kit.jax.trace_cache import TraceCache
+
+    batch, spec = {"x": jnp.zeros(2, jnp.float32)}, {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    for passed, added in ((True, 1.0), (False, 2.0)):
+        CHECK.update(future=Future(), seen=[])
+        folder = tmp_path / str(passed)
+        with ThreadPoolExecutor(1) as pool:
+            program = AheadOfTime(step_with_a_kernel, {}, 0, pool, traces=TraceCache(folder))
+            program.ahead(spec)
+            waited = time.monotonic()
+            while not CHECK["seen"]:  # the trace goes on before the check ends
+                assert time.monotonic() - waited < 60, "the trace waits for the check"
+                time.sleep(0.01)
+            threading.Timer(0.2, CHECK["future"].set_result, (passed,)).start()  # the trace did not wait for it
+            np.testing.assert_array_equal(np.asarray(program(batch)), [added, added])
+        assert CHECK["seen"] == ([False] if passed else [False, True])  # traced again once its check ended
+        later = TraceCache(folder)
+        kept = later.compile(step_with_a_kernel, {}, (spec,))
+        np.testing.assert_array_equal(np.asarray(kept(batch)), [added, added])
+        assert later.loaded == 1 and len(CHECK["seen"]) == (1 if passed else 2)  # read back as traced last
+    pending = Future()
+    threading.Timer(0.1, pending.set_result, (False,)).start()
+    assert assume(pending) is False  # any other trace waits for the check's result
+
+
 KERNEL_FROM_TWO_CALLERS = """
 import re, sys
 import jax, jax.numpy as jnp

@@ -209,15 +209,15 @@ def test_a_run_takes_the_programs_an_earlier_run_of_its_settings_traced(encoder,
     from bert_kit.jax.trace_cache import TraceCache
 
     counts = []
-    original = TraceCache.compile
+    original = TraceCache.lower
 
-    def compile(self, fn, options, args):
+    def lower(self, fn, options, args, reuse=True):
         before = (self.traced, self.loaded)
-        program = original(self, fn, options, args)
+        program = original(self, fn, options, args, reuse)
         counts.append((fn.__name__, self.traced - before[0], self.loaded - before[1]))
         return program
 
-    monkeypatch.setattr(TraceCache, "compile", compile)
+    monkeypatch.setattr(TraceCache, "lower", lower)
     train, dev = sst2
     files = dict(train_file=str(train), validation_file=str(dev), label_names=["negative", "positive"], seed=17)
 

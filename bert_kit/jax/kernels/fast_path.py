@@ -25,11 +25,12 @@ batch, in a `shard_map`: a Pallas kernel is one custom call, which XLA's partiti
 to split, so left to it every device would gather the batch and compute the whole of it. Each
 device's kernel is told where its rows start, so its dropout masks are those of the whole batch.
 
-On a GPU each Pallas kernel is tried once per shape before a step uses it (`kernel_works`,
+On a GPU each Pallas kernel is tried once per shape before a step runs it (`kernel_works`,
 `norm_works`: compiled and checked against the reference on small inputs); where one fails to
 compile or disagrees, the run says so in one line and that shape runs the reference.
 (Interpreted, on a CPU, they are not.) The checks of the lengths a run is likely to meet start as
-`apply` puts the kernels on (its `lengths`).
+`apply` puts the kernels on (its `lengths`); a program compiled ahead traces on while they run,
+and is traced again without the kernel if its check fails (`compilation.assume`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from bert_kit.jax.compilation import compiler_options
+from bert_kit.jax.compilation import assume, compiler_options
 from bert_kit.jax.kernels import residual_norm as norm_kernel
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention
 from bert_kit.jax.kernels.residual_norm import Tiles, fused_residual_norm
@@ -160,7 +161,8 @@ def per_device(mesh: Mesh | None, kernel: Callable, *rows: jax.Array, **whole: j
 def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
     """`check`, run once per arguments in a thread of its own: a new thread traces nothing, so the
     check compiles and runs its programs while the step that asks is mid-trace. `checked.start(*args)`
-    starts it without waiting (`apply`'s lengths), and the step's call finds it done or under way.
+    starts it without waiting (`apply`'s lengths), and the step's call finds it done or under way
+    (then a program compiled ahead takes it as passed, and reads its result once compiled: `assume`).
     Every run checks, before the step traces the kernel (a check remembered on disk once made a warm
     run miss its cache: the kernel's Triton code then carried the step's stack, `compilation.py`)."""
     @functools.lru_cache(maxsize=None)
@@ -178,7 +180,7 @@ def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
 
     @functools.wraps(check)
     def checked(*args: Any, **kwargs: Any) -> bool:
-        return start(*args, **kwargs).result()
+        return assume(start(*args, **kwargs))  # a program compiled ahead traces on meanwhile
 
     checked.start = start
     return checked
