@@ -81,7 +81,7 @@ def assume(check: Future) -> bool:
     if it has ended; if it runs still, True at once where the trace may assume it (`AheadOfTime`'s
     programs: the check's result is read after compiling, and a program that assumed wrong is traced
     again), else its result when it ends. RTE's first runs on an H200 traced the step in 0.45 s
-    beside the checks, where waiting for them its trace had taken 1.3-1.8 s."""
+    beside the checks, where waiting for them its trace had taken 1.3-2.4 s."""
     taken = getattr(_ASSUMING, "checks", None)
     if check.done() or taken is None:
         return check.result()
