@@ -301,6 +301,10 @@ class TraceCache:
         self.loaded = self.traced = 0  # programs read back, and traced (and written) in this run
         self.failed = False  # a program could not be exported: said once, then every program is traced
 
+    def keeps_any(self) -> bool:
+        """Whether any traced program is kept (a later run of one's settings reads it back)."""
+        return next(self.folder.glob(f"*{SUFFIX}"), None) is not None
+
     def compile(self, fn: Callable, jit_options: dict[str, Any], args: tuple) -> Callable | None:
         """`jax.jit(fn, **jit_options).lower(*args).compile()`, from the program an earlier run traced
         where its key matches; else traced now, and kept for the next run. None where the program

@@ -146,3 +146,15 @@ def test_the_last_used_entries_are_kept(tmp_path, monkeypatch):
     for factor in (1.0, 2.0, 3.0):
         cache.compile(scaled_by(factor), {}, (jax.ShapeDtypeStruct((2,), jnp.float32),))
     assert len(list(tmp_path.glob("*.jaxexport"))) == 2
+
+
+def test_the_kernels_checks_start_with_the_model_unless_traced_programs_are_kept(tmp_path):
+    """A warm run reads its step back and never traces the kernel: where the cache keeps traced
+    programs, the checks wait for a trace that asks (`engine.checked_ahead`)."""
+    from bert_kit.jax.engine import checked_ahead
+
+    cache = TraceCache(tmp_path / "traced")
+    assert checked_ahead([128, 64], None) == [128, 64] and checked_ahead([128, 64], cache) == [128, 64]
+    assert not cache.keeps_any()
+    cache.compile(step, {}, abstract(([jnp.ones(4)], {"x": jnp.arange(3.0)})))
+    assert cache.keeps_any() and checked_ahead([128, 64], cache) == []
