@@ -163,8 +163,10 @@ def in_a_thread(check: Callable[..., bool]) -> Callable[..., bool]:
     check compiles and runs its programs while the step that asks is mid-trace. `checked.start(*args)`
     starts it without waiting (`apply`'s lengths), and the step's call finds it done or under way
     (then a program compiled ahead takes it as passed, and reads its result once compiled: `assume`).
-    Every run checks, before the step traces the kernel (a check remembered on disk once made a warm
-    run miss its cache: the kernel's Triton code then carried the step's stack, `compilation.py`)."""
+    A check is not remembered between runs (one remembered on disk once made a warm run miss its
+    cache: the kernel's Triton code then carried the step's stack, `compilation.py`): a run whose
+    step traces the kernel checks it again; a warm run reads its step back, and need not
+    (`engine.checked_ahead`)."""
     @functools.lru_cache(maxsize=None)
     def start(*args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
