@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from bert_kit.jax.trace_cache import TraceCache
+from bert_kit.jax.trace_cache import TraceCache, on_trees
 
 CACHE_VARIABLE = "BERT_KIT_JAX_CACHE"
 DEFAULT_CACHE = Path("~/.cache/bert-kit/jax")
@@ -275,7 +275,7 @@ class AheadOfTime:
                 lowered = (self.jitted if assuming else jax.jit(functools.partial(self.fn), **self.jit_options)) \
                     .lower(*args)
         compiled = lowered.compile()
-        return ((lambda *args: compiled(*jax.tree.leaves(args))) if flat else compiled), assumed
+        return (on_trees(compiled) if flat else compiled), assumed
 
     def ahead(self, *args: Any) -> None:
         """Compile for these arguments (arrays or ShapeDtypeStructs) in a thread, unless done or under way."""

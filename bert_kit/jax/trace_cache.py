@@ -293,6 +293,11 @@ def flat_program(fn: Callable, jit_options: dict[str, Any], args: tuple) -> tupl
     return on_leaves, options, leaves
 
 
+def on_trees(compiled: Callable) -> Callable:
+    """A program kept, which takes its arguments' leaves, called with the arguments themselves."""
+    return lambda *args: compiled(*jax.tree.leaves(args))
+
+
 class TraceCache:
     """Lowered programs in `folder`, by `program_key`; the `MAX_ENTRIES` last used are kept."""
 
@@ -312,8 +317,7 @@ class TraceCache:
         lowered = self.lower(fn, jit_options, args)
         if lowered is None:
             return None
-        compiled = lowered.compile()
-        return lambda *args: compiled(*jax.tree.leaves(args))
+        return on_trees(lowered.compile())
 
     def lower(self, fn: Callable, jit_options: dict[str, Any], args: tuple,
               reuse: bool = True) -> jax.stages.Lowered | None:
