@@ -87,7 +87,9 @@ COMPILE_AHEAD_ON_CPU = False  # on a CPU, compiling ahead would take the cores t
 #   11.7, and ran 3 ms slower; pretraining (BERT-base 19% slower) and CPUs (7.3 s against 5.0 s to
 #   compile, and slower) call them in turn;
 # - their gradients and update are two programs compiled side by side: MiniLM's took XLA 3.4 s and
-#   2.5 s, its whole step 6.3 s; each step took 0.5 ms longer
+#   2.5 s, its whole step 6.3 s; each step took 0.5 ms longer;
+# - their add & norm is XLA's with its backward written out (`kernels/residual_norm_xla.py`), not the
+#   Pallas kernel (one fewer to compile and check): MiniLM's gradients took 4.17 ms, not 5.4-5.6
 SHORT_MAX_STEPS, SHORT_PLATFORMS = 500, ("gpu",)
 
 
@@ -370,7 +372,7 @@ class JaxEngine(Engine):
         model = self.head.twin(self.model) if self.head is not None else \
             from_torch(self.model, HEAD_CLASSES[self.model.hf_architecture])
         self.fast = fast_path.apply(model, self.mesh.devices.flat[0].platform, self.dtype, mesh=self.mesh,
-                                    add_norm=not self.short,  # short runs: compiling it costs more than it saves
+                                    add_norm="xla" if self.short else "pallas",  # (`SHORT_MAX_STEPS`)
                                     lengths=self.checked_ahead)  # their kernels' checks start now
         for _, module in nnx.iter_graph(model):
             if isinstance(module, BertEncoder):  # a short fine-tune: compiled sooner (`SHORT_MAX_STEPS`)

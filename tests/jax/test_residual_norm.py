@@ -2,7 +2,9 @@
 run interpreted on the CPU in float32 against the reference `model.residual_norm` with the same
 seed (forward and the gradients of x, y, weight and bias), its tiling of a row, its lowering to
 Triton for CUDA (no GPU needed), the blocks of a model with the fast path, the check that keeps a
-failing kernel off, and, on a GPU only, the Triton kernel in bf16.
+failing kernel off, and, on a GPU only, the Triton kernel in bf16. And XLA's add & norm with its
+backward written out (`residual_norm_xla.py`): the reference's values and gradients, from fewer
+residuals, in a model whose blocks are scanned.
 
 Run: .venv/bin/python -m pytest tests/jax/test_residual_norm.py -q -n 0
 """
@@ -20,6 +22,7 @@ nnx = pytest.importorskip("flax.nnx")
 from bert_kit.jax.kernels import fast_path  # noqa: E402
 from bert_kit.jax.kernels.fast_path import FusedResidualNorm, norm_works, plan  # noqa: E402
 from bert_kit.jax.kernels.residual_norm import Tiles, fits, fused_residual_norm, split  # noqa: E402
+from bert_kit.jax.kernels.residual_norm_xla import xla_residual_norm  # noqa: E402
 from bert_kit.jax.model import LayerNorm, residual_norm  # noqa: E402
 from tests.jax.common import classifier_with_dropout, max_abs, tiny  # noqa: E402
 
@@ -61,6 +64,58 @@ def test_kernel_equals_the_reference_forward_and_gradients(rate, H):
         assert 0.15 < float((got[2] == 0).mean()) < 0.35 and float((got[1] == 0).mean()) == 0.0
         plain = output_and_grads(reference(0.0), x, y, weight, bias, w)
         assert max_abs(got[0], plain[0]) > 0.1
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.25])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xla_add_norm_gives_the_references_output_and_gradients(rate, dtype):
+    """The forward op for op (equal bit for bit on a CPU); the gradients as autodiff's: in float32 to
+    their rounding; in bf16 within 1% of the largest, as the backward reads the sum rounded to bf16 where
+    autodiff's kept it in float32 (the weight's gradient, a sum over rows, differs most)."""
+    x, y, weight, bias, w = inputs(dtype=dtype)
+    got = output_and_grads(lambda *a: xla_residual_norm(*a, jnp.asarray(SEED), rate), x, y, weight, bias, w)
+    want = output_and_grads(reference(rate), x, y, weight, bias, w)
+    share = 0.01 if dtype == jnp.bfloat16 else 2e-5  # (float32: as the Pallas kernel's)
+    if GPU:  # two programs, whose reductions XLA may split differently
+        assert max_abs(got[0], want[0]) <= share * max(1.0, float(jnp.abs(want[0].astype(jnp.float32)).max()))
+    else:
+        assert np.array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    for name, a, b in zip(("x", "y", "weight", "bias"), got[1:], want[1:]):
+        assert a.dtype == b.dtype, name
+        assert max_abs(a, b) <= share * max(1.0, float(jnp.abs(b.astype(jnp.float32)).max())), name
+    if rate:  # the mask drawn again in the backward: y's gradient is zero where y was dropped
+        dropped = np.asarray(got[2] == 0)
+        assert 0.15 < dropped.mean() < 0.35 and np.array_equal(dropped, np.asarray(want[2] == 0))
+
+
+def test_xla_add_norm_keeps_neither_the_mask_nor_a_float32_sum_for_its_backward():
+    """What the backward reads is what made XLA's scanned blocks slow: autodiff keeps y's (N, H)
+    mask and the float32 sum; the written backward keeps the bf16 sum and each row's statistics."""
+    x, y, weight, bias, _ = inputs(dtype=jnp.bfloat16)
+
+    def kept(fn):
+        _, pull = jax.vjp(fn, x, y, weight, bias)
+        return {(a.dtype.name, a.shape) for a in jax.tree.leaves(pull) if a.shape == x.shape}
+
+    assert kept(lambda *a: xla_residual_norm(*a, jnp.asarray(SEED), 0.25)) == {("bfloat16", x.shape)}
+    assert {("bool", x.shape), ("float32", x.shape)} <= kept(reference(0.25))
+
+
+def test_a_scanned_model_with_xla_add_norm_trains_as_the_reference():
+    """`apply(add_norm="xla")` on a short fine-tune's model (blocks scanned, dropout on): its loss
+    and gradients are the reference's."""
+    from bert_kit.jax.model import BertEncoder
+
+    model, _, step = classifier_with_dropout(tiny(num_hidden_layers=3, max_position_embeddings=32,
+                                                  hidden_dropout_prob=0.2))
+    model.bert.encoder.scan = True
+    assert isinstance(model.bert.encoder, BertEncoder)
+    want = step(model)
+    fast = fast_path.apply(model, kernel="pallas", add_norm="xla")
+    assert fast.xla_norm and all(isinstance(b.add_norm, FusedResidualNorm) for b in model.bert.encoder.layers)
+    got = step(model)
+    assert abs(float(got[0]) - float(want[0])) <= 1e-5
+    assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))) <= 1e-5
 
 
 def test_kernel_repeats_for_a_seed_and_differs_across_seeds():
@@ -113,8 +168,14 @@ def test_plan_puts_the_kernel_on_gpus_in_16_bits_for_training():
     assert plan("gpu", jnp.bfloat16, 64, 0.0).norm  # with or without attention dropout
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, training=False).norm
     assert not plan("gpu", jnp.bfloat16, 64, 0.1, kernel="none").norm
-    short = plan("gpu", jnp.bfloat16, 64, 0.1, add_norm=False)  # the engine's short fine-tunes
-    assert short.pallas and not short.norm
+    short = plan("gpu", jnp.bfloat16, 64, 0.1, add_norm="xla")  # the engine's short fine-tunes
+    assert short.pallas and not short.norm and short.xla_norm and not short.interpret
+    assert str(short).endswith(", add & norm with its backward written out")
+    assert not plan("gpu", jnp.bfloat16, 64, 0.1, add_norm="xla", kernel="none").xla_norm
+    assert not plan("gpu", jnp.bfloat16, 64, 0.1, add_norm="xla", training=False).xla_norm
+    assert not plan("gpu", jnp.bfloat16, 64, 0.1, add_norm="none").norm
+    with pytest.raises(ValueError, match="add_norm must be one of"):
+        plan("gpu", jnp.bfloat16, 64, 0.1, add_norm=False)
     assert not plan("gpu", jnp.float32, 64, 0.1).norm and not plan("cpu", jnp.float32, 64, 0.1).norm
     forced = plan("cpu", jnp.float32, 16, 0.1, kernel="pallas")
     assert forced.norm and forced.interpret and "Pallas add & norm (interpreted)" in forced.summary
@@ -135,7 +196,7 @@ def test_a_model_with_the_kernel_trains_as_the_reference():
     without = nnx.jit(loss)
     model.bert.encoder.layers[0].dropout_rate = 0.0
     assert abs(float(without(model)) - float(got[0])) > 1e-4  # the dropout ran, in the kernel
-    fast_path.apply(model, kernel="pallas", add_norm=False)
+    fast_path.apply(model, kernel="pallas", add_norm="none")
     assert all(block.add_norm is None for block in blocks)
 
 

@@ -14,6 +14,8 @@ otherwise runs the reference, `attention` or `residual_norm`:
     attention with dropout        Pallas, `flash_attention.py`             T a power of 2 <= 512, hd 16-128
     attention without dropout     cuDNN, `jax.nn.dot_product_attention`    16-bit, hd % 8 == 0, <= 128
     add & norm (training)         Pallas, `residual_norm.py`               H = C x W, W >= 16 a power of 2, C <= 8
+                                  or XLA, its backward written out         add_norm="xla" (a short fine-tune's
+                                  (`residual_norm_xla.py`)                 scanned blocks), x and y of one dtype
 
 cuDNN's fused attention has dropout (`jax._src.cudnn.fused_attention_stablehlo`'s dropout_rate),
 but only behind a private module, with its own random bits (not this model's mask, so no
@@ -52,11 +54,13 @@ from bert_kit.jax.compilation import assume, compiler_options
 from bert_kit.jax.kernels import residual_norm as norm_kernel
 from bert_kit.jax.kernels.flash_attention import Blocks, fits, flash_attention
 from bert_kit.jax.kernels.residual_norm import Tiles, fused_residual_norm
+from bert_kit.jax.kernels.residual_norm_xla import xla_residual_norm
 from bert_kit.jax.model import LayerNorm, MultiHeadAttention, TransformerEncoderBlock, attention, residual_norm
 from bert_kit.jax.sharding import AXIS
 
 HALF = (jnp.bfloat16, jnp.float16)
 KERNELS = ("auto", "pallas", "none")  # apply's `kernel`: as planned, the Pallas kernel wherever it fits, none
+ADD_NORMS = ("pallas", "xla", "none")  # apply's `add_norm`: the Pallas kernel where planned, XLA's, the reference
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class FastPath:
     pallas: bool = False  # attention with dropout: the Pallas kernel
     cudnn: bool = False  # attention without dropout: cuDNN's flash attention
     norm: bool = False  # each block's add & norm: the Pallas kernel
+    xla_norm: bool = False  # ... or the reference's forward with its backward written out (`residual_norm_xla`)
     interpret: bool = False  # the Pallas kernels run through XLA (CPU tests)
     blocks: Blocks = field(default_factory=Blocks)
     tiles: Tiles = field(default_factory=Tiles)
@@ -77,7 +82,7 @@ class FastPath:
     def summary(self) -> str:
         how = " (interpreted)" if self.interpret else " (Triton)"
         parts = [("Pallas attention with dropout" + how, self.pallas), ("cuDNN attention without dropout", self.cudnn),
-                 ("Pallas add & norm" + how, self.norm)]
+                 ("Pallas add & norm" + how, self.norm), ("add & norm with its backward written out", self.xla_norm)]
         return ", ".join(name for name, on in parts if on) or f"none ({self.note or self.backend + ': XLA attention'})"
 
     def __str__(self) -> str:
@@ -85,21 +90,26 @@ class FastPath:
 
 
 def plan(backend: str, dtype: jnp.dtype, head_dim: int, attention_dropout: float, *, training: bool = True,
-         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
+         kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: str = "pallas",
          mesh: Mesh | None = None) -> FastPath:
     """The fast path of a model on `backend` computing in `dtype` (on `mesh`'s devices, if several).
     kernel: "auto" (the Pallas kernels on GPUs in 16 bits, for training: attention where it has
     dropout), "pallas" (also elsewhere, interpreted: tests), "none" (the references for attention
     with dropout and the add & norm).
-    add_norm=False leaves the add & norm to XLA (a short run: one kernel fewer to compile and check)."""
+    add_norm: "pallas" (the Pallas kernel where `kernel` puts it), "xla" (for a short run: no
+    Pallas kernel to compile and check, but XLA's with its backward written out, unless `kernel`
+    is "none"), "none" (the reference)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if add_norm not in ADD_NORMS:
+        raise ValueError(f"add_norm must be one of {ADD_NORMS}, got {add_norm!r}")
     gpu, half = backend == "gpu", jnp.dtype(dtype) in HALF
     with_dropout = training and attention_dropout > 0
     pallas_here = kernel == "pallas" or (kernel == "auto" and gpu and half)
-    pallas, norm = with_dropout and pallas_here, training and add_norm and pallas_here
+    pallas, norm = with_dropout and pallas_here, training and add_norm == "pallas" and pallas_here
     return FastPath(backend=backend, pallas=pallas, cudnn=gpu and half and head_dim % 8 == 0 and head_dim <= 128,
-                    norm=norm, interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles,
+                    norm=norm, xla_norm=training and add_norm == "xla" and kernel != "none",
+                    interpret=(pallas or norm) and not gpu, blocks=blocks, tiles=tiles,
                     mesh=mesh if mesh is not None and mesh.size > 1 else None)
 
 
@@ -140,6 +150,9 @@ class FusedResidualNorm:
             return per_device(fast.mesh, lambda x, y, weight, bias, seed, start=None: fused_residual_norm(
                 x, y, weight, bias, seed, rate, norm.eps, fast.tiles, fast.interpret, start=start),
                 x, y, weight=norm.weight[...], bias=norm.bias[...], seed=seed)
+        if fast.xla_norm and x.dtype == y.dtype:  # XLA partitions it as the reference: no per-device call
+            seed = jnp.zeros(2, jnp.uint32) if seed is None else seed
+            return xla_residual_norm(x, y, norm.weight[...], norm.bias[...], seed, rate, norm.eps)
         return residual_norm(x, y, norm, rate, seed)
 
 
@@ -263,7 +276,7 @@ def agrees(kernel: str, shape: str, dtype: str, fused: Callable, plain: Callable
 
 
 def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.float32, *, training: bool = True,
-          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: bool = True,
+          kernel: str = "auto", blocks: Blocks = Blocks(), tiles: Tiles = Tiles(), add_norm: str = "pallas",
           mesh: Mesh | None = None, lengths: Sequence[int] = ()) -> FastPath:
     """Put the plan's kernels on every attention layer and block of `model` (in place); returns the
     plan. backend: the devices' ("gpu", "cpu", ...), default JAX's default backend; mesh: the
@@ -279,7 +292,7 @@ def apply(model: nnx.Module, backend: str | None = None, dtype: jnp.dtype = jnp.
     for layer in layers:
         layer.backend = FusedAttention(fast) if fast.pallas or fast.cudnn else None
     for block in (m for _, m in nnx.iter_graph(model) if isinstance(m, TransformerEncoderBlock)):
-        block.add_norm = FusedResidualNorm(fast) if fast.norm else None
+        block.add_norm = FusedResidualNorm(fast) if fast.norm or fast.xla_norm else None
     if fast.pallas and not fast.interpret:  # the arguments `FusedAttention` asks with
         for T in (T for T in lengths if fits(T, config.head_dim, fast.blocks)):
             kernel_works.start(T, config.head_dim, jnp.dtype(dtype).name, config.dropout_rate, fast.blocks)
