@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bert_kit from this checkout, installed or not
 DERIVED = ("XLA Modules", "Steps", "XLA Ops", "Source", "Framework Ops")  # a GPU plane's summaries of its streams
 
 
