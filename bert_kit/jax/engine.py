@@ -315,13 +315,8 @@ class JaxEngine(Engine):
         options = compiler_options(devices[0].platform, autotune=not self.short)
         once = compiler_options(devices[0].platform, autotune=False)  # programs run a few times: not autotuned
         key = jax.random.wrap_key_data(np.array([0, cfg.seed], np.uint32))  # key(seed)
-        self.layout = self.state_layout(jax.eval_shape(programs.initial_state, params, key), fsdp)
-        self.init = jax.jit(programs.initial_state, out_shardings=self.layout,
-                            compiler_options=once)  # one program, not one per leaf
-        self.state = self.init(params, key)
-        if fsdp and jax.process_index() == 0:
-            print(describe_fsdp(self.state.params, self.state.opt_state, (self.layout.params, self.layout.opt_state),
-                                len(devices)), flush=True)
+        shapes = jax.eval_shape(programs.initial_state, params, key)
+        self.layout = self.state_layout(shapes, fsdp)
         self.steps = 0  # optimizer steps in the window
         self.skipped_before = 0  # steps skipped for a non-finite gradient, as of the last read
         self.in_flight: deque[jax.Array] = deque()
@@ -346,8 +341,18 @@ class JaxEngine(Engine):
                                                            compiler_options=once), 2, self.pool, show, traces)
         self._mlm_sums = AheadOfTime(programs.mlm_sums, dict(in_shardings=(rep, weights, batch), out_shardings=rep,
                                                              compiler_options=once), 2, self.pool, show, traces)
+        # first the programs, then the state's (traced beside theirs): RTE's first step on an H200 came
+        # 0.5-1.2 s sooner, the start 0.3-0.9 s later, a first run 0.2 s sooner in the mean of three
         if ahead:
-            self.compile_ahead(job)
+            self.compile_ahead(job, jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                                          sharding=sharding),
+                                                 shapes, self.layout))
+        self.init = jax.jit(programs.initial_state, out_shardings=self.layout,
+                            compiler_options=once)  # one program, not one per leaf
+        self.state = self.init(params, key)
+        if fsdp and jax.process_index() == 0:
+            print(describe_fsdp(self.state.params, self.state.opt_state, (self.layout.params, self.layout.opt_state),
+                                len(devices)), flush=True)
 
     @property
     def state(self) -> StepState:
@@ -380,11 +385,12 @@ class JaxEngine(Engine):
         graphdef, frozen, params = nnx.split(model, lambda path, _: torch_name(path)[0] in frozen, nnx.Param)
         return graphdef, frozen, jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
 
-    def compile_ahead(self, job: Any) -> None:
+    def compile_ahead(self, job: Any, state: StepState) -> None:
         """Start compiling, in threads, the programs a fine-tuning run will need: the train step of
         each length bucket its batches are likely to have, then the evaluation's of each bucket
         its (length-sorted) batches have. Each is compiled for the shapes `host_batches` makes of
-        the job's shortest example (padded to each bucket); a step that meets another shape compiles it then."""
+        the job's shortest example (padded to each bucket); a step that meets another shape compiles it then.
+        state: the train state's shapes and shardings (ShapeDtypeStructs): it is not made yet."""
         task, cfg = getattr(job, "task", None), self.cfg
         if task is None or jax.process_count() > 1 or not getattr(job, "train_items", None):
             return
@@ -393,15 +399,15 @@ class JaxEngine(Engine):
         sample = task.collate([min(job.train_items, key=item_tokens)])  # the shortest: it pads to every bucket
         stacked = NamedSharding(self.mesh, P(None, "data"))
         lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=self.replicated)
-        state, frozen, losses = abstract(self.leaves), abstract(self.frozen_leaves), {k: lr for k in self.names}
-        params = abstract(jax.tree.leaves(self.state.params))
+        leaves, frozen, losses = jax.tree.leaves(state), abstract(self.frozen_leaves), {k: lr for k in self.names}
+        params = jax.tree.leaves(state.params)
         for bucket in self.buckets:  # likeliest first
             batch = spec(self.host_batches([sample] * cfg.grad_accum, "train", bucket), stacked)
             if self.short:  # the gradients, then the update (one for every shape): the longer to compile traces first
-                self._gradients.ahead(state, frozen, batch)
-                self._update.ahead(state, params, losses, lr)
+                self._gradients.ahead(leaves, frozen, batch)
+                self._update.ahead(leaves, params, losses, lr)
             else:
-                self._step.ahead(state, frozen, batch, lr)
+                self._step.ahead(leaves, frozen, batch, lr)
         evaluated = task.scored_items(getattr(job, "eval_items", None) or [])  # (a reranker's: its pairs)
         if evaluated and isinstance(evaluated[0], dict):  # (an embedding task's are texts, batched as it scores)
             sharded = NamedSharding(self.mesh, P("data"))
@@ -409,7 +415,7 @@ class JaxEngine(Engine):
             sample = task.collate([min(evaluated, key=item_tokens)])
             for bucket in sorted(buckets, reverse=True):
                 batch = {k: v[0] for k, v in self.host_batches([sample], "eval", bucket).items()}
-                self._outputs.ahead(abstract(self.frozen), abstract(self.state.params), spec(batch, sharded))
+                self._outputs.ahead(abstract(self.frozen), state.params, spec(batch, sharded))
 
     def to_devices(self, batch: dict[str, np.ndarray], spec: P) -> dict[str, Any]:
         """This process's share of a batch -> global arrays split over the mesh. In one process the
