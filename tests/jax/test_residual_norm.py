@@ -108,8 +108,8 @@ def test_a_scanned_model_with_xla_add_norm_trains_as_the_reference():
 
     model, _, step = classifier_with_dropout(tiny(num_hidden_layers=3, max_position_embeddings=32,
                                                   hidden_dropout_prob=0.2))
-    model.bert.encoder.scan = True
     assert isinstance(model.bert.encoder, BertEncoder)
+    model.bert.encoder.scan = True
     want = step(model)
     fast = fast_path.apply(model, kernel="pallas", add_norm="xla")
     assert fast.xla_norm and all(isinstance(b.add_norm, FusedResidualNorm) for b in model.bert.encoder.layers)

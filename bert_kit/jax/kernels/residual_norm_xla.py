@@ -1,8 +1,8 @@
 """A post-norm block's add & norm, LayerNorm(x + dropout(y)), in XLA with its backward written out.
 
 `xla_residual_norm(x, y, weight, bias, seed, rate, eps)` computes the forward of
-`bert_kit.jax.model.residual_norm` op for op (the same output, bit for bit), and replaces what
-autodiff derives for its backward:
+`bert_kit.jax.model.residual_norm` op for op (on a CPU the same output, bit for bit; on a GPU XLA
+may fuse the two programs' reductions differently), and replaces what autodiff derives for its backward:
 
 - autodiff keeps y's dropout mask (one byte an element) and the sum in float32 for the backward;
   here the backward keeps the sum as computed (bf16 in a bf16 step) and each row's mean and 1/std,
