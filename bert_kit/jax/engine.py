@@ -341,8 +341,8 @@ class JaxEngine(Engine):
                                                            compiler_options=once), 2, self.pool, show, traces)
         self._mlm_sums = AheadOfTime(programs.mlm_sums, dict(in_shardings=(rep, weights, batch), out_shardings=rep,
                                                              compiler_options=once), 2, self.pool, show, traces)
-        # first the programs, then the state's (traced beside theirs): RTE's first step on an H200 came
-        # 0.5-1.2 s sooner, the start 0.3-0.9 s later, a first run 0.2 s sooner in the mean of three
+        # first the programs, then the state's (traced beside theirs): on an H200 RTE's first step waited
+        # 0.5-1.2 s less, the start took 0.3-0.9 s more, and a first run ended 0.2 s sooner (mean of three)
         if ahead:
             self.compile_ahead(job, jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                                                           sharding=sharding),
