@@ -219,8 +219,12 @@ def signature(batch: dict[str, Any]) -> tuple:
     return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batch.items()))
 
 
-def abstract(tree: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) of a pytree of arrays: what a program is compiled for."""
+def abstract(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs (with shardings) of a pytree of arrays: what a program is compiled for.
+    shardings: a tree of the same structure giving each leaf's (for shapes without them: `jax.eval_shape`'s)."""
+    if shardings is not None:
+        return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                            tree, shardings)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
