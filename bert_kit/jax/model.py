@@ -225,15 +225,23 @@ class FeedForward(nnx.Module):
         return self.down(activation(self.act, self.up(x)))
 
 
+def residual_keep(seed: jax.Array, N: int, H: int, rate: float) -> jax.Array:
+    """(N, H) bool: the elements of a block's (N, H) residual branch that dropout keeps, y[n, c] by
+    `dropout_keep(seed, 0, n, c, H, rate)`, so a fused kernel (`kernels/residual_norm.py`) draws the same mask."""
+    return dropout_keep(seed, 0, jnp.arange(N)[:, None], jnp.arange(H), H, rate)
+
+
+def residual_dropout(y: jax.Array, rate: float, seed: jax.Array) -> jax.Array:
+    """(N, H) y with dropout: y / (1 - rate) where `residual_keep`, else 0, in y's dtype."""
+    return jnp.where(residual_keep(seed, *y.shape, rate), y / (1.0 - rate), 0.0).astype(y.dtype)
+
+
 def residual_norm(x: jax.Array, y: jax.Array, norm: LayerNorm, rate: float = 0.0,
                   seed: jax.Array | None = None) -> jax.Array:
-    """norm(x + dropout(y)), a post-norm block's add & norm, of (N, H) tokens -> (N, H). With a
-    `seed`, dropout keeps y[n, c] by `dropout_keep(seed, 0, n, c, H, rate)`, so a fused kernel
-    (`kernels/residual_norm.py`) draws the same mask."""
+    """norm(x + dropout(y)), a post-norm block's add & norm, of (N, H) tokens -> (N, H); dropout
+    only with a `seed` (`residual_dropout`)."""
     if rate > 0 and seed is not None:
-        N, H = y.shape
-        keep = dropout_keep(seed, 0, jnp.arange(N)[:, None], jnp.arange(H), H, rate)
-        y = jnp.where(keep, y / (1.0 - rate), 0.0).astype(y.dtype)
+        y = residual_dropout(y, rate, seed)
     return norm(x + y)
 
 

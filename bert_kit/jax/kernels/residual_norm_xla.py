@@ -6,7 +6,7 @@ may fuse the two programs' reductions differently), and replaces what autodiff d
 
 - autodiff keeps y's dropout mask (one byte an element) and the sum in float32 for the backward;
   here the backward keeps the sum as computed (bf16 in a bf16 step) and each row's mean and 1/std,
-  and draws the mask again from the seed (`randomness.dropout_keep`, a hash of each position);
+  and draws the mask again from the seed (`model.residual_keep`, a hash of each position);
 - inside the scan over a short fine-tune's blocks (`BertEncoder.scan`), XLA read autodiff's
   stacked float32 sums and masks in two LayerNorm-backward fusions per block that took 1.3 ms of
   MiniLM's 5.5 ms step on an H200; with this backward the gradients took 4.17 ms, not 5.37-5.60
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_kit.jax.randomness import dropout_keep
+from bert_kit.jax.model import residual_dropout, residual_keep
 
 
 def xla_residual_norm(x: jax.Array, y: jax.Array, weight: jax.Array, bias: jax.Array, seed: jax.Array,
@@ -39,14 +39,9 @@ def xla_residual_norm(x: jax.Array, y: jax.Array, weight: jax.Array, bias: jax.A
     return _written(x, y, weight, bias, seed, rate, eps)
 
 
-def _keep(seed: jax.Array, N: int, H: int, rate: float) -> jax.Array:
-    """(N, H) bool: the elements of y that dropout keeps, the reference's mask."""
-    return dropout_keep(seed, 0, jnp.arange(N)[:, None], jnp.arange(H), H, rate)
-
-
 def _forward(x, y, weight, bias, seed, rate: float, eps: float):
-    if rate > 0:  # as the reference: y / (1 - p) where kept, in y's dtype, then the sum in x's
-        y = jnp.where(_keep(seed, *y.shape, rate), y / (1.0 - rate), 0.0).astype(y.dtype)
+    if rate > 0:  # as the reference: dropout in y's dtype, then the sum in x's
+        y = residual_dropout(y, rate, seed)
     s = x + y
     s32 = s.astype(jnp.float32)
     mean = s32.mean(-1, keepdims=True)
@@ -71,7 +66,7 @@ def _written_backward(rate, eps, residuals, do):
     g = do * weight
     ds = rstd * (g - g.mean(-1, keepdims=True) - normed * (g * normed).mean(-1, keepdims=True))
     dx = ds.astype(s.dtype)
-    dy = jnp.where(_keep(seed, *s.shape, rate), dx / (1.0 - rate), 0.0).astype(s.dtype) if rate > 0 else dx
+    dy = residual_dropout(dx, rate, seed) if rate > 0 else dx  # the forward's mask and scale, drawn again
     dweight, dbias = (do * normed).sum(0).astype(weight.dtype), do.sum(0).astype(bias.dtype)
     return dx, dy, dweight, dbias, np.zeros(seed.shape, jax.dtypes.float0)  # the seed takes none
 
