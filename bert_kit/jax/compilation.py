@@ -25,12 +25,14 @@ known, and kept between runs.
 - `AheadOfTime`: the programs of one jitted function, one per input shape, compiled in threads
   as soon as their shapes are known (the evaluation's while the run trains), and at the latest
   when a step needs them: that wait is shown as `compiling (first run of these shapes)`. Their
-  traced forms are kept beside the compiled ones (`kept_traces`, `trace_cache`). They are traced
-  one at a time (`TRACING`), each without waiting for the kernels' checks still running (`assume`).
+  traced and compiled forms are kept between runs (`kept_traces`, `trace_cache`), written after XLA
+  compiled them (`keep_once_checked`). They are traced one at a time (`TRACING`), each without
+  waiting for the kernels' checks still running (`assume`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.util
@@ -87,6 +89,34 @@ def assume(check: Future) -> bool:
         return check.result()
     taken.append(check)
     return True
+
+
+KEEPER = "keep-program"  # the threads that write the programs kept (`keep_once_checked`)
+
+
+def keep_once_checked(keep: Callable[[], None], checks: list[Future]) -> None:
+    """`keep()` (`TraceCache.load`'s, for a program compiled) in a thread of its own, once the checks
+    its trace took as passed have passed: a program traced with a kernel that then failed its check
+    is traced again, and only that one is kept. The process ends once the writes under way are done
+    (`kept`, at exit)."""
+    def run() -> None:
+        try:
+            passed = all(check.result() for check in checks)
+        except Exception:  # noqa: BLE001 -- a check that raised: the program is traced again
+            passed = False
+        if passed:
+            keep()
+
+    # a daemon, so that `cli.exit_now` ends the process at once, after the exit handlers (`kept`)
+    threading.Thread(target=run, name=KEEPER, daemon=True).start()
+
+
+@atexit.register
+def kept() -> None:
+    """Wait for the programs being written (each is a file renamed whole when done)."""
+    for thread in threading.enumerate():
+        if thread.name == KEEPER and thread is not threading.current_thread():
+            thread.join()
 
 
 def cache_folder(setting: str | bool | None, env: dict[str, str] | None = None) -> Path | None:
@@ -270,16 +300,28 @@ class AheadOfTime:
     def lower_and_compile(self, args: tuple, assuming: bool) -> tuple[Callable, list[Future]]:
         """The program for `args`, and the checks its trace assumed passed (`assume`). Not assuming,
         it is traced again, not read back from the traces kept (whose entry it replaces)."""
-        with TRACING, assuming_checks(assuming) as assumed:
-            lowered = self.traces.lower(self.fn, self.jit_options, args, reuse=assuming) \
-                if self.traces is not None else None
-            flat = lowered is not None  # the program kept takes the arguments' leaves
-            if lowered is None:  # no traced program kept (or none can be): traced here, as every run did
-                # (again: as another function, which JAX's cache of traces has not seen)
+        assumed: list[Future] = []
+
+        @contextlib.contextmanager
+        def turn() -> Iterator[None]:  # a trace's: one at a time, and the checks it takes as passed noted
+            with TRACING, assuming_checks(assuming) as taken:
+                try:
+                    yield
+                finally:
+                    assumed.extend(taken)
+
+        traces = self.traces
+        found = traces.load(self.fn, self.jit_options, args, assuming, turn) if traces is not None else None
+        if found is None:  # no program kept (or none can be): traced here, as every run did
+            with turn():  # (again: as another function, which JAX's cache of traces has not seen)
                 lowered = (self.jitted if assuming else jax.jit(functools.partial(self.fn), **self.jit_options)) \
                     .lower(*args)
-        compiled = lowered.compile()
-        return (on_trees(compiled) if flat else compiled), assumed
+            return lowered.compile(), assumed
+        program, keep = found
+        if isinstance(program, jax.stages.Lowered):
+            program = program.compile()
+            keep_once_checked(functools.partial(keep, program), list(assumed))
+        return on_trees(program), assumed  # the program kept takes the arguments' leaves
 
     def ahead(self, *args: Any) -> None:
         """Compile for these arguments (arrays or ShapeDtypeStructs) in a thread, unless done or under way."""

@@ -153,6 +153,10 @@ class Programs:
                          zero(), zero(jnp.int32), zero(jnp.int32), zero(jnp.int32),
                          {k: zero() for k in (*self.names, "grad_norm")}, LossScale.initial(self.dtype))
 
+    def initial_leaves(self, params: nnx.State, key: jax.Array) -> list[jax.Array]:
+        """`initial_state`'s leaves: a program kept between runs returns lists (`jax.export` writes no NNX State)."""
+        return jax.tree.leaves(self.initial_state(params, key))
+
     def model_at(self, frozen: nnx.State, params: nnx.State) -> nnx.Module:
         """The model of these weights, in the compute dtype (a float32 copy gets float32 gradients).
         Sharded weights are gathered whole after the cast (bf16: half the bytes to move), so the batch
@@ -345,8 +349,12 @@ class JaxEngine(Engine):
         # 0.5-1.2 s less, the start took 0.3-0.9 s more, and a first run ended 0.2 s sooner (mean of three)
         if ahead:
             self.compile_ahead(job, abstract(shapes, self.layout))
-        self.init = jax.jit(programs.initial_state, out_shardings=self.layout,
-                            compiler_options=once)  # one program, not one per leaf
+        # one program, not one per leaf, kept between runs as the others: a warm run traces none
+        inputs = abstract((params, key), jax.tree.map(lambda _: rep, (params, key)))  # (uncommitted: put whole)
+        init = AheadOfTime(programs.initial_leaves, dict(out_shardings=leaves, compiler_options=once), 0, self.pool,
+                           show, traces).compile(inputs)
+        treedef = jax.tree.structure(shapes)
+        self.init = lambda params, key: jax.tree.unflatten(treedef, init(params, key))
         self.state = self.init(params, key)
         if fsdp and jax.process_index() == 0:
             print(describe_fsdp(self.state.params, self.state.opt_state, (self.layout.params, self.layout.opt_state),

@@ -1,6 +1,8 @@
 """Traced programs kept between runs: a later run loads a program's lowered form (StableHLO, by
 `jax.export`) instead of tracing the model again. Tracing MiniLM's train step is about a second of
-Python on every run, before the compilation cache can answer.
+Python on every run, before the compilation cache can answer. On GPUs what XLA compiled is kept
+beside it (`jax.experimental.serialize_executable`), by the same key, the compiler's options and
+XLA_FLAGS: a later run loads it onto its devices, and traces, lowers and looks up nothing.
 
 A stale program would train silently wrong, so its key is everything the trace reads:
 - the code: bert-kit's source files, and the versions of Python, JAX, jaxlib, Flax, Optax, NumPy;
@@ -13,23 +15,27 @@ A stale program would train silently wrong, so its key is everything the trace r
 An object the walk cannot read (a lock, a C object whose state it cannot see) keys nothing: that
 program is traced, as without this cache. The kernels' checks run when the step is traced: a
 program loaded skips them and keeps the kernels its first run chose, on the same devices and code.
-Entries are written whole (a temporary file, renamed) in the compilation cache's `traced/` folder.
+Entries are written whole (a temporary file, renamed) in the compilation cache's `traced/` folder,
+once their program is compiled; the keys of one run's programs walk the objects they share once (`Memo`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
 import importlib.metadata
 import logging
 import os
+import pickle
 import re
 import sys
 import tempfile
+import threading
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import jax
 import numpy as np
@@ -41,16 +47,31 @@ SCALARS = (type(None), bool, int, float, complex, str, bytes)
 # every custom call may be kept: the program is read back by the same versions on the same devices
 ANY_CUSTOM_CALL = [export.DisabledSafetyCheck.custom_call("ALL")]
 SUFFIX = ".jaxexport"
+Program = jax.stages.Lowered | jax.stages.Compiled  # `TraceCache.load`'s: to compile, or compiled
+COMPILED = ".executable"  # a program compiled, beside its trace
+# where compiled programs are kept: on a CPU, XLA's programs read back in the process that compiled
+# them failed to run ("Function copy_gather_fusion not found"), and a CPU run's start is not that wait
+COMPILED_ON = ("gpu",)
 # the members of bert-kit's classes walked: methods, and the constants and tables they may read
 CLASS_MEMBERS = (types.FunctionType, staticmethod, classmethod, property, type, *SCALARS, tuple, list, dict, set,
                  frozenset, np.ndarray, enum.Enum)
 CLASS_BOOKKEEPING = ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__", "__annotations__",
                      "__slots__", "__parameters__", "__orig_bases__", "__abstractmethods__", "_abc_impl")
-MAX_ENTRIES = 64  # programs kept (each a few MB), the least recently used evicted
+MAX_ENTRIES = 64  # programs kept of each kind (each a few MB), the least recently used evicted
 
 
 class Unkeyable(TypeError):
     """A value whose content the key cannot see."""
+
+
+class Memo:
+    """The digests of objects walked, shared by the keys of one run's programs (`TraceCache`): its
+    programs reach mostly the same objects (the model's graph, the optimizer, bert-kit's code), which
+    are then walked once. Each object is kept alive with it: its id names no other value meanwhile."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, bytes] = {}
+        self.kept: list[Any] = []
 
 
 class Fingerprint:
@@ -58,11 +79,12 @@ class Fingerprint:
     walk, so two equal objects give one digest whether or not they are one object; a reference
     back to an object being walked (a cycle) is named by how far up it is."""
 
-    def __init__(self) -> None:
+    def __init__(self, memo: Memo | None = None) -> None:
         self.hash = hashlib.sha256()
-        self.digests: dict[int, bytes] = {}  # id -> the digest of an object walked
+        memo = Memo() if memo is None else memo
+        self.digests = memo.digests  # id -> the digest of an object walked
         self.active: list[int] = []  # the objects being walked, outermost first
-        self.kept: list[Any] = []  # alive while walked: an id is never reused by another value
+        self.kept = memo.kept  # alive while walked: an id is never reused by another value
 
     def put(self, *parts: Any) -> None:
         for part in parts:
@@ -143,6 +165,8 @@ class Fingerprint:
                 self.attributes(x)
         elif isinstance(x, logging.Logger):  # where messages go: nothing a program computes
             self.put("logger", x.name)
+        elif isinstance(x, threading.local):  # a thread's own bookkeeping (`compilation.assume`'s): a program
+            self.put("thread-local")  # keys alike in every thread, within a trace's turn or not
         elif isinstance(x, re.Pattern):
             self.put("pattern", x.pattern, x.flags)
         elif isinstance(x, (set, frozenset)):
@@ -254,11 +278,12 @@ def context() -> str:
     return fp.hexdigest()
 
 
-def program_key(fn: Callable, jit_options: dict[str, Any], args: tuple) -> str | None:
+def program_key(fn: Callable, jit_options: dict[str, Any], args: tuple, memo: Memo | None = None) -> str | None:
     """The key of `jax.jit(fn, **jit_options)` lowered for `args` (ShapeDtypeStructs), or None where
     something it reaches is `Unkeyable`. The compiler's options are not in it: the program loaded is
-    compiled with the current ones."""
-    fp = Fingerprint()
+    compiled with the current ones. memo: the digests of objects other keys walked (that have not
+    changed since)."""
+    fp = Fingerprint(memo)
     fp.put(context())
     try:
         fp.walk(fn)
@@ -299,55 +324,93 @@ def on_trees(compiled: Callable) -> Callable:
 
 
 class TraceCache:
-    """Lowered programs in `folder`, by `program_key`; the `MAX_ENTRIES` last used are kept."""
+    """Lowered programs in `folder`, by `program_key`, and the programs compiled from them, by that
+    key and the compiler's options (`compiled_key`); of each kind the `MAX_ENTRIES` last used are kept."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.loaded = self.traced = 0  # programs read back, and traced (and written) in this run
+        self.loaded = self.traced = 0  # programs read back (traced or compiled), and traced in this run
         self.failed = False  # a program could not be exported: said once, then every program is traced
+        # the objects the keys walk, walked once: an H200's warm run took 0.08-0.32 s for the train
+        # step's key, as much again for the others' (and, with them, more than tracing the initial state)
+        self.memo = Memo()
 
     def keeps_any(self) -> bool:
         """Whether any traced program is kept (a later run of one's settings reads it back)."""
         return next(self.folder.glob(f"*{SUFFIX}"), None) is not None
 
     def compile(self, fn: Callable, jit_options: dict[str, Any], args: tuple) -> Callable | None:
-        """`jax.jit(fn, **jit_options).lower(*args).compile()`, from the program an earlier run traced
-        where its key matches; else traced now, and kept for the next run. None where the program
+        """`jax.jit(fn, **jit_options).lower(*args).compile()`, from the program an earlier run compiled
+        or traced where its key matches; else traced now, and kept for the next run. None where the program
         cannot be kept: the caller compiles it as without this cache (whose errors are the program's)."""
-        lowered = self.lower(fn, jit_options, args)
-        if lowered is None:
+        found = self.load(fn, jit_options, args)
+        if found is None:
             return None
-        return on_trees(lowered.compile())
+        program, keep = found
+        if isinstance(program, jax.stages.Lowered):
+            program = program.compile()
+            keep(program)
+        return on_trees(program)
 
-    def lower(self, fn: Callable, jit_options: dict[str, Any], args: tuple,
-              reuse: bool = True) -> jax.stages.Lowered | None:
-        """The Python half of `compile`: the program read back (unless not to `reuse` it) or traced,
-        lowered for XLA. It takes the arguments' leaves (an NNX State is no type `jax.export` can write)."""
-        key = None if self.failed else program_key(fn, jit_options, args)
+    def load(self, fn: Callable, jit_options: dict[str, Any], args: tuple, reuse: bool = True,
+             turn: Callable[[], ContextManager] = contextlib.nullcontext) -> tuple[Program, Callable] | None:
+        """`fn`'s program for `args`, taking their leaves (an NNX State is no type `jax.export` can
+        write): compiled, as an earlier run compiled it with these compiler options; else lowered for
+        XLA, from the trace an earlier run kept, or traced now. Not to `reuse` them, it is traced now.
+        With it, the call that keeps it for later runs, given it compiled (its trace, if traced now,
+        and what XLA made of it): the caller makes it (in a thread) once the checks its trace took as
+        passed are known to have passed. None where the program cannot be kept.
+        turn: a context held while walking the key or tracing (`compilation.TRACING`), not while
+        loading a compiled program (whose reading and loading onto the devices let other threads run)."""
+        with turn():
+            key = None if self.failed else program_key(fn, jit_options, args, self.memo)
         flat = None if key is None else flat_program(fn, jit_options, args)
         if flat is None:
             return None
         flat_fn, flat_options, leaves = flat
-        path = self.folder / f"{getattr(fn, '__name__', 'program')}-{key[:40]}{SUFFIX}"
-        exported = self.read(path) if reuse else None
-        if exported is None:
-            try:
-                exported = export.export(jax.jit(flat_fn, **flat_options), disabled_checks=ANY_CUSTOM_CALL)(*leaves)
-            except Exception as e:  # noqa: BLE001 -- the caller's own lowering raises the program's real errors
-                self.failed = True
-                print(f"warning: traced programs are not kept ({type(e).__name__}: {str(e).strip()[:300]})",
-                      file=sys.stderr, flush=True)
-                return None
-            self.write(path, exported.serialize())
+        name = f"{getattr(fn, '__name__', 'program')}-{key[:40]}"
+        built = self.folder / f"{name}-{compiled_key(key, jit_options)[:16]}{COMPILED}"
+        platform = platform_of(args)
+        compiling = platform in COMPILED_ON
+        compiled = self.read_compiled(built) if reuse and compiling else None
+        if compiled is not None:
+            self.loaded += 1
+            return compiled, lambda compiled: None
+        path = self.folder / f"{name}{SUFFIX}"
+        with turn():
+            exported = self.read(path) if reuse else None
+            traced = exported is None
+            if traced:
+                try:
+                    # for the arguments' devices (a CPU run on a machine with GPUs is not JAX's default)
+                    platforms = None if platform == jax.default_backend() else [platform]
+                    exported = export.export(jax.jit(flat_fn, **flat_options), platforms=platforms,
+                                             disabled_checks=ANY_CUSTOM_CALL)(*leaves)
+                except Exception as e:  # noqa: BLE001 -- the caller's own lowering raises the program's real errors
+                    self.failed = True
+                    print(f"warning: traced programs are not kept ({type(e).__name__}: {str(e).strip()[:300]})",
+                          file=sys.stderr, flush=True)
+                    return None
+
+            # the same wrapping in both cases: the compilation cache sees one program in every run
+            def program(*xs: Any) -> Any:
+                return exported.call(*xs)
+
+            program.__name__ = flat_fn.__name__  # JAX's logs and the compilation cache's entries name it
+            lowered = jax.jit(program, **flat_options).lower(*leaves)
+        if traced:
             self.traced += 1
         else:
             self.loaded += 1
-        # the same wrapping in both cases: the compilation cache sees one program in every run
-        def program(*xs: Any) -> Any:
-            return exported.call(*xs)
 
-        program.__name__ = flat_fn.__name__  # JAX's logs and the compilation cache's entries name it
-        return jax.jit(program, **flat_options).lower(*leaves)
+        def keep(compiled: jax.stages.Compiled) -> None:
+            if traced:
+                self.write(path, exported.serialize())
+            data = serialized(compiled) if compiling else None
+            if data is not None:
+                self.write(built, data)
+
+        return lowered, keep
 
     def read(self, path: Path) -> export.Exported | None:
         try:
@@ -361,14 +424,63 @@ class TraceCache:
                   file=sys.stderr, flush=True)
             return None
 
-    def write(self, path: Path, data: bytearray) -> None:
+    def read_compiled(self, path: Path) -> jax.stages.Compiled | None:
+        """A compiled program kept (`serialized`), loaded onto the devices it was compiled for. Like
+        JAX's own compilation cache, it is code to run: the folder is the user's, written by their runs."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            from jax.experimental.serialize_executable import deserialize_and_load
+
+            payload, in_tree, out_tree, ids = pickle.loads(data)
+            devices = {d.id: d for d in jax.devices()}
+            compiled = deserialize_and_load(payload, in_tree, out_tree, execution_devices=[devices[i] for i in ids])
+            os.utime(path)
+            return compiled
+        except Exception as e:  # noqa: BLE001 -- a damaged entry: compiled again, and rewritten
+            print(f"warning: {path} cannot be loaded ({type(e).__name__}); compiling the program again",
+                  file=sys.stderr, flush=True)
+            return None
+
+    def write(self, path: Path, data: bytes | bytearray) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".part", delete=False) as f:
                 f.write(data)
             os.replace(f.name, path)
-            entries = sorted(path.parent.glob(f"*{SUFFIX}"), key=last_used, reverse=True)
+            entries = sorted(path.parent.glob(f"*{path.suffix}"), key=last_used, reverse=True)
             for old in entries[MAX_ENTRIES:]:
                 old.unlink(missing_ok=True)
         except OSError as e:  # a full disk, a folder another run is evicting from: the next run traces
-            print(f"warning: {path.parent}: {e.strerror}; the traced program is not kept", file=sys.stderr, flush=True)
+            print(f"warning: {path.parent}: {e.strerror}; the program is not kept", file=sys.stderr, flush=True)
+
+
+def platform_of(args: tuple) -> str:
+    """The platform of the devices a program's arguments are put on (JAX's default where none is said)."""
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            return next(iter(sharding.device_set)).platform
+    return jax.default_backend()
+
+
+def compiled_key(key: str, jit_options: dict[str, Any]) -> str:
+    """The key of a program compiled: its trace's (`program_key`), the compiler's options, and the
+    XLA_FLAGS it was compiled under."""
+    options = sorted((name, constant(value)) for name, value in (jit_options.get("compiler_options") or {}).items())
+    return hashlib.sha256(repr((key, options, os.environ.get("XLA_FLAGS", ""))).encode()).hexdigest()
+
+
+def serialized(compiled: jax.stages.Compiled) -> bytes | None:
+    """A compiled program as bytes (`jax.experimental.serialize_executable`), with the ids of the
+    devices it runs on, in order; None where it cannot be written (the trace is kept alone)."""
+    try:
+        from jax.experimental.serialize_executable import serialize
+
+        payload, in_tree, out_tree = serialize(compiled)
+        ids = [d.id for d in compiled._executable._unloaded_executable.device_list]  # (as `serialize` reads it)
+        return pickle.dumps((payload, in_tree, out_tree, ids))
+    except Exception:  # noqa: BLE001 -- a program the backend cannot serialize
+        return None

@@ -202,7 +202,7 @@ def step_with_a_kernel(batch):
     return batch["x"] + (1.0 if works else 2.0)
 
 
-def test_a_trace_takes_a_check_still_running_as_passed_and_traces_again_if_it_failed(tmp_path):
+def test_a_trace_takes_a_check_still_running_as_passed_and_traces_again_if_it_failed(tmp_path, monkeypatch):
     """A kernel's check that has not ended when a program compiled ahead traces (`assume`): the trace
     goes on as if it passed; the check's result is read once the program is compiled, and where the
     check failed the program is traced again without the kernel, and kept so for later runs."""
@@ -213,9 +213,11 @@ def test_a_trace_takes_a_check_still_running_as_passed_and_traces_again_if_it_fa
     import jax
     import jax.numpy as jnp
 
-    from bert_kit.jax.compilation import AheadOfTime, assume
+    from bert_kit.jax import trace_cache
+    from bert_kit.jax.compilation import AheadOfTime, assume, kept
     from bert_kit.jax.trace_cache import TraceCache
 
+    monkeypatch.setattr(trace_cache, "COMPILED_ON", (jax.default_backend(),))  # (as on a GPU)
     batch, spec = {"x": jnp.zeros(2, jnp.float32)}, {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}
     for passed, added in ((True, 1.0), (False, 2.0)):
         CHECK.update(future=Future(), seen=[])
@@ -232,9 +234,11 @@ def test_a_trace_takes_a_check_still_running_as_passed_and_traces_again_if_it_fa
             threading.Timer(0.2, CHECK["future"].set_result, (passed,)).start()  # the trace did not wait for it
             np.testing.assert_array_equal(np.asarray(program(batch)), [added, added])
         assert CHECK["seen"] == ([False] if passed else [False, True])  # traced again once its check ended
+        kept()  # written once compiled, and its check passed
+        assert len(list(folder.glob("*.jaxexport"))) == len(list(folder.glob("*.executable"))) == 1
         later = TraceCache(folder)
-        kept = later.compile(step_with_a_kernel, {}, (spec,))
-        np.testing.assert_array_equal(np.asarray(kept(batch)), [added, added])
+        read_back = later.compile(step_with_a_kernel, {}, (spec,))
+        np.testing.assert_array_equal(np.asarray(read_back(batch)), [added, added])
         assert later.loaded == 1 and len(CHECK["seen"]) == (1 if passed else 2)  # read back as traced last
     pending = Future()
     threading.Timer(0.1, pending.set_result, (False,)).start()

@@ -32,23 +32,38 @@ def abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
+@pytest.fixture
+def compiled_kept(monkeypatch):
+    """Compiled programs kept on this CPU too (`COMPILED_ON`): these programs run when read back."""
+    monkeypatch.setattr(trace_cache, "COMPILED_ON", (*trace_cache.COMPILED_ON, jax.default_backend()))
+
+
 def step(state, batch):
     return [s + batch["x"].sum() for s in state], batch["x"] * 2
 
 
-def test_a_program_read_back_computes_and_donates_as_the_traced_one(tmp_path):
+def test_a_program_read_back_computes_and_donates_as_the_traced_one(tmp_path, compiled_kept):
+    """A second run loads the program the first compiled; a run with other compiler options compiles
+    the trace the first kept. Each computes and donates as the program traced."""
     batch = {"x": jnp.arange(3.0)}
     args = abstract(([jnp.ones(4), jnp.zeros(4)], batch))
     want = jax.jit(step)([jnp.ones(4), jnp.zeros(4)], batch)
-    for run in ("first", "second"):
+    other = {"xla_backend_optimization_level": 1}
+    for run, options in (("first", {}), ("second", {}), ("other options", other)):
         cache = TraceCache(tmp_path)
-        program = cache.compile(step, dict(donate_argnums=0), args)
+        program = cache.compile(step, dict(donate_argnums=0, compiler_options=options), args)
         state = [jnp.ones(4), jnp.zeros(4)]
         got = program(state, batch)
         assert all(s.is_deleted() for s in state)  # the state's buffers were donated
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert (cache.traced, cache.loaded) == ((1, 0) if run == "first" else (0, 1))
+        compiled = sorted(tmp_path.glob("step-*.executable"))
+        assert len(compiled) == (2 if run == "other options" else 1)
+        if run == "first":
+            first = compiled[0].stat().st_mtime_ns
+        elif run == "second":
+            assert compiled[0].stat().st_mtime_ns != first  # read back (its use noted), not written again
     assert len(list(tmp_path.glob("step-*.jaxexport"))) == 1
 
 
@@ -128,11 +143,18 @@ def test_what_the_key_cannot_read_is_traced_and_not_kept(tmp_path):
         np.testing.assert_array_equal(np.asarray(program({"x": jnp.zeros(2)})), [1, 1])
 
 
-def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path, capsys):
+def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path, capsys, compiled_kept):
     args = abstract(([jnp.ones(4)], {"x": jnp.arange(3.0)}))
     TraceCache(tmp_path).compile(step, {}, args)
-    (entry,) = tmp_path.glob("*.jaxexport")
+    (entry,), (compiled,) = tmp_path.glob("*.jaxexport"), tmp_path.glob("*.executable")
+    compiled.write_bytes(b"half a program")
+    cache = TraceCache(tmp_path)  # compiled again from the trace kept
+    state, out = cache.compile(step, {}, args)([jnp.ones(4)], {"x": jnp.arange(3.0)})
+    np.testing.assert_array_equal(np.asarray(state[0]), [4, 4, 4, 4])
+    assert f"{compiled} cannot be loaded" in capsys.readouterr().err and (cache.traced, cache.loaded) == (0, 1)
+    assert TraceCache(tmp_path).read_compiled(compiled) is not None
     entry.write_bytes(b"half an entry")
+    compiled.unlink()
     cache = TraceCache(tmp_path)
     state, out = cache.compile(step, {}, args)([jnp.ones(4)], {"x": jnp.arange(3.0)})
     np.testing.assert_array_equal(np.asarray(state[0]), [4, 4, 4, 4])
@@ -140,12 +162,12 @@ def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path, capsys):
     assert TraceCache(tmp_path).read(entry) is not None
 
 
-def test_the_last_used_entries_are_kept(tmp_path, monkeypatch):
+def test_the_last_used_entries_are_kept(tmp_path, monkeypatch, compiled_kept):
     monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 2)
     cache = TraceCache(tmp_path)
     for factor in (1.0, 2.0, 3.0):
         cache.compile(scaled_by(factor), {}, (jax.ShapeDtypeStruct((2,), jnp.float32),))
-    assert len(list(tmp_path.glob("*.jaxexport"))) == 2
+    assert len(list(tmp_path.glob("*.jaxexport"))) == len(list(tmp_path.glob("*.executable"))) == 2
 
 
 def test_the_kernels_checks_start_with_the_model_unless_traced_programs_are_kept(tmp_path):
@@ -158,3 +180,30 @@ def test_the_kernels_checks_start_with_the_model_unless_traced_programs_are_kept
     assert not cache.keeps_any()
     cache.compile(step, {}, abstract(([jnp.ones(4)], {"x": jnp.arange(3.0)})))
     assert cache.keeps_any() and checked_ahead([128, 64], cache) == []
+
+
+def test_the_key_is_the_same_within_a_traces_turn_and_outside_it():
+    """A program that reaches a kernel's check (`compilation.assume`, whose bookkeeping is per
+    thread) keys alike within a trace's turn (`AheadOfTime`) and outside it (`TraceCache.compile`)."""
+    step = scaled_by(compilation.assume)  # (the key walks it and the globals it reads; nothing calls it)
+    args = ({"x": jax.ShapeDtypeStruct((2,), jnp.float32)},)
+    with compilation.assuming_checks():
+        within = program_key(step, {}, args)
+    keys = []
+    worker = threading.Thread(target=lambda: keys.append(program_key(step, {}, args)))
+    worker.start(), worker.join()
+    assert keys == [within] == [program_key(step, {}, args)] and within is not None
+
+
+def test_keys_walked_with_a_memo_are_the_keys_walked_alone():
+    """The keys of one run's programs share the digests of what they reach (`Memo`): each key is
+    the one walked alone, in whichever order the programs come."""
+    shared = Head((1.0, 2.0))
+    programs = [scaled_by(shared), scaled_by((shared, 3.0)), Head((1.0, 2.5)).__eq__]
+    x = (jax.ShapeDtypeStruct((4,), jnp.float32),)
+    alone = [program_key(fn, {}, x) for fn in programs]
+    memo = trace_cache.Memo()
+    assert [program_key(fn, {}, x, memo) for fn in programs] == alone and len(set(alone)) == 3
+    memo = trace_cache.Memo()
+    assert [program_key(fn, {}, x, memo) for fn in reversed(programs)] == alone[::-1]
+    assert memo.digests  # (shared: the second and third keys read the first's)
