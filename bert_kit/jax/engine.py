@@ -63,7 +63,7 @@ from bert_kit.jax.compilation import (AheadOfTime, abstract, compiler_options, e
                                       likely_buckets, over_leaves, use_compilation_cache)
 from bert_kit.jax.kernels import fast_path
 from bert_kit.jax.model import HEAD_CLASSES, BERTForPreTraining, BertEncoder, _TiedMLM
-from bert_kit.jax.randomness import HostKeys
+from bert_kit.jax.randomness import HostKeys, derive
 from bert_kit.jax.sharding import describe_fsdp, fsdp_shardings, replicated_shardings, to_host
 from bert_kit.jax.tasks import TaskHead, task_head
 from bert_kit.jax.trace_cache import TraceCache
@@ -174,11 +174,11 @@ class Programs:
     def gradients(self, state: StepState, frozen: nnx.State,
                   batch: dict[str, jax.Array]) -> tuple[nnx.State, dict[str, jax.Array]]:
         """The float32 gradients and the losses of a step's micro-batches (their means)."""
-        key = jax.random.fold_in(state.key, state.step)
+        key = derive(state.key, state.step)
 
         def micro_step(micro: dict[str, jax.Array], index: jax.Array) -> tuple[dict, nnx.State]:
             def loss_of(params: nnx.State) -> tuple[jax.Array, tuple]:
-                rngs = HostKeys(jax.random.fold_in(key, index))
+                rngs = HostKeys(derive(key, index))
                 loss, parts = self.loss(self.model_at(frozen, params), micro, rngs)
                 return (loss * state.loss_scale.scale if self.scaling else loss), (loss, parts)
 

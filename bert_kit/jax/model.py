@@ -43,7 +43,7 @@ import numpy as np
 from flax import nnx
 
 from bert_kit.config import BertConfig
-from bert_kit.jax.randomness import HostKeys, dropout_keep, dropout_seed
+from bert_kit.jax.randomness import HostKeys, derive, dropout_keep, dropout_seed
 
 
 class StaticConfig(BertConfig):
@@ -74,8 +74,11 @@ def dense(n_in: int, n_out: int, config: BertConfig, rngs: nnx.Rngs) -> Linear:
 
 
 def dropout(module: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
-    """`module`'s dropout when the call trains (rngs given), the identity in eval."""
-    return module(x, deterministic=rngs is None, rngs=None if rngs is None else rngs.dropout())
+    """Dropout at `module`'s rate when the call trains (rngs given), the identity in eval: x (..., H)
+    as (N, H) tokens, its mask drawn as a block's (`residual_dropout`), not by `jax.random`'s bits."""
+    if rngs is None or module.rate == 0:
+        return x
+    return residual_dropout(tokens(x), module.rate, dropout_seed(rngs)).reshape(x.shape)
 
 
 class LayerNorm(nnx.Module):
@@ -275,7 +278,7 @@ class BertEncoder(nnx.Module):
     With `scan` set, the same blocks run as one `jax.lax.scan` over their stacked weights: a program
     holds one block, not L, so it traces and compiles in half the time, and each step runs slower
     (the engine scans short fine-tunes only). Outputs are the loop's; each block's dropout keys
-    come from its own key of `rngs`, `jax.random.split(rngs.dropout(), L)`."""
+    come from its own key of `rngs`, `derive(rngs.dropout(), jnp.arange(L))`."""
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs, scan: bool = False):
         self.layers = nnx.List([TransformerEncoderBlock(config, rngs) for _ in range(config.num_hidden_layers)])
@@ -299,7 +302,7 @@ def scan_blocks(layers: list[nnx.Module], x: jax.Array, mask: jax.Array | None, 
             x = layer(x, mask, rngs)
         return x
     stacked = jax.tree.map(lambda *w: jnp.stack(w), *states)  # each weight (L, ...)
-    keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+    keys = None if rngs is None else derive(rngs.dropout(), jnp.arange(len(layers)))
 
     def block(x: jax.Array, weights_and_key: tuple) -> tuple[jax.Array, None]:
         state, key = weights_and_key

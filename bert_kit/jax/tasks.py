@@ -40,7 +40,7 @@ import optax
 from flax import nnx
 
 from bert_kit.jax.model import HEAD_CLASSES
-from bert_kit.jax.randomness import HostKeys
+from bert_kit.jax.randomness import HostKeys, derive
 from bert_kit.jax.train import IGNORE_INDEX, _mean_cross_entropy, task_loss
 from bert_kit.jax.weights import from_torch
 from bert_kit.training.contrastive import MAX_LEARNED_SCALE
@@ -379,7 +379,7 @@ def encode_in_pieces(model: nnx.Module, inputs: tuple, rngs: nnx.Rngs | None, ro
 
     @jax.checkpoint
     def piece(i: jax.Array, ids: jax.Array, mask: jax.Array, types: jax.Array) -> jax.Array:
-        piece_rngs = None if key is None else HostKeys(jax.random.fold_in(key, i))
+        piece_rngs = None if key is None else HostKeys(derive(key, i))
         return pool(model(ids, mask, types, rngs=piece_rngs), mask, pooling)
 
     grids = tuple(grid(x) for x in inputs)

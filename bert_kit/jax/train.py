@@ -21,7 +21,8 @@ What the step does, as the torch trainer does (`bert_kit/training/`):
 - one `jax.jit` over (TrainState, batch): the state is donated (updated in place), the batch is
   sharded on its first axis over the mesh and the state replicated, so XLA adds the gradient
   all-reduce. It returns device arrays only: nothing waits for the device until a metric is read;
-- dropout keys come from the state's key folded with the step: a resumed run draws the same masks.
+- dropout keys come from the state's key and the step (`randomness.derive`): a resumed run draws the
+  same masks.
   `prng` picks its generator: JAX's threefry by default; "rbg" (XLA's RngBitGenerator) measured
   the same on an H200 (benchmarks/jax_pretrain.py --prng), so the random bits are not what limits the step.
 """
@@ -45,7 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bert_kit.jax.compilation import compiler_options
 from bert_kit.jax.model import BERTForSequenceClassification, BERTForTokenClassification, _TiedMLM
-from bert_kit.jax.randomness import HostKeys
+from bert_kit.jax.randomness import HostKeys, derive
 
 IGNORE_INDEX = -100
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -332,7 +333,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, me
     compute_dtype = DTYPES[precision]
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
-        key = jax.random.fold_in(state.key, state.step)
+        key = derive(state.key, state.step)
 
         def loss_of(params: nnx.State) -> tuple[jax.Array, dict]:
             model = nnx.merge(graphdef, cast(params, compute_dtype))
