@@ -175,13 +175,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     B, T, nh, hd = q.shape
     # 16-bit products into float32 scores; the preset keeps the backward's products 16-bit too (as
     # jax.nn.dot_product_attention does), where the float32 scores' gradient would make them float32
-    # (XLA's CPU backend has no F16_F16_F32 algorithm: there fp16 products take the default one)
-    presets = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32}
-    if jax.default_backend() != "cpu":
-        presets[jnp.dtype(jnp.float16)] = jax.lax.DotAlgorithmPreset.F16_F16_F32
-    preset = presets.get(q.dtype)
-    logits = jnp.einsum("btnh,bsnh->bnts", q, k, precision=preset,
-                        preferred_element_type=jnp.float32) / math.sqrt(hd)  # (B, nh, T, T)
+    def scores(preset: jax.lax.DotAlgorithmPreset | None) -> Callable:
+        return lambda q, k: jnp.einsum("btnh,bsnh->bnts", q, k, precision=preset, preferred_element_type=jnp.float32)
+
+    presets = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+               jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}
+    if q.dtype == jnp.float16:  # XLA's CPU backend has no F16_F16_F32: the default algorithm there,
+        # chosen for the devices the program is compiled for (a CPU run on a machine with GPUs too)
+        logits = jax.lax.platform_dependent(q, k, cpu=scores(None), default=scores(presets[q.dtype]))
+    else:
+        logits = scores(presets.get(q.dtype))(q, k)
+    logits = logits / math.sqrt(hd)  # (B, nh, T, T)
     if mask is not None:
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)

@@ -127,6 +127,23 @@ def test_reference_attention_equals_jaxs_and_drops_with_a_seed():
     assert max_abs(dropped, plain) > 1e-2  # the probabilities were dropped
 
 
+def test_fp16_attention_trains_on_the_cpu_of_a_machine_with_gpus(monkeypatch):
+    """fp16 scores take XLA's F16_F16_F32 algorithm on GPUs, which XLA's CPU backend lacks: the
+    choice follows the devices the program is compiled for, not JAX's default backend (a GPU where
+    a run asks for device=cpu); its gradient is attention's in float32, to fp16's precision."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
+
+    def loss(q, k, v):
+        return (attention(q, k, v, None).astype(jnp.float32) ** 2).sum()
+
+    half = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*(x.astype(jnp.float16) for x in (q, k, v)))
+    full = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    for h, f in zip(half, full):
+        assert h.dtype == jnp.float16 and max_abs(h.astype(jnp.float32), f) <= 2e-2 * float(jnp.abs(f).max())
+
+
 def test_gelu_is_torchs_exact_gelu():
     """x/2 (1 + erf(x/sqrt 2)) as torch computes it: within 2e-6 in float32, two rounding steps in bfloat16."""
     from bert_kit.jax.model import gelu
