@@ -72,7 +72,8 @@ def test_every_head_matches_torch(config, lengths, with_types):
     def forward(models, ids, mask, types):
         return {name: m(ids, mask, types) for name, m in models.items()}
 
-    got = forward(jax_models, batch["input_ids"], batch["attention_mask"], types)
+    with jax.default_matmul_precision("highest"):  # float32 products on a GPU too (XLA's default there is TF32)
+        got = forward(jax_models, batch["input_ids"], batch["attention_mask"], types)
     with torch.no_grad():
         inputs = [torch.as_tensor(batch["input_ids"]), torch.as_tensor(batch["attention_mask"]),
                   None if types is None else torch.as_tensor(types)]
