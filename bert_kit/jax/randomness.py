@@ -19,14 +19,16 @@ WEYL = 0x9E3779B9  # 2^32 / golden ratio
 
 
 def derive(key: jax.Array, count: int | jax.Array) -> jax.Array:
-    """The key numbered `count` of `key`'s stream, of `key`'s PRNG implementation: each word of
-    the key's data hashed with its neighbour and the count. An array of counts (or of keys) gives
-    an array of keys: derive(key, jnp.arange(L)) -> (L,) keys."""
-    data = jax.random.key_data(key).astype(jnp.uint32)  # (..., words)
+    """The key numbered `count` of `key`'s stream, of `key`'s PRNG implementation (a legacy uint32
+    key gives one): each word of the key's data hashed with its neighbour and the count. An array
+    of counts (or of keys) gives an array of keys: derive(key, jnp.arange(L)) -> (L,) keys."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    data = (jax.random.key_data(key) if typed else key).astype(jnp.uint32)  # (..., words)
     count = jnp.asarray(count).astype(jnp.uint32)[..., None]
     lanes = jnp.arange(data.shape[-1], dtype=jnp.uint32) * jnp.uint32(0x632BE5AB)  # each word its own hash
     inner = _mix32(jnp.roll(data, -1, axis=-1) + (count + jnp.uint32(1)) * jnp.uint32(WEYL) + lanes)
-    return jax.random.wrap_key_data(_mix32(data ^ inner), impl=jax.random.key_impl(key))
+    words = _mix32(data ^ inner)
+    return jax.random.wrap_key_data(words, impl=jax.random.key_impl(key)) if typed else words
 
 
 class HostKeys:

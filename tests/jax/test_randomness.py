@@ -30,6 +30,9 @@ def test_derive_numbers_a_stream_of_keys_of_the_keys_kind():
     rbg = jax.random.key(0, impl="rbg")  # four words: each is hashed
     assert jax.random.key_impl(derive(rbg, 1)) == jax.random.key_impl(rbg)
     assert data(derive(rbg, 1)).shape == (4,) and len(set(data(derive(rbg, 1)).tolist())) == 4
+    legacy = jax.random.PRNGKey(0)  # a uint32 (2,) key gives one, the typed key's words
+    assert derive(legacy, 3).dtype == jnp.uint32
+    np.testing.assert_array_equal(np.asarray(derive(legacy, 3)), data(derive(jax.random.wrap_key_data(legacy), 3)))
 
 
 def test_the_masks_of_successive_draws_keep_their_rate_and_look_independent():
