@@ -178,13 +178,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     def scores(preset: jax.lax.DotAlgorithmPreset | None) -> Callable:
         return lambda q, k: jnp.einsum("btnh,bsnh->bnts", q, k, precision=preset, preferred_element_type=jnp.float32)
 
-    presets = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
-               jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}
+    preset = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+              jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}.get(q.dtype)
     if q.dtype == jnp.float16:  # XLA's CPU backend has no F16_F16_F32: the default algorithm there,
         # chosen for the devices the program is compiled for (a CPU run on a machine with GPUs too)
-        logits = jax.lax.platform_dependent(q, k, cpu=scores(None), default=scores(presets[q.dtype]))
+        logits = jax.lax.platform_dependent(q, k, cpu=scores(None), default=scores(preset))
     else:
-        logits = scores(presets.get(q.dtype))(q, k)
+        logits = scores(preset)(q, k)
     logits = logits / math.sqrt(hd)  # (B, nh, T, T)
     if mask is not None:
         logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
